@@ -1,0 +1,64 @@
+"""One error hierarchy for tgnb. Every message says the cause and the remedy.
+
+Messages never contain the API key: `TgnbError.__str__` scrubs any secret registered with
+`tgnb.config.register_secret` before a message can reach a traceback, a log or a cell output.
+"""
+
+from __future__ import annotations
+
+
+class TgnbError(Exception):
+    """Base class of every error tgnb raises on purpose."""
+
+    def __str__(self) -> str:
+        from tgnb.config import scrub
+
+        return scrub(super().__str__())
+
+
+class ConfigError(TgnbError):
+    """The local configuration (environment, tgnb home) is missing or wrong."""
+
+
+class ValidationError(TgnbError, ValueError):
+    """Bad input from the user; nothing was sent or changed."""
+
+
+class ApiError(TgnbError):
+    """The clusters API answered with an error that tgnb could not recover from."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class AuthenticationError(ApiError):
+    """The API refused the key (401/403)."""
+
+
+class NotFoundError(ApiError):
+    """A cluster (or another object) does not exist."""
+
+
+class AmbiguousNameError(ValidationError):
+    """A name matched several objects; the message lists them."""
+
+
+class TransientApiError(ApiError):
+    """Rate limits, 5xx or timeouts that persisted through the SDK's retries."""
+
+
+class EmulatorError(TgnbError):
+    """The local emulator daemon could not be started, reached or stopped."""
+
+
+class TrainConfigError(ValidationError):
+    """A training configuration is invalid (unknown key, algorithm, reward, dataset, ...)."""
+
+
+class CheckpointError(TgnbError):
+    """A checkpoint could not be written or read."""
+
+
+class BackendError(TgnbError):
+    """A workload backend (local, Slurm, Kubernetes) failed."""

@@ -1,0 +1,165 @@
+"""One event model for everything that happens to a cluster or a run.
+
+Cluster events come from the API's ``node_lifecycle_events``; run events come from a training
+process's ``events.jsonl`` (and the same records on stdout, prefixed with `STDOUT_PREFIX`).
+The timeline, the widgets and the backends all speak `Event`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+# Reasons the platform emits in node_lifecycle_events.
+NODE_ADDED = "TogetherNodeAdded"
+PREEMPTION_NOTIFIED = "TogetherPreemptionNotified"
+PREEMPTED = "TogetherPreempted"  # the node is removed at the end of the drain window
+SCALED_DOWN = "TogetherScaledDown"
+SCALED_UP = "TogetherScaledUp"
+CLUSTER_REASONS = frozenset({NODE_ADDED, PREEMPTION_NOTIFIED, PREEMPTED, SCALED_DOWN, SCALED_UP})
+
+# Reasons a training run emits (events.jsonl and stdout).
+RUN_STARTED = "RunStarted"
+RUN_RESUMED = "RunResumed"
+SIGNAL_RECEIVED = "SignalReceived"
+DRAIN_NOTICE = "DrainNoticeReceived"
+CHECKPOINT_SAVED = "CheckpointSaved"
+RUN_REQUEUED = "RunRequeued"
+RUN_EXITED = "RunExited"
+RUN_REASONS = frozenset(
+    {RUN_STARTED, RUN_RESUMED, SIGNAL_RECEIVED, DRAIN_NOTICE, CHECKPOINT_SAVED, RUN_REQUEUED, RUN_EXITED}
+)
+
+# Reasons tgnb itself records (control plane).
+TARGET_CHANGED = "TargetChanged"
+
+#: A line on a training process's stdout that starts with this is one JSON record for a backend.
+STDOUT_PREFIX = "@tgnb "
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def parse_time(value: str | float | int | datetime) -> datetime:
+    """Parse an RFC 3339 string, a POSIX timestamp or a datetime into an aware UTC datetime."""
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, (int, float)):
+        dt = datetime.fromtimestamp(float(value), timezone.utc)
+    else:
+        text = value.strip()
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc)
+
+
+def format_time(dt: datetime) -> str:
+    """RFC 3339 in UTC with a trailing Z, as the API writes timestamps."""
+    return dt.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened at `time` to a node and/or a run.
+
+    `source` is ``"cluster"`` for node lifecycle events, ``"run"`` for a training process's own
+    records, ``"tgnb"`` for what tgnb did (a target change). `data` holds details such as the
+    step, the checkpoint's bytes and duration, or the exit code.
+    """
+
+    time: datetime
+    source: str
+    reason: str
+    message: str = ""
+    node: str | None = None
+    run: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str | None, str | None, str, str]:
+        """Identity used to de-duplicate events fetched more than once."""
+        return (self.source, self.node, self.run, self.reason, format_time(self.time))
+
+    @property
+    def is_preemption(self) -> bool:
+        return self.reason == PREEMPTION_NOTIFIED
+
+    @classmethod
+    def from_lifecycle(cls, record: Mapping[str, Any]) -> Event:
+        """Build from one ``node_lifecycle_events`` item: ``{node_id, reason, message, timestamp}``."""
+        return cls(
+            time=parse_time(record["timestamp"]),
+            source="cluster",
+            reason=str(record["reason"]),
+            message=str(record.get("message") or ""),
+            node=str(record["node_id"]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": format_time(self.time),
+            "source": self.source,
+            "reason": self.reason,
+            "message": self.message,
+        }
+        if self.node is not None:
+            out["node"] = self.node
+        if self.run is not None:
+            out["run"] = self.run
+        if self.data:
+            out["data"] = dict(self.data)
+        return out
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> Event:
+        return cls(
+            time=parse_time(record["time"]),
+            source=str(record.get("source", "run")),
+            reason=str(record["reason"]),
+            message=str(record.get("message") or ""),
+            node=record.get("node"),
+            run=record.get("run"),
+            data=dict(record.get("data") or {}),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def dedupe(events: Iterable[Event], seen: set[tuple[Any, ...]] | None = None) -> list[Event]:
+    """Drop events whose `key` is in `seen` (updated in place), sorted by time."""
+    seen = set() if seen is None else seen
+    out = []
+    for ev in events:
+        if ev.key in seen:
+            continue
+        seen.add(ev.key)
+        out.append(ev)
+    return sorted(out, key=lambda e: e.time)
+
+
+def read_jsonl(path: Any, run: str | None = None) -> Iterator[Event]:
+    """Events from an ``events.jsonl`` file; a torn last line (a write cut short) is skipped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                ev = Event.from_dict(record)
+                if run is not None and ev.run is None:
+                    ev = Event(ev.time, ev.source, ev.reason, ev.message, ev.node, run, ev.data)
+                yield ev
+    except FileNotFoundError:
+        return
