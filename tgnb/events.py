@@ -30,7 +30,15 @@ CHECKPOINT_SAVED = "CheckpointSaved"
 RUN_REQUEUED = "RunRequeued"
 RUN_EXITED = "RunExited"
 RUN_REASONS = frozenset(
-    {RUN_STARTED, RUN_RESUMED, SIGNAL_RECEIVED, DRAIN_NOTICE, CHECKPOINT_SAVED, RUN_REQUEUED, RUN_EXITED}
+    {
+        RUN_STARTED,
+        RUN_RESUMED,
+        SIGNAL_RECEIVED,
+        DRAIN_NOTICE,
+        CHECKPOINT_SAVED,
+        RUN_REQUEUED,
+        RUN_EXITED,
+    }
 )
 
 # Reasons tgnb itself records (control plane).
