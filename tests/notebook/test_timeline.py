@@ -1,0 +1,141 @@
+"""EventTimeline: lanes, lifetimes, drain windows and run segments, and its static SVG rendering."""
+
+from __future__ import annotations
+
+import random
+import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tgnb.events import Event
+from tgnb.notebook.timeline import EventTimeline, node_class, timeline
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def rel(t: float) -> float:
+    return t - T0.timestamp()
+
+
+STORY = [
+    Event(at(0), "cluster", "TogetherNodeAdded", node="gpu-dp-0"),
+    Event(at(10), "cluster", "TogetherNodeAdded", node="gpu-preemptible-dp-1"),
+    Event(at(20), "run", "RunStarted", run="grpo-a", node="gpu-preemptible-dp-1"),
+    Event(at(60), "run", "CheckpointSaved", run="grpo-a", data={"step": 10}),
+    Event(at(100), "cluster", "TogetherPreemptionNotified", node="gpu-preemptible-dp-1"),
+    Event(at(101), "run", "SignalReceived", run="grpo-a", node="gpu-preemptible-dp-1"),
+    Event(at(110), "run", "CheckpointSaved", run="grpo-a", data={"step": 12}),
+    Event(at(111), "run", "RunRequeued", run="grpo-a", node="gpu-preemptible-dp-1"),
+    Event(at(400), "cluster", "TogetherPreempted", node="gpu-preemptible-dp-1"),
+    Event(at(420), "cluster", "TogetherNodeAdded", node="gpu-preemptible-dp-2"),
+    Event(at(450), "run", "RunResumed", run="grpo-a", node="gpu-preemptible-dp-2"),
+    Event(at(600), "cluster", "TogetherPreemptionNotified", node="gpu-preemptible-dp-2"),
+]
+
+
+def test_node_class_by_name_prefix() -> None:
+    assert node_class("gpu-preemptible-dp-7") == "preemptible"
+    assert node_class("gpu-dp-0") == "standard"
+
+
+def test_lanes_lifetimes_and_drain_windows() -> None:
+    tl = EventTimeline(reversed(STORY), now=at(700))
+    lanes = {ln.key: ln for ln in tl.lanes}
+    assert [ln.key for ln in tl.lanes] == [
+        "gpu-dp-0",
+        "gpu-preemptible-dp-1",
+        "gpu-preemptible-dp-2",
+        "grpo-a",
+    ]
+    assert lanes["gpu-dp-0"].kind == "standard"
+    assert lanes["gpu-preemptible-dp-1"].kind == "preemptible"
+
+    def spans(key: str, kind: str) -> list[tuple[float, float, bool]]:
+        return [(rel(s.start), rel(s.end), s.open) for s in lanes[key].spans if s.kind == kind]
+
+    # The standard node lives until now; the first preemptible node until its removal.
+    assert spans("gpu-dp-0", "standard") == [(0, 700, True)]
+    assert spans("gpu-preemptible-dp-1", "preemptible") == [(10, 400, False)]
+    # Drain window from notice to removal, or notice + 300 s while the removal is not seen.
+    assert spans("gpu-preemptible-dp-1", "drain") == [(100, 400, False)]
+    assert spans("gpu-preemptible-dp-2", "drain") == [(600, 900, True)]
+    # The run: on node 1 from start to requeue, then on node 2 from resume until now.
+    assert spans("grpo-a", "run") == [(20, 111, False), (450, 700, True)]
+    assert spans("gpu-preemptible-dp-2", "occupied") == [(450, 700, True)]
+    reasons = [m.reason for m in lanes["grpo-a"].markers]
+    assert reasons.count("CheckpointSaved") == 2 and "RunResumed" in reasons
+    assert tl.preemptions == 2
+    assert "2 preemptions" in repr(tl)
+
+
+def test_drain_window_length_is_configurable() -> None:
+    tl = EventTimeline(STORY, now=at(700), drain_window=30)
+    lane = next(ln for ln in tl.lanes if ln.key == "gpu-preemptible-dp-2")
+    assert [(rel(s.start), rel(s.end)) for s in lane.spans if s.kind == "drain"] == [(600, 630)]
+
+
+def test_svg_is_well_formed_with_lanes_and_shaded_windows() -> None:
+    tl = timeline([e.to_dict() for e in STORY], now=at(700), title="quickstart")
+    svg = tl._repr_svg_()
+    root = ET.fromstring(svg)
+    lanes = [g for g in root.iter(f"{SVG}g") if "lane" in (g.get("class") or "").split()]
+    assert {g.get("data-key") for g in lanes} == {
+        "gpu-dp-0",
+        "gpu-preemptible-dp-1",
+        "gpu-preemptible-dp-2",
+        "grpo-a",
+    }
+    classes = [r.get("class") or "" for r in root.iter(f"{SVG}rect")]
+    assert sum(c == "span drain" for c in classes) == 2
+    assert any(c == "span preemptible" for c in classes)
+    assert any(c == "span standard" for c in classes)
+    assert "url(#tgnb-hatch)" in svg
+    html = tl._repr_html_()
+    assert html.startswith("<div") and "<svg" in html
+
+
+def test_axis_labels_in_the_display_time_zone() -> None:
+    utc = EventTimeline(STORY, now=at(700), tz="UTC").to_svg()
+    tokyo = EventTimeline(STORY, now=at(700), tz="Asia/Tokyo").to_svg()
+    assert "time (UTC)" in utc and "12:0" in utc
+    assert "time (JST)" in tokyo and "21:0" in tokyo
+
+
+def test_tooltips_escape_messages() -> None:
+    evil = Event(at(5), "cluster", "TogetherPreemptionNotified", "<script>x</script>", node="gpu-dp-0")
+    svg = EventTimeline([*STORY, evil], now=at(700)).to_svg()
+    assert "<script>" not in svg
+    ET.fromstring(svg)
+
+
+def test_empty_timeline_renders() -> None:
+    ET.fromstring(EventTimeline([], now=T0).to_svg())
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_ten_thousand_events_are_merged_and_culled(seed: int) -> None:
+    rng = random.Random(seed)
+    events = []
+    for _ in range(10_000):
+        t = at(rng.random() * 86_400)
+        if rng.random() < 0.5:
+            node = f"gpu-preemptible-dp-{rng.randrange(120)}"
+            reason = rng.choice(
+                ["TogetherNodeAdded", "TogetherPreemptionNotified", "TogetherPreempted"]
+            )
+            events.append(Event(t, "cluster", reason, node=node))
+        else:
+            reason = rng.choice(["CheckpointSaved", "CheckpointSaved", "RunResumed"])
+            events.append(Event(t, "run", reason, run=f"run-{rng.randrange(8)}"))
+    tl = EventTimeline(events, now=at(86_400), max_lanes=30)
+    assert sum(tl.hidden.values()) == 90
+    root = ET.fromstring(tl.to_svg())
+    markers = [g for g in root.iter(f"{SVG}g") if (g.get("class") or "").startswith("marker")]
+    assert 0 < len(markers) < 10_000
+    assert root.find(f".//{SVG}text[@class='hidden-lanes']") is not None

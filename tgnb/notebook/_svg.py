@@ -1,0 +1,198 @@
+"""SVG drawing of an `EventTimeline`: lanes, spans, merged markers, a time axis and a legend.
+
+Spans closer than a pixel are merged and markers of one kind within `_BUCKET_PX` pixels of a lane
+are drawn once with a count, so the element count is bounded by lanes x width, not by events.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from tgnb import events as ev
+from tgnb.notebook.timeline import _LABEL, _MARKER_STYLE, _SPAN_STYLE, Marker, Span
+
+if TYPE_CHECKING:
+    from tgnb.notebook.timeline import EventTimeline
+
+_LEFT = 200
+_RIGHT = 24
+_LANE_H = 18
+_GAP = 4
+_BUCKET_PX = 3.0
+#: Drawing order of span kinds: lifetimes under runs under drain windows.
+_ORDER = {"standard": 0, "preemptible": 0, "run": 0, "occupied": 1, "drain": 2}
+_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+_STEPS += tuple(86400 * k for k in (2, 7, 14, 30))
+
+
+def _merge_spans(spans: list[Span], scale: float) -> list[Span]:
+    """Join spans of the same kind that touch or are less than a pixel apart."""
+    out: list[Span] = []
+    last: dict[str, int] = {}
+    for s in sorted(spans, key=lambda s: (_ORDER.get(s.kind, 9), s.start)):
+        i = last.get(s.kind)
+        prev = out[i] if i is not None else None
+        if i is not None and prev is not None and (s.start - prev.end) * scale < 1.0:
+            label = prev.label
+            if s.label and s.label != prev.label and not label.endswith("(+ more)"):
+                label = f"{label} (+ more)"
+            out[i] = Span(prev.start, max(prev.end, s.end), s.kind, label, prev.open or s.open)
+        else:
+            last[s.kind] = len(out)
+            out.append(s)
+    return out
+
+
+def _bucket_markers(markers: list[Marker], x_of: object) -> list[tuple[float, Marker]]:
+    """One marker per (reason, pixel bucket); the first one's label, the sum of counts."""
+    buckets: dict[tuple[str, int], tuple[float, Marker]] = {}
+    for m in markers:
+        x = x_of(m.time)  # type: ignore[operator]
+        key = (m.reason, int(x // _BUCKET_PX))
+        got = buckets.get(key)
+        if got is None:
+            buckets[key] = (x, Marker(m.time, m.reason, m.label, m.count))
+        else:
+            got[1].count += m.count
+    return list(buckets.values())
+
+
+def _ticks(lo: float, hi: float, target: int) -> tuple[list[float], int]:
+    span = max(hi - lo, 1.0)
+    step = next((s for s in _STEPS if span / s <= target), _STEPS[-1])
+    first = (int(lo) // step + 1) * step
+    return [float(t) for t in range(int(first), int(hi) + 1, step)], step
+
+
+def _shape(kind: str, x: float, y: float, color: str, r: float = 4.5) -> str:
+    if kind == "circle":
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r - 1:.1f}" fill="{color}"/>'
+    if kind == "square":
+        return f'<rect x="{x - r + 1:.1f}" y="{y - r + 1:.1f}" width="{2 * r - 2:.1f}" height="{2 * r - 2:.1f}" fill="{color}"/>'
+    if kind == "bar":
+        return f'<rect x="{x - 1:.1f}" y="{y - r - 2:.1f}" width="2.5" height="{2 * r + 4:.1f}" fill="{color}"/>'
+    if kind == "diamond":
+        pts = f"{x:.1f},{y - r:.1f} {x + r:.1f},{y:.1f} {x:.1f},{y + r:.1f} {x - r:.1f},{y:.1f}"
+        return f'<polygon points="{pts}" fill="{color}"/>'
+    dy = -r if kind == "up" else r
+    pts = f"{x - r:.1f},{y - dy:.1f} {x + r:.1f},{y - dy:.1f} {x:.1f},{y + dy:.1f}"
+    return f'<polygon points="{pts}" fill="{color}"/>'
+
+
+def render(tl: EventTimeline) -> str:
+    lo, hi = tl.bounds()
+    pad = (hi - lo) * 0.02
+    lo, hi = lo - pad, hi + pad
+    plot_w = max(tl.width - _LEFT - _RIGHT, 100)
+    scale = plot_w / (hi - lo)
+
+    def x_of(t: float) -> float:
+        return _LEFT + (t - lo) * scale
+
+    top = 46 if tl.title else 30
+    lanes = tl.lanes
+    n_rows = len(lanes) + (1 if tl.hidden else 0)
+    plot_h = n_rows * (_LANE_H + _GAP)
+    height = top + plot_h + 60
+    out: list[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="tgnb-timeline" width="{tl.width}" '
+        f'height="{height}" viewBox="0 0 {tl.width} {height}" '
+        'font-family="sans-serif" font-size="11">',
+        '<defs><pattern id="tgnb-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#d62728" fill-opacity="0.25"/>'
+        '<line x1="0" y1="0" x2="0" y2="6" stroke="#d62728" stroke-width="2"/></pattern></defs>',
+        f'<rect width="{tl.width}" height="{height}" fill="white"/>',
+    ]
+    if tl.title:
+        out.append(f'<text x="8" y="18" font-size="14" font-weight="bold">{html.escape(tl.title)}</text>')
+
+    # Time axis: grid lines and labels in the display time zone.
+    ticks, step = _ticks(lo, hi, max(3, plot_w // 110))
+    fmt = "%H:%M:%S" if step < 60 else "%H:%M" if step < 86400 else "%m-%d"
+    if step < 86400 and hi - lo > 86400:
+        fmt = "%m-%d %H:%M"
+    tzname = datetime.fromtimestamp(lo, tl.tz).strftime("%Z") or str(tl.tz)
+    out.append(f'<text x="8" y="{top - 8}" fill="#555">time ({html.escape(tzname)})</text>')
+    for t in ticks:
+        x = x_of(t)
+        label = datetime.fromtimestamp(t, tl.tz).strftime(fmt)
+        out.append(
+            f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>'
+            f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle" fill="#555">{label}</text>'
+        )
+
+    for i, lane in enumerate(lanes):
+        y = top + i * (_LANE_H + _GAP)
+        mid = y + _LANE_H / 2
+        name = lane.key if len(lane.key) <= 30 else lane.key[:14] + "…" + lane.key[-14:]
+        tag = {"standard": "std", "preemptible": "pre", "run": "run", "cluster": ""}[lane.kind]
+        out.append(
+            f'<g class="lane lane-{lane.kind}" data-key="{html.escape(lane.key, quote=True)}">'
+            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">'
+            f'<tspan fill="#888">{tag} </tspan>{html.escape(name)}</text>'
+        )
+        for s in _merge_spans(lane.spans, scale):
+            x0, x1 = x_of(s.start), x_of(s.end)
+            w = max(x1 - x0, 1.0)
+            h, yy = (_LANE_H, y) if s.kind != "occupied" else (6, y + _LANE_H - 6)
+            opacity = ' fill-opacity="0.55"' if s.open and s.kind in ("standard", "preemptible") else ""
+            when = f"{tl.format_time(s.start)} → {tl.format_time(s.end)}"
+            title = html.escape(f"{s.label} {when}".strip())
+            out.append(
+                f'<rect class="span {s.kind}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
+                f'fill="{_SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
+            )
+        for x, m in sorted(_bucket_markers(lane.markers, x_of), key=lambda p: p[0]):
+            shape, color = _MARKER_STYLE.get(m.reason, ("circle", "#555"))
+            count = f" ×{m.count}" if m.count > 1 else ""
+            out.append(
+                f'<g class="marker {m.reason}"><title>{m.label}{count} at '
+                f"{html.escape(tl.format_time(m.time))}</title>{_shape(shape, x, mid, color)}</g>"
+            )
+        out.append("</g>")
+    if tl.hidden:
+        y = top + len(lanes) * (_LANE_H + _GAP) + _LANE_H / 2 + 4
+        more = ", ".join(f"{n} {kind}" for kind, n in sorted(tl.hidden.items()))
+        out.append(f'<text class="hidden-lanes" x="{_LEFT - 6}" y="{y:.1f}" text-anchor="end" fill="#888">+ {more} nodes not shown</text>')
+
+    if lo <= tl.now <= hi:
+        x = x_of(tl.now)
+        out.append(
+            f'<line class="now" x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}" '
+            'stroke="#444" stroke-dasharray="3,3"><title>now</title></line>'
+        )
+
+    # Legend.
+    y = top + plot_h + 22
+    x = 8.0
+    items: list[tuple[str, str]] = [
+        ("standard", "standard node"),
+        ("preemptible", "preemptible node"),
+        ("drain", "drain window"),
+        ("run", "run"),
+    ]
+    for kind, label in items:
+        out.append(f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{_SPAN_STYLE[kind]}"/>')
+        out.append(f'<text x="{x + 18:.0f}" y="{y}">{label}</text>')
+        x += 24 + 7 * len(label)
+    y += 18
+    x = 8.0
+    for reason in (
+        ev.RUN_STARTED,
+        ev.CHECKPOINT_SAVED,
+        ev.PREEMPTION_NOTIFIED,
+        ev.SIGNAL_RECEIVED,
+        ev.DRAIN_NOTICE,
+        ev.RUN_REQUEUED,
+        ev.RUN_RESUMED,
+        ev.RUN_EXITED,
+        ev.TARGET_CHANGED,
+    ):
+        shape, color = _MARKER_STYLE[reason]
+        out.append(_shape(shape, x + 5, y - 4, color))
+        out.append(f'<text x="{x + 14:.0f}" y="{y}">{_LABEL[reason]}</text>')
+        x += 22 + 6.5 * len(_LABEL[reason])
+    out.append("</svg>")
+    return "".join(out)
