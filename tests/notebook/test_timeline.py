@@ -108,7 +108,9 @@ def test_axis_labels_in_the_display_time_zone() -> None:
 
 
 def test_tooltips_escape_messages() -> None:
-    evil = Event(at(5), "cluster", "TogetherPreemptionNotified", "<script>x</script>", node="gpu-dp-0")
+    evil = Event(
+        at(5), "cluster", "TogetherPreemptionNotified", "<script>x</script>", node="gpu-dp-0"
+    )
     svg = EventTimeline([*STORY, evil], now=at(700)).to_svg()
     assert "<script>" not in svg
     ET.fromstring(svg)

@@ -23,7 +23,26 @@ _GAP = 4
 _BUCKET_PX = 3.0
 #: Drawing order of span kinds: lifetimes under runs under drain windows.
 _ORDER = {"standard": 0, "preemptible": 0, "run": 0, "occupied": 1, "drain": 2}
-_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+_STEPS: tuple[int, ...] = (
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+)
 _STEPS += tuple(86400 * k for k in (2, 7, 14, 30))
 
 
@@ -106,7 +125,9 @@ def render(tl: EventTimeline) -> str:
         f'<rect width="{tl.width}" height="{height}" fill="white"/>',
     ]
     if tl.title:
-        out.append(f'<text x="8" y="18" font-size="14" font-weight="bold">{html.escape(tl.title)}</text>')
+        out.append(
+            f'<text x="8" y="18" font-size="14" font-weight="bold">{html.escape(tl.title)}</text>'
+        )
 
     # Time axis: grid lines and labels in the display time zone.
     ticks, step = _ticks(lo, hi, max(3, plot_w // 110))
@@ -124,8 +145,8 @@ def render(tl: EventTimeline) -> str:
         )
 
     for i, lane in enumerate(lanes):
-        y = top + i * (_LANE_H + _GAP)
-        mid = y + _LANE_H / 2
+        y_lane: float = top + i * (_LANE_H + _GAP)
+        mid = y_lane + _LANE_H / 2
         name = lane.key if len(lane.key) <= 30 else lane.key[:14] + "…" + lane.key[-14:]
         tag = {"standard": "std", "preemptible": "pre", "run": "run", "cluster": ""}[lane.kind]
         out.append(
@@ -136,8 +157,10 @@ def render(tl: EventTimeline) -> str:
         for s in _merge_spans(lane.spans, scale):
             x0, x1 = x_of(s.start), x_of(s.end)
             w = max(x1 - x0, 1.0)
-            h, yy = (_LANE_H, y) if s.kind != "occupied" else (6, y + _LANE_H - 6)
-            opacity = ' fill-opacity="0.55"' if s.open and s.kind in ("standard", "preemptible") else ""
+            h, yy = (_LANE_H, y_lane) if s.kind != "occupied" else (6, y_lane + _LANE_H - 6)
+            opacity = (
+                ' fill-opacity="0.55"' if s.open and s.kind in ("standard", "preemptible") else ""
+            )
             when = f"{tl.format_time(s.start)} → {tl.format_time(s.end)}"
             title = html.escape(f"{s.label} {when}".strip())
             out.append(
@@ -153,9 +176,11 @@ def render(tl: EventTimeline) -> str:
             )
         out.append("</g>")
     if tl.hidden:
-        y = top + len(lanes) * (_LANE_H + _GAP) + _LANE_H / 2 + 4
+        y_more = top + len(lanes) * (_LANE_H + _GAP) + _LANE_H / 2 + 4
         more = ", ".join(f"{n} {kind}" for kind, n in sorted(tl.hidden.items()))
-        out.append(f'<text class="hidden-lanes" x="{_LEFT - 6}" y="{y:.1f}" text-anchor="end" fill="#888">+ {more} nodes not shown</text>')
+        out.append(
+            f'<text class="hidden-lanes" x="{_LEFT - 6}" y="{y_more:.1f}" text-anchor="end" fill="#888">+ {more} nodes not shown</text>'
+        )
 
     if lo <= tl.now <= hi:
         x = x_of(tl.now)
@@ -165,7 +190,7 @@ def render(tl: EventTimeline) -> str:
         )
 
     # Legend.
-    y = top + plot_h + 22
+    y = top + plot_h + 22.0
     x = 8.0
     items: list[tuple[str, str]] = [
         ("standard", "standard node"),
@@ -174,7 +199,9 @@ def render(tl: EventTimeline) -> str:
         ("run", "run"),
     ]
     for kind, label in items:
-        out.append(f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{_SPAN_STYLE[kind]}"/>')
+        out.append(
+            f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{_SPAN_STYLE[kind]}"/>'
+        )
         out.append(f'<text x="{x + 18:.0f}" y="{y}">{label}</text>')
         x += 24 + 7 * len(label)
     y += 18

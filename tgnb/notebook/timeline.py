@@ -22,7 +22,7 @@ from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from tgnb import events as ev
-from tgnb.events import Event, parse_time, utcnow
+from tgnb.events import Event, utcnow
 
 #: Name prefix of preemptible GPU worker nodes (standard ones are ``gpu-dp...``).
 PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
@@ -163,7 +163,7 @@ class EventTimeline:
 
         for e in self.events:
             t = e.time.timestamp()
-            if e.source == "run" or e.run is not None and e.reason in ev.RUN_REASONS:
+            if e.source == "run" or (e.run is not None and e.reason in ev.RUN_REASONS):
                 name = e.run or "run"
                 lane = runs.get(name) or runs.setdefault(name, Lane(name, "run"))
                 if e.reason in _RUN_OPEN or e.reason in _RUN_CLOSE:
@@ -207,7 +207,11 @@ class EventTimeline:
 
         ordered = sorted(
             nodes.values(),
-            key=lambda ln: (ln.kind != "standard", min((s.start for s in ln.spans), default=0), ln.key),
+            key=lambda ln: (
+                ln.kind != "standard",
+                min((s.start for s in ln.spans), default=0),
+                ln.key,
+            ),
         )
         hidden: dict[str, int] = {}
         if len(ordered) > self.max_lanes:
