@@ -1,0 +1,60 @@
+"""Checks made before any request is sent. A failure is a `ValidationError`; nothing was sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tgnb.errors import ValidationError
+
+#: Preemptible (and standard) GPU counts come in whole 8-GPU nodes.
+GPUS_PER_NODE = 8
+
+
+def nearest_multiples(value: int, step: int = GPUS_PER_NODE) -> tuple[int, int]:
+    """The two multiples of `step` around `value` (never below 0), lower first."""
+    lower = max((value // step) * step, 0)
+    return lower, lower + step
+
+
+def check_target(value: Any, project_id: str | None, what: str = "preemptible target") -> int:
+    """A preemptible GPU target: an int (not a bool, not a str), >= 0, a multiple of 8, and a
+    project known when it is above 0. Returns it as an int."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = ""
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            hint = f": pass the number {int(value.strip())}, not the string {value!r}"
+        raise ValidationError(
+            f"the {what} must be an integer number of GPUs, got {type(value).__name__} "
+            f"{value!r}{hint or ': pass e.g. 8 or 16'}"
+        )
+    if value < 0:
+        raise ValidationError(f"the {what} must be >= 0, got {value}: try 0 to release all, or 8")
+    if value % GPUS_PER_NODE:
+        lo, hi = nearest_multiples(value)
+        raise ValidationError(
+            f"the {what} must be a multiple of {GPUS_PER_NODE}, got {value}: try {lo} or {hi}"
+        )
+    if value > 0 and not project_id:
+        raise ValidationError(
+            f"a {what} above 0 needs a project: set TOGETHER_PROJECT_ID or pass project_id="
+        )
+    return value
+
+
+def check_gpus(value: Any, what: str = "number of standard GPUs") -> int:
+    """A standard GPU count for create: an int >= 8 and a multiple of 8."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"the {what} must be an integer, got {value!r}: pass e.g. 8")
+    if value < GPUS_PER_NODE or value % GPUS_PER_NODE:
+        lo, hi = nearest_multiples(max(value, GPUS_PER_NODE))
+        raise ValidationError(
+            f"the {what} must be a multiple of {GPUS_PER_NODE} and at least {GPUS_PER_NODE} "
+            f"(every cluster keeps one standard node), got {value}: try {lo} or {hi}"
+        )
+    return value
+
+
+def check_name(value: Any, what: str = "cluster name or id") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(f"the {what} must be a non-empty string, got {value!r}")
+    return value.strip()
