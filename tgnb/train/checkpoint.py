@@ -1,0 +1,302 @@
+"""Atomic, verifiable checkpoints on disk: the completion marker, its manifest, retention, and the
+Young/Daly checkpoint interval.
+
+A checkpoint is a directory ``checkpoints/checkpoint-<step>`` written by the Hugging Face Trainer
+(model, optimizer, scheduler, RNG states, trainer state). It *counts* only once tgnb has fsynced
+every file in it and then written the completion marker `MARKER` last (itself written to a temporary
+name, fsynced, renamed into place, and the directory fsynced). The marker holds the step, the time,
+the total bytes and a manifest of every file with its size and sha256. A directory without a valid
+marker, with a file missing, shorter, longer or with another checksum, or with transformers' own
+``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume ignores it and retention removes it.
+
+This module is light (no torch, no transformers): the notebook side may read checkpoints too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The completion marker, written last in a checkpoint directory.
+MARKER = "tgnb-complete.json"
+#: The sentinel transformers' JIT checkpoint keeps in a directory while it is being written.
+HF_INCOMPLETE_SENTINEL = "checkpoint-is-incomplete.txt"
+#: The directory name prefix the Hugging Face Trainer uses (``PREFIX_CHECKPOINT_DIR``).
+PREFIX = "checkpoint-"
+MARKER_VERSION = 1
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint: its path relative to the checkpoint directory, size, sha256."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: its directory, optimizer step, completion time and manifest."""
+
+    path: Path
+    step: int
+    time: float
+    bytes: int
+    files: tuple[FileEntry, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def step_of(path: Path) -> int | None:
+    """The step in a ``checkpoint-<step>`` directory name, or None for any other name."""
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_dirs(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, newest step first."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so the names created in it (or removed from it) are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _hash_and_sync(path: Path) -> tuple[int, str]:
+    """Read a file once: sha256 of its content, then fsync it. Returns (size, hexdigest)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            digest.update(view[:n])
+            size += n
+        os.fsync(fh.fileno())
+    return size, digest.hexdigest()
+
+
+def _hash(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            digest.update(view[:n])
+            size += n
+    return size, digest.hexdigest()
+
+
+def _files(path: Path) -> list[Path]:
+    out = []
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            if name == MARKER or name.startswith(f".{MARKER}"):
+                continue
+            out.append(Path(root) / name)
+    return sorted(out)
+
+
+def _workers(n: int) -> int:
+    return max(1, min(n, 4, (os.cpu_count() or 1) * 2))
+
+
+def write_marker(path: str | os.PathLike[str], step: int, **extra: Any) -> Checkpoint:
+    """Seal a checkpoint directory: fsync every file, then write the completion marker last.
+
+    Files are hashed and fsynced in a few threads (hashlib and fsync release the GIL), the
+    directories are fsynced, and only then is the marker written (temporary name, fsync, rename,
+    fsync of the directory). Returns the now-complete `Checkpoint`.
+    """
+    root = Path(path)
+    files = _files(root)
+    with ThreadPoolExecutor(_workers(len(files))) as pool:
+        results = list(pool.map(_hash_and_sync, files))
+    entries = tuple(
+        FileEntry(str(f.relative_to(root)), size, digest)
+        for f, (size, digest) in zip(files, results, strict=True)
+    )
+    for d in sorted({f.parent for f in files}, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(d)
+    now = time.time()
+    total = sum(e.size for e in entries)
+    record = {
+        "version": MARKER_VERSION,
+        "step": int(step),
+        "time": now,
+        "bytes": total,
+        "files": [{"path": e.path, "size": e.size, "sha256": e.sha256} for e in entries],
+        **extra,
+    }
+    tmp = root / f".{MARKER}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, root / MARKER)
+    fsync_dir(root)
+    fsync_dir(root.parent)
+    return Checkpoint(root, int(step), now, total, entries)
+
+
+def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
+    """The checkpoint its marker describes, or None when the marker is missing or unreadable."""
+    root = Path(path)
+    try:
+        with open(root / MARKER, encoding="utf-8") as fh:
+            record = json.load(fh)
+        entries = tuple(
+            FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in record["files"]
+        )
+        return Checkpoint(
+            root, int(record["step"]), float(record["time"]), int(record["bytes"]), entries
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint | None:
+    """The checkpoint at `path` if it is complete, else None (torn, in progress, or not ours).
+
+    Complete means: a readable marker whose step matches the directory name, no transformers
+    "incomplete" sentinel, and every manifest file present with its recorded size (and, with
+    `checksums`, its recorded sha256). Files not in the manifest are ignored.
+    """
+    root = Path(path)
+    if (root / HF_INCOMPLETE_SENTINEL).exists():
+        return None
+    ckpt = read_marker(root)
+    if ckpt is None or ckpt.step != step_of(root) or not ckpt.files:
+        return None
+    try:
+        for entry in ckpt.files:
+            if (root / entry.path).stat().st_size != entry.size:
+                return None
+    except OSError:
+        return None
+    if checksums:
+        targets = [root / e.path for e in ckpt.files]
+        try:
+            with ThreadPoolExecutor(_workers(len(targets))) as pool:
+                got = list(pool.map(_hash, targets))
+        except OSError:
+            return None
+        if any(g != (e.size, e.sha256) for g, e in zip(got, ckpt.files, strict=True)):
+            return None
+    return ckpt
+
+
+def latest_complete(ckpt_dir: str | os.PathLike[str], checksums: bool = True) -> Checkpoint | None:
+    """The newest complete checkpoint under `ckpt_dir` (highest step), ignoring torn ones."""
+    for path in checkpoint_dirs(ckpt_dir):
+        ckpt = verify(path, checksums=checksums)
+        if ckpt is not None:
+            return ckpt
+    return None
+
+
+def _remove(path: Path) -> None:
+    """Remove a checkpoint directory: first its marker (so a half-removed one is torn), then it."""
+    try:
+        (path / MARKER).unlink()
+        fsync_dir(path)
+    except OSError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def rotate(
+    ckpt_dir: str | os.PathLike[str],
+    keep_last: int,
+    newest: Checkpoint | None = None,
+    protect: Iterable[str | os.PathLike[str]] = (),
+) -> list[Path]:
+    """Keep the `keep_last` newest complete checkpoints; remove older complete ones and torn ones.
+
+    Torn directories are removed only when they are older than the newest complete checkpoint
+    (one with a higher step may be the one being written; `remove_torn` clears those at start-up).
+    The newest complete checkpoint is never removed, whatever `keep_last` says. `newest`, when
+    given, is the checkpoint just sealed (saves re-hashing it). Markers of the others are checked
+    by size only. Returns the removed directories.
+    """
+    keep_last = max(1, int(keep_last))
+    kept = {Path(p).resolve() for p in protect}
+    complete: list[Path] = []
+    torn: list[Path] = []
+    for path in checkpoint_dirs(ckpt_dir):
+        is_newest = newest is not None and path.resolve() == newest.path.resolve()
+        if is_newest or verify(path, checksums=False) is not None:
+            complete.append(path)
+        else:
+            torn.append(path)
+    if not complete:
+        return []
+    newest_step = step_of(complete[0]) or 0
+    kept.update(p.resolve() for p in complete[:keep_last])
+    doomed = [p for p in complete[keep_last:] if p.resolve() not in kept]
+    doomed += [p for p in torn if (step_of(p) or 0) < newest_step and p.resolve() not in kept]
+    for path in doomed:
+        _remove(path)
+    if doomed:
+        fsync_dir(ckpt_dir)
+    return doomed
+
+
+def remove_torn(ckpt_dir: str | os.PathLike[str], checksums: bool = True) -> list[Path]:
+    """Remove every torn checkpoint directory. Call only when no save is in progress (start-up)."""
+    doomed = [p for p in checkpoint_dirs(ckpt_dir) if verify(p, checksums=checksums) is None]
+    for path in doomed:
+        _remove(path)
+    if doomed:
+        fsync_dir(ckpt_dir)
+    return doomed
+
+
+def young_daly_seconds(cost_s: float, preemptions_per_hour: float) -> float:
+    """Young/Daly optimal checkpoint interval ``sqrt(2 * C * M)`` in seconds.
+
+    `cost_s` (C) is the time one checkpoint takes; M = 3600 / `preemptions_per_hour` is the mean
+    time between preemptions. Checkpointing every sqrt(2CM) seconds minimises the expected time
+    lost to checkpoints plus recomputation after a preemption (first-order, C << M).
+    """
+    if cost_s < 0 or preemptions_per_hour <= 0:
+        raise ValueError("cost_s must be >= 0 and preemptions_per_hour > 0")
+    return math.sqrt(2.0 * cost_s * 3600.0 / preemptions_per_hour)
+
+
+def young_daly_steps(cost_s: float, preemptions_per_hour: float, step_time_s: float) -> int:
+    """The Young/Daly interval converted to optimizer steps with the measured step time (>= 1)."""
+    if step_time_s <= 0:
+        raise ValueError("step_time_s must be > 0")
+    return max(1, round(young_daly_seconds(cost_s, preemptions_per_hour) / step_time_s))
