@@ -1,0 +1,24 @@
+"""The test harness itself: a real daemon, real HTTP, the admin helpers."""
+
+from __future__ import annotations
+
+import httpx
+
+from tgnb.emulator.testing import EmulatorHandle
+
+
+def test_fixture_serves_the_api_with_its_key(emulator: EmulatorHandle) -> None:
+    r = httpx.get(
+        emulator.base_url + "/v1/compute/clusters",
+        headers={"Authorization": f"Bearer {emulator.api_key}"},
+    )
+    assert r.status_code == 200
+    assert r.json() == {"clusters": []}
+    assert emulator.env["TOGETHER_BASE_URL"] == emulator.base_url
+    assert emulator.health()["time_scale"] == 0.01
+    log = emulator.requests()
+    assert [(e["method"], e["path"], e["status"]) for e in log] == [
+        ("GET", "/v1/compute/clusters", 200)
+    ]
+    assert emulator.clear_requests() == 1
+    assert emulator.requests() == []

@@ -1,0 +1,142 @@
+"""``tgnb emulator start|stop|status|serve``: the local emulated cluster's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tgnb.emulator import daemon
+from tgnb.errors import TgnbError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tgnb emulator",
+        description="A local Together-compatible clusters API with an emulated preemptible fleet.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--home", type=Path, default=None, help="tgnb home (default $TGNB_HOME or ~/.tgnb)"
+    )
+    knobs = argparse.ArgumentParser(add_help=False)
+    knobs.add_argument(
+        "--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)"
+    )
+    knobs.add_argument(
+        "--api-key",
+        default=None,
+        help="key clients must send (default $TGNB_EMULATOR_API_KEY or a saved one)",
+    )
+    knobs.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiplies every platform duration (0.02: a 300 s drain window lasts 6 s)",
+    )
+    knobs.add_argument(
+        "--drain-window-s",
+        type=float,
+        default=300.0,
+        help="platform seconds from preemption notice to removal",
+    )
+    knobs.add_argument(
+        "--provision-delay-s",
+        type=float,
+        default=60.0,
+        help="platform seconds to provision one preemptible node",
+    )
+    knobs.add_argument(
+        "--preemption-rate",
+        type=float,
+        default=0.0,
+        help="random preemptions per preemptible node-hour",
+    )
+    knobs.add_argument("--seed", type=int, default=0, help="seed of the random preemption schedule")
+    knobs.add_argument(
+        "--capacity",
+        "--capacity-gpus",
+        dest="capacity_gpus",
+        type=int,
+        default=None,
+        help="cap on preemptible GPUs across all clusters",
+    )
+    knobs.add_argument(
+        "--chaos",
+        type=float,
+        default=0.0,
+        help="fraction of /v1 requests answered with 429, 503 or a long delay",
+    )
+    knobs.add_argument("--chaos-seed", type=int, default=0)
+    knobs.add_argument(
+        "--chaos-delay-s", type=float, default=65.0, help="how long a delayed request is held"
+    )
+    knobs.add_argument("--project-id", default=None, help="the project the key belongs to")
+    sub.add_parser(
+        "start", parents=[common, knobs], help="start the daemon (or report the running one)"
+    )
+    sub.add_parser("serve", parents=[common, knobs], help="run in the foreground")
+    sub.add_parser("stop", parents=[common], help="stop the daemon")
+    st = sub.add_parser(
+        "status", parents=[common], help="is it running, where, with which key file"
+    )
+    st.add_argument("--json", action="store_true", help="print a JSON object")
+    return p
+
+
+def _options(ns: argparse.Namespace) -> daemon.ServeOptions:
+    return daemon.ServeOptions(
+        port=ns.port,
+        time_scale=ns.time_scale,
+        drain_window_s=ns.drain_window_s,
+        provision_delay_s=ns.provision_delay_s,
+        preemption_rate=ns.preemption_rate,
+        seed=ns.seed,
+        capacity_gpus=ns.capacity_gpus,
+        chaos=ns.chaos,
+        chaos_seed=ns.chaos_seed,
+        chaos_delay_s=ns.chaos_delay_s,
+        project_id=ns.project_id,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        if ns.command == "serve":
+            return daemon.serve(ns.home, _options(ns), ns.api_key)
+        if ns.command == "start":
+            st, started = daemon.start(ns.home, _options(ns), ns.api_key)
+            print(("started" if started else "already running") + "\n" + st.describe())
+            return 0
+        if ns.command == "stop":
+            stopped = daemon.stop(ns.home)
+            print("emulator stopped" if stopped else "emulator was not running")
+            return 0
+        st = daemon.status(ns.home)
+        if ns.json:
+            print(
+                json.dumps(
+                    {
+                        "running": st.running,
+                        "pid": st.pid,
+                        "base_url": st.base_url,
+                        "key_file": str(st.home / "api_key"),
+                        "log": str(st.log_path),
+                        "state_dir": str(st.state_dir),
+                    }
+                )
+            )
+        else:
+            print(st.describe())
+        return 0 if st.running else 1
+    except TgnbError as e:
+        print(f"tgnb emulator: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Run the emulator: in the foreground (`serve`) or as a detached daemon (`start`, `stop`, `status`).
+
+Everything lives under ``$TGNB_HOME/emulator/`` (default ``~/.tgnb/emulator``):
+
+- ``server.json``: ``{pid, host, port, started_at}`` of the running server (written once it listens);
+- ``emulator.log``: the server's output; ``state/``: its persisted fleet (`tgnb.emulator.store`);
+- ``api_key`` (mode 0600): the key clients must send, generated once unless ``--api-key`` or
+  ``TGNB_EMULATOR_API_KEY`` gives one; ``lock``: held by the running server, so two never share a home.
+
+`start` launches ``serve`` in a new session through a shell that exits at once, so the daemon is
+nobody's child: it keeps running after the starting process (a test, a Jupyter kernel) exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tgnb.config import Secret, default_home, register_secret
+from tgnb.emulator.store import atomic_write_json
+from tgnb.errors import EmulatorError
+
+KEY_ENV = "TGNB_EMULATOR_API_KEY"
+HOST = "127.0.0.1"
+
+
+@dataclass
+class ServeOptions:
+    """Knobs of one emulator server (durations in platform seconds, scaled by `time_scale`)."""
+
+    port: int = 0  # 0: a free port
+    time_scale: float = 1.0
+    drain_window_s: float = 300.0
+    provision_delay_s: float = 60.0
+    preemption_rate: float = 0.0
+    seed: int = 0
+    capacity_gpus: int | None = None
+    chaos: float = 0.0
+    chaos_seed: int = 0
+    chaos_delay_s: float = 65.0
+    project_id: str | None = None
+
+    def to_argv(self) -> list[str]:
+        argv = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                argv += [f"--{f.name.replace('_', '-')}", str(value)]
+        return argv
+
+
+@dataclass(frozen=True)
+class EmulatorStatus:
+    """Where a running emulator answers and with which key. `base_url` has no ``/v1``."""
+
+    running: bool
+    home: Path
+    pid: int | None = None
+    port: int | None = None
+    api_key: Secret | None = None
+
+    @property
+    def base_url(self) -> str | None:
+        return f"http://{HOST}:{self.port}" if self.port else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "emulator.log"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "state"
+
+    def describe(self) -> str:
+        if not self.running:
+            return f"emulator: not running (home {self.home})"
+        return (
+            f"emulator: running, pid {self.pid}, {self.base_url}\n"
+            f"  key file {self.home / 'api_key'}, log {self.log_path}, state {self.state_dir}\n"
+            f"  export TOGETHER_BASE_URL={self.base_url}"
+        )
+
+
+def emulator_home(home: Path | None = None) -> Path:
+    """``<tgnb home>/emulator``."""
+    return Path(home or default_home()).expanduser() / "emulator"
+
+
+def api_key(home: Path, explicit: str | None = None) -> str:
+    """The key: `explicit`, else ``$TGNB_EMULATOR_API_KEY``, else the saved one, else a new one."""
+    path = home / "api_key"
+    key = explicit or os.environ.get(KEY_ENV)
+    if not key:
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            key = None
+    if not key:
+        key = "tgnb-emu-" + secrets.token_urlsafe(24)
+    home.mkdir(parents=True, exist_ok=True)
+    current = path.read_text(encoding="utf-8").strip() if path.exists() else None
+    if current != key:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(key + "\n")
+    os.chmod(path, 0o600)
+    register_secret(key)
+    return key
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def _read_server(home: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((home / "server.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def status(home: Path | None = None, timeout: float = 3.0) -> EmulatorStatus:
+    """Is an emulator running for this tgnb home? Checks the pid and asks its health endpoint."""
+    eh = emulator_home(home)
+    info = _read_server(eh)
+    if not info or not _alive(int(info.get("pid", 0))):
+        return EmulatorStatus(running=False, home=eh)
+    key = api_key(eh) if (eh / "api_key").exists() else None
+    port = int(info["port"])
+    try:
+        r = httpx.get(
+            f"http://{HOST}:{port}/_emulator/health",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout,
+        )
+        ok = r.status_code == 200 and r.json().get("pid") == info["pid"]
+    except (httpx.HTTPError, ValueError):
+        ok = False
+    return EmulatorStatus(
+        running=ok,
+        home=eh,
+        pid=int(info["pid"]),
+        port=port,
+        api_key=Secret(key) if key else None,
+    )
+
+
+def start(
+    home: Path | None = None,
+    options: ServeOptions | None = None,
+    key: str | None = None,
+    timeout: float = 30.0,
+) -> tuple[EmulatorStatus, bool]:
+    """Start the daemon unless one runs for this home; return (status, started_now)."""
+    eh = emulator_home(home)
+    current = status(home)
+    if current.running:
+        return current, False
+    eh.mkdir(parents=True, exist_ok=True)
+    secret = api_key(eh, key)
+    options = options or ServeOptions()
+    cmd = [sys.executable, "-m", "tgnb.emulator.cli", "serve", "--home", str(eh.parent)]
+    cmd += options.to_argv()
+    log = eh / "emulator.log"
+    shell = f"{shlex.join(cmd)} >>{shlex.quote(str(log))} 2>&1 </dev/null &"
+    env = dict(os.environ, **{KEY_ENV: secret})
+    env.pop("TGNB_HOME", None)
+    subprocess.run(["/bin/sh", "-c", shell], env=env, check=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = status(home)
+        if st.running:
+            return st, True
+        time.sleep(0.1)
+    tail = log.read_text(encoding="utf-8", errors="replace")[-2000:] if log.exists() else ""
+    raise EmulatorError(
+        f"the emulator did not come up within {timeout:.0f}s; see {log}. Last output:\n{tail}"
+    )
+
+
+def stop(home: Path | None = None, timeout: float = 10.0) -> bool:
+    """Stop the daemon of this home (SIGTERM, then SIGKILL). False when none was running."""
+    eh = emulator_home(home)
+    info = _read_server(eh)
+    if not info:
+        return False
+    pid = int(info.get("pid", 0))
+    if not pid or not _alive(pid) or not _is_emulator(pid):
+        (eh / "server.json").unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+    (eh / "server.json").unlink(missing_ok=True)
+    return True
+
+
+def _is_emulator(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"tgnb.emulator" in fh.read()
+    except FileNotFoundError:
+        return True  # no /proc (macOS): trust server.json
+
+
+@contextlib.contextmanager
+def _home_lock(eh: Path) -> Iterator[None]:
+    eh.mkdir(parents=True, exist_ok=True)
+    fh = open(eh / "lock", "a+")  # noqa: SIM115
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_server(eh) or {}
+            raise EmulatorError(
+                f"an emulator already runs for {eh} (pid {info.get('pid', '?')}); "
+                "stop it with 'tgnb emulator stop' or use another TGNB_HOME"
+            ) from None
+        yield
+    finally:
+        fh.close()
+
+
+def serve(
+    home: Path | None = None, options: ServeOptions | None = None, key: str | None = None
+) -> int:
+    """Run the emulator in the foreground until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from tgnb.emulator.app import Chaos, EmulatorApp
+    from tgnb.emulator.fleet import Fleet, FleetConfig
+    from tgnb.emulator.models import DEFAULT_PROJECT_ID
+    from tgnb.emulator.store import StateStore
+
+    options = options or ServeOptions()
+    eh = emulator_home(home)
+    with _home_lock(eh):
+        secret = api_key(eh, key)
+        fleet = Fleet(
+            FleetConfig(
+                time_scale=options.time_scale,
+                drain_window_s=options.drain_window_s,
+                provision_delay_s=options.provision_delay_s,
+                preemption_rate=options.preemption_rate,
+                seed=options.seed,
+                capacity_gpus=options.capacity_gpus,
+                default_project_id=options.project_id or DEFAULT_PROJECT_ID,
+            ),
+            StateStore(eh / "state"),
+        )
+        if options.capacity_gpus is not None:
+            fleet.config.capacity_gpus = options.capacity_gpus
+        chaos = Chaos(
+            fraction=options.chaos, seed=options.chaos_seed, delay_s=options.chaos_delay_s
+        )
+        app = EmulatorApp(fleet, secret, chaos).build()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, options.port))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        )
+        server = uvicorn.Server(config)
+        fleet.start()
+        atomic_write_json(
+            eh / "server.json",
+            {"pid": os.getpid(), "host": HOST, "port": port, "started_at": time.time()},
+        )
+        print(f"tgnb emulator: serving http://{HOST}:{port} (pid {os.getpid()})", flush=True)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            fleet.stop()
+            info = _read_server(eh)
+            if info and info.get("pid") == os.getpid():
+                (eh / "server.json").unlink(missing_ok=True)
+        return 0

@@ -1,0 +1,533 @@
+"""The emulated fleet: standard and preemptible nodes that come and go as the platform's do.
+
+Behaviour (platform durations are multiplied by the one `FleetConfig.time_scale` knob; 0.02 makes
+the 300 s drain window last 6 s; timestamps stay on the real clock):
+
+- Standard nodes (``gpu-dp-...``) are provisioned synchronously: they are live as soon as the create
+  or update that asks for them returns.
+- Raising ``num_preemptible_gpus`` (the target) provisions preemptible nodes (``gpu-preemptible-dp-...``)
+  asynchronously, one at a time per cluster, each taking `FleetConfig.provision_delay_s`; a node
+  becomes live with a ``TogetherNodeAdded`` event. A capacity cap (global and/or per cluster, in
+  GPUs) can keep ``allocated_preemptible_gpus`` below ``desired_preemptible_gpus`` for as long as it
+  is set.
+- Lowering the target first cancels nodes still provisioning, then removes running nodes, newest
+  first (``TogetherScaledDown``). Draining nodes are left to finish their drain window.
+- A preemption (admin endpoint, or a seeded random schedule at `FleetConfig.preemption_rate` per
+  node-hour) emits ``TogetherPreemptionNotified`` at T+0 and marks the node draining; at
+  T+`drain_window_s` the node is removed (``TogetherPreempted``) and a replacement is provisioned
+  toward the target.
+- ``allocated_preemptible_gpus`` = 8 x preemptible nodes that are running or draining: the platform
+  counts live nodes, and a draining node is live until it is removed.
+- Events are de-duplicated by (node, reason) and kept 72 h of platform time; removed nodes are listed
+  in ``deleted_gpu_worker_nodes`` for as long.
+
+Time advances for real: a background thread wakes at the next due transition (or every
+`FleetConfig.max_tick_s`), so nodes are removed even when nobody asks.
+
+File contract for the workload plane (a local backend running processes "on" these nodes):
+
+- every node has a directory ``<state_dir>/nodes/<node_name>/`` (created when the node becomes live;
+  ``GET /_emulator/clusters/{id}/nodes`` gives each node's ``dir``);
+- at preemption T+0 the emulator writes ``preemption-notice.json`` there, atomically:
+  ``{"node", "cluster_id", "reason": "TogetherPreemptionNotified", "notified_at", "deadline"}``
+  (RFC 3339 UTC strings) plus ``deadline_unix`` (POSIX seconds) and ``window_s`` (real seconds);
+- when the node is removed it writes ``removed.json``:
+  ``{"node", "cluster_id", "reason" (TogetherPreempted | TogetherScaledDown | ClusterDeleted),
+  "removed_at", "removed_unix"}``.
+A backend should kill what still runs on a node once ``removed.json`` appears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tgnb.emulator.models import (
+    DEFAULT_PROJECT_ID,
+    DRAINING,
+    GPUS_PER_NODE,
+    PREEMPTIBLE,
+    PROVISIONING,
+    REMOVED,
+    RUNNING,
+    STANDARD,
+    ClusterState,
+    LifecycleEvent,
+    NodeState,
+    _ts,
+    cluster_to_api,
+)
+from tgnb.emulator.store import StateStore
+from tgnb.emulator.validation import NOT_FOUND, RequestError
+from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN
+
+CLUSTER_DELETED = "ClusterDeleted"  # removed.json reason when the whole cluster goes
+
+
+@dataclass
+class FleetConfig:
+    """The fleet's knobs. Durations are platform seconds; `time_scale` multiplies every one."""
+
+    time_scale: float = 1.0
+    drain_window_s: float = 300.0
+    provision_delay_s: float = 60.0
+    preemption_rate: float = 0.0  # random preemptions per preemptible node-hour (platform time)
+    seed: int = 0
+    capacity_gpus: int | None = None  # global cap on live + provisioning preemptible GPUs
+    retention_s: float = 72 * 3600.0
+    default_project_id: str = DEFAULT_PROJECT_ID
+    max_tick_s: float = 0.5
+
+    def real(self, platform_seconds: float) -> float:
+        return platform_seconds * self.time_scale
+
+
+class Fleet:
+    """All clusters of the emulator, the clock that moves them, and their persistence."""
+
+    def __init__(
+        self, config: FleetConfig, store: StateStore, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.clusters: dict[str, ClusterState] = {}
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._load()
+
+    # ---- persistence -------------------------------------------------------------------------
+    def _load(self) -> None:
+        data = self.store.load()
+        if not data:
+            return
+        for raw in data.get("clusters", []):
+            c = ClusterState.from_dict(raw)
+            self.clusters[c.cluster_id] = c
+        if "capacity_gpus" in data:
+            self.config.capacity_gpus = data["capacity_gpus"]
+
+    def _save(self) -> None:
+        self.store.save(
+            {
+                "version": 1,
+                "capacity_gpus": self.config.capacity_gpus,
+                "clusters": [c.to_dict() for c in self.clusters.values()],
+            }
+        )
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        with self._lock:
+            yield
+            self._save()
+        self._wake.set()
+
+    # ---- the clock ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background thread that moves time forward."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tgnb-fleet", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                due = self.advance()
+            except Exception:  # keep the clock alive; the error shows in the next request
+                due = None
+            now = self.clock()
+            wait = self.config.max_tick_s if due is None else max(0.0, min(due - now, 0.5))
+            self._wake.wait(timeout=max(wait, 0.005))
+            self._wake.clear()
+
+    def advance(self) -> float | None:
+        """Apply every transition due by now; return when the next one is due (None: none planned)."""
+        with self._lock:
+            now = self.clock()
+            changed = False
+            for c in list(self.clusters.values()):
+                changed |= self._advance_cluster(c, now)
+            if changed:
+                self._save()
+            return self._next_due()
+
+    def _next_due(self) -> float | None:
+        times: list[float] = []
+        for c in self.clusters.values():
+            for n in c.nodes:
+                if n.state == PROVISIONING:
+                    times.append(n.ready_at)
+                elif n.state == DRAINING and n.deadline is not None:
+                    times.append(n.deadline)
+                elif n.state == RUNNING and n.preempt_at is not None:
+                    times.append(n.preempt_at)
+        return min(times) if times else None
+
+    def _advance_cluster(self, c: ClusterState, now: float) -> bool:
+        changed = False
+        for n in list(c.nodes):
+            if n.state == PROVISIONING and n.ready_at <= now:
+                self._node_live(c, n, n.ready_at)
+                changed = True
+            if n.state == RUNNING and n.kind == PREEMPTIBLE:
+                if n.preempt_at is None and self.config.preemption_rate > 0:
+                    n.preempt_at = self._draw_preemption(c, n)
+                    changed = True
+                if n.preempt_at is not None and n.preempt_at <= now:
+                    self._notify(c, n, n.preempt_at)
+                    changed = True
+            if n.state == DRAINING and n.deadline is not None and n.deadline <= now:
+                self._remove(c, n, n.deadline, PREEMPTED)
+                changed = True
+        changed |= self._reconcile(c, now)
+        changed |= self._prune(c, now)
+        return changed
+
+    def _draw_preemption(self, c: ClusterState, n: NodeState) -> float:
+        rng = random.Random(f"{self.config.seed}:{c.cluster_id}:{n.name}")
+        hours = rng.expovariate(self.config.preemption_rate)
+        return n.ready_at + self.config.real(hours * 3600.0)
+
+    # ---- node transitions --------------------------------------------------------------------
+    def _event(self, c: ClusterState, node: str, reason: str, message: str, t: float) -> None:
+        if any(e.node == node and e.reason == reason for e in c.events):
+            return  # de-duplicated by (node, reason), as the platform does
+        c.events.append(LifecycleEvent(node=node, reason=reason, message=message, time=t))
+
+    def _new_node(self, c: ClusterState, kind: str, now: float) -> NodeState:
+        delay = 0.0 if kind == STANDARD else self.config.real(self.config.provision_delay_s)
+        n = NodeState(
+            name=c.next_name(kind),
+            kind=kind,
+            state=PROVISIONING,
+            requested_at=now,
+            ready_at=now + delay,
+            phases=[("NODE_PHASE_PENDING", now), ("NODE_PHASE_BOOTING", now)],
+        )
+        c.nodes.append(n)
+        return n
+
+    def _node_live(self, c: ClusterState, n: NodeState, t: float) -> None:
+        n.state = RUNNING
+        n.phases.append(("NODE_PHASE_RUNNING", t))
+        self.store.node_dir(n.name).mkdir(parents=True, exist_ok=True)
+        label = "preemptible" if n.kind == PREEMPTIBLE else "standard"
+        self._event(c, n.name, NODE_ADDED, f"{label} node {n.name} joined the cluster", t)
+
+    def _notify(self, c: ClusterState, n: NodeState, t: float) -> None:
+        window = self.config.real(self.config.drain_window_s)
+        n.state, n.notified_at, n.deadline = DRAINING, t, t + window
+        self._event(
+            c,
+            n.name,
+            PREEMPTION_NOTIFIED,
+            f"node {n.name} will be preempted; drain window ends at {_ts(n.deadline)}",
+            t,
+        )
+        self.store.write_node_file(
+            n.name,
+            "preemption-notice.json",
+            {
+                "node": n.name,
+                "cluster_id": c.cluster_id,
+                "reason": PREEMPTION_NOTIFIED,
+                "notified_at": _ts(t),
+                "deadline": _ts(n.deadline),
+                "deadline_unix": n.deadline,
+                "window_s": window,
+            },
+        )
+
+    def _remove(self, c: ClusterState, n: NodeState, t: float, reason: str) -> None:
+        was_live = n.live
+        n.state, n.removed_at, n.removed_reason = REMOVED, t, reason
+        n.phases.append(("NODE_PHASE_SUCCEEDED", t))
+        if not was_live:  # cancelled while provisioning: it never joined, nothing to report
+            c.nodes.remove(n)
+            return
+        if reason != CLUSTER_DELETED:
+            why = "preempted" if reason == PREEMPTED else "removed by a scale-down"
+            self._event(c, n.name, reason, f"node {n.name} {why}", t)
+        self.store.write_node_file(
+            n.name,
+            "removed.json",
+            {
+                "node": n.name,
+                "cluster_id": c.cluster_id,
+                "reason": reason,
+                "removed_at": _ts(t),
+                "removed_unix": t,
+            },
+        )
+
+    def _capacity_left(self, c: ClusterState) -> float:
+        def used(cs: list[ClusterState]) -> int:
+            return GPUS_PER_NODE * sum(len(x.live_nodes(PREEMPTIBLE)) for x in cs)
+
+        left = math.inf
+        if self.config.capacity_gpus is not None:
+            left = self.config.capacity_gpus - used(list(self.clusters.values()))
+        if c.capacity_gpus is not None:
+            left = min(left, c.capacity_gpus - used([c]))
+        return left
+
+    def _reconcile(self, c: ClusterState, now: float) -> bool:
+        """Move the preemptible node count toward the target."""
+        want = c.desired_preemptible_gpus // GPUS_PER_NODE
+        nodes = c.live_nodes(PREEMPTIBLE)
+        changed = False
+        if len(nodes) > want:
+            excess = len(nodes) - want
+            provisioning = [n for n in nodes if n.state == PROVISIONING]
+            running = sorted(
+                (n for n in nodes if n.state == RUNNING), key=lambda n: n.ready_at, reverse=True
+            )
+            for n in (provisioning + running)[:excess]:
+                self._remove(c, n, now, SCALED_DOWN)
+                changed = True
+        elif (
+            len(nodes) < want
+            and not any(n.state == PROVISIONING for n in nodes)
+            and self._capacity_left(c) >= GPUS_PER_NODE
+        ):
+            self._new_node(c, PREEMPTIBLE, now)
+            changed = True
+        return changed
+
+    def _prune(self, c: ClusterState, now: float) -> bool:
+        horizon = now - self.config.real(self.config.retention_s)
+        before = (len(c.events), len(c.nodes))
+        c.events = [e for e in c.events if e.time >= horizon]
+        c.nodes = [
+            n for n in c.nodes if not (n.state == REMOVED and (n.removed_at or now) < horizon)
+        ]
+        return before != (len(c.events), len(c.nodes))
+
+    def _set_standard(self, c: ClusterState, num_gpus: int, now: float) -> None:
+        want = num_gpus // GPUS_PER_NODE
+        nodes = c.live_nodes(STANDARD)
+        for _ in range(want - len(nodes)):
+            n = self._new_node(c, STANDARD, now)
+            self._node_live(c, n, now)
+        for n in sorted(nodes, key=lambda n: n.ready_at, reverse=True)[: max(0, len(nodes) - want)]:
+            self._remove(c, n, now, SCALED_DOWN)
+        c.num_gpus = num_gpus
+
+    # ---- API operations ----------------------------------------------------------------------
+    def _get(self, cluster_id: str) -> ClusterState:
+        c = self.clusters.get(cluster_id)
+        if c is None:
+            raise RequestError(404, NOT_FOUND, f"cluster {cluster_id!r} not found")
+        return c
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a cluster from a validated create body; standard nodes are live at once."""
+        with self._changing():
+            now = self.clock()
+            known = {
+                "cluster_name",
+                "cluster_type",
+                "region",
+                "gpu_type",
+                "billing_type",
+                "project_id",
+                "num_gpus",
+                "num_preemptible_gpus",
+                "cuda_version",
+                "nvidia_driver_version",
+                "nvidia_version_id",
+                "num_reserved_gpus",
+                "num_capacity_pool_gpus",
+                "capacity_pool_id",
+                "duration_days",
+                "add_ons",
+                "volume_id",
+                "shared_volume",
+            }
+            c = ClusterState(
+                cluster_id=str(uuid.uuid4()),
+                cluster_name=body["cluster_name"],
+                cluster_type=body.get("cluster_type") or "KUBERNETES",
+                region=body["region"],
+                gpu_type=body["gpu_type"],
+                billing_type=body["billing_type"],
+                project_id=body.get("project_id") or self.config.default_project_id,
+                num_gpus=0,
+                desired_preemptible_gpus=body.get("num_preemptible_gpus") or 0,
+                cuda_version=body["cuda_version"],
+                nvidia_driver_version=body["nvidia_driver_version"],
+                nvidia_version_id=body["nvidia_version_id"],
+                created_at=now,
+                num_reserved_gpus=body.get("num_reserved_gpus") or 0,
+                num_capacity_pool_gpus=body.get("num_capacity_pool_gpus") or 0,
+                capacity_pool_id=body.get("capacity_pool_id"),
+                duration_days=body.get("duration_days"),
+                add_ons=_add_ons(body.get("add_ons")),
+                volumes=_volumes(body),
+                extra={k: v for k, v in body.items() if k not in known and v is not None},
+            )
+            self.clusters[c.cluster_id] = c
+            self._set_standard(c, body["num_gpus"], now)
+            self._reconcile(c, now)
+            return cluster_to_api(c)
+
+    def update(self, cluster_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Apply a validated update; omitted fields keep their value."""
+        with self._changing():
+            c = self._get(cluster_id)
+            now = self.clock()
+            self._advance_cluster(c, now)
+            if "num_gpus" in body:
+                self._set_standard(c, body["num_gpus"], now)
+            if "num_preemptible_gpus" in body:
+                c.desired_preemptible_gpus = body["num_preemptible_gpus"]
+            for name in ("num_reserved_gpus", "num_capacity_pool_gpus", "cluster_type"):
+                if name in body:
+                    setattr(c, name, body[name])
+            for name in ("cluster_config", "reservation_end_time"):
+                if name in body:
+                    c.extra[name] = body[name]
+            self._reconcile(c, now)
+            return cluster_to_api(c)
+
+    def delete(self, cluster_id: str) -> dict[str, Any]:
+        with self._changing():
+            c = self._get(cluster_id)
+            now = self.clock()
+            for n in c.live_nodes():
+                self._remove(c, n, now, CLUSTER_DELETED)
+            del self.clusters[cluster_id]
+            return {"cluster_id": cluster_id}
+
+    def retrieve(self, cluster_id: str) -> dict[str, Any]:
+        self.advance()
+        with self._lock:
+            return cluster_to_api(self._get(cluster_id))
+
+    def list_clusters(self, project_id: str | None = None) -> dict[str, Any]:
+        self.advance()
+        with self._lock:
+            cs = [c for c in self.clusters.values() if project_id in (None, c.project_id)]
+            return {"clusters": [cluster_to_api(c) for c in sorted(cs, key=lambda c: c.created_at)]}
+
+    def project_ids(self) -> list[str]:
+        with self._lock:
+            ids = {self.config.default_project_id} | {c.project_id for c in self.clusters.values()}
+        return sorted(ids)
+
+    # ---- admin operations --------------------------------------------------------------------
+    def preempt(self, cluster_id: str, node: str | None = None) -> dict[str, Any]:
+        """Start a preemption now: notice at T+0, removal at T+drain window."""
+        self.advance()
+        with self._changing():
+            c = self._get(cluster_id)
+            if node is None:
+                candidates = [n for n in c.live_nodes(PREEMPTIBLE) if n.state == RUNNING]
+                if not candidates:
+                    raise RequestError(409, 9, "no running preemptible node to preempt")
+                n = min(candidates, key=lambda n: n.ready_at)
+            else:
+                found = c.node(node)
+                if found is None or found.state == REMOVED:
+                    raise RequestError(404, NOT_FOUND, f"node {node!r} not found in {cluster_id}")
+                if found.kind != PREEMPTIBLE:
+                    raise RequestError(
+                        400, 3, f"node {node!r} is standard; only preemptible nodes are preempted"
+                    )
+                if found.state != RUNNING:
+                    raise RequestError(409, 9, f"node {node!r} is {found.state}, not running")
+                n = found
+            self._notify(c, n, self.clock())
+            return self._node_view(c, n)
+
+    def set_capacity(self, gpus: int | None, cluster_id: str | None = None) -> dict[str, Any]:
+        """Cap preemptible capacity (GPUs, None lifts the cap), for all clusters or one."""
+        with self._changing():
+            if cluster_id is None:
+                self.config.capacity_gpus = gpus
+            else:
+                self._get(cluster_id).capacity_gpus = gpus
+            for c in self.clusters.values():
+                self._reconcile(c, self.clock())
+            return {"capacity_gpus": gpus, "cluster_id": cluster_id}
+
+    def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
+        self.advance()
+        with self._lock:
+            c = self._get(cluster_id)
+            return [self._node_view(c, n) for n in c.nodes]
+
+    def _node_view(self, c: ClusterState, n: NodeState) -> dict[str, Any]:
+        def ts(t: float | None) -> str | None:
+            return None if t is None else _ts(t)
+
+        return {
+            "name": n.name,
+            "cluster_id": c.cluster_id,
+            "kind": n.kind,
+            "state": n.state,
+            "gpus": GPUS_PER_NODE,
+            "requested_at": ts(n.requested_at),
+            "ready_at": ts(n.ready_at),
+            "notified_at": ts(n.notified_at),
+            "deadline": ts(n.deadline),
+            "deadline_unix": n.deadline,
+            "removed_at": ts(n.removed_at),
+            "removed_reason": n.removed_reason,
+            "dir": str(self.store.node_dir(n.name)),
+        }
+
+
+def _add_ons(raw: Any) -> list[dict[str, Any]]:
+    out = []
+    for a in raw or []:
+        if isinstance(a, dict) and a.get("name"):
+            out.append(
+                {
+                    "add_on_type": a.get("add_on_type", a["name"]),
+                    "name": a["name"],
+                    "config": a.get("config") or {},
+                    "state": {},
+                }
+            )
+    return out
+
+
+def _volumes(body: dict[str, Any]) -> list[dict[str, Any]]:
+    sv = body.get("shared_volume")
+    if isinstance(sv, dict) and sv.get("volume_name"):
+        return [
+            {
+                "volume_id": f"vol-{uuid.uuid4().hex[:12]}",
+                "volume_name": sv["volume_name"],
+                "size_tib": int(sv.get("size_tib") or 1),
+                "status": "Available",
+            }
+        ]
+    if body.get("volume_id"):
+        return [
+            {
+                "volume_id": body["volume_id"],
+                "volume_name": body["volume_id"],
+                "size_tib": 1,
+                "status": "Available",
+            }
+        ]
+    return []

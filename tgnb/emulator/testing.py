@@ -1,0 +1,165 @@
+"""A test harness: a real emulator daemon on a free loopback port, and its admin helpers.
+
+    with running_emulator(tmp_path, time_scale=0.01) as emu:
+        client = together.Together(base_url=emu.base_url, api_key=emu.api_key)
+        subprocess.run(["tg", "clusters", "list"], env={**os.environ, **emu.env})
+        emu.preempt(cluster_id)            # notice now, removal after the (scaled) drain window
+        emu.requests()                     # what reached the API (method, path, status, body)
+
+`home` is used as the tgnb home: the daemon's files go to ``home/emulator/``. The daemon is
+stopped (and waited for) when the block exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tgnb.emulator import daemon
+from tgnb.emulator.models import DEFAULT_PROJECT_ID
+
+#: Environment variables the `tg` CLI needs to stay offline and quiet in tests.
+QUIET_CLI_ENV = {
+    "TOGETHER_DISABLE_VERSION_CHECK": "1",
+    "TOGETHER_TELEMETRY_DISABLED": "1",
+}
+
+
+class EmulatorHandle:
+    """A running emulator: where it answers, its key (a plain str, for tests) and admin calls."""
+
+    def __init__(self, home: Path, base_url: str, api_key: str, project_id: str, pid: int) -> None:
+        self.home = home
+        self.base_url = base_url  # http://127.0.0.1:PORT, no /v1: what the SDK and tg expect
+        self.api_key = api_key
+        self.project_id = project_id
+        self.pid = pid
+        self.state_dir = daemon.emulator_home(home) / "state"
+        self._http = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables that point the SDK and the ``tg`` CLI at this emulator (keeps tg offline)."""
+        cli_config = str(self.home / "tg-config")
+        return {
+            "TOGETHER_BASE_URL": self.base_url,
+            "TOGETHER_API_KEY": self.api_key,
+            "TOGETHER_PROJECT_ID": self.project_id,
+            "TGNB_HOME": str(self.home),
+            # no stored `tg login` credentials from the real user, no version check or telemetry
+            "TOGETHER_CREDENTIALS_PATH": str(self.home / "tg-credentials.json"),
+            "XDG_CONFIG_HOME": cli_config,
+            "XDG_CACHE_HOME": cli_config,
+            **QUIET_CLI_ENV,
+        }
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        r = self._http.request(method, path, **kw)
+        r.raise_for_status()
+        return r.json()
+
+    def health(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/_emulator/health"))
+
+    def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
+        """Every node of a cluster: name, kind, state, deadline, dir, ... (removed ones too)."""
+        return list(self._call("GET", f"/_emulator/clusters/{cluster_id}/nodes")["nodes"])
+
+    def preempt(self, cluster_id: str, node: str | None = None) -> dict[str, Any]:
+        """Preempt `node` (default: the oldest running preemptible node); returns the node."""
+        body = {"node": node} if node else {}
+        return dict(self._call("POST", f"/_emulator/clusters/{cluster_id}/preempt", json=body))
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The request log: every /v1 and /v3 request (method, path, query, status, body, chaos)."""
+        return list(self._call("GET", "/_emulator/requests")["requests"])
+
+    def clear_requests(self) -> int:
+        return int(self._call("DELETE", "/_emulator/requests")["cleared"])
+
+    def set_chaos(
+        self,
+        fraction: float,
+        seed: int = 0,
+        kinds: tuple[str, ...] | None = None,
+        delay_s: float | None = None,
+        retry_after_ms: int | None = None,
+    ) -> dict[str, Any]:
+        """Answer `fraction` of /v1 requests with 429/503/delay (`kinds`), drawn from `seed`."""
+        body: dict[str, Any] = {"fraction": fraction, "seed": seed}
+        if kinds is not None:
+            body["kinds"] = list(kinds)
+        if delay_s is not None:
+            body["delay_s"] = delay_s
+        if retry_after_ms is not None:
+            body["retry_after_ms"] = retry_after_ms
+        return dict(self._call("POST", "/_emulator/chaos", json=body))
+
+    def set_capacity(self, gpus: int | None, cluster_id: str | None = None) -> dict[str, Any]:
+        """Cap preemptible GPUs (all clusters, or one); None lifts the cap."""
+        return dict(
+            self._call("POST", "/_emulator/capacity", json={"gpus": gpus, "cluster_id": cluster_id})
+        )
+
+    def wait_for(
+        self, predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05
+    ) -> Any:
+        """Poll `predicate` until it returns something truthy; raise TimeoutError at `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"condition not met within {timeout}s")
+            time.sleep(interval)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+@contextlib.contextmanager
+def running_emulator(
+    home: Path,
+    *,
+    time_scale: float = 0.01,
+    api_key: str | None = None,
+    project_id: str = DEFAULT_PROJECT_ID,
+    **knobs: Any,
+) -> Iterator[EmulatorHandle]:
+    """Start a real emulator daemon for `home` on a free port; stop it on exit.
+
+    `knobs` are `tgnb.emulator.daemon.ServeOptions` fields: drain_window_s, provision_delay_s,
+    preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port.
+    """
+    home = Path(home)
+    key = api_key or "tgnb-test-" + secrets.token_hex(8)
+    options = daemon.ServeOptions(time_scale=time_scale, project_id=project_id, **knobs)
+    st, _ = daemon.start(home, options, key)
+    if not (st.base_url and st.pid and st.api_key):
+        raise RuntimeError(f"emulator for {home} did not report where it runs")
+    handle = EmulatorHandle(home, st.base_url, st.api_key.get(), project_id, st.pid)
+    try:
+        yield handle
+    finally:
+        handle.close()
+        daemon.stop(home)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+__all__ = ["QUIET_CLI_ENV", "EmulatorHandle", "free_port", "running_emulator"]
