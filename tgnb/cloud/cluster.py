@@ -91,13 +91,18 @@ class Cluster:
     def scale(self, preemptible: int) -> ClusterState:
         """Set the preemptible GPU target and return the updated snapshot.
 
-        Checked before any request: an int, >= 0, a multiple of 8, and a project known when
-        above 0 (the `Cloud`'s project, or the cluster's own). Sends only ``num_preemptible_gpus``.
+        Checked before any request: an int, >= 0, a multiple of 8, and, when above 0, a project
+        configured on the `Cloud` (``TOGETHER_PROJECT_ID`` or ``project_id=``), as the platform
+        requires. Sends only ``num_preemptible_gpus``.
         After a transient failure it reads the cluster back and sends the target again only if it
         is not applied yet, so the target is applied once.
         """
-        project = self.cloud.project_id or self.last.project_id or None
-        target = check_target(preemptible, project)
+        owner = (
+            f" (cluster {self.id} is in project {self.last.project_id})"
+            if self.last.project_id
+            else ""
+        )
+        target = check_target(preemptible, self.cloud.project_id, hint=owner)
         before = self.last.desired_preemptible_gpus
         state = self._apply_target(target)
         if state.desired_preemptible_gpus != before:

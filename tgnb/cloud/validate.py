@@ -16,7 +16,9 @@ def nearest_multiples(value: int, step: int = GPUS_PER_NODE) -> tuple[int, int]:
     return lower, lower + step
 
 
-def check_target(value: Any, project_id: str | None, what: str = "preemptible target") -> int:
+def check_target(
+    value: Any, project_id: str | None, what: str = "preemptible target", hint: str = ""
+) -> int:
     """A preemptible GPU target: an int (not a bool, not a str), >= 0, a multiple of 8, and a
     project known when it is above 0. Returns it as an int."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -36,7 +38,8 @@ def check_target(value: Any, project_id: str | None, what: str = "preemptible ta
         )
     if value > 0 and not project_id:
         raise ValidationError(
-            f"a {what} above 0 needs a project: set TOGETHER_PROJECT_ID or pass project_id="
+            f"a {what} above 0 needs a project{hint}: set TOGETHER_PROJECT_ID or pass "
+            "Cloud(project_id=...)"
         )
     return value
 
