@@ -1,0 +1,55 @@
+"""A stand-in for ``python -m tgnb.train`` used only by the supervisor tests that check placement
+and signal handling without paying for TRL (the end-to-end tests run the real runtime).
+
+It counts optimizer "steps" (a sleep each) up to ``max_steps`` from the config, writes
+``metrics.jsonl`` and ``events.jsonl`` through the real `Recorder`, checkpoints (a JSON file with the
+step) on SIGTERM or when ``TGNB_NOTICE_FILE`` appears, exits 75, and resumes from that file.
+It also records the environment it was started with, for the tests to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tgnb.train.record import Recorder
+
+
+def main() -> int:
+    config = yaml.safe_load(Path(sys.argv[1]).read_text())
+    run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
+    max_steps = int(config.get("max_steps", 20))
+    step_s = float(config.get("step_seconds", 0.1))
+    rec = Recorder(run_dir)
+    ckpt = run_dir / "standin-checkpoint.json"
+    with open(run_dir / "standin-env.jsonl", "a") as fh:
+        keys = ("TGNB_NODE", "TGNB_RESTART_COUNT", "SLURM_RESTART_COUNT", "TGNB_NOTICE_FILE")
+        fh.write(json.dumps({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()}) + "\n")
+    step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+    rec.event("RunResumed" if step else "RunStarted", step=step)
+    stop = {"why": ""}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(why="signal"))
+    notice = os.environ.get("TGNB_NOTICE_FILE")
+    while step < max_steps:
+        if notice and Path(notice).exists():
+            stop["why"] = "drain"
+        if stop["why"]:
+            ckpt.write_text(json.dumps({"step": step}))
+            rec.event("CheckpointSaved", step=step, why=stop["why"])
+            rec.event("RunExited", step=step, exit_code=75)
+            return 75
+        time.sleep(step_s)
+        step += 1
+        rec.metric(step, loss=1.0 / step)
+    rec.event("RunExited", step=step, exit_code=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

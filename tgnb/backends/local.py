@@ -1,0 +1,224 @@
+"""The local backend: runs on the emulated nodes of a cluster served by the local emulator.
+
+Each run gets a detached supervisor process (`tgnb.backends.supervisor`) that places it on
+emulated nodes and plays the platform's part when a node is preempted. The supervisor outlives the
+kernel that launched it and writes everything to the run store, so the backend itself holds no
+state: any process that opens the same tgnb home sees the same runs. The job id is the run id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.config import Secret
+from tgnb.errors import BackendError
+from tgnb.events import Event, read_jsonl
+from tgnb.runs.store import RunRecord, RunStore
+
+SUPERVISOR_LOG = "supervisor.log"
+_SUPERVISOR_MODULE = "tgnb.backends.supervisor"
+#: Supervisors this process started; polled so that none stays a zombie while the kernel lives.
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def emulator_endpoint(home: str | Path) -> tuple[str, str | None] | None:
+    """The (base_url, api_key) of the emulator daemon running for tgnb home `home`, or None."""
+    from tgnb.emulator import daemon
+
+    st = daemon.status(Path(home), timeout=2.0)
+    if not st.running or st.base_url is None:
+        return None
+    return st.base_url, (st.api_key.get() if st.api_key else None)
+
+
+def _reap() -> None:
+    for proc in list(_STARTED):
+        if proc.poll() is not None:
+            _STARTED.remove(proc)
+
+
+def supervisor_alive(pid: int | None) -> bool:
+    """Whether `pid` is a live (not zombie) tgnb supervisor process."""
+    _reap()
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path(f"/proc/{pid}")
+    if proc.exists():
+        try:
+            stat = (proc / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+            return _SUPERVISOR_MODULE.encode() in (proc / "cmdline").read_bytes()
+        except OSError:
+            return False
+    return True
+
+
+class LocalBackend:
+    """Runs on one emulated cluster: `cluster_id` of type KUBERNETES or SLURM."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        store: RunStore,
+        *,
+        cluster_id: str,
+        cluster_type: str,
+        base_url: str,
+        api_key: Secret | str | None,
+        poll: float = 0.2,
+    ) -> None:
+        self.store = store
+        self.home = store.home
+        self.cluster_id = cluster_id
+        self.cluster_type = cluster_type.upper()
+        self.base_url = base_url
+        self._key = api_key if isinstance(api_key, Secret) or api_key is None else Secret(api_key)
+        self.poll = poll
+
+    def __repr__(self) -> str:
+        return f"<LocalBackend cluster={self.cluster_id} type={self.cluster_type}>"
+
+    def run_dir_for(self, name: str) -> Path:
+        """Where a run keeps its checkpoints, metrics and events by default."""
+        return self.home / "runs" / name
+
+    # -- Backend protocol ----------------------------------------------------------------------
+
+    def submit(self, spec: RunSpec) -> str:
+        """Start the run's supervisor; the run is recorded in the store first if it is not yet."""
+        rec = self.store.find(spec.name)
+        if rec is None:
+            rec = self.store.create(
+                spec,
+                backend=self.name,
+                cluster_id=self.cluster_id,
+                run_dir=spec.run_dir or self.run_dir_for(spec.name),
+            )
+        run_dir = Path(rec.run_dir or self.run_dir_for(spec.name))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._start_supervisor(rec, run_dir)
+        return rec.id
+
+    def _start_supervisor(self, rec: RunRecord, run_dir: Path) -> int:
+        env = dict(os.environ)
+        env["TOGETHER_BASE_URL"] = self.base_url
+        if self._key:
+            env["TOGETHER_API_KEY"] = self._key.get()
+        env["TGNB_HOME"] = str(self.home)
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [
+            sys.executable,
+            "-m",
+            _SUPERVISOR_MODULE,
+            "--home",
+            str(self.home),
+            "--run",
+            rec.id,
+            "--cluster",
+            self.cluster_id,
+            "--type",
+            self.cluster_type,
+            "--poll",
+            str(self.poll),
+        ]
+        with open(run_dir / SUPERVISOR_LOG, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=run_dir,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise BackendError(f"could not start the run's supervisor: {exc}") from None
+        _STARTED.append(proc)
+        self.store.add_job(rec.id, rec.id, pid=proc.pid)
+        return proc.pid
+
+    def _supervisor_pid(self, rec: RunRecord) -> int | None:
+        for job in reversed(rec.jobs):
+            pid = job.info.get("pid")
+            if pid:
+                return int(pid)
+        return None
+
+    def status(self, job_id: str) -> JobStatus:
+        rec = self.store.get(job_id)
+        state, detail = rec.state, rec.detail
+        if not state.finished and not supervisor_alive(self._supervisor_pid(rec)):
+            state = JobState.UNKNOWN
+            detail = "its supervisor is gone (machine restarted?): session.recover() restarts it"
+        return JobStatus(state, rec.restart_count, rec.nodes, rec.exit_code, detail)
+
+    def cancel(self, job_id: str) -> None:
+        """SIGTERM to the supervisor: it stops the processes (they checkpoint) and records it."""
+        rec = self.store.get(job_id)
+        if rec.state.finished:
+            return
+        pid = self._supervisor_pid(rec)
+        if supervisor_alive(pid):
+            assert pid is not None
+            os.kill(pid, signal.SIGTERM)
+            return
+        for job in rec.jobs:
+            for child in job.info.get("children") or ():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(int(child), signal.SIGKILL)
+        self.store.set_state(rec.id, JobState.CANCELLED, "stopped (no supervisor was running)")
+
+    def recover(self, job_id: str) -> bool:
+        """Start a new supervisor for a run whose supervisor is gone; False if none was needed.
+
+        The run resumes from its newest complete checkpoint on a schedulable node.
+        """
+        rec = self.store.get(job_id)
+        if rec.state.finished or supervisor_alive(self._supervisor_pid(rec)):
+            return False
+        run_dir = Path(rec.run_dir or self.run_dir_for(rec.name))
+        self._start_supervisor(rec, run_dir)
+        return True
+
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        from tgnb.runs.run import Run
+
+        run = Run(self.store.get(job_id), self.store, None)
+        if follow:
+            yield from run.follow()
+        else:
+            yield from run.logs()
+
+    def events(self, job_id: str) -> list[Event]:
+        rec = self.store.get(job_id)
+        if not rec.run_dir:
+            return []
+        return list(read_jsonl(Path(rec.run_dir) / "events.jsonl", run=rec.name))
+
+    def restart_count(self, job_id: str) -> int:
+        return self.store.get(job_id).restart_count
+
+    def wait_supervisor(self, job_id: str, timeout: float | None = None) -> None:
+        """Wait for the run's supervisor to exit, when this process started it (tests)."""
+        rec = self.store.get(job_id)
+        pid = self._supervisor_pid(rec)
+        for proc in list(_STARTED):
+            if proc.pid == pid:
+                proc.wait(timeout)

@@ -1,0 +1,364 @@
+"""The local backend's supervisor: one detached process per run, acting as the node's kubelet or
+slurmd for that run.
+
+It is started in a new session (``start_new_session=True``), so it outlives the notebook kernel
+that launched the run. It places the run on emulated nodes of the right kind, launches
+``python -m tgnb.train`` as a process group per node, watches those nodes and behaves as the
+platform does when one is preempted:
+
+- KUBERNETES-type cluster: SIGTERM to the process group at T+0 (when the preemption notice
+  appears), SIGKILL at the end of the drain window (the node is removed), and the pod is recreated
+  on another node as soon as one is schedulable, with ``TGNB_RESTART_COUNT`` incremented.
+- SLURM-type cluster: a drain and no signal at T+0 (the runtime's drain watcher reads the notice
+  file named by ``TGNB_NOTICE_FILE``), a kill at T+window, and a requeue with
+  ``SLURM_RESTART_COUNT`` incremented.
+
+Exit 0 means succeeded; `EXIT_PREEMPTED` (75), or any end of a process whose node was preempted,
+means requeue on a fresh node; anything else failed. Every state change goes to the run store and
+the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued) go to the run's
+``events.jsonl`` with source ``"tgnb"``, timed by the same clock as the emulator's node events.
+When the emulator cannot be reached it keeps going: the notice and removal files are on disk, and
+the node list is fetched again at the next poll.
+
+Run it as ``python -m tgnb.backends.supervisor --home HOME --run RUN_ID --cluster ID --type T``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tgnb.backends.base import EXIT_PREEMPTED, JobState
+from tgnb.backends.nodes import NodeInfo, NodeSource
+from tgnb.events import RUN_REQUEUED, Event, utcnow
+from tgnb.runs.store import RunStore
+
+JOB_PLACED = "JobPlaced"
+SIGNAL_SENT = "SignalSent"
+JOB_KILLED = "JobKilled"
+
+TRAIN_LOG = "train.log"
+LAUNCH_CONFIG = "launch.yaml"
+STOP_GRACE_SECONDS = 30.0
+MAX_RESTARTS = 100
+#: The module a node runs (default ``tgnb.train``); tests of the supervisor alone set a stand-in.
+TRAIN_MODULE_ENV = "TGNB_TRAIN_MODULE"
+
+
+def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str) -> list[str]:
+    """The command one node runs: the training runtime, under torchrun when nodes > 1."""
+    module = os.environ.get(TRAIN_MODULE_ENV) or "tgnb.train"
+    tail = ["-m", module, str(config), "--run-dir", str(run_dir)]
+    if nodes == 1:
+        return [sys.executable, *tail]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        "--nproc_per_node=1",
+        f"--node_rank={rank}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={rdzv}",
+        *tail,
+    ]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Supervisor:
+    """Runs one run to its end on the nodes of one emulated cluster."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        run: str,
+        source: NodeSource,
+        *,
+        cluster_type: str,
+        poll: float = 0.2,
+    ) -> None:
+        self.store = store
+        self.record = store.get(run)
+        self.source = source
+        self.slurm = cluster_type.upper() == "SLURM"
+        self.poll = poll
+        self.run_dir = Path(self.record.run_dir or ".")
+        self.stop_requested = False
+        self._cache: dict[str, NodeInfo] = {}
+        self._api_ok = True
+
+    # -- events and nodes ----------------------------------------------------------------------
+
+    def event(self, reason: str, message: str, node: str | None = None, **data: Any) -> None:
+        ev = Event(utcnow(), "tgnb", reason, message, node=node, run=self.record.name, data=data)
+        with open(self.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(ev.to_json() + "\n")
+
+    def refresh(self) -> list[NodeInfo] | None:
+        """The cluster's nodes, or None when the emulator cannot be reached (cache kept)."""
+        try:
+            nodes = self.source.nodes()
+        except Exception as exc:  # the daemon may be restarting: retry at the next poll
+            if self._api_ok:
+                self._api_ok = False
+                print(f"emulator unreachable ({type(exc).__name__}); retrying", flush=True)
+            return None
+        if not self._api_ok:
+            print("emulator reachable again", flush=True)
+        self._api_ok = True
+        self._cache = {n.name: n for n in nodes}
+        return nodes
+
+    def _gpus_in_use(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for rec in self.store.list(cluster_id=self.record.cluster_id, active=True):
+            if rec.id == self.record.id or rec.state != JobState.RUNNING:
+                continue
+            for node in rec.nodes:
+                used[node] = used.get(node, 0) + rec.spec.resources.gpus_per_node
+        return used
+
+    def place(self) -> list[NodeInfo] | None:
+        """Wait until enough schedulable nodes of the wanted kind have free GPUs; None if stopped."""
+        res = self.record.spec.resources
+        kind = "preemptible" if res.preemptible else "standard"
+        least = res.min_nodes or res.nodes
+        said = ""
+        while not self.stop_requested:
+            nodes = self.refresh()
+            if nodes is not None:
+                used = self._gpus_in_use()
+                free = [
+                    n
+                    for n in nodes
+                    if n.kind == kind
+                    and n.schedulable
+                    and n.gpus - used.get(n.name, 0) >= res.gpus_per_node
+                ]
+                free.sort(key=lambda n: (used.get(n.name, 0), n.name))
+                if len(free) >= least:
+                    return free[: res.nodes]
+                detail = f"waiting for {least} schedulable {kind} node(s); {len(free)} free"
+            else:
+                detail = "emulator unreachable; retrying"
+            if detail != said:
+                self.store.set_state(self.record.id, JobState.PENDING, detail)
+                said = detail
+            time.sleep(self.poll * 2)
+        return None
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    def _env(self, node: NodeInfo, restart: int) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "TOGETHER_API_KEY"}
+        env.update({k: str(v) for k, v in self.record.spec.env.items()})
+        for var, ref in self.record.spec.secrets.items():
+            value = os.environ.get(ref.env or var)
+            if value is not None:
+                env[var] = value
+        env.update(
+            TGNB_NODE=node.name,
+            TGNB_RUN=self.record.name,
+            TGNB_RESTART_COUNT=str(restart),
+            PYTHONUNBUFFERED="1",
+        )
+        if self.slurm:
+            env["SLURM_RESTART_COUNT"] = str(restart)
+            if node.notice_file is not None:
+                env["TGNB_NOTICE_FILE"] = str(node.notice_file)
+        return env
+
+    def _write_config(self) -> Path:
+        import yaml
+
+        path = self.run_dir / LAUNCH_CONFIG
+        train = dict(self.record.spec.train)
+        train.setdefault("run_dir", str(self.run_dir))
+        path.write_text(yaml.safe_dump(train, sort_keys=True), encoding="utf-8")
+        return path
+
+    def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> str:
+        """Launch on `nodes` and watch until the processes end: succeeded|failed|cancelled|requeue."""
+        config = self._write_config()
+        rdzv = f"127.0.0.1:{_free_port()}"
+        names = [n.name for n in nodes]
+        procs: list[subprocess.Popen[bytes]] = []
+        with open(self.run_dir / TRAIN_LOG, "ab") as log:
+            for rank, node in enumerate(nodes):
+                cmd = train_command(config, self.run_dir, len(nodes), rank, rdzv)
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=self.run_dir,
+                        env=self._env(node, restart),
+                        start_new_session=True,
+                    )
+                )
+        pids = [p.pid for p in procs]
+        self.store.add_job(self.record.id, self.record.id, pid=os.getpid(), children=pids)
+        for node in nodes:
+            self.event(JOB_PLACED, f"placed on {node.name}", node.name, restart_count=restart)
+        self.store.set_state(
+            self.record.id,
+            JobState.RUNNING,
+            f"running on {', '.join(names)}",
+            node=names[0],
+            nodes=names,
+            restart_count=restart,
+        )
+        return self._watch(procs, names)
+
+    def _signal(self, procs: Sequence[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, sig)
+
+    def _watch(self, procs: Sequence[subprocess.Popen[bytes]], names: Sequence[str]) -> str:
+        preempted: str | None = None
+        killed = False
+        stop_at: float | None = None
+        last_api = 0.0
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if self.stop_requested and stop_at is None:
+                self._signal(procs, signal.SIGTERM)
+                stop_at = now + STOP_GRACE_SECONDS
+            if stop_at is not None and now > stop_at:
+                self._signal(procs, signal.SIGKILL)
+            if now - last_api > 1.0:
+                self.refresh()
+                last_api = now
+            for name in names:
+                node = self._cache.get(name, NodeInfo(name, "unknown", "removed"))
+                if preempted is None and node.notified():
+                    preempted = name
+                    if self.slurm:
+                        self.store.set_state(
+                            self.record.id, JobState.RUNNING, f"{name} drained", node=name
+                        )
+                    else:
+                        self._signal(procs, signal.SIGTERM)
+                        self.event(SIGNAL_SENT, f"SIGTERM: {name} is being preempted", name)
+                if not killed and (node.removed() or name not in self._cache):
+                    killed = True
+                    preempted = preempted or name
+                    self._signal(procs, signal.SIGKILL)
+                    if any(p.poll() is None for p in procs):
+                        self.event(JOB_KILLED, f"SIGKILL: {name} was removed", name)
+            time.sleep(self.poll)
+        codes = [p.wait() for p in procs]
+        if stop_at is not None:
+            self._last_exit = codes[0]
+            return "cancelled"
+        if all(c == 0 for c in codes):
+            return "succeeded"
+        self._last_exit = next(c for c in codes if c != 0)
+        if preempted is not None or killed or EXIT_PREEMPTED in codes:
+            self._last_node = preempted or names[0]
+            return "requeue"
+        return "failed"
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def main(self) -> int:
+        """Run until the run has finished; returns the supervisor's exit status."""
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_requested", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "stop_requested", True))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        restart = self.record.restart_count
+        rid = self.record.id
+        while True:
+            nodes = self.place()
+            if nodes is None:
+                self.store.set_state(rid, JobState.CANCELLED, "stopped before it was placed")
+                return 0
+            self._last_exit = 0
+            outcome = self.attempt(nodes, restart)
+            code = self._last_exit
+            if outcome == "succeeded":
+                self.store.set_state(rid, JobState.SUCCEEDED, "finished", exit_code=0)
+                return 0
+            if outcome == "cancelled":
+                self.store.set_state(rid, JobState.CANCELLED, "stopped", exit_code=code)
+                return 0
+            if outcome == "failed" or restart >= MAX_RESTARTS:
+                self.store.set_state(rid, JobState.FAILED, f"exit code {code}", exit_code=code)
+                return 1
+            restart += 1
+            node = self._last_node
+            what = "requeued" if self.slurm else "pod recreated"
+            self.event(
+                RUN_REQUEUED,
+                f"{what} after {node} was preempted (exit {code})",
+                node,
+                restart_count=restart,
+                exit_code=code,
+            )
+            self.store.set_state(
+                rid,
+                JobState.REQUEUED,
+                f"{what} after {node} was preempted",
+                node=node,
+                restart_count=restart,
+            )
+
+
+def _endpoint_for(home: Path) -> Any:
+    """A callable giving the emulator's (base_url, key): the daemon's files, else the environment."""
+
+    def endpoint() -> tuple[str, str | None]:
+        try:
+            from tgnb.backends.local import emulator_endpoint
+
+            found = emulator_endpoint(home)
+        except Exception:
+            found = None
+        if found is not None:
+            return found
+        return os.environ.get("TOGETHER_BASE_URL", ""), os.environ.get("TOGETHER_API_KEY")
+
+    return endpoint
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tgnb.backends.supervisor")
+    p.add_argument("--home", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--type", default="KUBERNETES")
+    p.add_argument("--poll", type=float, default=0.2)
+    args = p.parse_args(argv)
+    home = Path(args.home)
+    store = RunStore(home)
+    source = NodeSource(args.cluster, _endpoint_for(home))
+    sup = Supervisor(store, args.run, source, cluster_type=args.type, poll=args.poll)
+    print(json.dumps({"supervisor": os.getpid(), "run": sup.record.name}), flush=True)
+    try:
+        return sup.main()
+    except Exception as exc:
+        sup.store.set_state(sup.record.id, JobState.FAILED, f"supervisor error: {exc}")
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""`Run`: one training run as the notebook sees it, backed by the run store and its backend.
+
+A `Run` holds no state of its own beyond what the run store has: build one from a store record at
+any time (a fresh kernel does exactly that) and it shows the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tgnb.backends.base import Backend, JobState, JobStatus
+from tgnb.events import NODE_ADDED, PREEMPTED, STDOUT_PREFIX, Event, dedupe, read_jsonl
+from tgnb.runs.store import RunRecord, RunStore, StatusChange
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TRAIN_LOG = "train.log"
+
+
+class Run:
+    """A launched run: status, metrics, events, logs; wait for it or stop it.
+
+    `status` is the run's `JobStatus` (state, restart count, nodes, exit code, detail), as the
+    backend reports it and the run store records it. `metrics()` reads ``metrics.jsonl`` from the
+    run directory; `events()` merges the run's own events with the cluster's node events for the
+    nodes it ran on.
+    """
+
+    def __init__(
+        self,
+        record: RunRecord,
+        store: RunStore,
+        backend: Backend | None = None,
+        cluster: Any = None,
+    ) -> None:
+        self._record = record
+        self.store = store
+        self.backend = backend
+        self.cluster = cluster
+
+    # -- identity ------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._record.id
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @property
+    def record(self) -> RunRecord:
+        """The run store's record, as of the last refresh."""
+        return self._record
+
+    @property
+    def run_dir(self) -> Path | None:
+        return Path(self._record.run_dir) if self._record.run_dir else None
+
+    def __repr__(self) -> str:
+        rec = self.refresh()
+        nodes = ",".join(rec.nodes) or "-"
+        return (
+            f"<Run {rec.name} {rec.state.value} backend={rec.backend} nodes={nodes} "
+            f"restarts={rec.restart_count}>"
+        )
+
+    # -- status --------------------------------------------------------------------------------
+
+    def refresh(self) -> RunRecord:
+        """Read the record again; for engines that own the truth, ask the backend first."""
+        rec = self.store.get(self._record.id)
+        if (
+            self.backend is not None
+            and rec.backend != "local"
+            and rec.job_id
+            and not rec.state.finished
+        ):
+            try:
+                st = self.backend.status(rec.job_id)
+            except Exception:
+                st = None
+            if st is not None and (st.state != rec.state or st.restart_count != rec.restart_count):
+                self.store.set_state(
+                    rec.id,
+                    st.state,
+                    st.detail,
+                    nodes=st.nodes,
+                    restart_count=st.restart_count,
+                    exit_code=st.exit_code,
+                )
+                rec = self.store.get(rec.id)
+        self._record = rec
+        return rec
+
+    @property
+    def status(self) -> JobStatus:
+        rec = self.refresh()
+        return JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, rec.detail)
+
+    @property
+    def state(self) -> JobState:
+        return self.refresh().state
+
+    @property
+    def restart_count(self) -> int:
+        """How many times the run was started again after a preemption."""
+        return self.refresh().restart_count
+
+    def history(self) -> list[StatusChange]:
+        """The run's status changes, oldest first."""
+        return self.store.history(self.id)
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> JobStatus:
+        """Block until the run has finished (succeeded, failed or cancelled); its final status.
+
+        Raises `TimeoutError` after `timeout` seconds with the run still going.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.status
+            if st.state.finished:
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"run {self.name!r} is still {st.state.value} after {timeout:g} s ({st.detail})"
+                )
+            time.sleep(poll)
+
+    def stop(self) -> None:
+        """Stop the run: its processes get SIGTERM (they checkpoint), then it is cancelled."""
+        rec = self.refresh()
+        if rec.state.finished:
+            return
+        if self.backend is not None and rec.job_id:
+            self.backend.cancel(rec.job_id)
+        if rec.backend != "local":
+            self.store.set_state(rec.id, JobState.CANCELLED, "stopped by the user")
+
+    # -- what the run left ---------------------------------------------------------------------
+
+    def _file(self, name: str) -> Path | None:
+        d = self.run_dir
+        return None if d is None else d / name
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """The run's ``metrics`` or ``events`` records: from its run directory when it is on this
+        machine, else from the ``@tgnb`` lines of its logs."""
+        path = self._file(f"{kind}.jsonl")
+        out: list[dict[str, Any]] = []
+        if path is not None and path.exists():
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue  # a torn last line
+            return out
+        for line in self.logs():
+            rec = parse_record(line)
+            if rec is not None and rec.pop("kind", None) == kind:
+                out.append(rec)
+        return out
+
+    def metrics(self) -> pd.DataFrame:
+        """The run's metrics (one row per logged optimizer step) as a pandas DataFrame."""
+        import pandas as pd
+
+        rows = self.records("metrics")
+        df = pd.DataFrame(rows)
+        if "step" in df.columns:
+            df = df.sort_values("step", kind="stable").reset_index(drop=True)
+        return df
+
+    def run_events(self) -> list[Event]:
+        """The run's own events (runtime and supervisor), oldest first."""
+        path = self._file("events.jsonl")
+        if path is not None and path.exists():
+            return dedupe(read_jsonl(path, run=self.name))
+        evs = [Event.from_dict(r) for r in self.records("events") if "reason" in r]
+        return dedupe(evs)
+
+    def nodes_used(self) -> list[str]:
+        """Every node the run was placed on, in order."""
+        seen: list[str] = []
+        for change in self.history():
+            if change.node and change.node not in seen:
+                seen.append(change.node)
+        for node in self.refresh().nodes:
+            if node not in seen:
+                seen.append(node)
+        return seen
+
+    def events(self, cluster: bool = True) -> list[Event]:
+        """Run events merged with the cluster's node events for the nodes it ran on (and the
+        replacement nodes added after one of them was preempted), de-duplicated, by time."""
+        evs = self.run_events()
+        if cluster and self.cluster is not None:
+            nodes = set(self.nodes_used()) | {e.node for e in evs if e.node}
+            try:
+                node_events = list(self.cluster.events())
+            except Exception:
+                node_events = []
+            first_loss = min(
+                (e.time for e in node_events if e.node in nodes and e.reason == PREEMPTED),
+                default=None,
+            )
+            for ev in node_events:
+                if ev.node in nodes or (
+                    first_loss is not None and ev.reason == NODE_ADDED and ev.time >= first_loss
+                ):
+                    evs.append(ev)
+        return dedupe(evs)
+
+    def logs(self) -> list[str]:
+        """The run's log lines so far."""
+        path = self._file(TRAIN_LOG)
+        if path is not None and path.exists():
+            return path.read_text(encoding="utf-8", errors="replace").splitlines()
+        rec = self._record
+        if self.backend is not None and rec.job_id:
+            return list(self.backend.logs(rec.job_id, follow=False))
+        return []
+
+    def follow(self, records: bool = False, poll: float = 0.2) -> Iterator[Any]:
+        """Yield log lines as they are written, until the run has finished.
+
+        With ``records=True`` yield only the ``@tgnb`` records (dicts with a ``kind`` of
+        ``metrics`` or ``events``).
+        """
+        lines = self._follow_lines(poll)
+        for line in lines:
+            if not records:
+                yield line
+            else:
+                rec = parse_record(line)
+                if rec is not None:
+                    yield rec
+
+    def _follow_lines(self, poll: float) -> Iterator[str]:
+        path = self._file(TRAIN_LOG)
+        rec = self.refresh()
+        if (path is None or rec.backend != "local") and self.backend is not None and rec.job_id:
+            yield from self.backend.logs(rec.job_id, follow=True)
+            return
+        if path is None:
+            return
+        pos = 0
+        buf = ""
+        while True:
+            finished = self.refresh().state.finished
+            if path.exists():
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                    pos = fh.tell()
+                buf += chunk
+                *done, buf = buf.split("\n")
+                yield from done
+            if finished:
+                if buf:
+                    yield buf
+                return
+            time.sleep(poll)
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The JSON record of an ``@tgnb`` stdout line, or None for any other line."""
+    if not line.startswith(STDOUT_PREFIX):
+        return None
+    try:
+        rec = json.loads(line[len(STDOUT_PREFIX) :])
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
