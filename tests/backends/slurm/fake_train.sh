@@ -1,0 +1,18 @@
+#!/bin/bash
+# Stands in for `python -m tgnb.train CONFIG --run-dir DIR` in the Slurm plumbing tests only (the
+# training tests use the real runtime): it writes RunStarted/RunExited events like the runtime,
+# prints what the job sees, and sleeps for `sleep:` seconds from the config.
+# Called as: fake_train.sh -m tgnb.train CONFIG --run-dir DIR
+config=$3
+run_dir=$5
+sleep_s=$(sed -n 's/^sleep: *//p' "$config")
+now() { date -u +%Y-%m-%dT%H:%M:%S.%NZ; }
+echo "fake-train restart=${SLURM_RESTART_COUNT:-0} node=${SLURMD_NODENAME:-none} token_set=${TGNB_TEST_TOKEN:+yes}"
+printf '{"time": "%s", "source": "run", "reason": "RunStarted", "data": {"restart": %d}}\n' \
+  "$(now)" "${SLURM_RESTART_COUNT:-0}" >>"$run_dir/events.jsonl"
+trap 'echo "fake-train: TERM"; exit 75' TERM
+sleep "${sleep_s:-1}" &
+wait $!
+printf '{"time": "%s", "source": "run", "reason": "RunExited", "data": {"exit_code": 0}}\n' \
+  "$(now)" >>"$run_dir/events.jsonl"
+echo "fake-train: done"

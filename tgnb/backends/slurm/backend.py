@@ -1,0 +1,294 @@
+"""`SlurmBackend`: runs ``python -m tgnb.train`` as sbatch jobs on a Slurm cluster, here or through a
+login node over SSH, and follows them with ``scontrol``/``squeue`` (``sacct`` once a finished job
+has left the controller, when the cluster keeps accounting).
+
+A run's directory (script, ``config.yaml``, ``slurm-<id>.out``, checkpoints, ``events.jsonl``,
+``metrics.jsonl``) lives on the cluster's shared storage under `runs_root`/<run name>, and is the
+job's working directory, so it can be found again from the job id alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.backends.slurm.commands import CommandRunner
+from tgnb.backends.slurm.render import (
+    CONFIG_NAME,
+    SCRIPT_NAME,
+    RenderOptions,
+    render_config,
+    render_script,
+)
+from tgnb.config import Settings
+from tgnb.errors import BackendError, ValidationError
+from tgnb.events import Event, read_jsonl
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
+
+#: Slurm job states (``JobState=`` of ``scontrol show job``, ``State`` of ``sacct``) to ours.
+STATE_MAP: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "SUSPENDED": JobState.PENDING,
+    "STOPPED": JobState.PENDING,
+    "REQUEUED": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "PREEMPTED": JobState.REQUEUED,
+    "COMPLETED": JobState.SUCCEEDED,
+    "CANCELLED": JobState.CANCELLED,
+    "FAILED": JobState.FAILED,
+    "TIMEOUT": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "DEADLINE": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "SPECIAL_EXIT": JobState.FAILED,
+    "REVOKED": JobState.CANCELLED,
+}
+
+
+def parse_fields(line: str) -> dict[str, str]:
+    """``Key=Value`` pairs of a one-line ``scontrol show ... -o`` record (values may hold spaces)."""
+    matches = list(_FIELD.finditer(line))
+    out: dict[str, str] = {}
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end() : end].strip()
+    return out
+
+
+def job_status(fields: Mapping[str, str]) -> JobStatus:
+    """Our `JobStatus` of one ``scontrol show job`` record.
+
+    A PENDING job that has restarted before is REQUEUED: it was preempted (or drained and requeued)
+    and will run again. ``Reason=`` and the Slurm state go into `detail`.
+    """
+    raw = fields.get("JobState", "")
+    slurm_state = raw.split("+")[0].upper()
+    restarts = int(fields.get("Restarts", "0") or 0)
+    state = STATE_MAP.get(slurm_state, JobState.UNKNOWN)
+    if state is JobState.PENDING and restarts > 0:
+        state = JobState.REQUEUED
+    exit_code = None
+    if state.finished and ":" in fields.get("ExitCode", ""):
+        code, _, sig = fields["ExitCode"].partition(":")
+        exit_code = int(code) if code.isdigit() and sig in ("0", "") else 128 + int(sig or 0)
+    nodelist = fields.get("NodeList", "")
+    nodes = tuple(n for n in nodelist.split(",") if n and n != "(null)")
+    reason = fields.get("Reason", "")
+    detail = slurm_state if reason in ("", "None") else f"{slurm_state} ({reason})"
+    return JobStatus(state, restarts, nodes, exit_code, detail)
+
+
+class SlurmBackend:
+    """The Slurm workload backend: one sbatch job per run, requeued by Slurm on preemption.
+
+    `host`: a login node to reach over SSH (None: this machine). `runs_root`: where run directories
+    go on shared storage (default ``$TGNB_HOME/runs`` here, ``$HOME/tgnb-runs`` on a login node).
+    `gres`: False on a CPU-only cluster (no ``--gres=gpu:N``). `python`: the interpreter on the
+    nodes (default: this one when local, ``python`` over SSH).
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        host: str | None = None,
+        *,
+        runs_root: str | os.PathLike[str] | None = None,
+        gres: bool = True,
+        python: str | None = None,
+        runner: CommandRunner | None = None,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self.runner = runner or CommandRunner(host)
+        self._runs_root = None if runs_root is None else str(runs_root)
+        self.options = RenderOptions(
+            gres=gres, python=python or (sys.executable if self.runner.host is None else "python")
+        )
+        self.poll_seconds = poll_seconds
+        self._run_dirs: dict[str, str] = {}
+        self._accounting: bool | None = None
+
+    # Where runs live.
+
+    @property
+    def runs_root(self) -> str:
+        if self._runs_root is None:
+            if self.runner.host is None:
+                self._runs_root = str(Settings.from_env().home / "runs")
+            else:
+                home = self.runner.run(["sh", "-c", 'printf %s "$HOME"']).stdout.strip()
+                self._runs_root = f"{home}/tgnb-runs"
+        return self._runs_root
+
+    def run_dir_for(self, spec: RunSpec) -> str:
+        """The run directory of `spec`: its own `run_dir`, else `runs_root`/<name>."""
+        return spec.run_dir or f"{self.runs_root.rstrip('/')}/{spec.name}"
+
+    def render(self, spec: RunSpec) -> tuple[str, str]:
+        """``(script, config_yaml)`` of `spec`, as they will be submitted."""
+        run_dir = (
+            os.path.abspath(self.run_dir_for(spec))
+            if self.runner.host is None
+            else self.run_dir_for(spec)
+        )
+        return render_script(spec, run_dir, self.options), render_config(spec)
+
+    # The Backend protocol.
+
+    def submit(self, spec: RunSpec) -> str:
+        """Write the script and config into the run directory and ``sbatch`` it; the job id."""
+        spec.validate()
+        script, config = self.render(spec)
+        self.runner.preflight()
+        env: dict[str, str] = {}
+        for name, ref in sorted(spec.secrets.items()):
+            source = ref.env or name
+            if self.runner.host is None and not os.environ.get(source):
+                raise ValidationError(
+                    f"secret {name} is read from ${source}, which is not set here: export it "
+                    "before submitting (its value is never written into the script)"
+                )
+            if source in os.environ:
+                env[source] = os.environ[source]
+        run_dir = self._run_dir_of_script(script)
+        script_path = f"{run_dir}/{SCRIPT_NAME}"
+        self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
+        self.runner.write_file(script_path, script, mode=0o755)
+        out = self.runner.run(["sbatch", "--parsable", script_path], env=env).stdout.strip()
+        job_id = out.split(";")[0].strip()
+        if not job_id.isdigit():
+            raise BackendError(
+                f"sbatch answered {out!r} instead of a job id: check sbatch --parsable"
+            )
+        self._run_dirs[job_id] = run_dir
+        return job_id
+
+    @staticmethod
+    def _run_dir_of_script(script: str) -> str:
+        for line in script.splitlines():
+            if line.startswith("#SBATCH --chdir="):
+                return line.split("=", 1)[1]
+        raise BackendError("rendered script has no --chdir: this is a bug in tgnb")
+
+    def show(self, job_id: str) -> dict[str, str] | None:
+        """The ``scontrol show job`` record of `job_id`, or None once the controller forgot it."""
+        proc = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return None
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise BackendError(
+                f"scontrol show job {job_id} failed {self.runner.where}: "
+                f"{detail[-1] if detail else proc.returncode}"
+            )
+        line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+        fields = parse_fields(line)
+        if fields.get("WorkDir"):
+            self._run_dirs.setdefault(str(job_id), fields["WorkDir"])
+        return fields
+
+    def status(self, job_id: str) -> JobStatus:
+        fields = self.show(job_id)
+        if fields is not None:
+            return job_status(fields)
+        return self._finished_status(job_id)
+
+    def _finished_status(self, job_id: str) -> JobStatus:
+        if self._accounting is None:
+            self._accounting = self.runner.has_accounting()
+        if self._accounting:
+            out = self.runner.run(
+                ["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "State,ExitCode,NodeList"]
+            ).stdout.strip()
+            if out:
+                state, exit_code, nodelist = [*out.splitlines()[-1].split("|"), "", ""][:3]
+                return job_status(
+                    {"JobState": state.split()[0], "ExitCode": exit_code, "NodeList": nodelist}
+                )
+        # No accounting: the run's own events say how it ended.
+        for ev in reversed(self.events(job_id)):
+            if ev.reason == "RunExited":
+                code = int(ev.data.get("exit_code", ev.data.get("code", 1)) or 0)
+                state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+                return JobStatus(state, 0, (), code, "finished (from events.jsonl)")
+        return JobStatus(JobState.UNKNOWN, 0, (), None, "the controller no longer knows this job")
+
+    def restart_count(self, job_id: str) -> int:
+        return self.status(job_id).restart_count
+
+    def cancel(self, job_id: str) -> None:
+        self.runner.run(["scancel", str(job_id)])
+
+    def requeue(self, job_id: str) -> None:
+        """Ask Slurm to requeue the job now (as a preemption would)."""
+        self.runner.run(["scontrol", "requeue", str(job_id)])
+
+    def run_dir(self, job_id: str) -> str:
+        """The job's run directory (its working directory on shared storage)."""
+        if str(job_id) not in self._run_dirs:
+            self.show(job_id)
+        try:
+            return self._run_dirs[str(job_id)]
+        except KeyError:
+            raise BackendError(
+                f"job {job_id} is unknown to the controller and to this session: "
+                "open its run directory from the run store instead"
+            ) from None
+
+    def log_path(self, job_id: str) -> str:
+        return f"{self.run_dir(job_id)}/slurm-{job_id}.out"
+
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        """Lines of the job's output file; with `follow`, until the job has finished."""
+        path = self.log_path(job_id)
+        offset = 0
+        pending = b""
+        while True:
+            finished = not follow or self.status(job_id).state.finished
+            chunk = self.runner.read_file(path, offset)
+            offset += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", errors="replace")
+            if finished:
+                if pending:
+                    yield pending.decode("utf-8", errors="replace")
+                return
+            time.sleep(self.poll_seconds)
+
+    def events(self, job_id: str) -> list[Event]:
+        """The run's own events (``events.jsonl`` in its run directory)."""
+        run_dir = self.run_dir(job_id)
+        if self.runner.host is None:
+            return list(read_jsonl(Path(run_dir) / "events.jsonl"))
+        text = self.runner.read_file(f"{run_dir}/events.jsonl").decode("utf-8", errors="replace")
+        tmp = Path(Settings.from_env().ensure_home()) / f".slurm-events-{os.getpid()}.jsonl"
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            return list(read_jsonl(tmp))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def wait(self, job_id: str, timeout: float = 600.0) -> JobStatus:
+        """Poll until the job has finished (or `timeout` seconds passed); its last status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(job_id)
+            if st.state.finished or time.monotonic() > deadline:
+                return st
+            time.sleep(self.poll_seconds)

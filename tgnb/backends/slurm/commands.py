@@ -1,0 +1,197 @@
+"""Runs Slurm's client commands (``sbatch``, ``squeue``, ``scontrol``, ``scancel``, ``sacct``) on
+this machine or on a cluster's login node over SSH (``ssh HOST -- CMD``, the command quoted with
+`shlex.join` so the remote shell sees the same argv).
+
+`CommandRunner.preflight` checks, before anything is submitted, that the commands exist and that
+the controller answers; every failure is a one-line `BackendError` that names the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from tgnb.errors import BackendError
+
+#: The commands a submission needs. ``sacct`` is used only when the cluster keeps accounting.
+REQUIRED = ("sbatch", "squeue", "scontrol", "scancel")
+SSH_UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class CommandRunner:
+    """Slurm's commands, run here (`host` None) or on the login node `host` over SSH.
+
+    `env` adds variables to the environment of local commands (and, over SSH, names sent with
+    ``SendEnv``, which the login node's sshd must ``AcceptEnv``); values never appear in an argv.
+    """
+
+    def __init__(
+        self,
+        host: str | None = None,
+        *,
+        ssh_options: Sequence[str] = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10"),
+        timeout: float = 60.0,
+        path: str | None = None,
+    ) -> None:
+        self.host = host
+        self.ssh_options = tuple(ssh_options)
+        self.timeout = timeout
+        self.path = path  # PATH used to find local commands; None: the process's own
+        self._checked = False
+
+    @property
+    def where(self) -> str:
+        return f"on {self.host}" if self.host else "on this machine"
+
+    def argv(self, cmd: Sequence[str], send_env: Sequence[str] = ()) -> list[str]:
+        """The argv that runs `cmd` here or on the login node."""
+        if self.host is None:
+            return list(cmd)
+        opts: list[str] = list(self.ssh_options)
+        for name in send_env:
+            opts += ["-o", f"SendEnv={name}"]
+        return ["ssh", *opts, self.host, "--", shlex.join(cmd)]
+
+    def _environ(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        out = dict(os.environ)
+        if self.path is not None:
+            out["PATH"] = self.path
+        if env:
+            out.update(env)
+        return out
+
+    def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `cmd`; with `check`, a non-zero exit is a `BackendError` quoting its last line."""
+        argv = self.argv(cmd, send_env=list(env or {}))
+        exe = shutil.which(argv[0], path=self._environ(None).get("PATH"))
+        if exe is None:
+            raise BackendError(self._missing_message([argv[0]]))
+        try:
+            proc = subprocess.run(
+                [exe, *argv[1:]],
+                input=input,
+                capture_output=True,
+                text=True,
+                env=self._environ(env),
+                timeout=timeout or self.timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BackendError(
+                f"{cmd[0]} {self.where} did not answer within {exc.timeout:.0f}s: check that the "
+                "Slurm controller is up (scontrol ping) and the login node is reachable"
+            ) from None
+        if self.host is not None and proc.returncode == SSH_UNREACHABLE:
+            raise BackendError(self._unreachable_message(proc.stderr))
+        if check and proc.returncode != 0:
+            detail = _last_line(proc.stderr) or _last_line(proc.stdout) or f"exit {proc.returncode}"
+            raise BackendError(f"{shlex.join(cmd[:3])} failed {self.where}: {detail}")
+        return proc
+
+    def _missing_message(self, names: Sequence[str]) -> str:
+        listed = ", ".join(names)
+        if self.host is None and names == ["ssh"]:
+            return "ssh not found on PATH: install openssh-client to reach a Slurm login node"
+        if self.host is None:
+            return (
+                f"Slurm command(s) {listed} not found on PATH {self.where}: install slurm-client "
+                "(apt-get install slurm-client) or give the login node with host= to submit over SSH"
+            )
+        return (
+            f"Slurm command(s) {listed} not found on PATH on {self.host}: load Slurm there "
+            "(module load slurm) or give the right login node with host="
+        )
+
+    def _unreachable_message(self, stderr: str) -> str:
+        detail = _last_line(stderr) or "no answer"
+        return (
+            f"cannot reach the Slurm login node {self.host} over SSH ({detail}): check the host "
+            f"name and that `ssh -o BatchMode=yes {self.host} true` works (keys, known_hosts)"
+        )
+
+    def preflight(self) -> None:
+        """Check once that Slurm's commands exist and the controller answers; else raise."""
+        if self._checked:
+            return
+        if self.host is None:
+            path = self._environ(None).get("PATH")
+            missing = [name for name in REQUIRED if shutil.which(name, path=path) is None]
+        else:
+            probe = (
+                "for c in " + " ".join(REQUIRED) + "; do command -v $c >/dev/null || echo $c; done"
+            )
+            out = self.run(["sh", "-c", probe], check=False)
+            missing = out.stdout.split()
+        if missing:
+            raise BackendError(self._missing_message(missing))
+        ping = self.run(["scontrol", "ping"], check=False, timeout=min(self.timeout, 30.0))
+        if ping.returncode != 0 or "UP" not in ping.stdout:
+            detail = _last_line(ping.stdout) or _last_line(ping.stderr) or "no answer"
+            raise BackendError(
+                f"the Slurm controller does not answer {self.where} ({detail}): start slurmctld "
+                "(.ci/slurm-up on a test machine) or check SlurmctldHost in slurm.conf"
+            )
+        self._checked = True
+
+    def has_accounting(self) -> bool:
+        """Whether the cluster keeps job accounting (then ``sacct`` knows finished jobs)."""
+        out = self.run(["scontrol", "show", "config"], check=False)
+        for line in out.stdout.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "AccountingStorageType":
+                return value.strip() not in ("", "accounting_storage/none", "(null)")
+        return False
+
+    # Files on the cluster's shared storage (the run directory).
+
+    def write_file(self, path: str, text: str, mode: int = 0o644) -> None:
+        """Write `text` to `path` (creating its directory) here or on the login node."""
+        if self.host is None:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+            return
+        q = shlex.quote(path)
+        script = (
+            f"mkdir -p {shlex.quote(os.path.dirname(path) or '.')} && cat > {q}.tmp$$ && "
+            f"chmod {mode:o} {q}.tmp$$ && mv {q}.tmp$$ {q}"
+        )
+        self.run(["sh", "-c", script], input=text)
+
+    def read_file(self, path: str, offset: int = 0) -> bytes:
+        """The bytes of `path` from `offset` on (empty if it does not exist yet)."""
+        if self.host is None:
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    return fh.read()
+            except FileNotFoundError:
+                return b""
+        argv = self.argv(["sh", "-c", f"tail -c +{offset + 1} {shlex.quote(path)} 2>/dev/null"])
+        exe = shutil.which(argv[0]) or argv[0]
+        try:
+            proc = subprocess.run([exe, *argv[1:]], capture_output=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"reading {path} on {self.host} timed out") from None
+        if proc.returncode == SSH_UNREACHABLE:
+            raise BackendError(self._unreachable_message(proc.stderr.decode(errors="replace")))
+        return proc.stdout

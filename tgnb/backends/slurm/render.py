@@ -1,0 +1,197 @@
+"""Renders a run as an sbatch script plus its training config (``config.yaml``), following Together's
+preemptible-compute guide for Slurm:
+
+- ``--constraint=preemptible`` for preemptible work, ``--requeue`` so a run whose node is removed
+  (or which checkpointed on a drain notice) runs again, ``--open-mode=append`` so the log survives
+  requeues, ``--nodes=MIN-MAX`` for elastic restarts;
+- a run directory on shared storage named after the run, never a timestamp, so a requeued job finds
+  its checkpoints (the training runtime resumes from the newest complete one by itself; the script
+  logs the restart from ``SLURM_RESTART_COUNT``);
+- ``srun torchrun`` with a c10d rendezvous when the run has several nodes or processes, a plain
+  ``srun python -m tgnb.train`` for one process;
+- the step runs in the background and the script ``wait``s for it, so a SIGTERM reaches the trap at
+  once and is forwarded; a training exit of `EXIT_PREEMPTED` (checkpointed after a drain notice) makes
+  the script requeue its own job unless Slurm or the runtime already did;
+- secrets by reference only: the script checks or maps the variable by name, never its value.
+
+Rendering is a pure function of the `RunSpec` and options: the golden files pin its output.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+import yaml
+
+from tgnb.backends.base import EXIT_PREEMPTED, RunSpec
+from tgnb.errors import ValidationError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+-]+$")
+CONFIG_NAME = "config.yaml"
+SCRIPT_NAME = "job.sbatch"
+LOG_PATTERN = "slurm-%j.out"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Cluster-side choices that are not part of the run: `gres` off for CPU-only clusters,
+    the interpreter and torchrun on the nodes, and the rendezvous port."""
+
+    gres: bool = True
+    python: str = "python"
+    torchrun: str = "torchrun"
+    rdzv_port: int = 29500
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not _ENV_NAME.match(name):
+        raise ValidationError(f"{kind} name {name!r} is not a valid environment variable name")
+
+
+def _check_word(kind: str, value: str) -> None:
+    if not _SLURM_WORD.match(value):
+        raise ValidationError(f"Slurm {kind} {value!r} has characters sbatch does not accept")
+
+
+def processes_per_node(spec: RunSpec) -> int:
+    """Training processes on each node: one per GPU, or one on a CPU-only node."""
+    return max(1, spec.resources.gpus_per_node)
+
+
+def render_config(spec: RunSpec) -> str:
+    """The run's training config as the YAML that ``python -m tgnb.train CONFIG`` reads."""
+    return yaml.safe_dump(dict(spec.train), sort_keys=False, default_flow_style=False)
+
+
+def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]:
+    """The ``#SBATCH`` options of the run, in a stable order."""
+    res = spec.resources
+    out = [
+        f"--job-name={spec.name}",
+        f"--output={run_dir}/{LOG_PATTERN}",
+        "--open-mode=append",
+        f"--chdir={run_dir}",
+        "--requeue",
+    ]
+    if res.min_nodes is not None and res.min_nodes < res.nodes:
+        out.append(f"--nodes={res.min_nodes}-{res.nodes}")
+    else:
+        out.append(f"--nodes={res.nodes}")
+    out.append("--ntasks-per-node=1")
+    if res.cpus_per_task is not None:
+        out.append(f"--cpus-per-task={res.cpus_per_task}")
+    if res.memory_gib is not None:
+        out.append(f"--mem={res.memory_gib}G")
+    if options.gres and res.gpus_per_node > 0:
+        out.append(f"--gres=gpu:{res.gpus_per_node}")
+    if res.preemptible:
+        out.append("--constraint=preemptible")
+    if spec.partition:
+        _check_word("partition", spec.partition)
+        out.append(f"--partition={spec.partition}")
+    if spec.account:
+        _check_word("account", spec.account)
+        out.append(f"--account={spec.account}")
+    if spec.time_limit:
+        if not _TIME.match(spec.time_limit):
+            raise ValidationError(
+                f"time limit {spec.time_limit!r} is not a Slurm time: use e.g. 04:00:00 or 1-00:00:00"
+            )
+        out.append(f"--time={spec.time_limit}")
+    out.append("--export=ALL")
+    return out
+
+
+def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
+    nproc = processes_per_node(spec)
+    train_args = '"$TGNB_CONFIG" --run-dir "$TGNB_RUN_DIR"'
+    if spec.resources.nodes == 1 and nproc == 1:
+        return [
+            f"srun --kill-on-bad-exit=1 {shlex.quote(options.python)} -m tgnb.train {train_args} &"
+        ]
+    return [
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_ADDR",
+        f"srun --kill-on-bad-exit=1 {shlex.quote(options.torchrun)} \\",
+        '  --nnodes="$SLURM_JOB_NUM_NODES" \\',
+        f"  --nproc_per_node={nproc} \\",
+        '  --rdzv_id="$SLURM_JOB_ID" \\',
+        "  --rdzv_backend=c10d \\",
+        f'  --rdzv_endpoint="$MASTER_ADDR:{options.rdzv_port}" \\',
+        f"  -m tgnb.train {train_args} &",
+    ]
+
+
+def _environment(spec: RunSpec) -> list[str]:
+    lines = []
+    for name in sorted(spec.env):
+        _check_name("environment variable", name)
+        lines.append(f"export {name}={shlex.quote(str(spec.env[name]))}")
+    for name in sorted(spec.secrets):
+        _check_name("secret", name)
+        source = spec.secrets[name].env or name
+        _check_name("secret source", source)
+        msg = f"tgnb: secret {source} is not set in the submitting environment"
+        if source == name:
+            lines.append(f': "${{{name}:?{msg}}}"')
+        else:
+            lines.append(f'export {name}="${{{source}:?{msg}}}"')
+    return lines
+
+
+def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = None) -> str:
+    """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
+    options = options or RenderOptions()
+    spec.validate()
+    if not run_dir.startswith("/") or any(c in run_dir for c in " \t\n'\"$`\\"):
+        raise ValidationError(f"run directory {run_dir!r} must be an absolute path without spaces")
+    head = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives(spec, run_dir, options)]
+    body = [
+        f"# Rendered by tgnb for run {spec.name}. Secrets are passed by name, never by value.",
+        "set -uo pipefail",
+        "",
+        f"export TGNB_RUN={spec.name}",
+        f"export TGNB_RUN_DIR={run_dir}",
+        f'export TGNB_CONFIG="$TGNB_RUN_DIR/{CONFIG_NAME}"',
+        *_environment(spec),
+        'mkdir -p "$TGNB_RUN_DIR"',
+        "",
+        "# A requeued job (node removed, preempted, or drained) sees SLURM_RESTART_COUNT > 0; the",
+        "# training runtime resumes from the newest complete checkpoint in the run directory.",
+        "RESTARTS=${SLURM_RESTART_COUNT:-0}",
+        'if [ "$RESTARTS" -gt 0 ]; then',
+        '  echo "tgnb: job $SLURM_JOB_ID requeued (restart $RESTARTS), resuming from the latest'
+        ' checkpoint in $TGNB_RUN_DIR"',
+        "fi",
+        "",
+        "# Run the step in the background and wait for it, so a signal reaches this trap at once.",
+        "child=0",
+        'forward() { echo "tgnb: $1 received, forwarding to the training step";'
+        ' [ "$child" -gt 0 ] && kill -s "$1" "$child" 2>/dev/null; }',
+        "trap 'forward TERM' TERM",
+        "trap 'forward INT' INT",
+        "trap 'forward USR1' USR1",
+        *_launch(spec, options),
+        "child=$!",
+        'wait "$child"',
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
+        'wait "$child"',
+        "rc=$?",
+        "",
+        f"# {EXIT_PREEMPTED}: the run saved a checkpoint after a preemption notice and wants to run again.",
+        f'if [ "$rc" -eq {EXIT_PREEMPTED} ]; then',
+        '  now=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -o "Restarts=[0-9]*" | cut -d= -f2)',
+        '  if [ "${now:-0}" -gt "$RESTARTS" ]; then',
+        '    echo "tgnb: job $SLURM_JOB_ID is already requeued"',
+        '  elif scontrol requeue "$SLURM_JOB_ID"; then',
+        '    echo "tgnb: checkpointed after a preemption notice, requeued job $SLURM_JOB_ID"',
+        "    exit 0",
+        "  fi",
+        "fi",
+        'exit "$rc"',
+    ]
+    return "\n".join(head + body) + "\n"
