@@ -1,0 +1,388 @@
+"""The Kubernetes workload backend: runs as Indexed Jobs, followed through pods, logs and events.
+
+`KubernetesBackend` speaks to one namespace through an `ApiClient` it is given (see
+`tgnb.backends.kubernetes.kubeconfig` to build one from a cluster's ``kube_config``). A job id is the
+run's name, which is also the Job's name.
+
+What it can see: the Job and its pods (state, nodes, restart count), the pods' logs, the
+``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, and the run's own
+records that the training process prints on stdout (``@tgnb `` lines). The run's ``events.jsonl``
+lies on the shared volume claim inside the cluster and is not reachable from here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.backends.kubernetes import labels as L
+from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
+from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
+from tgnb.errors import AuthenticationError, BackendError, NotFoundError, TgnbError
+from tgnb.events import PREEMPTION_NOTIFIED, STDOUT_PREFIX, Event, dedupe, parse_time
+
+
+class KubernetesBackend:
+    """Submit, follow and cancel runs in one namespace of a Kubernetes cluster."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str = "default",
+        *,
+        claim: str = L.DEFAULT_CLAIM,
+        claim_size: str = L.DEFAULT_CLAIM_SIZE,
+        storage_class: str | None = None,
+        backoff_per_index: int = L.DEFAULT_BACKOFF_PER_INDEX,
+        poll_interval: float = 2.0,
+    ) -> None:
+        L.check_name("namespace", namespace)
+        self.api_client = api_client
+        self.namespace = namespace
+        self.claim = claim
+        self.claim_size = claim_size
+        self.storage_class = storage_class
+        self.backoff_per_index = backoff_per_index
+        self.poll_interval = poll_interval
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self._nodes_seen: dict[str, set[str]] = {}
+        self._cancelled: set[str] = set()
+
+    @classmethod
+    def from_kube_config(
+        cls,
+        kube_config: str | bytes | None,
+        namespace: str | None = None,
+        *,
+        context: str | None = None,
+        cluster: str = "",
+        **options: Any,
+    ) -> KubernetesBackend:
+        """Build from a cluster's base64 ``kube_config`` field (namespace: the context's)."""
+        from tgnb.backends.kubernetes.kubeconfig import (
+            api_client_from_kube_config,
+            context_namespace,
+        )
+
+        api = api_client_from_kube_config(kube_config, context=context, cluster=cluster)
+        ns = namespace or context_namespace(kube_config, context)
+        return cls(api, ns, **options)
+
+    def __repr__(self) -> str:
+        host = getattr(getattr(self.api_client, "configuration", None), "host", "?")
+        return f"KubernetesBackend(host={host!r}, namespace={self.namespace!r})"
+
+    # -- submit -------------------------------------------------------------------------------
+
+    def build(self, spec: RunSpec) -> RunObjects:
+        """The objects `submit` would create (validated; nothing sent)."""
+        return build_objects(
+            spec,
+            self.namespace,
+            claim=self.claim,
+            claim_size=self.claim_size,
+            storage_class=self.storage_class,
+            backoff_per_index=self.backoff_per_index,
+        )
+
+    def submit(self, spec: RunSpec) -> str:
+        """Create the run's ConfigMap, the shared claim (if absent), its Service and its Job."""
+        objs = self.build(spec)
+        ns, name = self.namespace, spec.name
+        exists = BackendError(
+            f"a run named {name!r} already exists in namespace {ns!r}: "
+            "pick another name or cancel the old run first"
+        )
+        created: list[tuple[str, str]] = []
+        try:
+            try:
+                self.core.create_namespaced_config_map(ns, objs.config_map)
+            except ApiException as exc:
+                raise (
+                    exists if exc.status == 409 else _error(exc, "create the run's config")
+                ) from None
+            created.append(("configmap", config_map_name(name)))
+            try:
+                self.core.create_namespaced_persistent_volume_claim(ns, objs.claim)
+            except ApiException as exc:
+                if exc.status != 409:  # the shared claim exists already: keep it
+                    raise _error(exc, f"create the volume claim {self.claim!r}") from None
+            if objs.service is not None:
+                try:
+                    self.core.create_namespaced_service(ns, objs.service)
+                except ApiException as exc:
+                    raise (
+                        exists
+                        if exc.status == 409
+                        else _error(exc, "create the rendezvous Service")
+                    ) from None
+                created.append(("service", name))
+            try:
+                self.batch.create_namespaced_job(ns, objs.job)
+            except ApiException as exc:
+                raise (exists if exc.status == 409 else _error(exc, "create the Job")) from None
+        except TgnbError:
+            self._delete_quietly(created)
+            raise
+        except Exception as exc:
+            self._delete_quietly(created)
+            raise _error(exc, "submit the run") from None
+        self._nodes_seen[name] = set()
+        self._cancelled.discard(name)
+        return name
+
+    def _delete_quietly(self, created: list[tuple[str, str]]) -> None:
+        for kind, obj in reversed(created):
+            try:
+                if kind == "configmap":
+                    self.core.delete_namespaced_config_map(obj, self.namespace)
+                else:
+                    self.core.delete_namespaced_service(obj, self.namespace)
+            except Exception:  # best effort: the error being raised matters more
+                pass
+
+    # -- follow -------------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> Any:
+        try:
+            return self.batch.read_namespaced_job(job_id, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NotFoundError(
+                    f"no run {job_id!r} in namespace {self.namespace!r}: list runs to find its name",
+                    404,
+                ) from None
+            raise _error(exc, f"read the Job {job_id!r}") from None
+        except Exception as exc:
+            raise _error(exc, f"read the Job {job_id!r}") from None
+
+    def _pods(self, job_id: str) -> list[Any]:
+        try:
+            found = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{L.RUN_LABEL}={job_id}"
+            )
+        except Exception as exc:
+            raise _error(exc, f"list the pods of {job_id!r}") from None
+        pods = sorted(found.items or [], key=pod_order)
+        seen = self._nodes_seen.setdefault(job_id, set())
+        seen.update(p.spec.node_name for p in pods if p.spec and p.spec.node_name)
+        return pods
+
+    def status(self, job_id: str) -> JobStatus:
+        try:
+            job = self._job(job_id)
+        except NotFoundError:
+            if job_id in self._cancelled:
+                return JobStatus(JobState.CANCELLED, detail="deleted")
+            raise
+        return summarize(job, self._pods(job_id))
+
+    def restart_count(self, job_id: str) -> int:
+        return self.status(job_id).restart_count
+
+    def cancel(self, job_id: str) -> None:
+        """Delete the Job (foreground: its pods go first, with their grace period), its Service and
+        its ConfigMap. The shared claim, and so the run's checkpoints, stay."""
+        try:
+            self.batch.delete_namespaced_job(
+                job_id, self.namespace, propagation_policy="Foreground"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NotFoundError(
+                    f"no run {job_id!r} in namespace {self.namespace!r}: nothing to cancel", 404
+                ) from None
+            raise _error(exc, f"delete the Job {job_id!r}") from None
+        except Exception as exc:
+            raise _error(exc, f"delete the Job {job_id!r}") from None
+        self._cancelled.add(job_id)
+        for delete, obj in (
+            (self.core.delete_namespaced_service, job_id),
+            (self.core.delete_namespaced_config_map, config_map_name(job_id)),
+        ):
+            try:
+                delete(obj, self.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise _error(exc, f"delete {obj!r}") from None
+
+    def logs(self, job_id: str, follow: bool = False, index: int = 0) -> Iterator[str]:
+        """Lines (without newline) of the trainer container in the pods of `index`, oldest pod
+        first. With `follow`, streams the live pod and moves on to its replacement after a
+        preemption, until the run has finished."""
+        if not follow:
+            for pod in self._index_pods(job_id, index):
+                yield from _split(self._read_log(pod))
+            return
+        streamed: set[str] = set()
+        while True:
+            finished: bool | None = None
+            for pod in self._index_pods(job_id, index):
+                name = pod.metadata.name
+                if name in streamed:
+                    continue
+                if not _started(pod):
+                    if finished is None:
+                        finished = self.status(job_id).state.finished
+                    if not finished:
+                        break  # wait for it to start
+                    continue
+                streamed.add(name)
+                yield from self._stream_log(name)
+            else:
+                if self.status(job_id).state.finished:
+                    return
+            time.sleep(self.poll_interval)
+
+    def _index_pods(self, job_id: str, index: int) -> list[Any]:
+        return [p for p in self._pods(job_id) if index_of(p) == index]
+
+    def _read_log(self, pod: Any) -> str:
+        if not _started(pod):
+            return ""
+        try:
+            text: str = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, container=L.CONTAINER
+            )
+            return text or ""
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or its node is gone
+                return ""
+            raise _error(exc, f"read the logs of {pod.metadata.name!r}") from None
+
+    def _stream_log(self, pod_name: str) -> Iterator[str]:
+        try:
+            resp: Any = self.core.read_namespaced_pod_log(
+                pod_name,
+                self.namespace,
+                container=L.CONTAINER,
+                follow=True,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return
+            raise _error(exc, f"follow the logs of {pod_name!r}") from None
+        buf = b""
+        try:
+            for chunk in resp.stream(4096):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace").rstrip("\r")
+            if buf:
+                yield buf.decode("utf-8", "replace").rstrip("\r")
+        finally:
+            resp.release_conn()
+
+    def events(self, job_id: str) -> list[Event]:
+        """``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, and the
+        run's own records found in its pods' logs (the ``events.jsonl`` on the claim is not
+        reachable from here; pods whose node was removed take their logs with them)."""
+        pods = self._pods(job_id)
+        nodes = self._nodes_seen.get(job_id, set())
+        out: list[Event] = []
+        try:
+            found = self.core.list_event_for_all_namespaces(
+                field_selector=f"reason={PREEMPTION_NOTIFIED}"
+            )
+        except Exception as exc:
+            raise _error(exc, "list TogetherPreemptionNotified events") from None
+        for item in found.items or []:
+            obj = item.involved_object
+            if obj is None or obj.kind != "Node" or obj.name not in nodes:
+                continue
+            out.append(
+                Event(
+                    time=_event_time(item),
+                    source="cluster",
+                    reason=PREEMPTION_NOTIFIED,
+                    message=item.message or "",
+                    node=obj.name,
+                    run=job_id,
+                )
+            )
+        for pod in pods:
+            out.extend(run_records(_split(self._read_log(pod)), job_id))
+        return dedupe(out)
+
+
+def run_records(lines: Iterator[str] | list[str], run: str) -> list[Event]:
+    """The run events among a training process's stdout lines (``@tgnb {"kind": "events", ...}``)."""
+    out = []
+    for line in lines:
+        if not line.startswith(STDOUT_PREFIX):
+            continue
+        try:
+            record = json.loads(line[len(STDOUT_PREFIX) :])
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or record.pop("kind", None) != "events":
+            continue
+        try:
+            ev = Event.from_dict(record)
+        except (KeyError, ValueError, TypeError):
+            continue
+        if ev.run is None:
+            ev = Event(ev.time, ev.source, ev.reason, ev.message, ev.node, run, ev.data)
+        out.append(ev)
+    return out
+
+
+def _split(text: str) -> Iterator[str]:
+    yield from text.splitlines()
+
+
+def _started(pod: Any) -> bool:
+    """Whether the pod's trainer container has started (so that it has logs)."""
+    for cs in (pod.status.container_statuses or []) if pod.status else []:
+        if cs.name == L.CONTAINER and cs.state is not None:
+            return cs.state.running is not None or cs.state.terminated is not None
+    return False
+
+
+def _event_time(item: Any) -> Any:
+    for value in (item.first_timestamp, item.event_time, item.last_timestamp):
+        if value is not None:
+            return parse_time(value)
+    created = item.metadata.creation_timestamp if item.metadata else None
+    return parse_time(created) if created is not None else parse_time(0)
+
+
+def _error(exc: BaseException, doing: str) -> TgnbError:
+    """A one-line tgnb error for a failed call to the Kubernetes API."""
+    if isinstance(exc, ApiException):
+        detail = _status_message(exc)
+        if exc.status in (401, 403):
+            return AuthenticationError(
+                f"the Kubernetes API refused to {doing} ({exc.status}: {detail}): "
+                "check the cluster's kube_config and the namespace's permissions",
+                exc.status,
+            )
+        if exc.status == 404:
+            return NotFoundError(f"could not {doing}: {detail} (404)", 404)
+        return BackendError(
+            f"could not {doing}: the Kubernetes API answered {exc.status}: {detail}"
+        )
+    if isinstance(exc, TgnbError):
+        return exc
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return BackendError(f"could not reach the Kubernetes API to {doing}: {first}")
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+        message = str(body.get("message") or exc.reason or "")
+    except (ValueError, AttributeError):
+        message = str(exc.reason or "")
+    return message.strip().splitlines()[0] if message.strip() else "no message"

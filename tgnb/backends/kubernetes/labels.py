@@ -1,0 +1,156 @@
+"""Names and rules a Kubernetes run lives by: labels, paths, limits and input checks.
+
+This module does not import the ``kubernetes`` client, so the training runtime (which reads the
+restart count from its environment) and the notebook side may use it freely.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from tgnb.backends.base import RunSpec
+from tgnb.errors import ValidationError
+
+#: The node label Together puts on preemptible nodes (seed document).
+COMPUTE_CLASS_LABEL = "together.ai/compute-class"
+PREEMPTIBLE = "preemptible"
+
+#: The drain window: Together removes a reclaimed node at most five minutes after the notice.
+GRACE_SECONDS = 300
+#: torchrun waits this long for its workers to checkpoint after SIGTERM before it kills them
+#: (its own default is 30 s, far shorter than the drain window).
+TORCHRUN_SHUTDOWN_SECONDS = GRACE_SECONDS - 10
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "tgnb"
+RUN_LABEL = "tgnb/run"
+CLASS_LABEL = "tgnb/compute-class"
+RUN_DIR_ANNOTATION = "tgnb/run-dir"
+
+CONTAINER = "trainer"
+CONFIG_DIR = "/config"
+CONFIG_FILE = "run.yaml"
+RUNS_ROOT = "/data/runs"
+DEFAULT_CLAIM = "tgnb-runs"
+DEFAULT_CLAIM_SIZE = "100Gi"
+RDZV_PORT = 29500
+#: Failures of one index (pod) that are counted before the run fails; preemptions are not counted.
+DEFAULT_BACKOFF_PER_INDEX = 3
+#: torchrun restarts its worker group this many times (a peer lost to preemption) before it exits.
+TORCHRUN_MAX_RESTARTS = 3
+
+#: Annotations the Job controller keeps on each pod of an Indexed Job with backoffLimitPerIndex:
+#: counted failures and failures the pod failure policy ignored (preemptions) of that index.
+INDEX_FAILURES_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
+INDEX_IGNORED_FAILURES_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
+#: The same two numbers as the pod sees them (downward API). Their sum is the restart count.
+ENV_INDEX_FAILURES = "TGNB_INDEX_FAILURE_COUNT"
+ENV_INDEX_IGNORED_FAILURES = "TGNB_INDEX_IGNORED_FAILURE_COUNT"
+
+#: Environment variables tgnb sets in every trainer container; a RunSpec may not set them itself.
+RESERVED_ENV = frozenset(
+    {
+        "TGNB_RUN",
+        "TGNB_BACKEND",
+        "TGNB_NODE",
+        "TGNB_POD",
+        ENV_INDEX_FAILURES,
+        ENV_INDEX_IGNORED_FAILURES,
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        "PYTHONUNBUFFERED",
+        "JOB_COMPLETION_INDEX",
+    }
+)
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY", re.I)
+
+
+def restart_count_from_env(env: Mapping[str, str]) -> int:
+    """The restart count of this pod's index, read inside a trainer pod (0 on the first start)."""
+    total = 0
+    for name in (ENV_INDEX_FAILURES, ENV_INDEX_IGNORED_FAILURES):
+        value = (env.get(name) or "").strip()
+        total += int(value) if value.isdigit() else 0
+    return total
+
+
+def run_dir_for(spec: RunSpec) -> str:
+    """Where the run directory is inside the pods: stable across pod restarts (never a timestamp)."""
+    return spec.run_dir or f"{RUNS_ROOT}/{spec.name}"
+
+
+def check_name(kind: str, value: str, pattern: re.Pattern[str] = _DNS1123_SUBDOMAIN) -> None:
+    if not value or len(value) > 253 or not pattern.match(value):
+        raise ValidationError(
+            f"{kind} {value!r} is not a valid Kubernetes name: use lowercase letters, digits and '-'"
+        )
+
+
+def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> None:
+    """Check a RunSpec for Kubernetes before anything is built or sent.
+
+    Raises `ValidationError` with a one-line message naming the fix.
+    """
+    spec.validate()
+    if spec.image is None or not spec.image.strip():
+        raise ValidationError(
+            "a Kubernetes run needs an image: pass image=... (a container image with tgnb[train])"
+        )
+    if spec.image != spec.image.strip() or any(c.isspace() for c in spec.image):
+        raise ValidationError(
+            f"image {spec.image!r} contains whitespace: pass a plain image reference"
+        )
+    if not _DNS1035.match(spec.name):
+        raise ValidationError(
+            f"run name {spec.name!r} is not valid on Kubernetes: start it with a letter "
+            "(its Service and pod host names must)"
+        )
+    check_name("namespace", namespace, _DNS1035)
+    if len(namespace) > 63:
+        raise ValidationError(f"namespace {namespace!r} is longer than 63 characters: shorten it")
+    check_name("volume claim", claim)
+    run_dir = run_dir_for(spec)
+    if not run_dir.startswith("/") or run_dir.rstrip("/") in ("", CONFIG_DIR) or ":" in run_dir:
+        raise ValidationError(
+            f"run_dir {run_dir!r} cannot be mounted: pass an absolute path such as {RUNS_ROOT}/NAME"
+        )
+    for name, value in spec.env.items():
+        if not _ENV_NAME.match(name):
+            raise ValidationError(
+                f"environment variable name {name!r} is not valid: use [A-Za-z_0-9]"
+            )
+        if name in RESERVED_ENV:
+            raise ValidationError(f"environment variable {name} is set by tgnb: drop it from env")
+        if name in spec.secrets:
+            raise ValidationError(f"{name} is both in env and in secrets: keep it in secrets only")
+        if _SECRET_LIKE.search(name) or _holds_registered_secret(value):
+            raise ValidationError(
+                f"env {name} looks like a secret: pass it as secrets={{{name!r}: SecretRef(name=..., "
+                "key=...)}} so only a secretKeyRef reaches the cluster"
+            )
+    for name, ref in spec.secrets.items():
+        if not _ENV_NAME.match(name):
+            raise ValidationError(
+                f"environment variable name {name!r} is not valid: use [A-Za-z_0-9]"
+            )
+        if name in RESERVED_ENV:
+            raise ValidationError(
+                f"environment variable {name} is set by tgnb: drop it from secrets"
+            )
+        check_name(f"secret for {name}", ref.name)
+        key = ref.key or name
+        if not _SECRET_KEY.match(key):
+            raise ValidationError(f"secret key {key!r} for {name} is not valid: use [-._a-zA-Z0-9]")
+
+
+def _holds_registered_secret(value: str) -> bool:
+    from tgnb.config import scrub
+
+    return scrub(value) != value

@@ -1,0 +1,322 @@
+"""Kubernetes objects for one run, built with the ``kubernetes`` client's typed models.
+
+A run is:
+
+- a ConfigMap holding the training config, mounted as ``/config/run.yaml``;
+- a ReadWriteMany PersistentVolumeClaim shared by all runs of a namespace (created if absent), each
+  run mounting its own sub-directory at its run directory, so checkpoints outlive any pod;
+- for several nodes, a headless Service (``publishNotReadyAddresses``) so that the pod of index 0
+  is reachable as ``JOB-0.SERVICE`` for torchrun's c10d rendezvous before it is ready;
+- an Indexed Job (completions = parallelism = nodes) whose pods run ``python -m tgnb.train`` or
+  torchrun. Workers go on preemptible nodes (``together.ai/compute-class: preemptible``), standard
+  work is kept off them by the seed's NotIn affinity; pods claim the full 300 s drain window; the pod
+  failure policy ignores disruptions and the runtime's "preempted, resume me" exit code, so the
+  Job controller recreates the pod and the preemption does not count as a failure.
+
+Secrets reach pods only as ``env.valueFrom.secretKeyRef``; no secret value is ever in an object.
+Only the Kubernetes fields that exist in 1.30 are used (podFailurePolicy, backoffLimitPerIndex and
+podReplacementPolicy are beta and on by default there, GA later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from tgnb.backends.base import EXIT_PREEMPTED, RunSpec
+from tgnb.backends.kubernetes import labels as L
+from tgnb.config import scrub
+from tgnb.errors import ValidationError
+
+
+@dataclass(frozen=True)
+class RunObjects:
+    """Everything one run needs, in the order it is created."""
+
+    config_map: client.V1ConfigMap
+    claim: client.V1PersistentVolumeClaim
+    service: client.V1Service | None
+    job: client.V1Job
+
+    def all(self) -> list[Any]:
+        out: list[Any] = [self.config_map, self.claim]
+        if self.service is not None:
+            out.append(self.service)
+        out.append(self.job)
+        return out
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [to_dict(obj) for obj in self.all()]
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """The JSON body the client sends for `obj` (camelCase keys, no None fields)."""
+    data: dict[str, Any] = client.ApiClient().sanitize_for_serialization(obj)
+    return data
+
+
+def config_map_name(run: str) -> str:
+    return f"{run}-config"
+
+
+def run_labels(spec: RunSpec) -> dict[str, str]:
+    return {
+        L.MANAGED_BY_LABEL: L.MANAGED_BY,
+        L.RUN_LABEL: spec.name,
+        L.CLASS_LABEL: L.PREEMPTIBLE if spec.resources.preemptible else "standard",
+    }
+
+
+def render_config(spec: RunSpec) -> str:
+    """The training config as YAML; refused if it holds a registered secret value."""
+    text = yaml.safe_dump(_plain(spec.train), sort_keys=False, default_flow_style=False)
+    if scrub(text) != text:
+        raise ValidationError(
+            "the training config holds a secret value: pass it through secrets=... instead"
+        )
+    return text
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def command(spec: RunSpec) -> list[str]:
+    """The trainer container's command: one process, or torchrun for several GPUs or nodes."""
+    res = spec.resources
+    train = [
+        "-m",
+        "tgnb.train",
+        f"{L.CONFIG_DIR}/{L.CONFIG_FILE}",
+        "--run-dir",
+        L.run_dir_for(spec),
+    ]
+    nproc = max(res.gpus_per_node, 1)
+    if res.nodes == 1 and nproc == 1:
+        return ["python", *train]
+    if res.nodes == 1:
+        return ["torchrun", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}", *train]
+    nnodes = f"{res.min_nodes}:{res.nodes}" if res.min_nodes else str(res.nodes)
+    return [
+        "torchrun",
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={nproc}",
+        "--node_rank=$(JOB_COMPLETION_INDEX)",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={spec.name}-0.{spec.name}:{L.RDZV_PORT}",
+        f"--rdzv_id={spec.name}",
+        f"--max_restarts={L.TORCHRUN_MAX_RESTARTS}",
+        *train,
+    ]
+
+
+def _field_env(name: str, path: str) -> client.V1EnvVar:
+    return client.V1EnvVar(
+        name=name,
+        value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path=path)),
+    )
+
+
+def environment(spec: RunSpec) -> list[client.V1EnvVar]:
+    """tgnb's own variables, the spec's plain ones, then secrets as secretKeyRef only."""
+    env = [
+        client.V1EnvVar(name="TGNB_RUN", value=spec.name),
+        client.V1EnvVar(name="TGNB_BACKEND", value="kubernetes"),
+        client.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
+        _field_env("TGNB_NODE", "spec.nodeName"),
+        _field_env("TGNB_POD", "metadata.name"),
+        _field_env(L.ENV_INDEX_FAILURES, f"metadata.annotations['{L.INDEX_FAILURES_ANNOTATION}']"),
+        _field_env(
+            L.ENV_INDEX_IGNORED_FAILURES,
+            f"metadata.annotations['{L.INDEX_IGNORED_FAILURES_ANNOTATION}']",
+        ),
+    ]
+    if command(spec)[0] == "torchrun":
+        env.append(
+            client.V1EnvVar(
+                name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
+            )
+        )
+    env += [client.V1EnvVar(name=k, value=str(v)) for k, v in sorted(spec.env.items())]
+    for name, ref in sorted(spec.secrets.items()):
+        selector = client.V1SecretKeySelector(name=ref.name, key=ref.key or name)
+        env.append(
+            client.V1EnvVar(name=name, value_from=client.V1EnvVarSource(secret_key_ref=selector))
+        )
+    return env
+
+
+def placement(spec: RunSpec) -> tuple[dict[str, str] | None, client.V1Affinity | None]:
+    """nodeSelector for preemptible workers, NotIn affinity for standard work (seed document)."""
+    if spec.resources.preemptible:
+        return {L.COMPUTE_CLASS_LABEL: L.PREEMPTIBLE}, None
+    not_preemptible = client.V1NodeSelectorRequirement(
+        key=L.COMPUTE_CLASS_LABEL, operator="NotIn", values=[L.PREEMPTIBLE]
+    )
+    affinity = client.V1Affinity(
+        node_affinity=client.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
+                node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=[not_preemptible])]
+            )
+        )
+    )
+    return None, affinity
+
+
+def pod_failure_policy() -> client.V1PodFailurePolicy:
+    """A disruption (eviction, drain, node removal) or exit code 75 is not a failure: recreate."""
+    return client.V1PodFailurePolicy(
+        rules=[
+            client.V1PodFailurePolicyRule(
+                action="Ignore",
+                on_pod_conditions=[
+                    client.V1PodFailurePolicyOnPodConditionsPattern(
+                        type="DisruptionTarget", status="True"
+                    )
+                ],
+            ),
+            client.V1PodFailurePolicyRule(
+                action="Ignore",
+                on_exit_codes=client.V1PodFailurePolicyOnExitCodesRequirement(
+                    container_name=L.CONTAINER, operator="In", values=[EXIT_PREEMPTED]
+                ),
+            ),
+        ]
+    )
+
+
+def container(spec: RunSpec) -> client.V1Container:
+    res = spec.resources
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if res.gpus_per_node > 0:
+        limits["nvidia.com/gpu"] = str(res.gpus_per_node)
+    if res.cpus_per_task:
+        requests["cpu"] = str(res.cpus_per_task)
+    if res.memory_gib:
+        requests["memory"] = limits["memory"] = f"{res.memory_gib}Gi"
+    mounts = [
+        client.V1VolumeMount(name="config", mount_path=L.CONFIG_DIR, read_only=True),
+        client.V1VolumeMount(name="runs", mount_path=L.run_dir_for(spec), sub_path=spec.name),
+    ]
+    if res.gpus_per_node > 0:
+        mounts.append(client.V1VolumeMount(name="dshm", mount_path="/dev/shm"))
+    return client.V1Container(
+        name=L.CONTAINER,
+        image=spec.image,
+        command=command(spec),
+        env=environment(spec),
+        resources=client.V1ResourceRequirements(limits=limits or None, requests=requests or None),
+        volume_mounts=mounts,
+    )
+
+
+def volumes(spec: RunSpec, claim: str) -> list[client.V1Volume]:
+    out = [
+        client.V1Volume(
+            name="config",
+            config_map=client.V1ConfigMapVolumeSource(name=config_map_name(spec.name)),
+        ),
+        client.V1Volume(
+            name="runs",
+            persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=claim),
+        ),
+    ]
+    if spec.resources.gpus_per_node > 0:
+        out.append(
+            client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory"))
+        )
+    return out
+
+
+def build_objects(
+    spec: RunSpec,
+    namespace: str,
+    *,
+    claim: str = L.DEFAULT_CLAIM,
+    claim_size: str = L.DEFAULT_CLAIM_SIZE,
+    storage_class: str | None = None,
+    backoff_per_index: int = L.DEFAULT_BACKOFF_PER_INDEX,
+) -> RunObjects:
+    """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad."""
+    L.validate_spec(spec, namespace, claim)
+    if backoff_per_index < 0:
+        raise ValidationError(f"backoff_per_index must be >= 0, got {backoff_per_index}")
+    labels = run_labels(spec)
+    nodes = spec.resources.nodes
+    multi = nodes > 1
+
+    config_map = client.V1ConfigMap(
+        api_version="v1",
+        kind="ConfigMap",
+        metadata=client.V1ObjectMeta(
+            name=config_map_name(spec.name), namespace=namespace, labels=labels
+        ),
+        data={L.CONFIG_FILE: render_config(spec)},
+    )
+    pvc = client.V1PersistentVolumeClaim(
+        api_version="v1",
+        kind="PersistentVolumeClaim",
+        metadata=client.V1ObjectMeta(
+            name=claim, namespace=namespace, labels={L.MANAGED_BY_LABEL: L.MANAGED_BY}
+        ),
+        spec=client.V1PersistentVolumeClaimSpec(
+            access_modes=["ReadWriteMany"],
+            resources=client.V1VolumeResourceRequirements(requests={"storage": claim_size}),
+            storage_class_name=storage_class,
+        ),
+    )
+    service = None
+    if multi:
+        service = client.V1Service(
+            api_version="v1",
+            kind="Service",
+            metadata=client.V1ObjectMeta(name=spec.name, namespace=namespace, labels=labels),
+            spec=client.V1ServiceSpec(
+                cluster_ip="None",
+                publish_not_ready_addresses=True,
+                selector={L.RUN_LABEL: spec.name},
+                ports=[client.V1ServicePort(name="rdzv", port=L.RDZV_PORT, protocol="TCP")],
+            ),
+        )
+    node_selector, affinity = placement(spec)
+    pod = client.V1PodSpec(
+        restart_policy="Never",
+        termination_grace_period_seconds=L.GRACE_SECONDS,
+        subdomain=spec.name if multi else None,
+        node_selector=node_selector,
+        affinity=affinity,
+        containers=[container(spec)],
+        volumes=volumes(spec, claim),
+    )
+    job = client.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=client.V1ObjectMeta(
+            name=spec.name,
+            namespace=namespace,
+            labels=labels,
+            annotations={L.RUN_DIR_ANNOTATION: L.run_dir_for(spec)},
+        ),
+        spec=client.V1JobSpec(
+            completion_mode="Indexed",
+            completions=nodes,
+            parallelism=nodes,
+            backoff_limit_per_index=backoff_per_index,
+            max_failed_indexes=0,
+            pod_replacement_policy="Failed",
+            pod_failure_policy=pod_failure_policy(),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels), spec=pod
+            ),
+        ),
+    )
+    return RunObjects(config_map=config_map, claim=pvc, service=service, job=job)
