@@ -1,0 +1,259 @@
+"""The configuration of a training run: one dataclass, loaded from YAML plus ``--set`` overrides.
+
+A config file looks like::
+
+    algorithm: grpo            # grpo | dpo
+    model: tiny                # built-in tiny, a Hugging Face id, or a local directory
+    dataset: arithmetic        # built-in name, a .jsonl/.parquet file, or a Hugging Face dataset
+    rewards: [correctness, format]   # GRPO only: built-in names or package.module:function
+    max_steps: 100
+    seed: 0
+    trl: {learning_rate: 5.0e-3, num_generations: 8}   # passed through to GRPOConfig / DPOConfig
+    lora: {r: 8, lora_alpha: 16}                        # optional, becomes a peft LoraConfig
+    checkpoint: {every_steps: 50, keep_last: 2}         # a tgnb.train.policy.CheckpointPolicy
+
+``--set trl.learning_rate=1e-3`` overrides one dotted key; the value is read as YAML.
+Every unknown key is a `TrainConfigError` that names the close matches; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tgnb.config import default_home
+from tgnb.errors import TrainConfigError
+from tgnb.train.policy import CheckpointPolicy
+
+ALGORITHMS = ("grpo", "dpo")
+DEFAULT_DATASET = {"grpo": "arithmetic", "dpo": "arithmetic-preference"}
+DEFAULT_REWARDS = ["correctness", "format"]
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass
+class TrainConfig:
+    """One training run: what to train (model, data, rewards), how (TRL options, LoRA, seed,
+    steps) and where (run directory), plus the checkpoint policy."""
+
+    algorithm: str = "grpo"
+    model: str = "tiny"
+    dataset: str | None = None
+    rewards: list[str] = field(default_factory=lambda: list(DEFAULT_REWARDS))
+    trl: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] | None = None
+    seed: int = 0
+    max_steps: int = 100
+    name: str | None = None
+    run_dir: str | None = None
+    dataset_size: int = 2000
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+
+    def __post_init__(self) -> None:
+        if self.dataset is None:
+            self.dataset = DEFAULT_DATASET.get(self.algorithm, "arithmetic")
+        if self.name is None:
+            self.name = (
+                Path(self.run_dir).name if self.run_dir else f"{self.algorithm}-{self.model}"
+            )
+        if self.run_dir is None:
+            self.run_dir = str(default_home() / "runs" / self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain data (what ``run.yaml`` holds)."""
+        return dataclasses.asdict(self)
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the resolved config as YAML, atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _unknown(kind: str, key: str, known: Iterable[str]) -> TrainConfigError:
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return TrainConfigError(f"unknown {kind} '{key}'.{hint}")
+
+
+def _field_names(cls: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
+    """A `TrainConfig` from plain data; unknown keys (top level or ``checkpoint:``) are errors."""
+    if not isinstance(raw, Mapping):
+        raise TrainConfigError("a training config must be a mapping of keys to values.")
+    known = _field_names(TrainConfig)
+    for key in raw:
+        if key not in known:
+            raise _unknown("config key", str(key), known)
+    values = dict(raw)
+    policy = values.pop("checkpoint", None) or {}
+    if isinstance(policy, CheckpointPolicy):
+        policy = dataclasses.asdict(policy)
+    if not isinstance(policy, Mapping):
+        raise TrainConfigError("'checkpoint' must be a mapping such as {every_steps: 50}.")
+    policy_keys = _field_names(CheckpointPolicy)
+    for key in policy:
+        if key not in policy_keys:
+            raise _unknown("checkpoint key", str(key), policy_keys)
+    if isinstance(values.get("rewards"), str):
+        values["rewards"] = [values["rewards"]]
+    for key in ("trl",):
+        if values.get(key) is None:
+            values[key] = {}
+        if not isinstance(values[key], Mapping):
+            raise TrainConfigError(f"'{key}' must be a mapping of option names to values.")
+    for key in ("seed", "max_steps", "dataset_size"):
+        if key in values and not isinstance(values[key], int):
+            raise TrainConfigError(f"'{key}' must be an integer, not {values[key]!r}.")
+    return TrainConfig(**values, checkpoint=CheckpointPolicy(**policy))
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value read as YAML)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise TrainConfigError(
+            f"override '{item}' is not key=value; write e.g. --set max_steps=50."
+        )
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """`raw` with each dotted ``key=value`` set (nested mappings created as needed)."""
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise TrainConfigError(f"override '{item}': '{part}' is not a mapping.")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def load(
+    path: str | os.PathLike[str] | None,
+    overrides: Iterable[str] = (),
+    run_dir: str | os.PathLike[str] | None = None,
+) -> TrainConfig:
+    """A `TrainConfig` from a YAML file (or none), dotted overrides and an optional run directory."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise TrainConfigError(f"config file '{p}' does not exist; check the path.")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TrainConfigError(f"config file '{p}' is not valid YAML ({first}).") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise TrainConfigError(f"config file '{p}' must hold a mapping of keys to values.")
+        raw = loaded or {}
+    raw = apply_overrides(raw, overrides)
+    if run_dir is not None:
+        raw["run_dir"] = str(run_dir)
+    return from_dict(raw)
+
+
+# -- validation (imports TRL) -------------------------------------------------------------------
+def trl_config_class(algorithm: str) -> Any:
+    if algorithm == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig
+    from trl import DPOConfig
+
+    return DPOConfig
+
+
+def check_model(model: str) -> None:
+    """``tiny``, an existing local directory, or something shaped like a Hugging Face id."""
+    if model == "tiny":
+        return
+    p = Path(model).expanduser()
+    if model.startswith((".", "/", "~")) or p.exists():
+        if not p.is_dir():
+            raise TrainConfigError(
+                f"model path '{model}' does not exist; give an existing model directory, "
+                "a Hugging Face id, or 'tiny'."
+            )
+        return
+    if not _HF_ID.match(model):
+        raise TrainConfigError(
+            f"model '{model}' is neither 'tiny', an existing directory, nor a Hugging Face id."
+        )
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
+    from tgnb.train import data, rewards
+
+    if cfg.algorithm not in ALGORITHMS:
+        raise _unknown("algorithm", cfg.algorithm, ALGORITHMS)
+    if cfg.max_steps < 1:
+        raise TrainConfigError(f"max_steps must be at least 1, not {cfg.max_steps}.")
+    check_model(cfg.model)
+    assert cfg.dataset is not None
+    data.check(cfg.dataset)
+    if cfg.algorithm == "grpo":
+        if not cfg.rewards:
+            raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
+        rewards.resolve_all(cfg.rewards)
+    known = set(_field_names(trl_config_class(cfg.algorithm)))
+    for key in cfg.trl:
+        if key not in known:
+            raise _unknown(f"TRL option for {cfg.algorithm.upper()}", str(key), known)
+    for key in ("max_steps", "seed"):
+        if key in cfg.trl:
+            raise TrainConfigError(f"set {key} at the top level of the config, not under trl.")
+    from tgnb.train.preemption import OWNED_ARGS
+
+    owned = sorted(set(cfg.trl) & set(OWNED_ARGS))
+    if owned:
+        raise TrainConfigError(
+            f"trl.{owned[0]} is set by the checkpoint guard; configure checkpointing under "
+            "'checkpoint:' (every_steps, every_seconds, auto, keep_last) instead."
+        )
+    if cfg.lora is not None:
+        from peft import LoraConfig
+
+        lora_keys = _field_names(LoraConfig)
+        for key in cfg.lora:
+            if key not in lora_keys:
+                raise _unknown("LoRA option", str(key), lora_keys)
+    check_resume(cfg)
+
+
+def check_resume(cfg: TrainConfig) -> None:
+    """max_steps must lie above the step of the checkpoint the run would resume from."""
+    from tgnb.train.checkpoint import latest_complete
+
+    assert cfg.run_dir is not None
+    ckpt = latest_complete(Path(cfg.run_dir) / "checkpoints", checksums=False)
+    if ckpt is not None and cfg.max_steps <= ckpt.step:
+        raise TrainConfigError(
+            f"max_steps={cfg.max_steps} is not above step {ckpt.step} of checkpoint "
+            f"'{ckpt.path.name}' in {cfg.run_dir}; raise max_steps or use a new run directory."
+        )

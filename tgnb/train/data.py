@@ -1,0 +1,107 @@
+"""Training data: built-in procedurally generated sets, local JSONL/Parquet files, Hugging Face sets.
+
+Built-in sets (no download, seeded, same rows for the same seed):
+
+- ``arithmetic``: GSM8K-style questions ("What is 3+4? Answer:") with an ``answer`` column, for GRPO
+  with the ``correctness`` and ``format`` rewards. Small operands keep it learnable by ``tiny``.
+- ``arithmetic-preference``: the same questions as DPO pairs, ``chosen`` the right answer and
+  ``rejected`` a wrong one.
+
+Anything else goes through `datasets` exactly as on a cluster: a local ``.jsonl``/``.json``/
+``.parquet`` file, or a Hugging Face dataset name (read from the local cache when offline).
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TrainConfigError
+
+ARITHMETIC = "arithmetic"
+PREFERENCE = "arithmetic-preference"
+BUILTIN = (ARITHMETIC, PREFERENCE)
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def _question(rng: random.Random, max_operand: int) -> tuple[str, int]:
+    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+    return f"What is {a}+{b}? Answer:", a + b
+
+
+def arithmetic_rows(n: int = 2000, seed: int = 0, max_operand: int = 4) -> list[dict[str, Any]]:
+    """`n` addition questions with operands in ``0..max_operand``: ``{prompt, answer}``."""
+    rng = random.Random(f"arithmetic-{seed}")
+    rows = []
+    for _ in range(n):
+        prompt, answer = _question(rng, max_operand)
+        rows.append({"prompt": prompt, "answer": answer})
+    return rows
+
+
+def preference_rows(n: int = 2000, seed: int = 0, max_operand: int = 4) -> list[dict[str, Any]]:
+    """`n` DPO pairs: ``{prompt, chosen, rejected}`` with the right and a wrong answer."""
+    rng = random.Random(f"preference-{seed}")
+    rows = []
+    for _ in range(n):
+        prompt, answer = _question(rng, max_operand)
+        wrong = answer + rng.choice([-2, -1, 1, 2, 3])
+        if wrong < 0:
+            wrong = answer + 1
+        rows.append({"prompt": prompt, "chosen": f" {answer}", "rejected": f" {wrong}"})
+    return rows
+
+
+def _check_local(path: Path) -> str:
+    if path.suffix not in LOCAL_SUFFIXES:
+        raise TrainConfigError(
+            f"dataset file '{path}' has suffix '{path.suffix}'; use one of "
+            f"{sorted(LOCAL_SUFFIXES)}."
+        )
+    if not path.is_file():
+        raise TrainConfigError(f"dataset file '{path}' does not exist; check the path.")
+    return LOCAL_SUFFIXES[path.suffix]
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).suffix in LOCAL_SUFFIXES
+
+
+def check(name: str) -> None:
+    """Raise `TrainConfigError` for a dataset that cannot be loaded (cheap checks only)."""
+    if name in BUILTIN:
+        return
+    if _looks_local(name):
+        _check_local(Path(name).expanduser())
+        return
+    if "/" not in name:
+        close = difflib.get_close_matches(name, BUILTIN, n=2)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise TrainConfigError(
+            f"unknown dataset '{name}'.{hint} Use one of {list(BUILTIN)}, a .jsonl/.parquet file, "
+            "or a Hugging Face dataset name such as 'owner/name'."
+        )
+
+
+def load(name: str, seed: int = 0, split: str = "train", size: int = 2000) -> Any:
+    """The training split of `name` as a `datasets.Dataset`."""
+    import datasets
+
+    check(name)
+    if name == ARITHMETIC:
+        return datasets.Dataset.from_list(arithmetic_rows(size, seed))
+    if name == PREFERENCE:
+        return datasets.Dataset.from_list(preference_rows(size, seed))
+    if _looks_local(name):
+        path = Path(name).expanduser()
+        builder = _check_local(path)
+        return datasets.load_dataset(builder, data_files=str(path), split=split)
+    try:
+        return datasets.load_dataset(name, split=split)
+    except Exception as exc:  # datasets raises many types for a missing or offline set
+        raise TrainConfigError(
+            f"dataset '{name}' could not be loaded ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "check the name, or pre-download it into the Hugging Face cache for offline use."
+        ) from None

@@ -1,0 +1,83 @@
+"""Metrics of a run as ``metrics.jsonl`` rows, and its start as a ``RunStarted`` event.
+
+`MetricsCallback` turns each TRL log (``logging_steps``) into one row through
+`tgnb.train.record.Recorder.metric`: step, time, loss, learning rate, tokens per second, and the
+algorithm's own numbers under TRL's names -- for GRPO ``reward`` (mean), ``reward_std`` and
+``rewards/<function>/mean``; for DPO ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``
+and ``rewards/accuracies``. Only rank 0 writes (the Recorder checks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from tgnb.events import RUN_EXITED, RUN_STARTED
+from tgnb.train.record import Recorder
+
+#: Log keys that summarise the whole of ``train()`` rather than a step; not written as a row.
+_SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    try:  # 0-d tensors and numpy scalars
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+class MetricsCallback(TrainerCallback):
+    """Writes one ``metrics.jsonl`` row per TRL log, with ``tokens_per_second`` added."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._last: tuple[float, float] | None = None  # (time, num_tokens) at the previous row
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last = None
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if not logs or any(key in logs for key in _SUMMARY_KEYS):
+            return
+        row: dict[str, Any] = {}
+        for key, value in logs.items():
+            num = _number(value)
+            if num is not None:
+                row[key] = num
+        now = time.time()
+        tokens = row.get("num_tokens")
+        if tokens is not None:
+            if self._last is not None and now > self._last[0]:
+                row["tokens_per_second"] = (tokens - self._last[1]) / (now - self._last[0])
+            self._last = (now, float(tokens))
+        self.recorder.metric(int(state.global_step), **row)
+
+
+def run_started(recorder: Recorder, **data: Any) -> None:
+    """Record ``RunStarted`` (before the guard looks for a checkpoint to resume from)."""
+    what = f"{data.get('algorithm', '')} on {data.get('model', '')}".strip()
+    recorder.event(RUN_STARTED, f"started {what}".strip(), **data)
+
+
+def run_failed(recorder: Recorder, error: BaseException, step: int | None) -> None:
+    """Record ``RunExited`` for a run that ended with an exception (exit code 1)."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    recorder.event(
+        RUN_EXITED,
+        f"failed: {type(error).__name__}: {first}"[:500],
+        exit_reason="failed",
+        exit_code=1,
+        step=step,
+    )

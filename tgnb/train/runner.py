@@ -1,0 +1,164 @@
+"""Run one training job: build the TRL trainer from a `TrainConfig`, wrap it with the checkpoint
+guard, train (resuming from the newest complete checkpoint), and return the exit code.
+
+Run directory layout::
+
+    run.yaml        the resolved config
+    checkpoints/    checkpoint-<step>/ directories, sealed by tgnb.train.checkpoint
+    metrics.jsonl   one row per logged step (tgnb.train.metrics)
+    events.jsonl    RunStarted, RunResumed, SignalReceived, CheckpointSaved, RunExited, ...
+
+Checkpointing is configured in one place only, `tgnb.train.preemption.CheckpointGuard`. Several
+processes (``torchrun``, ``accelerate launch``) are handled by transformers/accelerate; nothing
+here is rank-specific except that rank 0 writes ``run.yaml`` (the Recorder writes on rank 0 only).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TrainConfigError
+from tgnb.train import assets, data, rewards
+from tgnb.train.config import TrainConfig, trl_config_class, validate
+from tgnb.train.record import Recorder
+
+#: TRL options for the built-in tiny model on the built-in tasks: large learning rate, one-token
+#: answers (the arithmetic answers are single digits), a few generations per prompt.
+TINY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "grpo": {
+        "learning_rate": 5e-3,
+        "num_generations": 8,
+        "per_device_train_batch_size": 64,
+        "max_completion_length": 1,
+        "temperature": 1.0,
+    },
+    "dpo": {"learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 32},
+}
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def training_kwargs(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
+    """Keyword arguments for ``GRPOConfig``/``DPOConfig`` before the guard adds its own: our
+    defaults (CPU-friendly when there is no GPU; tuned ones for ``tiny``), then ``cfg.trl``."""
+    kwargs: dict[str, Any] = {"logging_steps": 1, "report_to": "none", "disable_tqdm": True}
+    if not cuda:
+        kwargs.update(use_cpu=True, bf16=False)
+    if cfg.model == assets.TINY:
+        kwargs.update(TINY_DEFAULTS[cfg.algorithm])
+        if cfg.algorithm == "grpo":
+            kwargs["gradient_checkpointing"] = False
+    kwargs.update(cfg.trl)
+    kwargs.update(max_steps=cfg.max_steps, seed=cfg.seed)
+    return kwargs
+
+
+def _load_tokenizer(model: str, source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainConfigError(
+            f"model '{model}' could not be loaded ({first}); check the id or path, or put it in "
+            "the Hugging Face cache for offline use."
+        ) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _args(cfg: TrainConfig, kwargs: dict[str, Any]) -> Any:
+    cls = trl_config_class(cfg.algorithm)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainConfigError(f"TRL rejected the options under 'trl': {first}") from None
+
+
+def build_trainer(cfg: TrainConfig, args: Any, callbacks: list[Any]) -> Any:
+    """The GRPOTrainer or DPOTrainer for `cfg` (model and reference loaded from the same source)."""
+    source = assets.resolve_model(cfg.model, cfg.seed)
+    tokenizer = _load_tokenizer(cfg.model, source)
+    assert cfg.dataset is not None
+    dataset = data.load(cfg.dataset, seed=cfg.seed, size=cfg.dataset_size)
+    peft_config = None
+    if cfg.lora is not None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**{"task_type": "CAUSAL_LM", **cfg.lora})
+    common: dict[str, Any] = {
+        "model": source,  # a path or id: TRL loads it, and DPO its reference, from the same place
+        "args": args,
+        "train_dataset": dataset,
+        "processing_class": tokenizer,
+        "callbacks": callbacks,
+        "peft_config": peft_config,
+    }
+    if cfg.algorithm == "grpo":
+        from trl import GRPOTrainer
+
+        funcs: list[Any] = list(rewards.resolve_all(cfg.rewards))
+        trainer: Any = GRPOTrainer(reward_funcs=funcs, **common)
+    else:
+        from trl import DPOTrainer
+
+        trainer = DPOTrainer(**common)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # metrics go out as @tgnb lines instead
+    return trainer
+
+
+def run(cfg: TrainConfig) -> int:
+    """Train `cfg` to its max_steps or until preempted; 0 finished, `EXIT_PREEMPTED` preempted.
+
+    Raises `TrainConfigError` for bad input before anything is trained.
+    """
+    validate(cfg)
+    import torch
+    from transformers import set_seed
+
+    from tgnb.train.metrics import MetricsCallback, run_failed, run_started
+    from tgnb.train.preemption import CheckpointGuard
+
+    assert cfg.run_dir is not None
+    run_dir = Path(cfg.run_dir)
+    recorder = Recorder(run_dir, cfg.name)
+    if _rank() == 0:
+        cfg.dump(run_dir / "run.yaml")
+    set_seed(cfg.seed)
+    guard = CheckpointGuard(cfg.checkpoint, run_dir, recorder)
+    trainer = None
+    try:
+        kwargs = guard.training_args(training_kwargs(cfg, torch.cuda.is_available()))
+        args = _args(cfg, kwargs)
+        callbacks = [*guard.callbacks(), MetricsCallback(recorder)]
+        trainer = build_trainer(cfg, args, callbacks)
+        run_started(
+            recorder,
+            algorithm=cfg.algorithm,
+            model=cfg.model,
+            dataset=cfg.dataset,
+            max_steps=cfg.max_steps,
+            seed=cfg.seed,
+            world_size=int(args.world_size),
+            pid=os.getpid(),
+        )
+        resume = guard.resume_from()
+        trainer.train(resume_from_checkpoint=resume)
+    except TrainConfigError:
+        guard.close()
+        raise
+    except BaseException as exc:
+        guard.close()
+        step = int(trainer.state.global_step) if trainer is not None else None
+        run_failed(recorder, exc, step)
+        raise
+    return int(guard.finish(trainer))
