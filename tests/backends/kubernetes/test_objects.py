@@ -1,0 +1,253 @@
+"""Kubernetes objects for a run: golden files, strict schema validation (1.30 and 1.37), the API
+server's own cross-field rules for Jobs, placement, secrets and bad input.
+
+Regenerate the golden files after a deliberate change with::
+
+    TGNB_UPDATE_GOLDEN=1 python -m pytest tests/backends/kubernetes/test_objects.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tgnb.backends.base import EXIT_PREEMPTED, Resources, RunSpec, SecretRef
+from tgnb.backends.kubernetes import restart_count_from_env
+from tgnb.backends.kubernetes.objects import build_objects, command
+from tgnb.config import register_secret
+from tgnb.errors import ValidationError
+
+GOLDEN = Path(__file__).parent / "golden"
+NS = "research"
+VERSIONS = ("1.30", "1.37")
+TRAIN = {
+    "algorithm": "grpo",
+    "model": "tgnb/tiny",
+    "dataset": "arithmetic",
+    "max_steps": 100,
+    "checkpoint": {"every_steps": 10, "keep": 2},
+}
+SECRETS = {"HF_TOKEN": SecretRef(name="hf", key="token"), "WANDB_API_KEY": SecretRef(name="wandb")}
+
+CASES: dict[str, RunSpec] = {
+    "single_preemptible": RunSpec(
+        name="grpo-tiny",
+        train=TRAIN,
+        image="ghcr.io/example/tgnb:0.1",
+        resources=Resources(nodes=1, gpus_per_node=1, preemptible=True),
+        env={"HF_HUB_OFFLINE": "1"},
+        secrets=SECRETS,
+    ),
+    "two_node": RunSpec(
+        name="grpo-2n",
+        train=TRAIN,
+        image="ghcr.io/example/tgnb:0.1",
+        resources=Resources(nodes=2, gpus_per_node=8, preemptible=True, memory_gib=512),
+        secrets=SECRETS,
+    ),
+    "standard": RunSpec(
+        name="dpo-std",
+        train={**TRAIN, "algorithm": "dpo", "dataset": "preferences"},
+        image="ghcr.io/example/tgnb:0.1",
+        resources=Resources(nodes=1, gpus_per_node=8, preemptible=False, cpus_per_task=32),
+    ),
+}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the training config) as literal blocks, so golden files read well."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dicts(name: str) -> list[dict[str, Any]]:
+    return build_objects(CASES[name], NS).to_dicts()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_and_strict_schema(name: str) -> None:
+    docs = dicts(name)
+    for doc in docs:
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    text = yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False)
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("TGNB_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), (
+        f"{path.name} differs: rerun with TGNB_UPDATE_GOLDEN=1 if meant"
+    )
+
+
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    job = dicts("two_node")[-1]
+    job["spec"]["template"]["spec"]["terminationGracePeriod"] = 300  # a misspelt field
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, "1.30", strict=True)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_job_passes_the_api_servers_cross_field_rules(name: str) -> None:
+    """Rules kube-apiserver checks beyond the schema (pkg/apis/batch/validation, 1.30)."""
+    spec = CASES[name]
+    docs = {d["kind"]: d for d in dicts(name)}
+    job = docs["Job"]["spec"]
+    pod = job["template"]["spec"]
+    nodes = spec.resources.nodes
+    # podFailurePolicy needs restartPolicy Never; backoffLimitPerIndex needs Indexed; with a pod
+    # failure policy, pods are replaced only once fully terminated (Failed).
+    assert pod["restartPolicy"] == "Never"
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == nodes
+    assert 0 <= job["maxFailedIndexes"] <= job["completions"]
+    assert job["podReplacementPolicy"] == "Failed"
+    rules = job["podFailurePolicy"]["rules"]
+    containers = {c["name"] for c in pod["containers"]}
+    for rule in rules:
+        assert rule["action"] in ("Ignore", "FailJob", "Count", "FailIndex")
+        assert ("onExitCodes" in rule) != ("onPodConditions" in rule)
+        if "onExitCodes" in rule:
+            assert rule["onExitCodes"]["containerName"] in containers
+            assert 0 not in rule["onExitCodes"]["values"]
+    assert {
+        "action": "Ignore",
+        "onPodConditions": [{"status": "True", "type": "DisruptionTarget"}],
+    } in rules
+    assert any(r.get("onExitCodes", {}).get("values") == [EXIT_PREEMPTED] for r in rules)
+    assert pod["terminationGracePeriodSeconds"] == 300
+    # pod host names are JOB-INDEX and must fit a DNS label
+    assert len(f"{docs['Job']['metadata']['name']}-{nodes - 1}") <= 63
+    # every label the template carries is a valid label value
+    for value in job["template"]["metadata"]["labels"].values():
+        assert len(value) <= 63
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["runs"]["mountPath"] == f"/data/runs/{spec.name}"
+    assert mounts["runs"]["subPath"] == spec.name
+    assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert {v["name"] for v in pod["volumes"]} >= set(mounts)
+
+
+def test_two_node_rendezvous_wiring() -> None:
+    docs = {d["kind"]: d for d in dicts("two_node")}
+    job, svc = docs["Job"], docs["Service"]
+    pod = job["spec"]["template"]["spec"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    selector = svc["spec"]["selector"]
+    assert selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    argv = pod["containers"][0]["command"]
+    assert argv[0] == "torchrun"
+    assert f"--rdzv_endpoint={job['metadata']['name']}-0.{svc['metadata']['name']}:29500" in argv
+    assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv
+    assert "--node_rank=$(JOB_COMPLETION_INDEX)" in argv
+    assert argv[-4:] == ["tgnb.train", "/config/run.yaml", "--run-dir", "/data/runs/grpo-2n"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]["value"] == "290"
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_placement_preemptible_and_standard() -> None:
+    pre = dicts("single_preemptible")[-1]["spec"]["template"]["spec"]
+    assert pre["nodeSelector"] == {"together.ai/compute-class": "preemptible"}
+    assert "affinity" not in pre
+    std = dicts("standard")[-1]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in std
+    terms = std["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "together.ai/compute-class", "operator": "NotIn", "values": ["preemptible"]}
+            ]
+        }
+    ]
+
+
+def test_commands() -> None:
+    assert command(CASES["single_preemptible"]) == [
+        "python", "-m", "tgnb.train", "/config/run.yaml", "--run-dir", "/data/runs/grpo-tiny",
+    ]  # fmt: skip
+    assert command(CASES["standard"])[:4] == [
+        "torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=8",
+    ]  # fmt: skip
+    elastic = RunSpec(
+        name="el", train={}, image="i", resources=Resources(nodes=4, min_nodes=2, gpus_per_node=8)
+    )
+    assert "--nnodes=2:4" in command(elastic)
+    custom = RunSpec(name="c", train={}, image="i", run_dir="/data/home/me/runs/c")
+    assert command(custom)[-1] == "/data/home/me/runs/c"
+
+
+def test_secrets_only_as_secret_key_refs(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = "hf_Zx9-this-is-the-token-value"
+    monkeypatch.setenv("HF_TOKEN", value)  # in the submitting environment, never in an object
+    register_secret(value)
+    docs = dicts("two_node")
+    env = {e["name"]: e for e in docs[-1]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
+    }
+    assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "wandb",
+        "key": "WANDB_API_KEY",
+    }
+    assert "value" not in env["HF_TOKEN"] and "value" not in env["WANDB_API_KEY"]
+    assert value not in yaml.safe_dump_all(docs)
+    assert not any(d["kind"] == "Secret" for d in docs)
+
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    ({"image": None}, "a Kubernetes run needs an image: pass image=..."),
+    ({"image": "  "}, "a Kubernetes run needs an image: pass image=..."),
+    ({"image": "img :1"}, "contains whitespace"),
+    ({"name": "1run"}, "start it with a letter"),
+    ({"name": "Run_A"}, "is not valid"),
+    ({"env": {"HF_TOKEN": "x"}}, "looks like a secret: pass it as secrets="),
+    ({"env": {"TGNB_RUN": "x"}}, "is set by tgnb"),
+    ({"env": {"1BAD": "x"}}, "is not valid"),
+    ({"secrets": {"A": SecretRef(name="Not_Valid")}}, "not a valid Kubernetes name"),
+    ({"env": {"A": "1"}, "secrets": {"A": SecretRef(name="a")}}, "both in env and in secrets"),
+    ({"run_dir": "relative/dir"}, "cannot be mounted"),
+    ({"resources": Resources(nodes=0)}, "nodes must be at least 1"),
+]
+
+
+@pytest.mark.parametrize(("change", "expected"), BAD)
+def test_bad_input_is_one_line(change: dict[str, Any], expected: str) -> None:
+    base = {"name": "ok-run", "train": TRAIN, "image": "img:1"}
+    with pytest.raises(ValidationError) as info:
+        build_objects(RunSpec(**{**base, **change}), NS)
+    message = str(info.value)
+    assert expected in message and "\n" not in message
+
+
+def test_a_registered_secret_value_is_refused_anywhere() -> None:
+    value = "sk-live-0123456789abcdef"
+    register_secret(value)
+    with pytest.raises(ValidationError, match="looks like a secret"):
+        build_objects(RunSpec(name="r", train={}, image="i", env={"OPTS": value}), NS)
+    with pytest.raises(ValidationError, match="training config holds a secret"):
+        build_objects(RunSpec(name="r", train={"hub": {"tok": value}}, image="i"), NS)
+
+
+def test_bad_namespace() -> None:
+    with pytest.raises(ValidationError, match="namespace"):
+        build_objects(CASES["standard"], "Bad_NS")
+
+
+def test_restart_count_from_env() -> None:
+    assert restart_count_from_env({}) == 0
+    env = {"TGNB_INDEX_FAILURE_COUNT": "1", "TGNB_INDEX_IGNORED_FAILURE_COUNT": "2"}
+    assert restart_count_from_env(env) == 3
+    assert restart_count_from_env({"TGNB_INDEX_IGNORED_FAILURE_COUNT": ""}) == 0
