@@ -25,6 +25,16 @@ from tgnb.events import Event
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """`attach` and `Session` are imported on first use, so ``import tgnb`` stays light."""
+    if name in ("attach", "Session"):
+        from tgnb import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'tgnb' has no attribute {name!r}")
+
+
 __all__ = [
     "AmbiguousNameError",
     "ApiError",
@@ -35,10 +45,32 @@ __all__ = [
     "EmulatorError",
     "Event",
     "NotFoundError",
+    "Session",
     "Settings",
     "TgnbError",
     "TrainConfigError",
     "TransientApiError",
     "ValidationError",
     "__version__",
+    "attach",
 ]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext tgnb``: register the ``%tg`` magics (imported here, not by ``import tgnb``)."""
+    from tgnb.notebook.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    from tgnb.notebook.magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
+def timeline(events: object, **options: object) -> object:
+    """An `tgnb.notebook.timeline.EventTimeline` of events (or of a Session's or Run's events)."""
+    from tgnb.notebook.timeline import timeline as build
+
+    return build(events, **options)

@@ -1,0 +1,109 @@
+"""Choose the workload backend for an attached cluster.
+
+A cluster served by the local emulator gets the ``local`` backend (processes on its emulated
+nodes); otherwise a SLURM-type cluster gets ``slurm`` (sbatch, here or on a login node over SSH)
+and a KUBERNETES-type cluster gets ``kubernetes`` (from the cluster's ``kube_config``). An explicit
+override (a name, or a `Backend` object) wins.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from tgnb.backends.base import Backend
+from tgnb.errors import ValidationError
+
+if TYPE_CHECKING:
+    from tgnb.cloud import Cloud, ClusterState
+    from tgnb.runs.store import RunStore
+
+BACKENDS = ("local", "slurm", "kubernetes")
+
+
+def is_loopback(base_url: str | None) -> bool:
+    """Whether `base_url` points at this machine (where only the local emulator can answer)."""
+    host = urlparse(base_url or "").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_emulator(base_url: str | None, api_key: str | None = None) -> bool:
+    """Whether the clusters API at `base_url` is the local emulator (it answers ``/_emulator``)."""
+    if not is_loopback(base_url):
+        return False
+    import httpx
+
+    root = str(base_url).rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{root}/_emulator/health", headers=headers, timeout=5.0)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
+def backend_name(state: ClusterState, base_url: str | None, override: str | None = None) -> str:
+    """The name of the backend for a cluster: the override, else by where and what it is."""
+    if override is not None:
+        if override not in BACKENDS:
+            raise ValidationError(f"unknown backend {override!r}: use one of {', '.join(BACKENDS)}")
+        return override
+    if is_loopback(base_url):
+        return "local"
+    kind = state.type.upper()
+    if kind == "SLURM":
+        return "slurm"
+    if kind == "KUBERNETES":
+        return "kubernetes"
+    raise ValidationError(
+        f"cluster {state.name} has type {state.type!r}: pass backend='slurm' or 'kubernetes'"
+    )
+
+
+def choose_backend(
+    cloud: Cloud,
+    state: ClusterState,
+    store: RunStore,
+    override: str | Backend | None = None,
+    **options: Any,
+) -> Backend:
+    """Build the backend for `state`'s cluster. `options` go to the backend's constructor.
+
+    Slurm: ``host`` (a login node for SSH; default ``$TGNB_SLURM_HOST`` or this machine),
+    ``runs_root``, ``gres``, ``python``. Kubernetes: ``namespace``, ``context`` and the
+    `KubernetesBackend` options. Local: ``poll``.
+    """
+    if override is not None and not isinstance(override, str):
+        return override
+    name = backend_name(state, cloud.base_url, override)
+    key = cloud.settings.api_key.get() if cloud.settings.api_key else None
+    if name == "local":
+        from tgnb.backends.local import LocalBackend
+
+        return LocalBackend(
+            store,
+            cluster_id=state.id,
+            cluster_type=state.type or "KUBERNETES",
+            base_url=cloud.base_url,
+            api_key=key,
+            **options,
+        )
+    if name == "slurm":
+        from tgnb.backends.slurm import SlurmBackend
+
+        options.setdefault("host", os.environ.get("TGNB_SLURM_HOST") or None)
+        backend: Backend = SlurmBackend(**options)
+        return backend
+    from tgnb.backends.kubernetes.backend import KubernetesBackend
+
+    raw = cloud.client.clusters.retrieve(state.id)
+    return KubernetesBackend.from_kube_config(
+        getattr(raw, "kube_config", None), cluster=state.name, **options
+    )

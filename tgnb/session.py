@@ -1,0 +1,388 @@
+"""`Session`: the attached cluster, its workload backend and the run store, as one object.
+
+Everything the notebook surface does is a call on a `Session` or a `Run`::
+
+    import tgnb
+    s = tgnb.attach()                       # no API key: the local emulator and a demo cluster
+    s.scale(preemptible=16, wait=True)      # raise the preemptible target, wait for capacity
+    run = s.launch("grpo", max_steps=60)    # on preemptible nodes by default
+    run.wait(); run.metrics()
+
+Bad input is refused before anything is sent or recorded (`tgnb.errors.ValidationError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tgnb.backends.base import Backend, Resources, RunSpec, SecretRef
+from tgnb.config import Settings
+from tgnb.errors import NotFoundError, TgnbError, ValidationError
+from tgnb.events import Event, dedupe, parse_time, utcnow
+from tgnb.runs.run import Run
+from tgnb.runs.store import RunStore
+
+if TYPE_CHECKING:
+    from tgnb.cloud import Cloud, Cluster, ClusterState, WaitResult
+
+#: The cluster `attach()` creates on the local emulator when none is named.
+DEMO_CLUSTER = "tgnb-demo"
+#: Platform time runs this many times faster on an emulator `attach()` starts (300 s -> 6 s).
+DEFAULT_TIME_SCALE = 0.02
+GPUS_PER_NODE = 8
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+
+
+def parse_since(since: datetime | timedelta | str | float | None) -> datetime | None:
+    """A point in time from a datetime, an age (timedelta, ``"90s"``, ``"2h"``) or RFC 3339."""
+    if since is None or isinstance(since, datetime):
+        return None if since is None else parse_time(since)
+    if isinstance(since, timedelta):
+        return utcnow() - since
+    if isinstance(since, str):
+        m = _DURATION.match(since)
+        if m:
+            unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+            return utcnow() - timedelta(seconds=float(m.group(1)) * unit)
+    try:
+        return parse_time(since)
+    except (TypeError, ValueError):
+        raise ValidationError(
+            f"since={since!r} is not a time: use a datetime, a timedelta or an age like '2h'"
+        ) from None
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            base[key] = _merge(dict(base[key]), value)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+    return base
+
+
+def train_config(algorithm_or_config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """The training config mapping from ``"grpo"``/``"dpo"``, a YAML file or a mapping."""
+    if isinstance(algorithm_or_config, Mapping):
+        return dict(algorithm_or_config)
+    text = str(algorithm_or_config)
+    if text.lower() in ("grpo", "dpo"):
+        return {"algorithm": text.lower(), "model": "tiny"}
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValidationError(
+            f"{text!r} is neither an algorithm (grpo, dpo) nor a YAML config file that exists"
+        )
+    import yaml
+
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(loaded, dict):
+        raise ValidationError(f"config file {str(path)!r} must hold a mapping of keys to values")
+    return loaded
+
+
+class Session:
+    """One attached cluster (`cluster`, through `cloud`), its `backend` and the run `store`."""
+
+    def __init__(
+        self,
+        cloud: Cloud,
+        cluster: Cluster,
+        *,
+        store: RunStore | None = None,
+        backend: str | Backend | None = None,
+        backend_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.cloud = cloud
+        self.cluster = cluster
+        self.home = cloud.settings.home
+        self.store = store or RunStore(self.home)
+        self._backend_choice = backend
+        self._backend_options = dict(backend_options or {})
+        self._backend: Backend | None = None
+
+    def __repr__(self) -> str:
+        s = self.cluster.last
+        return (
+            f"<Session cluster={s.name} ({s.id}) {s.type} backend={self.backend_name} "
+            f"preemptible {s.allocated_preemptible_gpus}/{s.desired_preemptible_gpus} GPUs>"
+        )
+
+    # -- the backend ---------------------------------------------------------------------------
+
+    @property
+    def backend_name(self) -> str:
+        from tgnb.backends.registry import backend_name
+
+        if self._backend is not None:
+            return self._backend.name
+        choice = self._backend_choice
+        if choice is not None and not isinstance(choice, str):
+            return choice.name
+        return backend_name(self.cluster.last, self.cloud.base_url, choice)
+
+    @property
+    def backend(self) -> Backend:
+        """The workload backend of the attached cluster (built on first use)."""
+        if self._backend is None:
+            from tgnb.backends.registry import choose_backend
+
+            self._backend = choose_backend(
+                self.cloud,
+                self.cluster.last,
+                self.store,
+                self._backend_choice,
+                **self._backend_options,
+            )
+        return self._backend
+
+    @property
+    def is_local(self) -> bool:
+        return self.backend_name == "local"
+
+    # -- the cluster ---------------------------------------------------------------------------
+
+    def status(self) -> ClusterState:
+        """The cluster now: target against allocated, standard and preemptible nodes."""
+        return self.cluster.state()
+
+    def scale(
+        self,
+        preemptible: int,
+        wait: bool = False,
+        timeout: float = 900.0,
+        poll: float | None = None,
+        callback: Callable[[ClusterState], Any] | None = None,
+    ) -> ClusterState | WaitResult:
+        """Set the preemptible GPU target (a multiple of 8); with `wait`, wait for capacity."""
+        state = self.cluster.scale(preemptible)
+        if not wait:
+            return state
+        poll = poll if poll is not None else (0.5 if self.is_local else 10.0)
+        return self.cluster.wait_for_capacity(timeout=timeout, poll=poll, callback=callback)
+
+    def preempt(self, node: str | None = None) -> dict[str, Any]:
+        """Emulator only: preempt `node` (default: the oldest running preemptible node) now."""
+        if not self.is_local:
+            raise ValidationError(
+                "preempt works only on the local emulator: Together preempts real nodes itself"
+            )
+        import httpx
+
+        key = self.cloud.settings.api_key
+        r = httpx.post(
+            f"{self.cloud.base_url}/_emulator/clusters/{self.cluster.id}/preempt",
+            json={"node": node} if node else {},
+            headers={"Authorization": f"Bearer {key.get()}"} if key else {},
+            timeout=30.0,
+        )
+        if r.status_code >= 400:
+            raise ValidationError(f"cannot preempt {node or 'a node'}: {r.text[:200]}")
+        return dict(r.json())
+
+    def events(self, since: datetime | timedelta | str | None = None) -> list[Event]:
+        """The cluster's node events and this cluster's runs' events, by time, since `since`."""
+        start = parse_since(since)
+        evs = list(self.cluster.events())
+        for run in self.runs():
+            evs.extend(run.run_events())
+        return [e for e in dedupe(evs) if start is None or e.time >= start]
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def _run(self, record: Any) -> Run:
+        return Run(record, self.store, self.backend, self.cluster)
+
+    def runs(self, all_clusters: bool = False) -> list[Run]:
+        """Runs launched on this cluster (every run in the store with `all_clusters`)."""
+        cluster_id = None if all_clusters else self.cluster.id
+        return [self._run(r) for r in self.store.list(cluster_id=cluster_id)]
+
+    def run(self, name: str) -> Run:
+        """Reattach to a run by name or id (a run launched by an earlier kernel too)."""
+        return self._run(self.store.get(name))
+
+    def recover(self) -> list[str]:
+        """Local backend: restart the supervisors of unfinished runs whose supervisor is gone
+        (after a machine restart). Returns the names of the runs restarted."""
+        backend = self.backend
+        restart = getattr(backend, "recover", None)
+        if restart is None:
+            return []
+        return [
+            r.name
+            for r in self.store.list(cluster_id=self.cluster.id, active=True)
+            if restart(r.id)
+        ]
+
+    def _check_capacity(self, res: Resources, state: ClusterState) -> None:
+        node_gpus = max((n.gpus for n in state.nodes), default=GPUS_PER_NODE) or GPUS_PER_NODE
+        if res.gpus_per_node > node_gpus:
+            raise ValidationError(
+                f"gpus_per_node={res.gpus_per_node} but nodes of {state.name} have {node_gpus} "
+                f"GPUs: use gpus_per_node<={node_gpus} and more nodes"
+            )
+        least = res.min_nodes or res.nodes
+        if res.preemptible:
+            target = state.desired_preemptible_gpus
+            if target == 0:
+                want = max(GPUS_PER_NODE, least * GPUS_PER_NODE)
+                raise ValidationError(
+                    f"the preemptible target of {state.name} is 0, so no preemptible node will "
+                    f"come: run session.scale(preemptible={want}) first, or launch with "
+                    "preemptible=False"
+                )
+            if least * GPUS_PER_NODE > target:
+                want = least * GPUS_PER_NODE
+                raise ValidationError(
+                    f"{least} preemptible node(s) needed but the target of {state.name} is "
+                    f"{target} GPUs ({target // GPUS_PER_NODE} nodes): run "
+                    f"session.scale(preemptible={want}) first, or ask for fewer nodes"
+                )
+        else:
+            have = len(state.standard_nodes) or state.num_gpus // GPUS_PER_NODE
+            if least > have:
+                raise ValidationError(
+                    f"{least} standard node(s) needed but {state.name} has {have}: "
+                    f"ask for nodes<={have}, or run on preemptible nodes"
+                )
+
+    def launch(
+        self,
+        algorithm_or_config: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        name: str | None = None,
+        preemptible: bool = True,
+        nodes: int = 1,
+        min_nodes: int | None = None,
+        gpus_per_node: int = GPUS_PER_NODE,
+        image: str | None = None,
+        partition: str | None = None,
+        account: str | None = None,
+        time_limit: str | None = None,
+        env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, SecretRef] | None = None,
+        **train_overrides: Any,
+    ) -> Run:
+        """Launch a training run and return its `Run`.
+
+        `algorithm_or_config`: ``"grpo"``/``"dpo"`` (the built-in tiny task), a YAML file or a
+        mapping; `train_overrides` set config keys (``max_steps=60``, ``trl={...}`` merges).
+        Everything is checked first (the config, the name, what the cluster can hold); on bad
+        input nothing is recorded or submitted.
+        """
+        train = _merge(train_config(algorithm_or_config), train_overrides)
+        algorithm = str(train.get("algorithm", "grpo"))
+        name = name or f"{algorithm}-{uuid.uuid4().hex[:6]}"
+        train["name"] = name
+        from tgnb.train import config as train_cfg
+
+        train_cfg.from_dict({k: v for k, v in train.items() if k != "run_dir"})
+        res = Resources(
+            nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node, preemptible=preemptible
+        )
+        run_env = dict(env or {})
+        if self.is_local:
+            run_env.setdefault("HF_HUB_OFFLINE", "1")
+        spec = RunSpec(
+            name=name,
+            train=train,
+            resources=res,
+            image=image,
+            partition=partition,
+            account=account,
+            time_limit=time_limit,
+            env=run_env,
+            secrets=dict(secrets or {}),
+        )
+        spec.validate()
+        if self.store.find(name) is not None:
+            raise ValidationError(
+                f"a run named {name!r} already exists: choose another name= (or session.run(name))"
+            )
+        self._check_capacity(res, self.cluster.state())
+        backend = self.backend
+        run_dir = getattr(backend, "run_dir_for", None)
+        record = self.store.create(
+            spec,
+            backend=backend.name,
+            cluster_id=self.cluster.id,
+            run_dir=run_dir(name) if run_dir else None,
+        )
+        try:
+            job_id = backend.submit(spec)
+        except TgnbError as exc:
+            self.store.set_state(record.id, _failed(), f"submit failed: {exc}")
+            raise
+        if backend.name != "local":
+            self.store.add_job(record.id, job_id)
+        return self._run(self.store.get(record.id))
+
+
+def _failed() -> Any:
+    from tgnb.backends.base import JobState
+
+    return JobState.FAILED
+
+
+def attach(
+    name_or_id: str | None = None,
+    local: bool = False,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    create: bool | None = None,
+    cluster_type: str = "KUBERNETES",
+    time_scale: float = DEFAULT_TIME_SCALE,
+    backend: str | Backend | None = None,
+    **backend_options: Any,
+) -> Session:
+    """Attach to a cluster by name or id and return a `Session`.
+
+    With `local`, or with no ``TOGETHER_API_KEY``, the local emulator daemon is started (or the
+    running one reused, under the tgnb home) and the session attaches to `name_or_id` there; with
+    no name, to the demo cluster ``tgnb-demo`` (``tgnb-demo-slurm`` for a SLURM `cluster_type`),
+    created if it does not exist. `create=True` creates a missing named cluster on the emulator.
+    """
+    from tgnb.cloud import Cloud
+
+    settings = Settings.from_env()
+    if home is not None:
+        settings = Settings(settings.api_key, settings.project_id, settings.base_url, Path(home))
+    if not (local or settings.api_key is None):
+        cloud = Cloud(settings)
+        if name_or_id is None:
+            states = cloud.clusters()
+            if len(states) != 1:
+                names = ", ".join(s.name for s in states) or "none"
+                raise ValidationError(
+                    f"name the cluster to attach to: tgnb.attach('NAME'); clusters: {names}"
+                )
+            name_or_id = states[0].id
+        return Session(
+            cloud, cloud.attach(name_or_id), backend=backend, backend_options=backend_options
+        )
+    from tgnb.emulator import daemon
+    from tgnb.emulator.models import DEFAULT_PROJECT_ID
+
+    st, _ = daemon.start(settings.home, daemon.ServeOptions(time_scale=time_scale))
+    key = st.api_key.get() if st.api_key else None
+    cloud = Cloud(
+        Settings(None, settings.project_id or DEFAULT_PROJECT_ID, st.base_url, settings.home),
+        api_key=key,
+        base_url=st.base_url,
+    )
+    default = DEMO_CLUSTER if cluster_type.upper() == "KUBERNETES" else f"{DEMO_CLUSTER}-slurm"
+    target = name_or_id or default
+    try:
+        cluster = cloud.attach(target)
+    except NotFoundError:
+        if not (create or (create is None and name_or_id is None)):
+            raise
+        cluster = cloud.create(target, cluster_type=cluster_type.upper())
+    return Session(cloud, cluster, backend=backend, backend_options=backend_options)
