@@ -1,0 +1,171 @@
+"""The calls the magics make on the Python API, and the small tables they display.
+
+This is the only place that knows how a `tgnb.Session` is reached (``tgnb.session.attach``), so the
+magics stay a thin parse; everything else is `Session`/`Run`/`Cluster` methods.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from tgnb.events import Event, utcnow
+
+
+def attach(target: str | None, local: bool = False) -> Any:
+    """`tgnb.session.attach(name_or_id, local=)`: the Session the magics work on."""
+    try:
+        from tgnb.session import attach as _attach
+    except ImportError:
+        raise UsageError(
+            "%tg attach: tgnb.session is not installed in this tgnb: update tgnb"
+        ) from None
+    return _attach(target, local=local)
+
+
+def clusters(session: Any) -> Table:
+    """The project's clusters, from the attached session's cloud or from the environment."""
+    cloud = getattr(session, "cloud", None)
+    if cloud is None:
+        from tgnb.cloud import Cloud
+
+        cloud = Cloud.from_env()
+    rows = [
+        (
+            c.name,
+            c.id,
+            c.type,
+            c.status,
+            c.gpu_type,
+            str(c.num_gpus),
+            f"{c.allocated_preemptible_gpus}/{c.desired_preemptible_gpus}",
+        )
+        for c in cloud.clusters()
+    ]
+    head = ("NAME", "ID", "TYPE", "STATUS", "GPU", "STANDARD", "PREEMPTIBLE ALLOC/TARGET")
+    return Table(head, rows, "no clusters in this project")
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def scale(
+    session: Any,
+    preemptible: int,
+    wait: bool,
+    timeout: float | None = None,
+    callback: Callable[[Any], Any] | None = None,
+) -> Any:
+    """`session.scale(preemptible=N, wait=...)`, passing the progress callback when it takes one."""
+    kwargs: dict[str, Any] = {"preemptible": preemptible, "wait": wait}
+    if wait and timeout is not None and _accepts(session.scale, "timeout"):
+        kwargs["timeout"] = timeout
+    if wait and callback is not None and _accepts(session.scale, "callback"):
+        kwargs["callback"] = callback
+    return session.scale(**kwargs)
+
+
+def find_run(session: Any, name: str) -> Any:
+    """`session.run(name)`; a missing run is a UsageError that says how to list them."""
+    from tgnb.errors import NotFoundError
+
+    try:
+        return session.run(name)
+    except (KeyError, NotFoundError):
+        raise UsageError(f"no run named {name!r}: %tg runs lists this session's runs") from None
+
+
+def runs_table(runs: Iterable[Any]) -> Table:
+    rows = []
+    for run in runs:
+        rec = run.refresh() if hasattr(run, "refresh") else run.record
+        state = getattr(rec.state, "value", str(rec.state))
+        rows.append(
+            (rec.name, state, rec.backend, ",".join(rec.nodes) or "-", str(rec.restart_count))
+        )
+    return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, "no runs yet: %tg launch")
+
+
+def since(ago: timedelta | None) -> datetime | None:
+    return utcnow() - ago if ago is not None else None
+
+
+def filter_events(events: Iterable[Event], node: str | None, run: str | None) -> list[Event]:
+    return [e for e in events if (node is None or e.node == node) and (run is None or e.run == run)]
+
+
+def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -> str:
+    from tgnb.notebook.timeline import _zone
+
+    zone = _zone(tz)
+    lines = (
+        [f"{'TIME (' + tz + ')':<22} {'REASON':<27} {'NODE':<26} {'RUN':<16} MESSAGE"]
+        if header
+        else []
+    )
+    for e in events:
+        when = e.time.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(
+            f"{when:<22} {e.reason:<27} {e.node or '-':<26} {e.run or '-':<16} {e.message}".rstrip()
+        )
+    if header and not events:
+        lines.append("(no events)")
+    return "\n".join(lines)
+
+
+def preempt(session: Any, node: str | None) -> Any:
+    """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
+    return session.preempt(node)
+
+
+def cost(session: Any, standard_price: float | None, preemptible_price: float | None) -> Any:
+    """A `CostReport` of this session's runs from their lifecycle events."""
+    from tgnb.notebook.cost import session_cost
+
+    runs: dict[str, tuple[list[Event], int]] = {}
+    for run in session.runs():
+        res = run.record.spec.resources
+        events = run.run_events() if hasattr(run, "run_events") else run.events()
+        runs[run.name] = (events, int(res.gpus_per_node) * int(res.nodes))
+    return session_cost(runs, standard_price, preemptible_price)
+
+
+@dataclass
+class Table:
+    """A small table with a text and an HTML rendering (nothing secret goes in)."""
+
+    head: tuple[str, ...]
+    rows: Sequence[Sequence[str]]
+    empty: str = "(none)"
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return self.empty
+        all_rows: list[Sequence[str]] = [self.head, *self.rows]
+        widths = [max(len(r[i]) for r in all_rows) for i in range(len(self.head))]
+        return "\n".join(
+            "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in all_rows
+        )
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        if not self.rows:
+            return f"<div>{e(self.empty)}</div>"
+        head = "".join(f"<th>{e(h.lower())}</th>" for h in self.head)
+        body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in self.rows)
+        return (
+            f"<table class='tgnb-table'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        )

@@ -1,0 +1,81 @@
+"""``%tg launch`` and ``%%tg launch``: the line's options and the cell's YAML as one run config.
+
+The result is what `Session.launch` takes: a config mapping (``algorithm``, ``model``, ``trl``, ...)
+and the keyword options (``name``, ``preemptible``). A YAML body that does not parse is a
+`UsageError` naming its line and column; unknown config keys are the training config's own
+`TrainConfigError` (raised before anything is sent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+
+#: Line options and the config key each one sets (dotted keys are nested).
+_OPTION_KEYS = {
+    "model": "model",
+    "dataset": "dataset",
+    "rewards": "rewards",
+    "max_steps": "max_steps",
+    "lr": "trl.learning_rate",
+    "seed": "seed",
+}
+
+
+def parse_body(cell: str) -> dict[str, Any]:
+    """The cell's YAML as a mapping; a parse error names the line and column."""
+    import yaml
+
+    try:
+        body = yaml.safe_load(cell)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"%%tg launch: the YAML body does not parse{where}: {problem}") from None
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise UsageError(
+            "%%tg launch: the YAML body must be a mapping such as 'algorithm: grpo', "
+            f"not a {type(body).__name__}"
+        )
+    return body
+
+
+def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config mapping, keyword options) for `Session.launch` from parsed options and a body."""
+    from tgnb.train.config import apply_overrides, from_dict
+
+    raw = parse_body(cell) if cell is not None else {}
+    if args.algorithm:
+        raw["algorithm"] = args.algorithm
+    if not raw.get("algorithm"):
+        raise UsageError(
+            "%tg launch: say which algorithm: %tg launch grpo (or dpo), "
+            "or 'algorithm: grpo' in the %%tg launch body"
+        )
+    sets = [
+        f"{key}={_yaml_value(getattr(args, attr))}"
+        for attr, key in _OPTION_KEYS.items()
+        if getattr(args, attr) is not None
+    ]
+    raw = apply_overrides(raw, [*sets, *args.sets])
+    from_dict(raw)  # unknown keys and wrong types fail here, before anything is sent
+    options: dict[str, Any] = {}
+    if args.name:
+        options["name"] = args.name
+    if args.preemptible is not None:
+        options["preemptible"] = args.preemptible
+    if args.nodes is not None:
+        options["nodes"] = args.nodes
+    if args.gpus_per_node is not None:
+        options["gpus_per_node"] = args.gpus_per_node
+    return raw, options
+
+
+def _yaml_value(value: Any) -> str:
+    import json
+
+    return json.dumps(value)  # JSON is YAML: lists, numbers and strings read back as they were

@@ -1,0 +1,162 @@
+"""The grammar of ``%tg``: one argparse parser per subcommand, errors raised as `UsageError`.
+
+argparse normally prints to stderr and exits; here a bad line raises IPython's `UsageError` with a
+one-line message that names the fix, and ``--help`` raises `HelpShown` carrying the help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from IPython.core.error import UsageError
+
+
+class HelpShown(Exception):
+    """``--help`` was asked for; `text` is what to print."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise HelpShown(self.format_help())
+
+    def print_help(self, file: Any = None) -> None:
+        raise HelpShown(self.format_help())
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``2h``, ``1d`` (or plain seconds) as a timedelta."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write e.g. 30m, 2h or 1d")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def gpus(text: str) -> int:
+    """A GPU count as written on the line; the multiple-of-8 rule is the Python API's to check."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of GPUs: write e.g. 8 or 16"
+        ) from None
+
+
+def build() -> dict[str, _Parser]:
+    """One parser per subcommand, by name."""
+    p: dict[str, _Parser] = {}
+
+    def sub(name: str, help: str, usage: str | None = None) -> _Parser:
+        parser = _Parser(prog=f"%tg {name}", description=help, usage=usage, add_help=True)
+        p[name] = parser
+        return parser
+
+    a = sub(
+        "attach", "Attach this notebook to a cluster (by name or id), or to the local emulator."
+    )
+    a.add_argument("cluster", nargs="?", help="cluster name or id (default: Tg.default_cluster)")
+    a.add_argument(
+        "--local", action="store_true", help="use the local emulator, start it if needed"
+    )
+
+    sub("clusters", "List the clusters of the project.")
+    sub("status", "Show the attached cluster: target against allocated, and its nodes.")
+
+    s = sub("scale", "Set the preemptible GPU target (a multiple of 8).")
+    s.add_argument("--preemptible", type=gpus, required=True, metavar="N", help="GPUs, e.g. 16")
+    s.add_argument(
+        "--wait", action="store_true", help="show allocated against desired until reached"
+    )
+    s.add_argument("--timeout", type=duration, default=None, help="how long to wait, e.g. 15m")
+
+    la = sub(
+        "launch",
+        "Launch a GRPO or DPO run. As %%tg launch, the cell body is the run's YAML.",
+        usage="%(prog)s grpo|dpo [options] [-o NAME]",
+    )
+    la.add_argument("algorithm", nargs="?", choices=["grpo", "dpo"], help="training algorithm")
+    la.add_argument("--name", help="the run's name (default: generated)")
+    la.add_argument("--model", help="model name or path")
+    la.add_argument("--dataset", help="dataset name")
+    la.add_argument("--reward", dest="rewards", action="append", help="reward (repeat for several)")
+    la.add_argument("--steps", dest="max_steps", type=int, help="max_steps")
+    la.add_argument("--lr", type=float, help="learning rate (trl.learning_rate)")
+    la.add_argument("--seed", type=int, help="random seed")
+    la.add_argument("--nodes", type=int, help="nodes (default 1)")
+    la.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    kind = la.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--preemptible",
+        dest="preemptible",
+        action="store_true",
+        default=None,
+        help="run on preemptible nodes (the default)",
+    )
+    kind.add_argument(
+        "--standard", dest="preemptible", action="store_false", help="run on standard nodes"
+    )
+    la.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other config key, dotted (e.g. trl.num_generations=4); value read as YAML",
+    )
+    la.add_argument("-o", "--out", metavar="NAME", help="store the Run under NAME in the namespace")
+
+    sub("runs", "List this session's runs.")
+    for name, what in (("watch", "Show a live RunPanel"), ("stop", "Stop a run")):
+        sub(name, f"{what}.").add_argument("run", help="run name or id")
+    lg = sub("logs", "Print a run's log.")
+    lg.add_argument("run", help="run name or id")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+
+    e = sub("events", "Cluster and run events (node added, preemption notices, checkpoints, ...).")
+    e.add_argument("--since", type=duration, default=None, help="e.g. 30m, 2h, 1d")
+    e.add_argument("--node", help="only this node's events")
+    e.add_argument("--run", help="only this run's events")
+    e.add_argument(
+        "--watch", action="store_true", help="keep printing new events (interrupt to stop)"
+    )
+    e.add_argument("--timeline", action="store_true", help="draw them as an EventTimeline")
+
+    pr = sub("preempt", "Preempt a node now (local emulator only).")
+    pr.add_argument("node", nargs="?", help="node name (default: the oldest preemptible node)")
+
+    sub(
+        "cost",
+        "GPU-hours on standard and preemptible nodes for this session's runs, and work lost.",
+    )
+    return p
+
+
+def nearest(word: str, choices: list[str]) -> str:
+    """`` did you mean 'x'?`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_options(prog: str, extras: list[str], parser: argparse.ArgumentParser) -> UsageError:
+    """The error for options the parser does not know, naming the nearest known one."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    bad = next((x for x in extras if x.startswith("-")), extras[0])
+    hint = nearest(bad.split("=")[0], options) if bad.startswith("-") else ""
+    what = "option" if bad.startswith("-") else "argument"
+    return UsageError(f"{prog}: unknown {what} {bad!r}{hint} (see {prog} --help)")

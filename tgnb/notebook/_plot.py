@@ -1,0 +1,82 @@
+"""Small self-contained SVG line plots for the RunPanel: a metric against the optimizer step, with
+vertical markers at checkpoints, preemptions and resumes."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+#: Marker colours by kind (checkpoint, preemption, resume).
+MARKER_COLOURS = {"checkpoint": "#3366cc", "preemption": "#d62728", "resume": "#1b9e77"}
+
+
+def _fmt(v: float) -> str:
+    if v == 0 or 1e-3 <= abs(v) < 1e4:
+        return f"{v:.3g}"
+    return f"{v:.2e}"
+
+
+def curve_svg(
+    title: str,
+    points: Sequence[tuple[float, float]],
+    markers: Sequence[tuple[float, str]] = (),
+    width: int = 360,
+    height: int = 150,
+    colour: str = "#1f77b4",
+    max_points: int = 600,
+) -> str:
+    """An ``<svg>`` of `points` (step, value) with `markers` (step, kind) as vertical lines.
+
+    More than `max_points` points are thinned to every k-th point (the last one kept).
+    """
+    pts = [(x, y) for x, y in points if isinstance(y, (int, float)) and math.isfinite(y)]
+    if len(pts) > max_points:
+        k = math.ceil(len(pts) / max_points)
+        pts = pts[::k] + ([pts[-1]] if (len(pts) - 1) % k else [])
+    left, right, top, bottom = 46, 10, 20, 22
+    w, h = width - left - right, height - top - bottom
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="tgnb-curve" width="{width}" '
+        f'height="{height}" font-family="sans-serif" font-size="10">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{html.escape(title)}</text>',
+    ]
+    if not pts:
+        out.append(f'<text x="{left}" y="{top + h / 2:.0f}" fill="#888">no data yet</text></svg>')
+        return "".join(out)
+    xs = [p[0] for p in pts] + [m[0] for m in markers]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * w
+
+    def sy(y: float) -> float:
+        return top + (1 - (y - y0) / (y1 - y0)) * h
+
+    out.append(
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_fmt(y1)}</text>'
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_fmt(y0)}</text>'
+        f'<text x="{left}" y="{height - 6}">step {_fmt(x0)}</text>'
+        f'<text x="{left + w}" y="{height - 6}" text-anchor="end">{_fmt(x1)}</text>'
+    )
+    for step, kind in markers:
+        x = sx(step)
+        out.append(
+            f'<line class="mark {kind}" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" '
+            f'stroke="{MARKER_COLOURS.get(kind, "#888")}" stroke-dasharray="3,2">'
+            f"<title>{kind} at step {_fmt(step)}</title></line>"
+        )
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+    out.append(
+        f'<polyline class="series" points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
+    )
+    out.append("</svg>")
+    return "".join(out)

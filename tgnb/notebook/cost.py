@@ -1,0 +1,175 @@
+"""GPU-hours of runs on standard and preemptible nodes, and the work lost to preemptions.
+
+Computed from each run's lifecycle events: a run holds its GPUs from ``RunStarted``/``RunResumed``
+until ``RunRequeued``/``RunExited`` (or now), on the node the event names. Work lost to a
+preemption is the time trained after the last checkpoint of a stretch that ended in a requeue: it is
+redone after the resume. Prices are per GPU-hour and optional.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tgnb import events as ev
+from tgnb.events import Event, utcnow
+from tgnb.notebook.timeline import node_class
+
+
+@dataclass
+class RunCost:
+    """One run's GPU-hours by node class, and what preemptions cost it."""
+
+    run: str
+    gpus: int
+    standard_gpu_hours: float = 0.0
+    preemptible_gpu_hours: float = 0.0
+    preemptions: int = 0
+    lost_gpu_hours: float = 0.0
+    lost_steps: int = 0
+
+
+@dataclass
+class CostReport:
+    """GPU-hours of a session's runs; prices in currency units per GPU-hour (None: not shown)."""
+
+    runs: list[RunCost] = field(default_factory=list)
+    standard_price: float | None = None
+    preemptible_price: float | None = None
+
+    def total(self, attr: str) -> float:
+        return float(sum(getattr(r, attr) for r in self.runs))
+
+    @property
+    def cost(self) -> float | None:
+        if self.standard_price is None or self.preemptible_price is None:
+            return None
+        return (
+            self.total("standard_gpu_hours") * self.standard_price
+            + self.total("preemptible_gpu_hours") * self.preemptible_price
+        )
+
+    def _rows(self) -> list[list[str]]:
+        rows = [
+            [
+                r.run,
+                str(r.gpus),
+                f"{r.standard_gpu_hours:.3f}",
+                f"{r.preemptible_gpu_hours:.3f}",
+                str(r.preemptions),
+                f"{r.lost_gpu_hours:.3f}",
+                str(r.lost_steps),
+            ]
+            for r in self.runs
+        ]
+        rows.append(
+            [
+                "total",
+                "",
+                f"{self.total('standard_gpu_hours'):.3f}",
+                f"{self.total('preemptible_gpu_hours'):.3f}",
+                str(int(self.total("preemptions"))),
+                f"{self.total('lost_gpu_hours'):.3f}",
+                str(int(self.total("lost_steps"))),
+            ]
+        )
+        return rows
+
+    _HEAD = (
+        "RUN",
+        "GPUS",
+        "STANDARD GPU-H",
+        "PREEMPTIBLE GPU-H",
+        "PREEMPTIONS",
+        "LOST GPU-H",
+        "LOST STEPS",
+    )
+
+    def _footer(self) -> str:
+        cost = self.cost
+        if cost is None:
+            return "prices not set: %config Tg.standard_price = ... and Tg.preemptible_price = ..."
+        return (
+            f"cost {cost:.2f} at {self.standard_price}/GPU-h standard and "
+            f"{self.preemptible_price}/GPU-h preemptible"
+        )
+
+    def __str__(self) -> str:
+        rows = [list(self._HEAD), *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEAD))]
+        lines = [
+            "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        ]
+        return "\n".join([*lines, self._footer()])
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        head = "".join(f"<th>{e(h.lower())}</th>" for h in self._HEAD)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in self._rows()
+        )
+        return (
+            f'<div class="tgnb-cost"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f"</table><div>{e(self._footer())}</div></div>"
+        )
+
+
+def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None = None) -> RunCost:
+    """GPU-hours and lost work of one run from its lifecycle events."""
+    out = RunCost(name, gpus)
+    end_now = (now or utcnow()).timestamp()
+    seg: tuple[float, str | None] | None = None
+    last_ckpt: tuple[float, int | None] | None = None
+    last_step: int | None = None
+
+    def close(t: float, requeued: bool) -> None:
+        nonlocal seg
+        if seg is None:
+            return
+        start, node = seg
+        hours = max(t - start, 0.0) * gpus / 3600
+        if node_class(node or "") == "preemptible":
+            out.preemptible_gpu_hours += hours
+        else:
+            out.standard_gpu_hours += hours
+        if requeued:
+            out.preemptions += 1
+            saved_at = last_ckpt[0] if last_ckpt and last_ckpt[0] >= start else start
+            out.lost_gpu_hours += max(t - saved_at, 0.0) * gpus / 3600
+            if last_step is not None and last_ckpt and last_ckpt[1] is not None:
+                out.lost_steps += max(last_step - last_ckpt[1], 0)
+        seg = None
+
+    for e in sorted(events, key=lambda e: e.time):
+        if e.source == "cluster":
+            continue
+        t = e.time.timestamp()
+        step = e.data.get("step") if e.data else None
+        if isinstance(step, int):
+            last_step = step
+        if e.reason in (ev.RUN_STARTED, ev.RUN_RESUMED):
+            close(t, False)
+            seg = (t, e.node)
+        elif e.reason == ev.CHECKPOINT_SAVED:
+            last_ckpt = (t, step if isinstance(step, int) else None)
+        elif e.reason in (ev.RUN_REQUEUED, ev.RUN_EXITED):
+            close(t, e.reason == ev.RUN_REQUEUED)
+    close(end_now, False)
+    return out
+
+
+def session_cost(
+    runs: Mapping[str, tuple[Iterable[Event], int]],
+    standard_price: float | None = None,
+    preemptible_price: float | None = None,
+    now: datetime | None = None,
+) -> CostReport:
+    """A `CostReport` for runs given as ``{name: (events, gpus)}``."""
+    report = CostReport([], standard_price, preemptible_price)
+    for name, (events, gpus) in runs.items():
+        report.runs.append(run_cost(name, events, gpus, now))
+    return report

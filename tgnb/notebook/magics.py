@@ -1,0 +1,237 @@
+"""``%tg`` and ``%%tg``: a thin router from a line onto `tgnb.Session` and `tgnb.runs.Run`.
+
+``%load_ext tgnb`` registers the `Tg` magics. Each subcommand parses its line (``%tg NAME --help``
+shows how) and makes one call on the Python API; user errors (bad input, a run that does not exist, a
+`tgnb.errors.TgnbError`) become one-line IPython `UsageError`s without a traceback, and nothing is
+sent. Settings are traitlets: ``%config Tg.poll_interval = 2``, ``Tg.default_cluster``,
+``Tg.timezone`` (for displayed times), ``Tg.standard_price`` and ``Tg.preemptible_price``.
+
+This module is imported by ``%load_ext tgnb`` and must stay light: no torch, TRL, transformers,
+kubernetes or pandas at import time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from traitlets import Float, TraitError, Unicode, validate
+
+from tgnb.errors import TgnbError
+from tgnb.notebook import _api
+from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
+
+
+def _display(obj: Any) -> None:
+    from IPython.display import display
+
+    display(obj)
+
+
+@magics_class
+class Tg(Magics):
+    """The ``%tg`` magics. ``%tg --help`` lists the subcommands."""
+
+    poll_interval = Float(2.0, help="Seconds between polls of live displays and --wait.").tag(
+        config=True
+    )
+    default_cluster = Unicode("", help="Cluster name or id that `%tg attach` uses by default.").tag(
+        config=True
+    )
+    timezone = Unicode(
+        "UTC", help="Time zone of displayed times (IANA name, e.g. Europe/Paris)."
+    ).tag(config=True)
+    standard_price = Float(
+        None, allow_none=True, help="Price of one standard GPU-hour, for `%tg cost`."
+    ).tag(config=True)
+    preemptible_price = Float(
+        None, allow_none=True, help="Price of one preemptible GPU-hour, for `%tg cost`."
+    ).tag(config=True)
+
+    @validate("poll_interval")
+    def _check_poll(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if value <= 0:
+            raise TraitError(f"Tg.poll_interval must be > 0 seconds, got {value}: try 2")
+        return value
+
+    @validate("timezone")
+    def _check_tz(self, proposal: Any) -> str:
+        from zoneinfo import ZoneInfo
+
+        value = str(proposal["value"])
+        try:
+            ZoneInfo(value)
+        except (ValueError, KeyError, OSError):
+            raise TraitError(
+                f"Tg.timezone {value!r} is not a time zone: try 'UTC' or 'Europe/Paris'"
+            ) from None
+        return value
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self.session: Any = None
+        self._parsers = build()
+        self._handlers: dict[str, Callable[[Any, str | None], Any]] = {
+            name: getattr(self, f"_do_{name}") for name in self._parsers
+        }
+
+    # -- routing -------------------------------------------------------------------------------
+    def usage(self) -> str:
+        lines = ["%tg SUBCOMMAND [options]   (%tg SUBCOMMAND --help for each)", ""]
+        for name, parser in self._parsers.items():
+            lines.append(f"  {name:<9} {parser.description}")
+        return "\n".join(lines)
+
+    @line_cell_magic
+    def tg(self, line: str, cell: str | None = None) -> Any:
+        """Control tgnb clusters and runs: ``%tg --help`` lists the subcommands."""
+        import shlex
+
+        try:
+            words = shlex.split(line)
+        except ValueError as e:
+            raise UsageError(f"%tg: cannot split the line ({e}): check the quotes") from None
+        if not words or words[0] in ("-h", "--help", "help"):
+            print(self.usage())
+            return None
+        name, rest = words[0], words[1:]
+        parser = self._parsers.get(name)
+        if parser is None:
+            hint = nearest(name, list(self._parsers))
+            raise UsageError(f"%tg: unknown subcommand {name!r}{hint} (%tg --help lists them)")
+        if cell is not None and name != "launch":
+            raise UsageError(f"%%tg {name} takes no cell body: only %%tg launch has one (its YAML)")
+        try:
+            args, extras = parser.parse_known_args(rest)
+        except HelpShown as h:
+            print(h.text)
+            return None
+        if extras:
+            raise unknown_options(parser.prog, extras, parser)
+        try:
+            return self._handlers[name](args, cell)
+        except TgnbError as e:
+            raise UsageError(f"%tg {name}: {e}") from None
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _session(self) -> Any:
+        if self.session is None:
+            raise UsageError("no cluster attached: run %tg attach NAME (or %tg attach --local)")
+        return self.session
+
+    def _run(self, name: str) -> Any:
+        return _api.find_run(self._session(), name)
+
+    # -- subcommands ---------------------------------------------------------------------------
+    def _do_attach(self, args: Any, cell: str | None) -> Any:
+        target = args.cluster or self.default_cluster or None
+        self.session = _api.attach(target, local=args.local)
+        return self.session
+
+    def _do_clusters(self, args: Any, cell: str | None) -> Any:
+        return _api.clusters(self.session)
+
+    def _do_status(self, args: Any, cell: str | None) -> Any:
+        return self._session().status()
+
+    def _do_scale(self, args: Any, cell: str | None) -> Any:
+        session = self._session()
+        if not args.wait:
+            return _api.scale(session, args.preemptible, wait=False)
+        from tgnb.notebook.widgets import ClusterPanel
+
+        panel = ClusterPanel(session, poll_interval=self.poll_interval, start=False)
+        _display(panel)
+        timeout = args.timeout.total_seconds() if args.timeout else None
+        return _api.scale(
+            session, args.preemptible, wait=True, timeout=timeout, callback=panel.update
+        )
+
+    def _do_launch(self, args: Any, cell: str | None) -> Any:
+        from tgnb.notebook._launch import launch_request
+
+        algorithm, options = launch_request(args, cell)
+        run = self._session().launch(algorithm, **options)
+        if args.out:
+            if not args.out.isidentifier():
+                raise UsageError(f"-o {args.out!r} is not a Python name: try -o run1")
+            self.shell.user_ns[args.out] = run  # type: ignore[union-attr]
+        return run
+
+    def _do_runs(self, args: Any, cell: str | None) -> Any:
+        return _api.runs_table(self._session().runs())
+
+    def _do_watch(self, args: Any, cell: str | None) -> Any:
+        from tgnb.notebook.widgets import RunPanel
+
+        return RunPanel(self._run(args.run), poll_interval=self.poll_interval)
+
+    def _do_logs(self, args: Any, cell: str | None) -> None:
+        run = self._run(args.run)
+        if not args.follow:
+            print("\n".join(run.logs()))
+            return
+        try:
+            for line in run.follow(poll=min(self.poll_interval, 0.5)):
+                print(line, flush=True)
+        except KeyboardInterrupt:
+            print("(stopped following; the run goes on)")
+
+    def _do_stop(self, args: Any, cell: str | None) -> None:
+        run = self._run(args.run)
+        run.stop()
+        print(f"stop requested for run {run.name}")
+
+    def _do_events(self, args: Any, cell: str | None) -> Any:
+        session = self._session()
+        since = _api.since(args.since)
+        events = _api.filter_events(session.events(since=since), args.node, args.run)
+        if args.timeline:
+            from tgnb.notebook.timeline import EventTimeline
+
+            return EventTimeline(events, tz=self.timezone)
+        print(_api.events_text(events, self.timezone))
+        if not args.watch:
+            return None
+        seen = {e.key for e in events}
+        try:
+            while True:
+                time.sleep(self.poll_interval)
+                fresh = [
+                    e
+                    for e in _api.filter_events(session.events(since=since), args.node, args.run)
+                    if e.key not in seen
+                ]
+                seen.update(e.key for e in fresh)
+                if fresh:
+                    print(_api.events_text(fresh, self.timezone, header=False), flush=True)
+        except KeyboardInterrupt:
+            return None
+
+    def _do_preempt(self, args: Any, cell: str | None) -> Any:
+        return _api.preempt(self._session(), args.node)
+
+    def _do_cost(self, args: Any, cell: str | None) -> Any:
+        return _api.cost(self._session(), self.standard_price, self.preemptible_price)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%tg``/``%%tg`` and make ``%config Tg.*`` reach them."""
+    magics = Tg(shell=ipython)
+    ipython.register_magics(magics)
+    if magics not in ipython.configurables:
+        ipython.configurables.append(magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove the ``%tg`` magics."""
+    ipython.magics_manager.magics["line"].pop("tg", None)
+    ipython.magics_manager.magics["cell"].pop("tg", None)
+    ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, Tg)]
+
+
+__all__ = ["Tg", "load_ipython_extension", "unload_ipython_extension"]
