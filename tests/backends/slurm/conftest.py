@@ -60,7 +60,9 @@ def slurm() -> Iterator[str]:
     started = False
     if not _answers():
         if shutil.which("slurmctld") is None and not Path("/usr/sbin/slurmctld").exists():
-            _unavailable("slurmctld is not installed (apt-get install slurmctld slurmd slurm-client munge)")
+            _unavailable(
+                "slurmctld is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+            )
         if os.geteuid() != 0:
             _unavailable("starting slurmctld/slurmd needs root")
         proc = subprocess.run(

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Stands in for `python -m tgnb.train CONFIG --run-dir DIR` in the Slurm plumbing tests only (the
 # training tests use the real runtime): it writes RunStarted/RunExited events like the runtime,
-# prints what the job sees, and sleeps for `sleep:` seconds from the config.
+# prints what the job sees, sleeps for `sleep:` seconds from the config, and on the first run
+# exits with `first_exit:` when given (75: checkpointed after a drain notice).
 # Called as: fake_train.sh -m tgnb.train CONFIG --run-dir DIR
 config=$3
 run_dir=$5
@@ -13,6 +14,11 @@ printf '{"time": "%s", "source": "run", "reason": "RunStarted", "data": {"restar
 trap 'echo "fake-train: TERM"; exit 75' TERM
 sleep "${sleep_s:-1}" &
 wait $!
+first_exit=$(sed -n 's/^first_exit: *//p' "$config")
+if [ -n "$first_exit" ] && [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then
+  echo "fake-train: exiting $first_exit on the first run"
+  exit "$first_exit"
+fi
 printf '{"time": "%s", "source": "run", "reason": "RunExited", "data": {"exit_code": 0}}\n' \
   "$(now)" >>"$run_dir/events.jsonl"
 echo "fake-train: done"

@@ -63,11 +63,15 @@ def test_golden(case: str) -> None:
     path = GOLDEN / f"{case}.sbatch"
     if os.environ.get("TGNB_UPDATE_GOLDEN"):
         path.write_text(script, encoding="utf-8")
-    assert script == path.read_text(encoding="utf-8"), f"regenerate with TGNB_UPDATE_GOLDEN=1: {path}"
+    assert script == path.read_text(encoding="utf-8"), (
+        f"regenerate with TGNB_UPDATE_GOLDEN=1: {path}"
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_script_is_valid_bash_and_holds_no_secret(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_script_is_valid_bash_and_holds_no_secret(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
     monkeypatch.setenv("MY_HF_TOKEN", SECRET_VALUE)
     spec = CASES[case]
@@ -89,7 +93,7 @@ def test_directives_follow_the_seed() -> None:
 
     elastic = render_script(CASES["elastic_multi_node"], "/runs/b")
     assert "#SBATCH --nodes=2-4" in elastic
-    assert "--rdzv_id=\"$SLURM_JOB_ID\"" in elastic
+    assert '--rdzv_id="$SLURM_JOB_ID"' in elastic
     assert "--rdzv_backend=c10d" in elastic
     assert '--rdzv_endpoint="$MASTER_ADDR:29500"' in elastic
     assert "--nproc_per_node=8" in elastic

@@ -142,7 +142,10 @@ class CommandRunner:
             raise BackendError(self._missing_message(missing))
         ping = self.run(["scontrol", "ping"], check=False, timeout=min(self.timeout, 30.0))
         if ping.returncode != 0 or "UP" not in ping.stdout:
-            detail = _last_line(ping.stdout) or _last_line(ping.stderr) or "no answer"
+            lines = (ping.stdout + "\n" + ping.stderr).strip().splitlines()
+            detail = next(
+                (x.strip() for x in lines if "Slurmctld" in x or "error" in x), "no answer"
+            )
             raise BackendError(
                 f"the Slurm controller does not answer {self.where} ({detail}): start slurmctld "
                 "(.ci/slurm-up on a test machine) or check SlurmctldHost in slurm.conf"

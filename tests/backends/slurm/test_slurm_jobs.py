@@ -1,0 +1,135 @@
+"""The Slurm backend against a real slurmctld/slurmd (started by `.ci/slurm-up`).
+
+The training runtime is replaced here by ``fake_train.sh`` (a few lines of bash that write the
+runtime's start/exit events and sleep), so these tests exercise only the Slurm plumbing: the
+rendered script, sbatch, scontrol, requeue, logs and events. test_slurm_training.py runs the real
+runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tgnb.backends.base import JobState, JobStatus, Resources, RunSpec, SecretRef
+from tgnb.backends.slurm import SlurmBackend
+
+FAKE_TRAIN = str(Path(__file__).with_name("fake_train.sh"))
+TOKEN = "tok-not-in-any-file-8731"
+pytestmark = pytest.mark.slurm
+
+
+def wait_for(
+    backend: SlurmBackend, job: str, ok: Callable[[JobStatus], bool], timeout: float
+) -> JobStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = backend.status(job)
+        if ok(st):
+            return st
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job} never reached the expected state; last {st}")
+        time.sleep(0.5)
+
+
+def make_backend(tmp_path: Path) -> SlurmBackend:
+    return SlurmBackend(
+        runs_root=tmp_path / "runs", gres=False, python=FAKE_TRAIN, poll_seconds=0.5
+    )
+
+
+def spec(name: str, **train: object) -> RunSpec:
+    return RunSpec(
+        name=name,
+        train=train,
+        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        env={"TGNB_TEST": "1"},
+        secrets={"TGNB_TEST_TOKEN": SecretRef(name="token", env="TGNB_TEST_TOKEN_SRC")},
+    )
+
+
+def test_submit_follow_to_completion(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TGNB_TEST_TOKEN_SRC", TOKEN)
+    backend = make_backend(tmp_path)
+    job = backend.submit(spec("plumbing", sleep=1))
+    cleanup_jobs.append(job)
+    lines = list(backend.logs(job, follow=True))
+    st = backend.status(job)
+    assert st.state is JobState.SUCCEEDED, (st, lines)
+    assert st.exit_code == 0 and st.restart_count == 0
+    assert st.nodes == (slurm,)
+    assert f"fake-train restart=0 node={slurm} token_set=yes" in lines
+    assert "fake-train: done" in lines
+    run_dir = Path(backend.run_dir(job))
+    assert run_dir == tmp_path / "runs" / "plumbing"
+    for f in ("job.sbatch", "config.yaml", f"slurm-{job}.out"):
+        assert TOKEN not in (run_dir / f).read_text()
+    assert [e.reason for e in backend.events(job)] == ["RunStarted", "RunExited"]
+
+
+def test_requeue_restarts_with_count_one(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TGNB_TEST_TOKEN_SRC", TOKEN)
+    backend = make_backend(tmp_path)
+    job = backend.submit(spec("requeue", sleep=6))
+    cleanup_jobs.append(job)
+    wait_for(backend, job, lambda s: s.state is JobState.RUNNING, 60)
+    time.sleep(1)  # let the step start, so the requeue has something to stop
+    backend.requeue(job)
+    st = wait_for(backend, job, lambda s: s.restart_count >= 1, 30)
+    assert st.state in (JobState.REQUEUED, JobState.RUNNING), st
+    assert backend.restart_count(job) == 1
+    final = backend.wait(job, timeout=120)
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, final
+    log = "\n".join(backend.logs(job))
+    assert "fake-train restart=0" in log and "fake-train restart=1" in log
+    assert f"tgnb: job {job} requeued (restart 1)" in log
+    restarts = [e.data["restart"] for e in backend.events(job) if e.reason == "RunStarted"]
+    assert restarts == [0, 1]
+
+
+def test_exit_75_requeues_itself(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that checkpointed after a drain notice exits 75: the script requeues its own job."""
+    monkeypatch.setenv("TGNB_TEST_TOKEN_SRC", TOKEN)
+    backend = make_backend(tmp_path)
+    job = backend.submit(spec("self-requeue", sleep=1, first_exit=75))
+    cleanup_jobs.append(job)
+    final = backend.wait(job, timeout=120)
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, final
+    log = "\n".join(backend.logs(job))
+    assert f"requeued job {job}" in log
+
+
+def test_cancel(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TGNB_TEST_TOKEN_SRC", TOKEN)
+    backend = make_backend(tmp_path)
+    job = backend.submit(spec("cancel", sleep=60))
+    cleanup_jobs.append(job)
+    wait_for(backend, job, lambda s: s.state is JobState.RUNNING, 60)
+    backend.cancel(job)
+    st = wait_for(backend, job, lambda s: s.state.finished, 60)
+    assert st.state is JobState.CANCELLED
+
+
+def test_missing_secret_is_refused_before_submitting(
+    slurm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tgnb.errors import ValidationError
+
+    monkeypatch.delenv("TGNB_TEST_TOKEN_SRC", raising=False)
+    backend = make_backend(tmp_path)
+    with pytest.raises(ValidationError, match="TGNB_TEST_TOKEN_SRC"):
+        backend.submit(spec("nosecret", sleep=1))
+    assert not (tmp_path / "runs" / "nosecret").exists()
+    assert os.environ.get("TGNB_TEST_TOKEN_SRC") is None
