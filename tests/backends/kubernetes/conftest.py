@@ -55,6 +55,9 @@ class FakeApiServer:
             created = json.loads(json.dumps(req.body))
             created.setdefault("metadata", {}).update(uid="u-1", resourceVersion="1")
             return 201, created
+        if req.method == "DELETE" and "/services/" in req.path:  # the API answers with the object
+            name = req.path.rsplit("/", 1)[-1]
+            return 200, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}}
         if req.method == "DELETE":
             return 200, status_body(200, "Success", "deleted")
         return 404, status_body(404, "NotFound", f"{req.path} not found")
@@ -126,7 +129,7 @@ def fake_api() -> Iterator[FakeApiServer]:
     server = FakeApiServer()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     try:

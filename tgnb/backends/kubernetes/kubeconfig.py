@@ -58,7 +58,8 @@ def decode_kube_config(kube_config: str | bytes | None, cluster: str = "") -> di
 
 
 def _looks_like_yaml(text: str) -> bool:
-    return text.startswith(("apiVersion:", "kind:", "clusters:", "---", "{")) or "\n" in text
+    """Base64 has no ':' (a kubeconfig's YAML always has); both may be wrapped over lines."""
+    return ":" in text
 
 
 def _register_credentials(data: Mapping[str, Any]) -> None:
