@@ -14,6 +14,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "emulator": ("tgnb.emulator.cli", "start, stop, inspect or serve the local emulated cluster"),
     "train": ("tgnb.train.cli", "run a GRPO or DPO training job from a YAML config"),
+    "demo": ("tgnb.demo", "the main job on the local emulator: preempt a run, watch it resume"),
 }
 
 

@@ -177,6 +177,37 @@ class Run:
             df = df.sort_values("step", kind="stable").reset_index(drop=True)
         return df
 
+    def summary(self) -> dict[str, Any]:
+        """What the run achieved: steps done against max_steps, steps lost to preemptions (steps
+        done but not in the checkpoint a restart resumed from), restarts, first and last reward."""
+        rows = self.records("metrics")
+        evs = self.run_events()
+        max_steps = self._record.spec.train.get("max_steps")
+        steps = [int(r["step"]) for r in rows if "step" in r]
+        lost = 0
+        for ev in evs:
+            if ev.reason != "RunResumed" or "step" not in ev.data:
+                continue
+            before = [
+                int(r["step"])
+                for r in rows
+                if "step" in r and float(r.get("time", 0)) < ev.time.timestamp()
+            ]
+            lost += max(0, max(before, default=0) - int(ev.data["step"]))
+        key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
+        rewards = [float(r[key]) for r in rows if key and r.get(key) is not None]
+        return {
+            "run": self.name,
+            "state": self.refresh().state.value,
+            "steps": max(steps, default=0),
+            "max_steps": max_steps,
+            "steps_lost": lost,
+            "restarts": self._record.restart_count,
+            "reward_key": key,
+            "reward_first": rewards[0] if rewards else None,
+            "reward_last": rewards[-1] if rewards else None,
+        }
+
     def run_events(self) -> list[Event]:
         """The run's own events (runtime and supervisor), oldest first."""
         path = self._file("events.jsonl")
