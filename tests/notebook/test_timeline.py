@@ -138,6 +138,6 @@ def test_ten_thousand_events_are_merged_and_culled(seed: int) -> None:
     tl = EventTimeline(events, now=at(86_400), max_lanes=30)
     assert sum(tl.hidden.values()) == 90
     root = ET.fromstring(tl.to_svg())
-    markers = [g for g in root.iter(f"{SVG}g") if (g.get("class") or "").startswith("marker")]
-    assert 0 < len(markers) < 10_000
+    markers = [g for g in root.iter() if (g.get("class") or "").startswith("marker")]
+    assert 0 < len(markers) <= 2_500
     assert root.find(f".//{SVG}text[@class='hidden-lanes']") is not None

@@ -7,6 +7,7 @@ are drawn once with a count, so the element count is bounded by lanes x width, n
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ _RIGHT = 24
 _LANE_H = 18
 _GAP = 4
 _BUCKET_PX = 3.0
+#: At most about this many marker elements in one drawing (buckets widen to fit).
+_MARKER_BUDGET = 2500
 #: Drawing order of span kinds: lifetimes under runs under drain windows.
 _ORDER = {"standard": 0, "preemptible": 0, "run": 0, "occupied": 1, "drain": 2}
 _STEPS: tuple[int, ...] = (
@@ -64,18 +67,32 @@ def _merge_spans(spans: list[Span], scale: float) -> list[Span]:
     return out
 
 
-def _bucket_markers(markers: list[Marker], x_of: object) -> list[tuple[float, Marker]]:
-    """One marker per (reason, pixel bucket); the first one's label, the sum of counts."""
+def _bucket_markers(
+    markers: list[Marker], x_of: Callable[[float], float], px: float
+) -> list[tuple[float, Marker]]:
+    """One marker per (reason, `px`-wide pixel bucket); the first one's label, the sum of counts."""
     buckets: dict[tuple[str, int], tuple[float, Marker]] = {}
     for m in markers:
-        x = x_of(m.time)  # type: ignore[operator]
-        key = (m.reason, int(x // _BUCKET_PX))
+        x = x_of(m.time)
+        key = (m.reason, int(x // px))
         got = buckets.get(key)
         if got is None:
             buckets[key] = (x, Marker(m.time, m.reason, m.label, m.count))
         else:
             got[1].count += m.count
     return list(buckets.values())
+
+
+def _all_markers(
+    tl: EventTimeline, x_of: Callable[[float], float]
+) -> list[list[tuple[float, Marker]]]:
+    """Bucketed markers of every lane; buckets widen until the total fits `_MARKER_BUDGET`."""
+    px = _BUCKET_PX
+    while True:
+        lanes = [_bucket_markers(lane.markers, x_of, px) for lane in tl.lanes]
+        if sum(len(b) for b in lanes) <= _MARKER_BUDGET or px >= 48:
+            return lanes
+        px *= 2
 
 
 def _ticks(lo: float, hi: float, target: int) -> tuple[list[float], int]:
@@ -100,6 +117,14 @@ def _shape(kind: str, x: float, y: float, color: str, r: float = 4.5) -> str:
     return f'<polygon points="{pts}" fill="{color}"/>'
 
 
+def _symbols() -> str:
+    """One ``<g id="tgnb-m-REASON">`` per marker kind, drawn at the origin and placed by ``<use>``."""
+    return "".join(
+        f'<g id="tgnb-m-{reason}">{_shape(shape, 0, 0, color)}</g>'
+        for reason, (shape, color) in _MARKER_STYLE.items()
+    )
+
+
 def render(tl: EventTimeline) -> str:
     lo, hi = tl.bounds()
     pad = (hi - lo) * 0.02
@@ -116,12 +141,14 @@ def render(tl: EventTimeline) -> str:
     plot_h = n_rows * (_LANE_H + _GAP)
     height = top + plot_h + 60
     out: list[str] = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="tgnb-timeline" width="{tl.width}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+        f'class="tgnb-timeline" width="{tl.width}" '
         f'height="{height}" viewBox="0 0 {tl.width} {height}" '
         'font-family="sans-serif" font-size="11">',
         '<defs><pattern id="tgnb-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#d62728" fill-opacity="0.25"/>'
-        '<line x1="0" y1="0" x2="0" y2="6" stroke="#d62728" stroke-width="2"/></pattern></defs>',
+        '<line x1="0" y1="0" x2="0" y2="6" stroke="#d62728" stroke-width="2"/></pattern>'
+        f"{_symbols()}</defs>",
         f'<rect width="{tl.width}" height="{height}" fill="white"/>',
     ]
     if tl.title:
@@ -144,6 +171,8 @@ def render(tl: EventTimeline) -> str:
             f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle" fill="#555">{label}</text>'
         )
 
+    when = tl.short_time if hi - lo < 86400 else tl.format_time
+    bucketed = _all_markers(tl, x_of)
     for i, lane in enumerate(lanes):
         y_lane: float = top + i * (_LANE_H + _GAP)
         mid = y_lane + _LANE_H / 2
@@ -161,18 +190,17 @@ def render(tl: EventTimeline) -> str:
             opacity = (
                 ' fill-opacity="0.55"' if s.open and s.kind in ("standard", "preemptible") else ""
             )
-            when = f"{tl.format_time(s.start)} → {tl.format_time(s.end)}"
-            title = html.escape(f"{s.label} {when}".strip())
+            title = html.escape(f"{s.label} {when(s.start)} → {when(s.end)}".strip())
             out.append(
                 f'<rect class="span {s.kind}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
                 f'fill="{_SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
             )
-        for x, m in sorted(_bucket_markers(lane.markers, x_of), key=lambda p: p[0]):
-            shape, color = _MARKER_STYLE.get(m.reason, ("circle", "#555"))
+        for x, m in sorted(bucketed[i], key=lambda p: p[0]):
             count = f" ×{m.count}" if m.count > 1 else ""
+            ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
             out.append(
-                f'<g class="marker {m.reason}"><title>{m.label}{count} at '
-                f"{html.escape(tl.format_time(m.time))}</title>{_shape(shape, x, mid, color)}</g>"
+                f'<use class="marker {m.reason}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
+                f'y="{mid:.1f}"><title>{m.label}{count} at {html.escape(when(m.time))}</title></use>'
             )
         out.append("</g>")
     if tl.hidden:

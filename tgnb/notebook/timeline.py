@@ -276,7 +276,12 @@ class EventTimeline:
             fh.write(text)
 
     def format_time(self, t: float) -> str:
+        """`t` (POSIX seconds) as a date and time in the display time zone."""
         return datetime.fromtimestamp(t, self.tz).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    def short_time(self, t: float) -> str:
+        """`t` as a time of day in the display time zone."""
+        return datetime.fromtimestamp(t, self.tz).strftime("%H:%M:%S")
 
 
 def _describe(e: Event) -> str:
