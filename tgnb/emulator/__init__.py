@@ -1,1 +1,17 @@
-"""tgnb.emulator"""
+"""tgnb.emulator: a Together-compatible clusters API with an emulated preemptible fleet.
+
+Served for real by uvicorn on 127.0.0.1 (the official SDK and the ``tg`` CLI work against it
+through ``TOGETHER_BASE_URL=http://127.0.0.1:<port>``, no ``/v1``), run as a daemon
+(``tgnb emulator start|stop|status|serve``) whose state persists under ``$TGNB_HOME/emulator``.
+
+- `tgnb.emulator.models`: cluster and node state, the SDK's ``Cluster`` JSON shape;
+- `tgnb.emulator.fleet`: provisioning toward the target, preemption, drain window, the file
+  contract for the workload plane (``state/nodes/<node>/preemption-notice.json``, ``removed.json``);
+- `tgnb.emulator.app`: the HTTP routes, key check, chaos, request log and admin endpoints;
+- `tgnb.emulator.daemon` / `tgnb.emulator.cli`: start, stop, status, serve;
+- `tgnb.emulator.testing`: `running_emulator(home, **knobs)` for tests.
+"""
+
+from tgnb.emulator.daemon import EmulatorStatus, ServeOptions, start, status, stop
+
+__all__ = ["EmulatorStatus", "ServeOptions", "start", "status", "stop"]

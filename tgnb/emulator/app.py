@@ -12,7 +12,8 @@ that ends in ``/v1`` also works: the app drops a doubled leading ``/v1`` (``/v1/
 
 Emulator-only admin routes under ``/_emulator/`` (same key; never subject to chaos, never logged):
 ``GET health``, ``GET clusters/{id}/nodes``, ``POST clusters/{id}/preempt`` (``{"node": name}``,
-optional), ``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
+optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early),
+``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
 (``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log).
 
 Chaos: a seeded fraction of ``/v1`` requests is answered with 429 or 503 (with a short
@@ -265,6 +266,10 @@ class EmulatorApp:
         node = (body or {}).get("node")
         return self.fleet.preempt(request.path_params["cluster_id"], node)
 
+    async def release(self, request: Request, body: Any) -> Any:
+        p = request.path_params
+        return self.fleet.release(p["cluster_id"], p["node"])
+
     async def chaos_get(self, request: Request, body: Any) -> Any:
         return self.chaos.to_dict()
 
@@ -319,6 +324,11 @@ class EmulatorApp:
             Route("/_emulator/clusters/{cluster_id}/nodes", admin(self.nodes), methods=["GET"]),
             Route(
                 "/_emulator/clusters/{cluster_id}/preempt", admin(self.preempt), methods=["POST"]
+            ),
+            Route(
+                "/_emulator/clusters/{cluster_id}/nodes/{node}/release",
+                admin(self.release),
+                methods=["POST"],
             ),
             Route("/_emulator/chaos", admin(self.chaos_get), methods=["GET"]),
             Route("/_emulator/chaos", admin(self.chaos_set), methods=["POST"]),

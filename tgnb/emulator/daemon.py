@@ -123,6 +123,16 @@ def api_key(home: Path, explicit: str | None = None) -> str:
     return key
 
 
+def _saved_key(eh: Path) -> str | None:
+    """The key the running daemon uses (its file; the environment is only read at start)."""
+    try:
+        key = (eh / "api_key").read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    register_secret(key)
+    return key or None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -151,7 +161,7 @@ def status(home: Path | None = None, timeout: float = 3.0) -> EmulatorStatus:
     info = _read_server(eh)
     if not info or not _alive(int(info.get("pid", 0))):
         return EmulatorStatus(running=False, home=eh)
-    key = api_key(eh) if (eh / "api_key").exists() else None
+    key = _saved_key(eh)
     port = int(info["port"])
     try:
         r = httpx.get(

@@ -201,7 +201,9 @@ class Fleet:
         return changed
 
     def _draw_preemption(self, c: ClusterState, n: NodeState) -> float:
-        rng = random.Random(f"{self.config.seed}:{c.cluster_id}:{n.name}")
+        # keyed by what a replayed scenario reproduces (not the random cluster id)
+        ordinal = n.name.rsplit("-", 1)[-1]
+        rng = random.Random(f"{self.config.seed}:{c.cluster_name}:{n.kind}:{ordinal}")
         hours = rng.expovariate(self.config.preemption_rate)
         return n.ready_at + self.config.real(hours * 3600.0)
 
@@ -455,6 +457,26 @@ class Fleet:
                     raise RequestError(409, 9, f"node {node!r} is {found.state}, not running")
                 n = found
             self._notify(c, n, self.clock())
+            return self._node_view(c, n)
+
+    def release(self, cluster_id: str, node: str) -> dict[str, Any]:
+        """Remove a draining node before its deadline (what was running on it has exited).
+
+        The platform reclaims a node as soon as its pods exit; a local backend calls this when
+        every process it ran on `node` is gone. The removal reason stays ``TogetherPreempted``.
+        """
+        self.advance()
+        with self._changing():
+            c = self._get(cluster_id)
+            n = c.node(node)
+            if n is None or n.state == REMOVED:
+                raise RequestError(404, NOT_FOUND, f"node {node!r} not found in {cluster_id}")
+            if n.state != DRAINING:
+                raise RequestError(
+                    409, 9, f"node {node!r} is {n.state}; only a draining node is released"
+                )
+            self._remove(c, n, self.clock(), PREEMPTED)
+            self._reconcile(c, self.clock())
             return self._node_view(c, n)
 
     def set_capacity(self, gpus: int | None, cluster_id: str | None = None) -> dict[str, Any]:

@@ -78,6 +78,10 @@ class EmulatorHandle:
         body = {"node": node} if node else {}
         return dict(self._call("POST", f"/_emulator/clusters/{cluster_id}/preempt", json=body))
 
+    def release(self, cluster_id: str, node: str) -> dict[str, Any]:
+        """End a draining node's window now (its workload has exited); it is removed at once."""
+        return dict(self._call("POST", f"/_emulator/clusters/{cluster_id}/nodes/{node}/release"))
+
     def requests(self) -> list[dict[str, Any]]:
         """The request log: every /v1 and /v3 request (method, path, query, status, body, chaos)."""
         return list(self._call("GET", "/_emulator/requests")["requests"])
