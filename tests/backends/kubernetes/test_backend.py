@@ -412,27 +412,102 @@ def test_events_preemption_notices_of_the_runs_nodes_and_run_records(
             "firstTimestamp": "2026-11-29T19:01:59Z",
         }
 
-    events = [
-        event("e1", "gpu-preemptible-dp-1"),
-        event("e2", "gpu-preemptible-dp-9"),
-        event("e3", "gpu-preemptible-dp-1", "Pod"),
-    ]
+    def scheduled(pod: str, node: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": f"{pod}.1", "namespace": NS},
+            "involvedObject": {"kind": "Pod", "name": pod},
+            "reason": "Scheduled",
+            "message": f"Successfully assigned {NS}/{pod} to {node}",
+            "type": "Normal",
+        }
+
+    def event_list(*items: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": list(items)}
+
+    # a pod of this run whose node was removed (the pod went with it), and a pod of another run
+    fake_api.route(
+        "GET",
+        f"/api/v1/namespaces/{NS}/events",
+        event_list(
+            scheduled("grpo-tiny-0-zzzzz", "gpu-preemptible-dp-3"),
+            scheduled("grpo-tiny-2-0-abcde", "gpu-preemptible-dp-9"),
+        ),
+    )
+    early = {**event("e4", "gpu-preemptible-dp-3"), "firstTimestamp": "2026-11-29T18:50:00Z"}
     fake_api.route(
         "GET",
         "/api/v1/events",
-        (200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": events}),
+        event_list(
+            event("e1", "gpu-preemptible-dp-1"),
+            event("e2", "gpu-preemptible-dp-9"),
+            event("e3", "gpu-preemptible-dp-1", "Pod"),
+            early,
+        ),
     )
     got = backend(api_client).events("grpo-tiny")
     (req,) = [r for r in fake_api.requests if r.path == "/api/v1/events"]
     assert req.query["fieldSelector"] == ["reason=TogetherPreemptionNotified"]
+    (sched,) = [r for r in fake_api.requests if r.path.endswith(f"{NS}/events")]
+    assert sched.query["fieldSelector"] == ["reason=Scheduled"]
     reasons = [(e.source, e.reason, e.node) for e in got]
     assert reasons == [
+        ("cluster", "TogetherPreemptionNotified", "gpu-preemptible-dp-3"),
         ("run", "RunStarted", None),
         ("cluster", "TogetherPreemptionNotified", "gpu-preemptible-dp-1"),
         ("run", "SignalReceived", None),
         ("run", "CheckpointSaved", None),
         ("run", "RunResumed", None),
     ]
-    notice = got[1]
+    notice = got[2]
     assert notice.run == "grpo-tiny" and "reclaimed" in notice.message
-    assert got[3].data == {"step": 7}
+    assert got[4].data == {"step": 7}
+
+
+def test_status_waiting_details(fake_api: Any, api_client: Any, k8s: Any) -> None:
+    """Fakes the API server (none can run here): a pod that cannot pull its image is pending
+    with the reason; a pod in its drain window still runs and says where it is terminating; one
+    index of two being replaced after a preemption is a requeue."""
+    pulling = k8s.pod(
+        "a-0-x", run="a", phase="Pending", waiting=("ImagePullBackOff", "Back-off pulling image")
+    )
+    serve(fake_api, k8s, k8s.job("a"), pulling)
+    st = backend(api_client).status("a")
+    assert (st.state, st.detail) == (JobState.PENDING, "ImagePullBackOff: Back-off pulling image")
+
+    draining = k8s.pod("b-0-x", run="b", terminating=True)
+    serve(fake_api, k8s, k8s.job("b"), draining)
+    st = backend(api_client).status("b")
+    assert (st.state, st.detail) == (JobState.RUNNING, "terminating on gpu-preemptible-dp-1")
+
+    serve(
+        fake_api,
+        k8s,
+        k8s.job("c", completions=2),
+        k8s.pod("c-0-x", run="c", index=0),
+        k8s.pod(
+            "c-1-x", run="c", index=1, phase="Failed", exit_code=1, node="gpu-preemptible-dp-2"
+        ),
+        k8s.pod(
+            "c-1-y",
+            run="c",
+            index=1,
+            phase="Pending",
+            node=None,
+            created="2026-11-29T19:05:00Z",
+            ignored=1,
+        ),
+    )
+    st = backend(api_client).status("c")
+    assert (st.state, st.restart_count, st.nodes) == (
+        JobState.REQUEUED,
+        1,
+        ("gpu-preemptible-dp-1",),
+    )
+
+
+def test_follow_ends_when_the_run_is_deleted(fake_api: Any, api_client: Any, k8s: Any) -> None:
+    """Fakes the API server (none can run here): the Job and its pods vanish (deleted elsewhere)
+    while following; following ends instead of failing."""
+    fake_api.route("GET", PODS, (200, k8s.pods()))
+    lines = list(backend(api_client).logs("gone", follow=True))
+    assert lines == []

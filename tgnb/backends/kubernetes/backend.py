@@ -13,6 +13,7 @@ lies on the shared volume claim inside the cluster and is not reachable from her
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -232,16 +233,22 @@ class KubernetesBackend:
                     continue
                 if not _started(pod):
                     if finished is None:
-                        finished = self.status(job_id).state.finished
+                        finished = self._finished(job_id)
                     if not finished:
                         break  # wait for it to start
                     continue
                 streamed.add(name)
                 yield from self._stream_log(name)
             else:
-                if self.status(job_id).state.finished:
+                if self._finished(job_id):
                     return
             time.sleep(self.poll_interval)
+
+    def _finished(self, job_id: str) -> bool:
+        try:
+            return self.status(job_id).state.finished
+        except NotFoundError:  # deleted meanwhile: nothing more will be logged
+            return True
 
     def _index_pods(self, job_id: str, index: int) -> list[Any]:
         return [p for p in self._pods(job_id) if index_of(p) == index]
@@ -289,7 +296,7 @@ class KubernetesBackend:
         run's own records found in its pods' logs (the ``events.jsonl`` on the claim is not
         reachable from here; pods whose node was removed take their logs with them)."""
         pods = self._pods(job_id)
-        nodes = self._nodes_seen.get(job_id, set())
+        nodes = self._nodes_seen.get(job_id, set()) | self._scheduled_nodes(job_id)
         out: list[Event] = []
         try:
             found = self.core.list_event_for_all_namespaces(
@@ -314,6 +321,31 @@ class KubernetesBackend:
         for pod in pods:
             out.extend(run_records(_split(self._read_log(pod)), job_id))
         return dedupe(out)
+
+    def _scheduled_nodes(self, job_id: str) -> set[str]:
+        """Nodes the run's pods were assigned to, from the namespace's ``Scheduled`` events: a
+        pod whose node was removed is deleted with it, its scheduling event outlives it (for the
+        cluster's event retention, an hour by default)."""
+        try:
+            found = self.core.list_namespaced_event(
+                self.namespace, field_selector="reason=Scheduled"
+            )
+        except Exception as exc:
+            raise _error(exc, "list the pods' scheduling events") from None
+        nodes = set()
+        own_pod = re.compile(rf"^{re.escape(job_id)}-\d+-[a-z0-9]+$")
+        for item in found.items or []:
+            obj = item.involved_object
+            if obj is None or obj.kind != "Pod" or not own_pod.match(obj.name or ""):
+                continue
+            match = _ASSIGNED.search(item.message or "")
+            if match:
+                nodes.add(match.group(1))
+        self._nodes_seen.setdefault(job_id, set()).update(nodes)
+        return nodes
+
+
+_ASSIGNED = re.compile(r" to (\S+)$")
 
 
 def run_records(lines: Iterator[str] | list[str], run: str) -> list[Event]:
