@@ -26,22 +26,36 @@ class FakeClusters:
         self.records = {r["cluster_id"]: r for r in records}
         self.fail_next: list[int] = []  # status codes to answer before serving normally
         self.apply_before_failing = False
+        self.fail_method: str | None = None  # fail only requests with this method
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        if self.fail_next:
+        if self.fail_next and self.fail_method in (None, request.method):
             code = self.fail_next.pop(0)
             if request.method == "PUT" and self.apply_before_failing:
                 self._apply(path, request)
+            if request.method == "POST" and self.apply_before_failing:
+                self._create(request)
             return httpx.Response(code, json={"code": 14, "message": "unavailable", "details": []})
         if request.method == "GET" and path == "/v1/compute/clusters":
             return httpx.Response(200, json={"clusters": list(self.records.values())})
+        if request.method == "POST":
+            return httpx.Response(200, json=self._create(request))
         cid = path.rsplit("/", 1)[-1]
         if cid not in self.records:
             return httpx.Response(404, json={"code": 5, "message": f"cluster {cid} not found"})
         if request.method == "PUT":
             self._apply(path, request)
         return httpx.Response(200, json=self.records[cid])
+
+    def _create(self, request: httpx.Request) -> dict[str, Any]:
+        body = json.loads(request.content)
+        cid = f"c-{len(self.records) + 1}"
+        rec = dict(next(iter(self.records.values())), cluster_id=cid)
+        rec["cluster_name"] = body["cluster_name"]
+        rec["desired_preemptible_gpus"] = body.get("num_preemptible_gpus", 0)
+        self.records[cid] = rec
+        return rec
 
     def _apply(self, path: str, request: httpx.Request) -> None:
         cid = path.rsplit("/", 1)[-1]
@@ -197,3 +211,60 @@ def test_delete_and_transient_reads(mock_cloud: Any, api: FakeClusters) -> None:
     assert cloud.attach("c-1").id == "c-1"  # retried by the policy
     cloud.delete("c-1")
     assert ("DELETE", "/v1/compute/clusters/c-1", None) in rec.requests
+
+
+def test_create_sends_the_body_once_and_adopts_after_a_lost_answer(
+    mock_cloud: Any, api: FakeClusters
+) -> None:
+    """The POST went through but its answer was lost: tgnb lists, finds it, does not resend."""
+    cloud, rec = mock_cloud(api)
+    api.fail_next = [503]
+    api.fail_method = "POST"
+    api.apply_before_failing = True
+    cluster = cloud.create("fresh", preemptible=8, cluster_type="SLURM")
+    assert cluster.name == "fresh" and cluster.last.desired_preemptible_gpus == 8
+    posts = [r for r in rec.mutating if r[0] == "POST"]
+    assert len(posts) == 1
+    assert posts[0][2]["num_preemptible_gpus"] == 8 and posts[0][2]["project_id"] == "proj-1"
+    assert posts[0][2]["cluster_type"] == "SLURM"
+
+
+def test_create_resends_when_not_created(mock_cloud: Any, api: FakeClusters) -> None:
+    cloud, rec = mock_cloud(api)
+    api.fail_next = [429]
+    api.fail_method = "POST"
+    assert cloud.create("fresh").name == "fresh"
+    assert [r[0] for r in rec.mutating] == ["POST", "POST"]
+    assert sum(r["cluster_name"] == "fresh" for r in api.records.values()) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"num_gpus": 12}, "try 8 or 16"),
+        ({"preemptible": 12}, "try 8 or 16"),
+        ({"cluster_type": "NOMAD"}, "KUBERNETES or SLURM"),
+    ],
+)
+def test_create_checks_before_sending(
+    mock_cloud: Any, api: FakeClusters, kwargs: dict[str, Any], fragment: str
+) -> None:
+    cloud, rec = mock_cloud(api)
+    with pytest.raises(errors.ValidationError, match=fragment):
+        cloud.create("fresh", **kwargs)
+    assert rec.requests == []
+
+
+def test_events_since_accepts_strings(mock_cloud: Any, api: FakeClusters) -> None:
+    cloud, _ = mock_cloud(api)
+    api.records["c-1"]["node_lifecycle_events"] = [
+        {
+            "node_id": "n",
+            "reason": "TogetherNodeAdded",
+            "message": "",
+            "timestamp": "2026-11-29T10:05:00Z",
+        }
+    ]
+    cluster = cloud.attach("c-1")
+    assert len(cluster.events(since="2026-11-29T10:05:00Z")) == 1
+    assert cluster.events(since="2026-11-29T10:05:01+00:00") == []

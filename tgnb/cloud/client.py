@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from tgnb.config import Settings, register_secret, scrub
 from tgnb.errors import (
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: The Together API's root (the SDK's own default).
+DEFAULT_BASE_URL = "https://api.together.ai"
 #: Default seconds the SDK waits for one HTTP answer (the SDK's own default is 60 s).
 DEFAULT_TIMEOUT = 30.0
 #: Default retries the SDK itself makes for 408/409/429/5xx and timeouts (3 tries in all).
@@ -71,7 +73,8 @@ def make_client(
 
     return Together(
         api_key=key,
-        base_url=normalize_base_url(settings.base_url),
+        # explicit, so the SDK does not read TOGETHER_BASE_URL behind the settings' back
+        base_url=normalize_base_url(settings.base_url) or DEFAULT_BASE_URL,
         project_id=settings.project_id,
         timeout=timeout,
         max_retries=max_retries,
@@ -192,6 +195,22 @@ def translate(
     return _make(ApiError, f"the SDK failed while trying to {what}: {exc}")
 
 
+def raise_translated(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
+    """Raise `translate(exc)`; an authentication error drops the SDK exception from its chain
+    (its text may quote the server's answer)."""
+    err = translate(exc, what, base_url)
+    if isinstance(err, AuthenticationError):
+        raise err from None
+    raise err from exc
+
+
+def is_sdk_error(exc: BaseException) -> bool:
+    """Whether `exc` comes from the ``together`` SDK."""
+    import together
+
+    return isinstance(exc, together.TogetherError)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether trying again may help: 408/409/429/5xx, timeouts, connection errors."""
     import together
@@ -234,19 +253,10 @@ class RetryPolicy:
             except TgnbError:
                 raise
             except Exception as exc:
-                if not _is_sdk_error(exc):
+                if not is_sdk_error(exc):
                     raise
                 if attempt >= self.attempts or not is_transient(exc):
-                    err = translate(exc, what, base_url)
-                    if isinstance(err, AuthenticationError):
-                        raise err from None
-                    raise err from exc
+                    raise_translated(exc, what, base_url)
                 if on_retry is not None:
                     on_retry(exc)
                 self.sleep(self.pause(attempt))
-
-
-def _is_sdk_error(exc: BaseException) -> bool:
-    import together
-
-    return isinstance(exc, together.TogetherError)

@@ -9,16 +9,17 @@ from tgnb.cloud.client import (
     DEFAULT_SDK_RETRIES,
     DEFAULT_TIMEOUT,
     RetryPolicy,
+    is_sdk_error,
     is_transient,
     make_client,
     normalize_base_url,
-    translate,
+    raise_translated,
 )
 from tgnb.cloud.cluster import Cluster
 from tgnb.cloud.models import ClusterState
 from tgnb.cloud.validate import check_gpus, check_name, check_target
 from tgnb.config import Secret, Settings
-from tgnb.errors import AmbiguousNameError, AuthenticationError, NotFoundError, TgnbError
+from tgnb.errors import AmbiguousNameError, NotFoundError, TgnbError, ValidationError
 
 if TYPE_CHECKING:
     from together import Together
@@ -139,8 +140,6 @@ class Cloud:
         check_gpus(num_gpus)
         check_target(preemptible, self.project_id)
         if cluster_type not in ("KUBERNETES", "SLURM"):
-            from tgnb.errors import ValidationError
-
             raise ValidationError(
                 f"cluster_type must be KUBERNETES or SLURM, got {cluster_type!r}: pick one of the two"
             )
@@ -166,11 +165,10 @@ class Cloud:
             try:
                 raw = once.clusters.create(**body)
             except Exception as exc:
-                if isinstance(exc, TgnbError) or not _is_sdk_error(exc):
+                if isinstance(exc, TgnbError) or not is_sdk_error(exc):
                     raise
                 if attempt >= attempts or not is_transient(exc):
-                    err = translate(exc, what, self.base_url)
-                    raise err from (None if isinstance(err, AuthenticationError) else exc)
+                    raise_translated(exc, what, self.base_url)
                 self.retry.sleep(self.retry.pause(attempt))
                 new = [s for s in self.clusters() if s.name == name and s.id not in before]
                 if new:
@@ -197,9 +195,3 @@ class Cloud:
 
         policy = replace(self.retry, attempts=self.retry.attempts * (self.max_retries + 1))
         policy.call(delete_once, what=f"delete cluster {cluster_id}", base_url=self.base_url)
-
-
-def _is_sdk_error(exc: BaseException) -> bool:
-    import together
-
-    return isinstance(exc, together.TogetherError)

@@ -12,7 +12,7 @@ from tgnb.cloud.feed import EventFeed
 from tgnb.cloud.models import ClusterState
 from tgnb.cloud.validate import check_target
 from tgnb.errors import TransientApiError
-from tgnb.events import TARGET_CHANGED, Event, utcnow
+from tgnb.events import TARGET_CHANGED, Event, parse_time, utcnow
 
 if TYPE_CHECKING:
     from tgnb.cloud.cloud import Cloud
@@ -78,10 +78,14 @@ class Cluster:
         self.last = ClusterState.from_api(raw)
         return self.last
 
-    def events(self, since: datetime | None = None) -> list[Event]:
-        """The cluster's node lifecycle events (de-duplicated, oldest first), at or after `since`."""
+    def events(self, since: datetime | str | float | None = None) -> list[Event]:
+        """The cluster's node lifecycle events (de-duplicated, oldest first), at or after `since`
+        (a datetime, an RFC 3339 string or a POSIX timestamp; naive datetimes are UTC)."""
         events = self.state().events
-        return [e for e in events if since is None or e.time >= since]
+        if since is None:
+            return list(events)
+        start = parse_time(since)
+        return [e for e in events if e.time >= start]
 
     def poll_events(self) -> list[Event]:
         """Only the events that are new since the previous call (the first call returns all)."""
@@ -118,7 +122,7 @@ class Cluster:
         return state
 
     def _apply_target(self, target: int) -> ClusterState:
-        from tgnb.cloud.client import is_transient, translate
+        from tgnb.cloud.client import is_sdk_error, is_transient, raise_translated
 
         cloud = self.cloud
         what = f"set the preemptible target of cluster {self.id} to {target}"
@@ -131,10 +135,10 @@ class Cluster:
             try:
                 raw = once.clusters.update(self.id, num_preemptible_gpus=target)
             except Exception as exc:
-                if not _is_sdk_error(exc):
+                if not is_sdk_error(exc):
                     raise
                 if attempt >= attempts or not is_transient(exc):
-                    raise translate(exc, what, cloud.base_url) from exc
+                    raise_translated(exc, what, cloud.base_url)
                 cloud.retry.sleep(cloud.retry.pause(attempt))
                 current = self.state()
                 if current.desired_preemptible_gpus == target:
@@ -177,9 +181,3 @@ class Cluster:
     def delete(self) -> None:
         """Delete this cluster (see `Cloud.delete`)."""
         self.cloud.delete(self.id)
-
-
-def _is_sdk_error(exc: BaseException) -> bool:
-    import together
-
-    return isinstance(exc, together.TogetherError)
