@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,37 @@ def test_state_survives_a_restart_with_a_pending_drain_window(tmp_path: Path) ->
             timeout=60,
         )
         emu.wait_for(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
+
+
+def test_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:
+    from tgnb.emulator.testing import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tgnb.emulator",
+            "serve",
+            "--home",
+            str(tmp_path),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not daemon.status(tmp_path).running:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        st = daemon.status(tmp_path)
+        assert st.pid == proc.pid and st.base_url == f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert f"serving http://127.0.0.1:{port}" in out
+    assert not (tmp_path / "emulator" / "server.json").exists()

@@ -262,6 +262,10 @@ def _home_lock(eh: Path) -> Iterator[None]:
         fh.close()
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve(
     home: Path | None = None, options: ServeOptions | None = None, key: str | None = None
 ) -> int:
@@ -309,6 +313,10 @@ def serve(
             {"pid": os.getpid(), "host": HOST, "port": port, "started_at": time.time()},
         )
         print(f"tgnb emulator: serving http://{HOST}:{port} (pid {os.getpid()})", flush=True)
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal with the
+        # handlers it found: make those a clean exit, so the cleanup below runs and the status is 0.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _exit_cleanly)
         try:
             server.run(sockets=[sock])
         finally:

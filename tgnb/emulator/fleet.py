@@ -44,6 +44,7 @@ import math
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -150,7 +151,8 @@ class Fleet:
         while not self._stop.is_set():
             try:
                 due = self.advance()
-            except Exception:  # keep the clock alive; the error shows in the next request
+            except Exception:  # keep the clock alive; the traceback goes to the emulator's log
+                traceback.print_exc()
                 due = None
             now = self.clock()
             wait = self.config.max_tick_s if due is None else max(0.0, min(due - now, 0.5))
