@@ -37,7 +37,8 @@ def mutating(emu: EmulatorHandle) -> list[dict[str, Any]]:
 
 
 def test_attach_by_id_and_name(emulator: EmulatorHandle) -> None:
-    cloud = make_cloud(emulator)
+    cloud = Cloud.from_env(emulator.env, timeout=10.0)  # configuration read in one place
+    assert cloud.project_id == emulator.project_id and emulator.api_key not in repr(cloud)
     made = cloud.create("train", preemptible=8)
     cloud.create("other")
     emulator.clear_requests()
@@ -56,6 +57,7 @@ def test_attach_by_id_and_name(emulator: EmulatorHandle) -> None:
     assert "kube_config" not in repr(state) and "<table>" in state._repr_html_()
     assert mutating(emulator) == []
     assert [c.name for c in cloud.clusters()] == ["train", "other"]
+    cloud.close()
 
 
 def test_scale_then_wait_reaches_the_target(emulator: EmulatorHandle) -> None:

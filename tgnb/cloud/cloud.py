@@ -70,6 +70,16 @@ class Cloud:
     def __repr__(self) -> str:
         return f"<Cloud {self.base_url} project={self.project_id or '-'}>"
 
+    def close(self) -> None:
+        """Close the SDK client's HTTP connections."""
+        self.client.close()
+
+    def __enter__(self) -> Cloud:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _call(self, fn: Any, what: str) -> Any:
         return self.retry.call(fn, what=what, base_url=self.base_url)
 
