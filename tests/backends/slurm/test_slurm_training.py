@@ -1,0 +1,193 @@
+"""Real training under a real Slurm: ``python -m tgnb.train`` (TRL GRPO on the built-in ``tiny``
+model and ``arithmetic`` data, on the CPU) submitted by `SlurmBackend` to the one-node cluster of
+`.ci/slurm-up`. Nothing is faked: the preemption is Slurm's own (a job in the ``high`` partition
+requeues the run in ``low``) and the drain is ``scontrol update NodeName=... State=DRAIN``.
+
+The drain window Together gives a node (five minutes) is shortened to `DRAIN_WINDOW_S`: the run must
+have checkpointed and requeued itself before it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgnb.backends.base import JobState, Resources, RunSpec
+from tgnb.backends.slurm import SlurmBackend
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytest.importorskip("trl")
+
+DRAIN_WINDOW_S = 120.0  # Together's 300 s drain window, shortened
+ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def grpo_spec(name: str, max_steps: int) -> RunSpec:
+    return RunSpec(
+        name=name,
+        train={
+            "algorithm": "grpo",
+            "model": "tiny",
+            "dataset": "arithmetic",
+            "max_steps": max_steps,
+            "seed": 0,
+            "checkpoint": {"every_steps": 5, "keep_last": 3, "drain_poll_seconds": 0.5},
+        },
+        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        env=ENV,
+    )
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            record: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "step" in record and "loss" in record:
+            steps.append(int(record["step"]))
+    return steps
+
+
+def wait_until(what: str, ok: Any, timeout: float, poll: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = ok()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll)
+
+
+def backend_for(tmp_path: Path) -> SlurmBackend:
+    return SlurmBackend(runs_root=tmp_path / "runs", gres=False, poll_seconds=1.0)
+
+
+def reasons(backend: SlurmBackend, job: str) -> list[str]:
+    return [e.reason for e in backend.events(job)]
+
+
+def assert_steps_continue(run_dir: Path, resumed_at: int, max_steps: int) -> None:
+    """Steps after the resume start right after the checkpoint, and every step up to max_steps ran."""
+    steps = metric_steps(run_dir)
+    first_run = steps[: steps.index(resumed_at + 1, 1)] if resumed_at + 1 in steps[1:] else steps
+    second_run = steps[len(first_run) :]
+    assert second_run and second_run[0] == resumed_at + 1, (resumed_at, steps)
+    assert second_run[-1] == max_steps, steps
+    assert sorted(set(steps)) == list(range(1, max_steps + 1)), steps
+
+
+def test_tiny_grpo_run_completes(slurm: str, tmp_path: Path, cleanup_jobs: list[str]) -> None:
+    backend = backend_for(tmp_path)
+    job = backend.submit(grpo_spec("grpo-complete", max_steps=6))
+    cleanup_jobs.append(job)
+    final = backend.wait(job, timeout=400)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED, (final, log[-2000:])
+    assert final.exit_code == 0 and final.restart_count == 0
+    run_dir = Path(backend.run_dir(job))
+    assert metric_steps(run_dir) == list(range(1, 7))
+    events = backend.events(job)
+    assert events[0].reason == "RunStarted" and events[0].node == slurm
+    assert events[-1].reason == "RunExited" and events[-1].data["exit_code"] == 0
+    assert (run_dir / "checkpoints" / "checkpoint-6").is_dir()
+    assert '@tgnb {"kind": "events"' in log
+
+
+def test_preempted_by_high_partition_requeues_and_resumes(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    backend = backend_for(tmp_path)
+    max_steps = 24
+    job = backend.submit(grpo_spec("grpo-preempt", max_steps=max_steps))
+    cleanup_jobs.append(job)
+    run_dir = Path(backend.run_dir(job))
+    wait_until("step 7", lambda: max(metric_steps(run_dir), default=0) >= 7, 400)
+    high = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "high",
+            "--exclusive",
+            "-o",
+            str(tmp_path / "high.out"),
+            "--wrap",
+            "sleep 4",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    cleanup_jobs.append(high)
+    st = wait_until("the requeue", lambda: (s := backend.status(job)).restart_count >= 1 and s, 60)
+    assert st.state in (JobState.REQUEUED, JobState.PENDING, JobState.RUNNING), st
+    final = backend.wait(job, timeout=500)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, (final, log[-2000:])
+    assert "DUE TO PREEMPTION" in log and f"job {job} requeued (restart 1)" in log
+
+    events = backend.events(job)
+    got = [e.reason for e in events]
+    assert got.count("RunStarted") == 2 and "SignalReceived" in got, got
+    signal_ev = next(e for e in events if e.reason == "SignalReceived")
+    resumed = next(e for e in events if e.reason == "RunResumed")
+    assert resumed.data["restart_count"] == 1
+    # The SIGTERM checkpoint is the one resumed from: no step done before the signal is lost.
+    assert resumed.data["step"] == signal_ev.data["step"] >= 7, (signal_ev, resumed)
+    assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
+    assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
+
+
+def test_drain_notice_checkpoints_requeues_and_resumes(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    backend = backend_for(tmp_path)
+    max_steps = 24
+    job = backend.submit(grpo_spec("grpo-drain", max_steps=max_steps))
+    cleanup_jobs.append(job)
+    run_dir = Path(backend.run_dir(job))
+    wait_until("step 7", lambda: max(metric_steps(run_dir), default=0) >= 7, 400)
+    subprocess.run(
+        [
+            "scontrol",
+            "update",
+            f"NodeName={slurm}",
+            "State=DRAIN",
+            "Reason=TogetherPreemptionNotified",
+        ],
+        check=True,
+    )
+    # Within the (shortened) drain window the run checkpoints and requeues its own job.
+    wait_until(
+        "the run to requeue itself inside the drain window",
+        lambda: backend.restart_count(job) >= 1,
+        DRAIN_WINDOW_S,
+    )
+    got = reasons(backend, job)
+    assert "DrainNoticeReceived" in got and "RunRequeued" in got, got
+    assert backend.status(job).state is JobState.REQUEUED  # waits: the node is drained
+    subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
+    final = backend.wait(job, timeout=500)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, (final, log[-2000:])
+
+    events = backend.events(job)
+    drain = next(e for e in events if e.reason == "DrainNoticeReceived")
+    saved = [e for e in events if e.reason == "CheckpointSaved" and e.time >= drain.time]
+    requeued = next(e for e in events if e.reason == "RunRequeued")
+    resumed = next(e for e in events if e.reason == "RunResumed")
+    assert saved and saved[0].time <= requeued.time, (saved, requeued)
+    assert resumed.data["step"] == saved[0].data["step"] == drain.data["step"]
+    assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
+    assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
