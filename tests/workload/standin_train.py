@@ -4,7 +4,9 @@ and signal handling without paying for TRL (the end-to-end tests run the real ru
 It counts optimizer "steps" (a sleep each) up to ``max_steps`` from the config, writes
 ``metrics.jsonl`` and ``events.jsonl`` through the real `Recorder`, checkpoints (a JSON file with the
 step) on SIGTERM or when ``TGNB_NOTICE_FILE`` appears, exits 75, and resumes from that file.
-It also records the environment it was started with, for the tests to check.
+``STANDIN_STEP_SECONDS`` sets the time per step and ``STANDIN_IGNORE_SIGTERM`` makes it ignore the
+signal and ``STANDIN_IGNORE_NOTICE`` the drain notice (to test the kill at the end of the drain
+window). It also records the environment it was started with, for the tests to check.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def main() -> int:
     config = yaml.safe_load(Path(sys.argv[1]).read_text())
     run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
     max_steps = int(config.get("max_steps", 20))
-    step_s = float(config.get("step_seconds", 0.1))
+    step_s = float(os.environ.get("STANDIN_STEP_SECONDS", "0.1"))
     rec = Recorder(run_dir)
     ckpt = run_dir / "standin-checkpoint.json"
     with open(run_dir / "standin-env.jsonl", "a") as fh:
@@ -34,8 +36,11 @@ def main() -> int:
     step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
     rec.event("RunResumed" if step else "RunStarted", step=step)
     stop = {"why": ""}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(why="signal"))
-    notice = os.environ.get("TGNB_NOTICE_FILE")
+    if os.environ.get("STANDIN_IGNORE_SIGTERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a process that ignores the signal
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(why="signal"))
+    notice = None if os.environ.get("STANDIN_IGNORE_NOTICE") else os.environ.get("TGNB_NOTICE_FILE")
     while step < max_steps:
         if notice and Path(notice).exists():
             stop["why"] = "drain"

@@ -125,17 +125,9 @@ class Supervisor:
         self._cache = {n.name: n for n in nodes}
         return nodes
 
-    def _gpus_in_use(self) -> dict[str, int]:
-        used: dict[str, int] = {}
-        for rec in self.store.list(cluster_id=self.record.cluster_id, active=True):
-            if rec.id == self.record.id or rec.state != JobState.RUNNING:
-                continue
-            for node in rec.nodes:
-                used[node] = used.get(node, 0) + rec.spec.resources.gpus_per_node
-        return used
-
-    def place(self) -> list[NodeInfo] | None:
-        """Wait until enough schedulable nodes of the wanted kind have free GPUs; None if stopped."""
+    def place(self, restart: int) -> list[NodeInfo] | None:
+        """Wait until enough schedulable nodes of the wanted kind have free GPUs and claim them
+        in the run store (the run is then running there); None if stopped meanwhile."""
         res = self.record.spec.resources
         kind = "preemptible" if res.preemptible else "standard"
         least = res.min_nodes or res.nodes
@@ -143,18 +135,21 @@ class Supervisor:
         while not self.stop_requested:
             nodes = self.refresh()
             if nodes is not None:
-                used = self._gpus_in_use()
-                free = [
-                    n
-                    for n in nodes
-                    if n.kind == kind
-                    and n.schedulable
-                    and n.gpus - used.get(n.name, 0) >= res.gpus_per_node
-                ]
-                free.sort(key=lambda n: (used.get(n.name, 0), n.name))
-                if len(free) >= least:
-                    return free[: res.nodes]
-                detail = f"waiting for {least} schedulable {kind} node(s); {len(free)} free"
+                ready = sorted(
+                    (n for n in nodes if n.kind == kind and n.schedulable), key=lambda n: n.name
+                )
+                chosen = self.store.claim(
+                    self.record.id,
+                    [(n.name, n.gpus) for n in ready],
+                    want=res.nodes,
+                    least=least,
+                    gpus_per_node=res.gpus_per_node,
+                    restart_count=restart,
+                )
+                if chosen:
+                    by_name = {n.name: n for n in ready}
+                    return [by_name[c] for c in chosen]
+                detail = f"waiting for {least} schedulable {kind} node(s) with {res.gpus_per_node} free GPUs"
             else:
                 detail = "emulator unreachable; retrying"
             if detail != said:
@@ -217,14 +212,6 @@ class Supervisor:
         self.store.add_job(self.record.id, self.record.id, pid=os.getpid(), children=pids)
         for node in nodes:
             self.event(JOB_PLACED, f"placed on {node.name}", node.name, restart_count=restart)
-        self.store.set_state(
-            self.record.id,
-            JobState.RUNNING,
-            f"running on {', '.join(names)}",
-            node=names[0],
-            nodes=names,
-            restart_count=restart,
-        )
         return self._watch(procs, names)
 
     def _signal(self, procs: Sequence[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
@@ -288,7 +275,7 @@ class Supervisor:
         restart = self.record.restart_count
         rid = self.record.id
         while True:
-            nodes = self.place()
+            nodes = self.place(restart)
             if nodes is None:
                 self.store.set_state(rid, JobState.CANCELLED, "stopped before it was placed")
                 return 0

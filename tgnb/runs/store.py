@@ -250,6 +250,55 @@ class RunStore:
                 (run_id, now, state.value, detail, node),
             )
 
+    def claim(
+        self,
+        run: str,
+        candidates: Sequence[tuple[str, int]],
+        *,
+        want: int,
+        least: int,
+        gpus_per_node: int,
+        restart_count: int,
+    ) -> list[str]:
+        """Place a run atomically: pick up to `want` (at least `least`) of the `candidates`
+        (node name, GPUs) whose GPUs not held by other running runs of the same cluster fit
+        `gpus_per_node`, and mark the run running there. Returns the nodes, or [] if too few fit.
+
+        One write transaction decides and records, so two supervisors never take the same GPUs.
+        """
+        run_id = self._id(run)
+        now = time.time()
+        with self._write() as db:
+            row = db.execute(
+                "SELECT cluster_id, state FROM runs WHERE id = ?", (run_id,)
+            ).fetchone()
+            if row is None or JobState(row[1]).finished:
+                return []
+            used: dict[str, int] = {}
+            others = db.execute(
+                "SELECT nodes, spec FROM runs WHERE cluster_id IS ? AND state = ? AND id != ?",
+                (row[0], JobState.RUNNING.value, run_id),
+            ).fetchall()
+            for nodes, spec in others:
+                need = int(json.loads(spec).get("resources", {}).get("gpus_per_node", 8))
+                for node in json.loads(nodes):
+                    used[node] = used.get(node, 0) + need
+            free = [n for n, gpus in candidates if gpus - used.get(n, 0) >= gpus_per_node]
+            free.sort(key=lambda n: used.get(n, 0))  # stable: keeps the candidates' order
+            if len(free) < least:
+                return []
+            chosen = free[:want]
+            detail = f"running on {', '.join(chosen)}"
+            db.execute(
+                "UPDATE runs SET state = ?, detail = ?, nodes = ?, restart_count = ? WHERE id = ?",
+                (JobState.RUNNING.value, detail, json.dumps(chosen), restart_count, run_id),
+            )
+            db.execute(
+                "INSERT INTO history (run_id, time, state, detail, node) VALUES (?, ?, ?, ?, ?)",
+                (run_id, now, JobState.RUNNING.value, detail, chosen[0]),
+            )
+        return chosen
+
     def delete(self, run: str) -> None:
         """Forget a run (its run directory is left alone)."""
         run_id = self._id(run)

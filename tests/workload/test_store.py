@@ -1,0 +1,97 @@
+"""The run store: a real sqlite file under a temporary tgnb home, opened by several stores and
+processes at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from tgnb.backends.base import JobState, Resources, RunSpec, SecretRef
+from tgnb.errors import NotFoundError, ValidationError
+from tgnb.runs.store import RunStore, spec_from_dict, spec_to_dict
+
+
+def _spec(name: str = "grpo-a") -> RunSpec:
+    return RunSpec(
+        name=name,
+        train={"algorithm": "grpo", "max_steps": 7, "trl": {"learning_rate": 0.005}},
+        resources=Resources(nodes=2, min_nodes=1, gpus_per_node=8, preemptible=True),
+        partition="low",
+        env={"A": "1"},
+        secrets={"HF_TOKEN": SecretRef(name="hf", key="token", env="HF_TOKEN")},
+    )
+
+
+def test_spec_round_trip_keeps_every_field() -> None:
+    spec = _spec()
+    assert spec_from_dict(spec_to_dict(spec)) == spec
+
+
+def test_create_record_history_and_reopen(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    rec = store.create(_spec(), backend="local", cluster_id="c-1", run_dir=tmp_path / "runs/grpo-a")
+    assert rec.state == JobState.PENDING and rec.name == "grpo-a" and rec.id.startswith("run-")
+    store.add_job(rec.id, rec.id, pid=123)
+    store.set_state("grpo-a", JobState.RUNNING, "on n0", node="n0", nodes=["n0"])
+    store.set_state(rec.id, JobState.REQUEUED, "n0 preempted", node="n0", restart_count=1)
+    store.set_state(rec.id, JobState.RUNNING, "on n1", node="n1", nodes=["n1"], restart_count=1)
+    store.set_state(rec.id, JobState.SUCCEEDED, "finished", exit_code=0)
+    store.set_state(rec.id, JobState.RUNNING, "a late writer")  # ignored: the run has finished
+
+    again = RunStore(tmp_path)  # a fresh kernel opening the same home
+    got = again.get("grpo-a")
+    assert got.spec == _spec()
+    assert got.cluster_id == "c-1" and got.backend == "local"
+    assert got.run_dir == str(tmp_path / "runs/grpo-a")
+    assert got.state == JobState.SUCCEEDED and got.exit_code == 0
+    assert got.restart_count == 1 and got.nodes == ("n1",)
+    assert got.job_id == rec.id and got.jobs[0].info == {"pid": 123}
+    states = [(h.state, h.node) for h in again.history(rec.id)]
+    assert states == [
+        (JobState.PENDING, None),
+        (JobState.RUNNING, "n0"),
+        (JobState.REQUEUED, "n0"),
+        (JobState.RUNNING, "n1"),
+        (JobState.SUCCEEDED, None),
+    ]
+    assert [r.name for r in again.list(active=False)] == ["grpo-a"]
+    assert again.list(active=True) == []
+    assert again.list(cluster_id="other") == []
+
+
+def test_names_are_unique_and_valid(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.create(_spec("same"), backend="local")
+    with pytest.raises(ValidationError, match="already exists"):
+        store.create(_spec("same"), backend="local")
+    with pytest.raises(ValidationError, match="not valid"):
+        store.create(_spec("Bad_Name"), backend="local")
+    with pytest.raises(NotFoundError, match="no run named"):
+        store.get("missing")
+    assert [r.name for r in store.list()] == ["same"]
+
+
+def _writer(home: str, name: str, n: int) -> None:
+    store = RunStore(home)
+    for i in range(n):
+        store.set_state(name, JobState.RUNNING, f"beat {i}")
+
+
+def test_concurrent_writers_from_several_processes(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    for name in ("w-a", "w-b", "w-c"):
+        store.create(_spec(name), backend="local")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_writer, args=(str(tmp_path), n, 40)) for n in ("w-a", "w-b", "w-c")
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    for name in ("w-a", "w-b", "w-c"):
+        assert len(store.history(name)) == 41
+    assert (tmp_path / "runs.sqlite").exists()
