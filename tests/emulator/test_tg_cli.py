@@ -89,5 +89,18 @@ def test_tg_with_a_refused_key_fails_without_echoing_it(emulator: EmulatorHandle
         timeout=120,
     )
     assert proc.returncode != 0
+    assert "invalid or missing API key" in proc.stdout + proc.stderr
     assert wrong not in proc.stdout + proc.stderr
     assert [e["status"] for e in emulator.requests()] == [401]
+
+
+def test_tg_shows_why_an_unknown_cluster_fails(emulator: EmulatorHandle) -> None:
+    proc = subprocess.run(
+        ["tg", "clusters", "update", "no-such-id", "--num-preemptible-gpus", "16"],
+        env={**os.environ, **emulator.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "cluster 'no-such-id' not found" in proc.stdout + proc.stderr

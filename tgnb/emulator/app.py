@@ -100,8 +100,8 @@ def _scrub_body(value: Any) -> Any:
     return value
 
 
-def _error(status: int, code: int, message: str, details: list[Any] | None = None) -> JSONResponse:
-    return JSONResponse({"code": code, "message": message, "details": details or []}, status)
+def _error(status: int, code: int, message: str) -> JSONResponse:
+    return JSONResponse(RequestError(status, code, message).body(), status)
 
 
 class _DoubledV1:

@@ -80,7 +80,9 @@ class RequestError(Exception):
         self.details = details or []
 
     def body(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "details": self.details}
+        # the tg CLI shows details[-1]["detail"] (and nothing when details is empty)
+        details = self.details or [{"detail": self.message}]
+        return {"code": self.code, "message": self.message, "details": details}
 
 
 class _Problems:
