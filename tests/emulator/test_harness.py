@@ -22,3 +22,13 @@ def test_fixture_serves_the_api_with_its_key(emulator: EmulatorHandle) -> None:
     ]
     assert emulator.clear_requests() == 1
     assert emulator.requests() == []
+
+
+def test_handle_client_and_env_point_at_the_emulator(emulator: EmulatorHandle) -> None:
+    client = emulator.client(max_retries=0)
+    assert str(client.base_url).rstrip("/") == emulator.base_url
+    assert client.clusters.list().clusters == []
+    env = emulator.env
+    assert env["TOGETHER_API_KEY"] == emulator.api_key
+    assert env["TOGETHER_PROJECT_ID"] == emulator.project_id
+    assert env["TGNB_HOME"] == str(emulator.home)

@@ -14,7 +14,9 @@ Emulator-only admin routes under ``/_emulator/`` (same key; never subject to cha
 ``GET health``, ``GET clusters/{id}/nodes``, ``POST clusters/{id}/preempt`` (``{"node": name}``,
 optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early),
 ``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
-(``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log).
+(``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log: every
+/v1 and /v3 request with method, path, query, status, JSON body with secret-looking keys masked, and
+the chaos applied; kept in memory, the last 10 000, gone after a restart).
 
 Chaos: a seeded fraction of ``/v1`` requests is answered with 429 or 503 (with a short
 ``retry-after-ms``), or held for ``delay_s`` (default 65 s, past the SDK's 60 s timeout) before being

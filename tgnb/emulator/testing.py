@@ -48,7 +48,6 @@ class EmulatorHandle:
     @property
     def env(self) -> dict[str, str]:
         """Variables that point the SDK and the ``tg`` CLI at this emulator (keeps tg offline)."""
-        cli_config = str(self.home / "tg-config")
         return {
             "TOGETHER_BASE_URL": self.base_url,
             "TOGETHER_API_KEY": self.api_key,
@@ -56,10 +55,16 @@ class EmulatorHandle:
             "TGNB_HOME": str(self.home),
             # no stored `tg login` credentials from the real user, no version check or telemetry
             "TOGETHER_CREDENTIALS_PATH": str(self.home / "tg-credentials.json"),
-            "XDG_CONFIG_HOME": cli_config,
-            "XDG_CACHE_HOME": cli_config,
             **QUIET_CLI_ENV,
         }
+
+    def client(self, **kwargs: Any) -> Any:
+        """An official SDK client (``together.Together``) pointed at this emulator."""
+        import together
+
+        kwargs.setdefault("base_url", self.base_url)
+        kwargs.setdefault("api_key", self.api_key)
+        return together.Together(**kwargs)
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         r = self._http.request(method, path, **kw)
