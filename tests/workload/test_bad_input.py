@@ -1,0 +1,94 @@
+"""Bad input to `Session.launch` and `tgnb.attach`: a one-line typed error naming the fix, and
+nothing submitted — no run in the run store, no run directory, no supervisor, and no request that
+changes anything on the (real, loopback) emulator: its request log shows reads only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgnb.emulator.testing import EmulatorHandle
+from tgnb.errors import NotFoundError, TrainConfigError, ValidationError
+from tgnb.session import attach
+
+from .conftest import make_session
+
+
+def _writes(emu: EmulatorHandle) -> list[dict[str, Any]]:
+    return [r for r in emu.requests() if r["method"] not in ("GET", "HEAD")]
+
+
+def _nothing_submitted(emu: EmulatorHandle, home: Path) -> None:
+    from tgnb.runs.store import RunStore
+
+    assert _writes(emu) == []
+    assert RunStore(home).list() == []
+    assert not (home / "runs").exists()
+
+
+def _one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and text
+    return text
+
+
+@pytest.fixture
+def idle(emu: EmulatorHandle, tmp_path: Path) -> Any:
+    """A KUBERNETES-type demo cluster whose preemptible target is still 0."""
+    session = make_session(tmp_path, target=0)
+    emu.clear_requests()
+    return session
+
+
+def test_preemptible_work_while_the_target_is_zero(
+    idle: Any, emu: EmulatorHandle, tmp_path: Path
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("grpo", max_steps=5)
+    assert "session.scale(preemptible=8)" in _one_line(exc)
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("dpo", nodes=2, max_steps=5)
+    assert "session.scale(preemptible=16)" in _one_line(exc)
+    _nothing_submitted(emu, tmp_path)
+
+
+def test_resources_the_cluster_cannot_hold(idle: Any, emu: EmulatorHandle, tmp_path: Path) -> None:
+    idle.scale(preemptible=16)  # two preemptible nodes of 8 GPUs, one standard node
+    emu.clear_requests()
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("grpo", nodes=3, max_steps=5)
+    assert "session.scale(preemptible=24)" in _one_line(exc)
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("grpo", gpus_per_node=16, max_steps=5)
+    assert "gpus_per_node<=8" in _one_line(exc)
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("grpo", preemptible=False, nodes=2, max_steps=5)
+    assert "has 1" in _one_line(exc)
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("grpo", nodes=0, max_steps=5)
+    assert "nodes=1" in _one_line(exc)
+    _nothing_submitted(emu, tmp_path)
+
+
+def test_bad_config_name_and_duplicates(idle: Any, emu: EmulatorHandle, tmp_path: Path) -> None:
+    with pytest.raises(TrainConfigError) as exc:
+        idle.launch("grpo", max_stpes=5)
+    assert "max_steps" in _one_line(exc)
+    with pytest.raises(ValidationError) as exc:
+        idle.launch("grpo", name="Not_Valid", preemptible=False, max_steps=5)
+    assert "not valid" in _one_line(exc)
+    with pytest.raises(ValidationError) as exc:
+        idle.launch(str(tmp_path / "missing.yaml"))
+    assert "neither an algorithm" in _one_line(exc)
+    _nothing_submitted(emu, tmp_path)
+
+
+def test_unknown_cluster(emu: EmulatorHandle, tmp_path: Path) -> None:
+    make_session(tmp_path, target=0)
+    emu.clear_requests()
+    with pytest.raises(NotFoundError) as exc:
+        attach("no-such-cluster", local=True, home=tmp_path)
+    assert "tgnb-demo" in _one_line(exc)  # the message lists the clusters there are
+    _nothing_submitted(emu, tmp_path)
