@@ -345,47 +345,8 @@ class Fleet:
         """Create a cluster from a validated create body; standard nodes are live at once."""
         with self._changing():
             now = self.clock()
-            known = {
-                "cluster_name",
-                "cluster_type",
-                "region",
-                "gpu_type",
-                "billing_type",
-                "project_id",
-                "num_gpus",
-                "num_preemptible_gpus",
-                "cuda_version",
-                "nvidia_driver_version",
-                "nvidia_version_id",
-                "num_reserved_gpus",
-                "num_capacity_pool_gpus",
-                "capacity_pool_id",
-                "duration_days",
-                "add_ons",
-                "volume_id",
-                "shared_volume",
-            }
-            c = ClusterState(
-                cluster_id=str(uuid.uuid4()),
-                cluster_name=body["cluster_name"],
-                cluster_type=body.get("cluster_type") or "KUBERNETES",
-                region=body["region"],
-                gpu_type=body["gpu_type"],
-                billing_type=body["billing_type"],
-                project_id=body.get("project_id") or self.config.default_project_id,
-                num_gpus=0,
-                desired_preemptible_gpus=body.get("num_preemptible_gpus") or 0,
-                cuda_version=body["cuda_version"],
-                nvidia_driver_version=body["nvidia_driver_version"],
-                nvidia_version_id=body["nvidia_version_id"],
-                created_at=now,
-                num_reserved_gpus=body.get("num_reserved_gpus") or 0,
-                num_capacity_pool_gpus=body.get("num_capacity_pool_gpus") or 0,
-                capacity_pool_id=body.get("capacity_pool_id"),
-                duration_days=body.get("duration_days"),
-                add_ons=_add_ons(body.get("add_ons")),
-                volumes=_volumes(body),
-                extra={k: v for k, v in body.items() if k not in known and v is not None},
+            c = ClusterState.from_create(
+                body, str(uuid.uuid4()), now, self.config.default_project_id
             )
             self.clusters[c.cluster_id] = c
             self._set_standard(c, body["num_gpus"], now)
@@ -517,41 +478,3 @@ class Fleet:
             "removed_reason": n.removed_reason,
             "dir": str(self.store.node_dir(n.name)),
         }
-
-
-def _add_ons(raw: Any) -> list[dict[str, Any]]:
-    out = []
-    for a in raw or []:
-        if isinstance(a, dict) and a.get("name"):
-            out.append(
-                {
-                    "add_on_type": a.get("add_on_type", a["name"]),
-                    "name": a["name"],
-                    "config": a.get("config") or {},
-                    "state": {},
-                }
-            )
-    return out
-
-
-def _volumes(body: dict[str, Any]) -> list[dict[str, Any]]:
-    sv = body.get("shared_volume")
-    if isinstance(sv, dict) and sv.get("volume_name"):
-        return [
-            {
-                "volume_id": f"vol-{uuid.uuid4().hex[:12]}",
-                "volume_name": sv["volume_name"],
-                "size_tib": int(sv.get("size_tib") or 1),
-                "status": "Available",
-            }
-        ]
-    if body.get("volume_id"):
-        return [
-            {
-                "volume_id": body["volume_id"],
-                "volume_name": body["volume_id"],
-                "size_tib": 1,
-                "status": "Available",
-            }
-        ]
-    return []

@@ -24,6 +24,7 @@ SLURM clusters answer ``""``.
 from __future__ import annotations
 
 import base64
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -153,6 +154,34 @@ class ClusterState:
     add_ons: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # other create fields, echoed back
 
+    @classmethod
+    def from_create(
+        cls, body: dict[str, Any], cluster_id: str, now: float, default_project: str
+    ) -> ClusterState:
+        """A new cluster (no nodes yet) from a validated create body."""
+        return cls(
+            cluster_id=cluster_id,
+            cluster_name=body["cluster_name"],
+            cluster_type=body.get("cluster_type") or "KUBERNETES",
+            region=body["region"],
+            gpu_type=body["gpu_type"],
+            billing_type=body["billing_type"],
+            project_id=body.get("project_id") or default_project,
+            num_gpus=0,
+            desired_preemptible_gpus=body.get("num_preemptible_gpus") or 0,
+            cuda_version=body["cuda_version"],
+            nvidia_driver_version=body["nvidia_driver_version"],
+            nvidia_version_id=body["nvidia_version_id"],
+            created_at=now,
+            num_reserved_gpus=body.get("num_reserved_gpus") or 0,
+            num_capacity_pool_gpus=body.get("num_capacity_pool_gpus") or 0,
+            capacity_pool_id=body.get("capacity_pool_id"),
+            duration_days=body.get("duration_days"),
+            add_ons=_add_ons(body.get("add_ons")),
+            volumes=_volumes(body),
+            extra={k: v for k, v in body.items() if k not in _STATE_FIELDS and v is not None},
+        )
+
     @property
     def short(self) -> str:
         return self.cluster_id.replace("-", "")[:8]
@@ -186,6 +215,69 @@ class ClusterState:
         d["nodes"] = [NodeState.from_dict(n) for n in d.get("nodes", [])]
         d["events"] = [LifecycleEvent(**e) for e in d.get("events", [])]
         return cls(**d)
+
+
+#: create-body fields held in `ClusterState`'s own attributes (the rest go to `extra`, echoed back)
+_STATE_FIELDS = frozenset(
+    {
+        "cluster_name",
+        "cluster_type",
+        "region",
+        "gpu_type",
+        "billing_type",
+        "project_id",
+        "num_gpus",
+        "num_preemptible_gpus",
+        "cuda_version",
+        "nvidia_driver_version",
+        "nvidia_version_id",
+        "num_reserved_gpus",
+        "num_capacity_pool_gpus",
+        "capacity_pool_id",
+        "duration_days",
+        "add_ons",
+        "volume_id",
+        "shared_volume",
+    }
+)
+
+
+def _add_ons(raw: Any) -> list[dict[str, Any]]:
+    out = []
+    for a in raw or []:
+        if isinstance(a, dict) and a.get("name"):
+            out.append(
+                {
+                    "add_on_type": a.get("add_on_type", a["name"]),
+                    "name": a["name"],
+                    "config": a.get("config") or {},
+                    "state": {},
+                }
+            )
+    return out
+
+
+def _volumes(body: dict[str, Any]) -> list[dict[str, Any]]:
+    sv = body.get("shared_volume")
+    if isinstance(sv, dict) and sv.get("volume_name"):
+        return [
+            {
+                "volume_id": f"vol-{uuid.uuid4().hex[:12]}",
+                "volume_name": sv["volume_name"],
+                "size_tib": int(sv.get("size_tib") or 1),
+                "status": "Available",
+            }
+        ]
+    if body.get("volume_id"):
+        return [
+            {
+                "volume_id": body["volume_id"],
+                "volume_name": body["volume_id"],
+                "size_tib": 1,
+                "status": "Available",
+            }
+        ]
+    return []
 
 
 def _ts(t: float) -> str:
