@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import together
 
@@ -111,14 +112,8 @@ def test_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "tgnb.emulator",
-            "serve",
-            "--home",
-            str(tmp_path),
-            "--port",
-            str(port),
+            *(sys.executable, "-m", "tgnb.emulator", "serve", "--home", str(tmp_path)),
+            *("--port", str(port), "--capacity", "8", "--time-scale", "0.5", "--chaos", "0.25"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -131,6 +126,13 @@ def test_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:
             time.sleep(0.1)
         st = daemon.status(tmp_path)
         assert st.pid == proc.pid and st.base_url == f"http://127.0.0.1:{port}"
+        assert st.api_key is not None
+        health = httpx.get(
+            f"{st.base_url}/_emulator/health",
+            headers={"Authorization": f"Bearer {st.api_key.get()}"},
+        ).json()
+        assert (health["capacity_gpus"], health["time_scale"]) == (8, 0.5)
+        assert health["chaos"]["fraction"] == 0.25
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
