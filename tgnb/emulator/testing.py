@@ -58,6 +58,11 @@ class EmulatorHandle:
             **QUIET_CLI_ENV,
         }
 
+    @property
+    def admin(self) -> EmulatorHandle:
+        """The admin helpers (``emu.admin.preempt(...)`` reads as well as ``emu.preempt(...)``)."""
+        return self
+
     def client(self, **kwargs: Any) -> Any:
         """An official SDK client (``together.Together``) pointed at this emulator."""
         import together
