@@ -136,3 +136,17 @@ def test_bad_input_is_one_line_validation_error(change: dict[str, object], match
 def test_relative_run_dir_is_refused() -> None:
     with pytest.raises(ValidationError, match="absolute"):
         render_script(CASES["single_node_preemptible"], "runs/x")
+
+
+def test_backend_run_dir_from_spec_or_name(tmp_path: Path) -> None:
+    from tgnb.backends.slurm import SlurmBackend
+
+    backend = SlurmBackend(runs_root=tmp_path, gres=False)
+    assert backend.run_dir_for("abc") == f"{tmp_path}/abc"
+    assert (
+        backend.run_dir_for(CASES["elastic_multi_node"])
+        == "/data/home/alice/tgnb-runs/grpo-elastic"
+    )
+    script, config = backend.render(RunSpec(name="abc", train=TRAIN))
+    assert f"#SBATCH --chdir={tmp_path}/abc" in script
+    assert yaml.safe_load(config) == TRAIN

@@ -108,7 +108,7 @@ def test_preempted_by_high_partition_requeues_and_resumes(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str]
 ) -> None:
     backend = backend_for(tmp_path)
-    max_steps = 24
+    max_steps = 16
     job = backend.submit(grpo_spec("grpo-preempt", max_steps=max_steps))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
@@ -153,7 +153,7 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str]
 ) -> None:
     backend = backend_for(tmp_path)
-    max_steps = 24
+    max_steps = 16
     job = backend.submit(grpo_spec("grpo-drain", max_steps=max_steps))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))

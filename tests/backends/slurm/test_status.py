@@ -56,3 +56,12 @@ def test_state_mapping(
         assert st.exit_code == 128 + 15
     if reason not in ("None",):
         assert reason in st.detail
+
+
+def test_completing_right_after_a_requeue_is_requeued() -> None:
+    """As scontrol shows a job for a few seconds after ``scontrol requeue`` (seen on 22.05)."""
+    base = RUNNING.replace("JobState=RUNNING", "JobState=COMPLETING")
+    requeued = job_status(parse_fields(base + "EndTime=Unknown"))
+    assert requeued.state is JobState.REQUEUED
+    ending = job_status(parse_fields(base + "EndTime=2026-11-29T19:03:20"))
+    assert ending.state is JobState.RUNNING

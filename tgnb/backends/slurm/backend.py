@@ -73,13 +73,21 @@ def job_status(fields: Mapping[str, str]) -> JobStatus:
     """Our `JobStatus` of one ``scontrol show job`` record.
 
     A PENDING job that has restarted before is REQUEUED: it was preempted (or drained and requeued)
-    and will run again. ``Reason=`` and the Slurm state go into `detail`.
+    and will run again; so is one still COMPLETING right after its requeue (no ``EndTime`` yet). ``Reason=`` and the Slurm state go into `detail`.
     """
     raw = fields.get("JobState", "")
     slurm_state = raw.split("+")[0].upper()
     restarts = int(fields.get("Restarts", "0") or 0)
     state = STATE_MAP.get(slurm_state, JobState.UNKNOWN)
     if state is JobState.PENDING and restarts > 0:
+        state = JobState.REQUEUED
+    # Just after a requeue the job shows COMPLETING (its processes are being stopped) with no end
+    # time, where a job that really completes has one.
+    if (
+        slurm_state == "COMPLETING"
+        and restarts > 0
+        and fields.get("EndTime") in ("Unknown", "None")
+    ):
         state = JobState.REQUEUED
     exit_code = None
     if state.finished and ":" in fields.get("ExitCode", ""):
@@ -134,9 +142,13 @@ class SlurmBackend:
                 self._runs_root = f"{home}/tgnb-runs"
         return self._runs_root
 
-    def run_dir_for(self, spec: RunSpec) -> str:
-        """The run directory of `spec`: its own `run_dir`, else `runs_root`/<name>."""
-        return spec.run_dir or f"{self.runs_root.rstrip('/')}/{spec.name}"
+    def run_dir_for(self, spec: RunSpec | str) -> str:
+        """The run directory of `spec` (or of a run name): its own `run_dir`, else
+        `runs_root`/<name>. Stable across requeues: never a timestamp."""
+        if isinstance(spec, RunSpec) and spec.run_dir:
+            return spec.run_dir
+        name = spec.name if isinstance(spec, RunSpec) else spec
+        return f"{self.runs_root.rstrip('/')}/{name}"
 
     def render(self, spec: RunSpec) -> tuple[str, str]:
         """``(script, config_yaml)`` of `spec`, as they will be submitted."""
