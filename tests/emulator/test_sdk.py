@@ -108,6 +108,7 @@ def test_notice_and_removed_files_for_the_workload_plane(
     assert notice["deadline"] == victim["deadline"] and notice["deadline_unix"] > 0
     assert not (node_dir / "removed.json").exists()
     removed_file = node_dir / "removed.json"
+    # no request in between: the emulator's clock removes the node on its own
     emulator.wait_for(removed_file.exists, timeout=60)
     removed = json.loads(removed_file.read_text())
     assert removed["reason"] == "TogetherPreempted" and removed["node"] == victim["name"]
