@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from tgnb import events as ev
+from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.events import Event, utcnow
 from tgnb.notebook.timeline import node_class
 
@@ -118,16 +119,34 @@ class CostReport:
         )
 
 
+def _preempted_exit(e: Event) -> bool:
+    data = e.data or {}
+    return data.get("exit_reason") == "preempted" or data.get("exit_code") == EXIT_PREEMPTED
+
+
 def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None = None) -> RunCost:
-    """GPU-hours and lost work of one run from its lifecycle events."""
+    """GPU-hours and lost work of one run from its lifecycle events.
+
+    A stretch ends in a preemption when the process exits as preempted (exit code 75) or the run is
+    requeued (a ``RunRequeued`` after a stretch counts once, with or without a ``RunExited``).
+    """
     out = RunCost(name, gpus)
     end_now = (now or utcnow()).timestamp()
     seg: tuple[float, str | None] | None = None
     last_ckpt: tuple[float, int | None] | None = None
     last_step: int | None = None
+    counted = True  # whether the last closed stretch was already counted as a preemption
+    last_closed: tuple[float, float] | None = None
 
-    def close(t: float, requeued: bool) -> None:
-        nonlocal seg
+    def count_loss(start: float, end: float) -> None:
+        out.preemptions += 1
+        saved_at = last_ckpt[0] if last_ckpt and last_ckpt[0] >= start else start
+        out.lost_gpu_hours += max(end - saved_at, 0.0) * gpus / 3600
+        if last_step is not None and last_ckpt and last_ckpt[1] is not None:
+            out.lost_steps += max(last_step - last_ckpt[1], 0)
+
+    def close(t: float, preempted: bool) -> None:
+        nonlocal seg, counted, last_closed
         if seg is None:
             return
         start, node = seg
@@ -136,13 +155,9 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
             out.preemptible_gpu_hours += hours
         else:
             out.standard_gpu_hours += hours
-        if requeued:
-            out.preemptions += 1
-            saved_at = last_ckpt[0] if last_ckpt and last_ckpt[0] >= start else start
-            out.lost_gpu_hours += max(t - saved_at, 0.0) * gpus / 3600
-            if last_step is not None and last_ckpt and last_ckpt[1] is not None:
-                out.lost_steps += max(last_step - last_ckpt[1], 0)
-        seg = None
+        if preempted:
+            count_loss(start, t)
+        counted, last_closed, seg = preempted, (start, t), None
 
     for e in sorted(events, key=lambda e: e.time):
         if e.source == "cluster":
@@ -151,13 +166,19 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
         step = e.data.get("step") if e.data else None
         if isinstance(step, int):
             last_step = step
-        if e.reason in (ev.RUN_STARTED, ev.RUN_RESUMED):
+        if e.reason == ev.RUN_STARTED or (e.reason == ev.RUN_RESUMED and seg is None):
             close(t, False)
             seg = (t, e.node)
         elif e.reason == ev.CHECKPOINT_SAVED:
             last_ckpt = (t, step if isinstance(step, int) else None)
-        elif e.reason in (ev.RUN_REQUEUED, ev.RUN_EXITED):
-            close(t, e.reason == ev.RUN_REQUEUED)
+        elif e.reason == ev.RUN_EXITED:
+            close(t, _preempted_exit(e))
+        elif e.reason == ev.RUN_REQUEUED:
+            if seg is not None:
+                close(t, True)
+            elif not counted and last_closed is not None:
+                count_loss(*last_closed)
+                counted = True
     close(end_now, False)
     return out
 
