@@ -86,3 +86,65 @@ def cleanup_jobs() -> Iterator[list[str]]:
     for job in jobs:
         subprocess.run(["scancel", job], check=False, timeout=30)
     resume_node()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def login_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """A real sshd on 127.0.0.1 (a free port, key login only) standing in for a cluster's login
+    node: ``(host, ssh_options)`` for `CommandRunner`. Skipped where openssh-server is missing."""
+    import socket
+    import time
+
+    sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+    if sshd is None or shutil.which("ssh-keygen") is None or os.geteuid() != 0:
+        pytest.skip("needs openssh-server (sshd) and root to stand in for a login node")
+    d = tmp_path_factory.mktemp("sshd")
+    for key in ("host", "client"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True
+        )
+    (d / "authorized_keys").write_text((d / "client.pub").read_text())
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nPidFile {d / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+        "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nAcceptEnv TGNB_*\n"
+    )
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    proc = subprocess.Popen(
+        [sshd, "-D", "-e", "-f", str(d / "sshd_config")],
+        stdout=subprocess.DEVNULL,
+        stderr=open(d / "sshd.log", "w"),  # noqa: SIM115 - closed with the process
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
+                time.sleep(0.1)
+        options = (
+            "-p", str(port), "-i", str(d / "client"), "-o", "IdentitiesOnly=yes",
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+        )  # fmt: skip
+        yield "127.0.0.1", options
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -133,3 +133,36 @@ def test_missing_secret_is_refused_before_submitting(
         backend.submit(spec("nosecret", sleep=1))
     assert not (tmp_path / "runs" / "nosecret").exists()
     assert os.environ.get("TGNB_TEST_TOKEN_SRC") is None
+
+
+def test_submit_through_a_login_node_over_ssh(
+    slurm: str,
+    tmp_path: Path,
+    cleanup_jobs: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    login_node: tuple[str, tuple[str, ...]],
+) -> None:
+    """The whole path over a real sshd on loopback: files written, sbatch, scontrol, logs and
+    events read back over SSH; the secret travels by SendEnv, never in an argv or a file."""
+    from tgnb.backends.slurm import CommandRunner
+
+    host, options = login_node
+    monkeypatch.setenv("TGNB_TEST_TOKEN_SRC", TOKEN)
+    runner = CommandRunner(host, ssh_options=options)
+    backend = SlurmBackend(
+        runner=runner,
+        runs_root=tmp_path / "remote",
+        gres=False,
+        python=FAKE_TRAIN,
+        poll_seconds=0.5,
+    )
+    job = backend.submit(spec("over-ssh", sleep=1))
+    cleanup_jobs.append(job)
+    lines = list(backend.logs(job, follow=True))
+    st = backend.status(job)
+    assert st.state is JobState.SUCCEEDED, (st, lines)
+    assert f"fake-train restart=0 node={slurm} token_set=yes" in lines
+    assert [e.reason for e in backend.events(job)] == ["RunStarted", "RunExited"]
+    run_dir = tmp_path / "remote" / "over-ssh"
+    assert backend.run_dir(job) == str(run_dir)
+    assert TOKEN not in (run_dir / "job.sbatch").read_text()
