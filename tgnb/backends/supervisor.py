@@ -3,7 +3,8 @@ slurmd for that run.
 
 It is started in a new session (``start_new_session=True``), so it outlives the notebook kernel
 that launched the run. It places the run on emulated nodes of the right kind, launches
-``python -m tgnb.train`` as a process group per node, watches those nodes and behaves as the
+``python -m tgnb.train`` as a process group per node (a single-node run is forked from this
+process once it has imported the training stack: see `tgnb.backends.warm`), watches those nodes and behaves as the
 platform does when one is preempted:
 
 - KUBERNETES-type cluster: SIGTERM to the process group at T+0 (when the preemption notice
@@ -39,6 +40,7 @@ from typing import Any
 
 from tgnb.backends.base import EXIT_PREEMPTED, JobState
 from tgnb.backends.nodes import NodeInfo, NodeSource
+from tgnb.backends.warm import ForkedProcess, fork_module, preload
 from tgnb.events import RUN_REQUEUED, Event, utcnow
 from tgnb.runs.store import RunStore
 
@@ -50,13 +52,15 @@ TRAIN_LOG = "train.log"
 LAUNCH_CONFIG = "launch.yaml"
 STOP_GRACE_SECONDS = 30.0
 MAX_RESTARTS = 100
+TRAIN_MODULE = "tgnb.train"
+Proc = subprocess.Popen[bytes] | ForkedProcess
 #: The module a node runs (default ``tgnb.train``); tests of the supervisor alone set a stand-in.
 TRAIN_MODULE_ENV = "TGNB_TRAIN_MODULE"
 
 
 def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str) -> list[str]:
     """The command one node runs: the training runtime, under torchrun when nodes > 1."""
-    module = os.environ.get(TRAIN_MODULE_ENV) or "tgnb.train"
+    module = os.environ.get(TRAIN_MODULE_ENV) or TRAIN_MODULE
     tail = ["-m", module, str(config), "--run-dir", str(run_dir)]
     if nodes == 1:
         return [sys.executable, *tail]
@@ -100,6 +104,7 @@ class Supervisor:
         self.poll = poll
         self.run_dir = Path(self.record.run_dir or ".")
         self.stop_requested = False
+        self.warm = False  # fork each start from this process once the training stack is imported
         self._cache: dict[str, NodeInfo] = {}
         self._api_ok = True
 
@@ -193,9 +198,13 @@ class Supervisor:
         config = self._write_config()
         rdzv = f"127.0.0.1:{_free_port()}"
         names = [n.name for n in nodes]
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: list[Proc] = []
         with open(self.run_dir / TRAIN_LOG, "ab") as log:
-            for rank, node in enumerate(nodes):
+            if self.warm and len(nodes) == 1:
+                argv = [str(config), "--run-dir", str(self.run_dir)]
+                env = self._env(nodes[0], restart)
+                procs.append(fork_module(TRAIN_MODULE, argv, env, str(self.run_dir), log.fileno()))
+            for rank, node in enumerate(nodes if not procs else ()):
                 cmd = train_command(config, self.run_dir, len(nodes), rank, rdzv)
                 procs.append(
                     subprocess.Popen(
@@ -214,13 +223,13 @@ class Supervisor:
             self.event(JOB_PLACED, f"placed on {node.name}", node.name, restart_count=restart)
         return self._watch(procs, names)
 
-    def _signal(self, procs: Sequence[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
+    def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, sig)
 
-    def _watch(self, procs: Sequence[subprocess.Popen[bytes]], names: Sequence[str]) -> str:
+    def _watch(self, procs: Sequence[Proc], names: Sequence[str]) -> str:
         preempted: str | None = None
         killed = False
         stop_at: float | None = None
@@ -272,6 +281,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_requested", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "stop_requested", True))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.update({k: str(v) for k, v in self.record.spec.env.items()})
+        if self.record.spec.resources.nodes == 1 and not os.environ.get(TRAIN_MODULE_ENV):
+            self.warm = preload(TRAIN_MODULE)
         restart = self.record.restart_count
         rid = self.record.id
         while True:
