@@ -1,0 +1,232 @@
+"""``tgnb notebooks``: run the example notebooks headless with papermill, keep what they showed.
+
+Each notebook in ``notebooks/`` (the quickstart, the GRPO sweep, the DPO run) has a cell tagged
+``parameters``; `run_notebook` executes a copy with papermill (parameters injected after that cell),
+writes the executed notebook and, by default, an HTML export (nbconvert) next to it. Widgets are
+kept as their static HTML renderings and saved widget state, so the timeline, the panels and the
+plots show in the output without a kernel.
+
+Command line::
+
+    tgnb notebooks list
+    tgnb notebooks run quickstart --out tgnb-out          # tgnb-out/01-quickstart.ipynb and .html
+    tgnb notebooks run all -p max_steps 10 --stop         # every notebook, then stop the emulator
+
+papermill, nbconvert and ipykernel come with the ``batch`` extra (``pip install 'tgnb[batch]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TgnbError, ValidationError
+
+#: Short names of the example notebooks and their files in the notebooks folder.
+NOTEBOOKS: dict[str, str] = {
+    "quickstart": "01-quickstart.ipynb",
+    "grpo-sweep": "02-grpo-sweep.ipynb",
+    "dpo": "03-dpo.ipynb",
+}
+#: Environment variable naming the folder that holds the example notebooks.
+NOTEBOOKS_ENV = "TGNB_NOTEBOOKS"
+DEFAULT_OUT = Path("tgnb-out")
+
+
+class NotebookError(TgnbError):
+    """A notebook raised while it ran; `output` is the executed notebook up to the failing cell."""
+
+    def __init__(self, message: str, output: Path) -> None:
+        super().__init__(message)
+        self.output = output
+
+
+@dataclass(frozen=True)
+class NotebookResult:
+    """One executed notebook: where it was written, its HTML export, how long it ran."""
+
+    source: Path
+    output: Path
+    html: Path | None
+    seconds: float
+
+    def __str__(self) -> str:
+        html = f", HTML {self.html}" if self.html else ""
+        return f"{self.source.name}: ran in {self.seconds:.0f} s; executed notebook {self.output}{html}"
+
+
+def notebooks_dir() -> Path:
+    """The folder of the example notebooks: ``$TGNB_NOTEBOOKS``, else ``notebooks/`` of the source
+    tree tgnb runs from."""
+    env = os.environ.get(NOTEBOOKS_ENV)
+    folder = Path(env).expanduser() if env else Path(__file__).resolve().parents[1] / "notebooks"
+    if not (folder / NOTEBOOKS["quickstart"]).is_file():
+        raise ValidationError(
+            f"no example notebooks in {folder}: set {NOTEBOOKS_ENV} to the notebooks/ folder of a "
+            "tgnb checkout"
+        )
+    return folder
+
+
+def resolve(name: str) -> Path:
+    """A notebook from a short name (``quickstart``), its number (``01``), its file name or a path."""
+    path = Path(name).expanduser()
+    if path.suffix == ".ipynb" and path.is_file():
+        return path
+    folder = notebooks_dir()
+    for short, file in NOTEBOOKS.items():
+        if name in (short, file, file.removesuffix(".ipynb"), file[:2]):
+            return folder / file
+    import difflib
+
+    close = difflib.get_close_matches(name, list(NOTEBOOKS), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValidationError(
+        f"no notebook {name!r}: {hint}choose from {', '.join(NOTEBOOKS)} or give an .ipynb path"
+    )
+
+
+def export_html(notebook: Path, html: Path | None = None) -> Path:
+    """Write an HTML export of an executed notebook (nbconvert's lab template); its path."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    html = html or notebook.with_suffix(".html")
+    nb = nbformat.read(notebook, as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    html.write_text(body, encoding="utf-8")
+    return html
+
+
+def run_notebook(
+    notebook: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    kernel: str | None = None,
+    html: bool = True,
+    cell_timeout: float | None = 1800,
+) -> NotebookResult:
+    """Execute one notebook with papermill into `out_dir` (same file name) and export it as HTML.
+
+    `parameters` are injected after the cell tagged ``parameters``; `home` sets the notebook's
+    ``home`` parameter (the tgnb home of its emulator and run store). Raises `NotebookError` when
+    a cell fails: the executed notebook (and its HTML) are still written, up to that cell.
+    """
+    import papermill as pm
+
+    source = resolve(os.fspath(notebook))
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    output = out / source.name
+    params = dict(parameters or {})
+    if home is not None:
+        params["home"] = os.fspath(Path(home).expanduser().resolve())
+    t0 = time.monotonic()
+    try:
+        pm.execute_notebook(
+            str(source),
+            str(output),
+            parameters=params,
+            kernel_name=kernel,
+            cwd=str(source.parent),
+            progress_bar=False,
+            execution_timeout=cell_timeout,
+        )
+    except pm.PapermillExecutionError as exc:
+        if html:
+            export_html(output)
+        raise NotebookError(
+            f"{source.name} failed in cell {exc.exec_count} ({exc.ename}: {exc.evalue}); "
+            f"see {output}",
+            output,
+        ) from None
+    seconds = time.monotonic() - t0
+    return NotebookResult(source, output, export_html(output) if html else None, seconds)
+
+
+def _value(text: str) -> Any:
+    """A ``-p`` value read as YAML (numbers, lists, booleans), else the string itself."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tgnb notebooks", description="Run the example notebooks headless with papermill."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the example notebooks and where they are")
+    r = sub.add_parser("run", help="execute notebooks; keep the executed copies and HTML exports")
+    r.add_argument("names", nargs="*", default=["quickstart"], help="names, or 'all'")
+    r.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT, help="output folder")
+    r.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a notebook parameter (value read as YAML), e.g. -p max_steps 10",
+    )
+    r.add_argument("--home", type=Path, default=None, help="tgnb home (default $TGNB_HOME)")
+    r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's)")
+    r.add_argument("--no-html", action="store_true", help="skip the HTML export")
+    r.add_argument("--stop", action="store_true", help="stop the emulator daemon at the end")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        if args.command == "list":
+            folder = notebooks_dir()
+            for short, file in NOTEBOOKS.items():
+                print(f"{short:<12} {folder / file}")
+            return 0
+        names = list(NOTEBOOKS) if args.names == ["all"] else args.names
+        sources = [resolve(n) for n in names]  # every name checked before anything runs
+        params = {k: _value(v) for k, v in args.parameter}
+        failed = 0
+        try:
+            for source in sources:
+                print(f"running {source.name} ...", flush=True)
+                try:
+                    result = run_notebook(
+                        source,
+                        args.out,
+                        params,
+                        home=args.home,
+                        kernel=args.kernel,
+                        html=not args.no_html,
+                    )
+                except NotebookError as exc:
+                    failed += 1
+                    print(f"tgnb notebooks: {exc}", file=sys.stderr)
+                    continue
+                print(result, flush=True)
+        finally:
+            if args.stop:
+                from tgnb.config import Settings
+                from tgnb.emulator import daemon
+
+                daemon.stop(args.home or Settings.from_env().home)
+        return 1 if failed else 0
+    except TgnbError as exc:
+        print(f"tgnb notebooks: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
