@@ -44,6 +44,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,7 @@ class CheckpointGuard:
             step=step,
             checkpoint_step=last.step if last else None,
         )
+        print(f"tgnb: rank {_rank()} {reason} at step {step}", file=sys.stderr, flush=True)
         dist = _dist()
         if dist is not None:
             dist.barrier()

@@ -1,0 +1,193 @@
+"""Checkpoint cost on preemption, as a ratio to a plain write of the same bytes, measured side by side.
+
+For each model (the built-in ``tiny`` and a ~100M-parameter Llama with random weights and the tiny
+character tokenizer, built locally; nothing is downloaded) this starts a real
+``python -m tgnb.train`` DPO run, sends it SIGTERM mid-run, and measures
+
+- ``sigterm_to_complete``: wall time from the signal to the completion marker's time (this includes
+  waiting for the optimizer step in progress to end, since the checkpoint is taken at the next step
+  boundary);
+- ``save``: the run's own ``CheckpointSaved.duration_s`` (save decision to sealed marker);
+- ``plain``: a sequential write + fsync (file and directory) of the same number of bytes in the same
+  directory, right after, median of 3.
+
+It prints ``sigterm_to_complete / plain`` and ``save / plain``. Target: <= 1.5.
+
+Usage: ``python bench/checkpoint.py [--models tiny,100m] [--keep DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CHUNK = 8 << 20
+
+
+def build_100m(path: Path) -> int:
+    """A Llama of about 100M parameters with random weights and the tiny tokenizer, saved to `path`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tgnb.train import assets
+
+    ids = assets.vocab()
+    config = LlamaConfig(
+        vocab_size=len(ids),
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=14,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=256,
+        pad_token_id=ids[assets.PAD],
+        bos_token_id=ids[assets.BOS],
+        eos_token_id=ids[assets.EOS],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    assets.build_tokenizer().save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def plain_write(directory: Path, nbytes: int) -> float:
+    """Seconds to write `nbytes` sequentially, fsync the file and the directory, in `directory`."""
+    buf = os.urandom(CHUNK)
+    path = directory / "plain-write.bin"
+    began = time.perf_counter()
+    with open(path, "wb", buffering=0) as fh:
+        left = nbytes
+        while left > 0:
+            n = fh.write(buf[: min(CHUNK, left)])
+            left -= n or 0
+        os.fsync(fh.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    took = time.perf_counter() - began
+    path.unlink()
+    return took
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+def measure(name: str, model: str, work: Path, env: dict[str, str], batch: int) -> dict[str, Any]:
+    run_dir = work / f"run-{name}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tgnb.train",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "algorithm=dpo",
+        "--set",
+        f"model={model}",
+        "--set",
+        "max_steps=100000",
+        "--set",
+        f"trl.per_device_train_batch_size={batch}",
+        "--set",
+        "trl.max_length=16",
+        "--set",
+        "checkpoint.watch_drain=false",
+    ]
+    log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 900
+        while steps_logged(run_dir) < 3:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name}: training did not reach step 3; see {log.name}")
+            time.sleep(0.05)
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    saved = [e["data"] for e in events(run_dir) if e["reason"] == "CheckpointSaved"][-1]
+    marker = json.loads((Path(saved["checkpoint"]) / "tgnb-complete.json").read_text())
+    total = marker["time"] - sent
+    plain = statistics.median(plain_write(run_dir, marker["bytes"]) for _ in range(3))
+    return {
+        "model": name,
+        "exit_code": code,
+        "bytes": marker["bytes"],
+        "sigterm_to_complete_s": round(total, 3),
+        "save_s": saved["duration_s"],
+        "seal_s": saved["seal_s"],
+        "plain_write_fsync_s": round(plain, 3),
+        "ratio_sigterm_to_complete": round(total / plain, 3),
+        "ratio_save": round(saved["duration_s"] / plain, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="tiny,100m")
+    p.add_argument("--keep", help="work directory to keep (default: a temporary one)")
+    args = p.parse_args(argv)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tgnb-bench-ckpt-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TGNB_HOME": str(work / "home"),
+    }
+    env.pop("TGNB_NOTICE_FILE", None)
+    rows = []
+    for name in args.models.split(","):
+        if name == "tiny":
+            rows.append(measure("tiny", "tiny", work, env, batch=8))
+        elif name == "100m":
+            path = work / "model-100m"
+            if not (path / "config.json").exists():
+                params = build_100m(path)
+                print(f"built a {params / 1e6:.1f}M-parameter model in {path}", flush=True)
+            rows.append(measure("100m", str(path), work, env, batch=1))
+        else:
+            raise SystemExit(f"unknown model {name!r}; use tiny and/or 100m")
+    for row in rows:
+        print(json.dumps(row))
+    for row in rows:
+        print(
+            f"{row['model']:>5}: {row['bytes'] / 1e6:9.1f} MB  SIGTERM->complete "
+            f"{row['sigterm_to_complete_s']:.3f} s  save {row['save_s']:.3f} s  plain write+fsync "
+            f"{row['plain_write_fsync_s']:.3f} s  ratio {row['ratio_sigterm_to_complete']:.2f} "
+            f"(save only {row['ratio_save']:.2f}; target <= 1.5)"
+        )
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

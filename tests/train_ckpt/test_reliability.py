@@ -1,0 +1,100 @@
+"""SIGKILL at seeded random instants during checkpoint saves; every resume loads a complete one.
+
+24 trials chained in one run directory. Each trial is a child process (forked from `zygote.py`, which
+imported torch and TRL once) that resumes through the real `CheckpointGuard`, trains the tiny model
+with DPO saving at every step through the Trainer's own save plus the guard's sealing, and is
+SIGKILLed at a seeded random instant inside (or just after) a save. After each kill this test checks
+on its own that the newest complete checkpoint really loads (safetensors, optimizer, scheduler, RNG,
+trainer state at the marker's step), and that the next trial resumed from exactly that one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tgnb.train import checkpoint as ck
+
+HERE = Path(__file__).parent
+TRIALS = 24
+
+
+def answer(stream: IO[str]) -> dict[str, Any]:
+    """The zygote's next protocol line (it shares stdout with the runs' own records)."""
+    for line in stream:
+        if line.startswith("ZYGOTE "):
+            return dict(json.loads(line[len("ZYGOTE ") :]))
+    raise AssertionError("the zygote died")
+
+
+def load_all(ckpt: ck.Checkpoint) -> int:
+    """Load every part of a checkpoint as the Trainer would; returns the trainer state's step."""
+    import torch
+    from safetensors.torch import load_file
+
+    load_file(str(ckpt.path / "model.safetensors"))
+    torch.load(ckpt.path / "optimizer.pt", weights_only=True)
+    torch.load(ckpt.path / "scheduler.pt", weights_only=True)
+    torch.load(ckpt.path / "rng_state.pth", weights_only=False)
+    state = json.loads((ckpt.path / "trainer_state.json").read_text())
+    return int(state["global_step"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TGNB_HOME": str(tmp_path / "home")}
+    env.pop("TGNB_NOTICE_FILE", None)
+    zygote = subprocess.Popen(
+        [sys.executable, str(HERE / "zygote.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    torn_after_kill = 0
+    expected_resume: int | None = None
+    try:
+        assert answer(zygote.stdout) == {"ready": True}
+        for i in range(TRIALS):
+            report = tmp_path / f"trial-{i}.json"
+            zygote.stdin.write(f"{run_dir} {1000 + i} {report}\n")
+            zygote.stdin.flush()
+            status = answer(zygote.stdout)["status"]
+            error = report.with_suffix(".error")
+            assert not error.exists(), error.read_text()
+            info = json.loads(report.read_text())
+            assert "error" not in info, info
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, info
+            # The trial resumed from exactly the checkpoint this test found complete last time.
+            assert info["resumed_step"] == expected_resume, (i, info)
+
+            dirs = ck.checkpoint_dirs(run_dir / "checkpoints")
+            torn = [d for d in dirs if ck.verify(d) is None]
+            torn_after_kill += bool(torn)
+            latest = ck.latest_complete(run_dir / "checkpoints")
+            assert latest is not None, f"trial {i}: no complete checkpoint left"
+            assert load_all(latest) == latest.step
+            assert latest.step >= info["armed_step"] - 1, (i, info, latest.step)
+            expected_resume = latest.step
+    finally:
+        zygote.stdin.close()
+        try:
+            zygote.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+            zygote.wait()
+    print(
+        f"{torn_after_kill} of {TRIALS} kills left a torn checkpoint; last step {expected_resume}"
+    )
+    # The kills must really have landed inside saves, or this test would prove nothing.
+    assert torn_after_kill >= TRIALS // 4, f"only {torn_after_kill} kills left a torn checkpoint"
