@@ -197,12 +197,12 @@ class CheckpointGuard:
                 ck._remove(path)
         dist = _dist()
         if dist is not None:
-            box = [str(chosen.path) if chosen else None, chosen.step if chosen else None]
-            dist.broadcast_object_list(box, src=0)
+            box: list[Any] = [str(chosen.path) if chosen else None]
+            dist.broadcast_object_list(box, src=0)  # every rank resumes from rank 0's choice
             if box[0] is None:
                 chosen = None
             elif chosen is None or str(chosen.path) != box[0]:
-                chosen = ck.read_marker(box[0])
+                chosen = ck.read_marker(str(box[0]))
         if chosen is None:
             return None
         self.resumed_step = chosen.step
