@@ -85,6 +85,9 @@ def test_quickstart_through_magics(
 
         ip.run_line_magic("tg", "stop qs-grpo")
         _until(lambda: run.state.finished, 120, "the stop")
+        capsys.readouterr()
+        ip.run_line_magic("tg", "logs qs-grpo -f")  # a finished run: prints its log and returns
+        assert "CheckpointSaved" in capsys.readouterr().out
         report = ip.run_line_magic("tg", "cost")
         (row,) = report.runs
         assert row.preemptible_gpu_hours > 0 and row.standard_gpu_hours == 0

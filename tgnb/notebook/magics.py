@@ -130,6 +130,8 @@ class Tg(Magics):
     def _do_attach(self, args: Any, cell: str | None) -> Any:
         target = args.cluster or self.default_cluster or None
         self.session = _api.attach(target, local=args.local)
+        if getattr(self.session, "is_local", False):
+            print(f"attached to the local emulator at {self.session.cloud.base_url}")
         return self.session
 
     def _do_clusters(self, args: Any, cell: str | None) -> Any:

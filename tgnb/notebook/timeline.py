@@ -52,6 +52,10 @@ _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.PREEMPTION_NOTIFIED: ("down", "#d62728"),
     ev.TARGET_CHANGED: ("diamond", "#7570b3"),
     ev.SCALED_UP: ("up", "#7570b3"),
+    # What a workload backend records about a run's job (tgnb.backends.supervisor).
+    "JobPlaced": ("circle", "#999999"),
+    "SignalSent": ("down", "#e377c2"),
+    "JobKilled": ("bar", "#d62728"),
 }
 _LABEL = {
     ev.RUN_STARTED: "started",
@@ -64,6 +68,9 @@ _LABEL = {
     ev.PREEMPTION_NOTIFIED: "preemption notice",
     ev.TARGET_CHANGED: "target changed",
     ev.SCALED_UP: "scaled up",
+    "JobPlaced": "job placed",
+    "SignalSent": "SIGTERM sent",
+    "JobKilled": "job killed",
 }
 
 
