@@ -1,0 +1,220 @@
+/**
+ * tgnb's JupyterLab extension: a Together sidebar (cluster, preemptible capacity, runs, events),
+ * notifications on preemption notices and on runs resumed or failed, and palette commands to
+ * attach, scale and open a run's timeline. Everything goes through the tgnb server extension.
+ */
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import {
+  ICommandPalette,
+  InputDialog,
+  MainAreaWidget,
+  Notification
+} from '@jupyterlab/apputils';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import * as api from './api';
+import { confirmScale, GPUS_PER_NODE, TogetherSidebar } from './sidebar';
+
+const ICON_SVG =
+  '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">' +
+  '<g class="jp-icon3" fill="#616161"><rect x="3" y="3" width="8" height="8" rx="1"/>' +
+  '<rect x="13" y="3" width="8" height="8" rx="1"/><rect x="3" y="13" width="8" height="8" rx="1"/>' +
+  '<rect x="13" y="13" width="8" height="8" rx="1" fill-opacity="0.4"/></g></svg>';
+
+export const togetherIcon = new LabIcon({ name: 'tgnb:together', svgstr: ICON_SVG });
+
+const CommandIDs = {
+  attach: 'tgnb:attach',
+  scale: 'tgnb:scale',
+  timeline: 'tgnb:open-timeline',
+  sidebar: 'tgnb:open-sidebar'
+};
+
+function errorText(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Toasts for what a person watching training wants to know at once. */
+export function notify(message: api.Message): void {
+  if (message.type === 'event' && message.live) {
+    const e = message.event;
+    if (e.reason === 'TogetherPreemptionNotified') {
+      Notification.warning(`Preemption notice for node ${e.node ?? '?'}: ${e.message}`, {
+        autoClose: 15000
+      });
+    } else if (e.reason === 'RunResumed') {
+      const step = e.data?.step;
+      const from = step !== undefined ? ` from step ${step}` : '';
+      Notification.info(`Run ${e.run ?? '?'} resumed${from}`, { autoClose: 10000 });
+    }
+  } else if (message.type === 'run_state' && message.to === 'failed') {
+    Notification.error(`Run ${message.run} failed`, { autoClose: false });
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'tgnb:sidebar',
+  description: 'Together GPUs: cluster capacity, runs and preemption notifications',
+  autoStart: true,
+  requires: [ILabShell],
+  optional: [ICommandPalette],
+  activate: (app: JupyterFrontEnd, shell: ILabShell, palette: ICommandPalette | null) => {
+    const refresh = async (): Promise<void> => {
+      try {
+        sidebar.setCluster(await api.getCluster());
+        sidebar.setRuns(await api.getRuns());
+        sidebar.setError('');
+      } catch (error) {
+        sidebar.setError(errorText(error));
+      }
+    };
+
+    const scaleTo = async (target: number): Promise<void> => {
+      const cluster = sidebar.cluster ?? (await api.getCluster());
+      if (!(await confirmScale(cluster, target))) {
+        return;
+      }
+      try {
+        sidebar.setCluster(await api.scale(target));
+        sidebar.setError('');
+        Notification.success(`Preemptible target of ${cluster.name} set to ${target} GPUs`, {
+          autoClose: 5000
+        });
+      } catch (error) {
+        sidebar.setError(errorText(error));
+        Notification.error(errorText(error), { autoClose: 10000 });
+      }
+    };
+
+    const openTimeline = async (run: string): Promise<void> => {
+      let svg: string;
+      try {
+        svg = await api.getTimeline(run);
+      } catch (error) {
+        Notification.error(errorText(error), { autoClose: 10000 });
+        return;
+      }
+      const content = new Widget();
+      content.addClass('tgnb-Timeline');
+      const img = document.createElement('img');
+      img.alt = `timeline of run ${run}`;
+      img.src = URL.createObjectURL(new Blob([svg], { type: 'image/svg+xml' }));
+      content.node.appendChild(img);
+      const widget = new MainAreaWidget({ content });
+      widget.id = `tgnb-timeline-${run}`;
+      widget.title.label = `Timeline: ${run}`;
+      widget.title.icon = togetherIcon;
+      widget.title.closable = true;
+      widget.disposed.connect(() => URL.revokeObjectURL(img.src));
+      shell.add(widget, 'main');
+      shell.activateById(widget.id);
+    };
+
+    const sidebar = new TogetherSidebar({
+      scale: scaleTo,
+      openTimeline: run => void openTimeline(run),
+      attach: () => void app.commands.execute(CommandIDs.attach)
+    });
+    sidebar.title.icon = togetherIcon;
+    shell.add(sidebar, 'left', { rank: 900 });
+
+    const stream = new api.EventStream(message => {
+      switch (message.type) {
+        case 'cluster':
+          sidebar.setCluster(message.cluster);
+          break;
+        case 'runs':
+          sidebar.setRuns(message.runs);
+          break;
+        case 'event':
+          sidebar.addEvent(message.event);
+          break;
+        case 'error':
+          sidebar.setError(message.message);
+          break;
+      }
+      notify(message);
+    });
+    stream.start();
+    void refresh();
+
+    app.commands.addCommand(CommandIDs.sidebar, {
+      label: 'Together: show the GPU sidebar',
+      execute: () => shell.activateById(sidebar.id)
+    });
+    app.commands.addCommand(CommandIDs.attach, {
+      label: 'Together: attach to a cluster',
+      execute: async () => {
+        const answer = await InputDialog.getText({
+          title: 'Attach to a Together cluster',
+          label: 'Cluster name or id (empty: the default cluster)',
+          text: sidebar.cluster?.name ?? ''
+        });
+        if (!answer.button.accept) {
+          return;
+        }
+        try {
+          sidebar.setCluster(await api.attach(answer.value?.trim() || null));
+          sidebar.setRuns(await api.getRuns());
+          sidebar.setError('');
+          shell.activateById(sidebar.id);
+        } catch (error) {
+          Notification.error(errorText(error), { autoClose: 10000 });
+        }
+      }
+    });
+    app.commands.addCommand(CommandIDs.scale, {
+      label: 'Together: scale preemptible GPUs',
+      execute: async () => {
+        const cluster = sidebar.cluster ?? (await api.getCluster());
+        const top = Math.max(64, cluster.desired_preemptible_gpus + 4 * GPUS_PER_NODE);
+        const items: string[] = [];
+        for (let n = 0; n <= top; n += GPUS_PER_NODE) {
+          items.push(String(n));
+        }
+        const answer = await InputDialog.getItem({
+          title: `Preemptible GPU target of ${cluster.name}`,
+          items,
+          current: String(cluster.desired_preemptible_gpus)
+        });
+        if (answer.button.accept && answer.value !== null) {
+          await scaleTo(parseInt(answer.value, 10));
+        }
+      }
+    });
+    app.commands.addCommand(CommandIDs.timeline, {
+      label: "Together: open a run's timeline",
+      execute: async args => {
+        let run = args['run'] as string | undefined;
+        if (!run) {
+          const runs = sidebar.runs.length ? sidebar.runs : await api.getRuns();
+          if (runs.length === 0) {
+            Notification.info('No runs on this cluster yet', { autoClose: 5000 });
+            return;
+          }
+          const answer = await InputDialog.getItem({
+            title: 'Open the timeline of run',
+            items: runs.map(r => r.name)
+          });
+          if (!answer.button.accept || !answer.value) {
+            return;
+          }
+          run = answer.value;
+        }
+        await openTimeline(run);
+      }
+    });
+    if (palette) {
+      for (const command of Object.values(CommandIDs)) {
+        palette.addItem({ command, category: 'Together' });
+      }
+    }
+  }
+};
+
+export default plugin;

@@ -1,0 +1,223 @@
+/**
+ * The Together sidebar: the attached cluster, desired against allocated preemptible GPUs, a scale
+ * control in steps of 8 (with a confirmation), the runs with status and progress, and the events.
+ */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import { ICluster, IEvent, IRun } from './api';
+
+export const GPUS_PER_NODE = 8;
+const MAX_EVENTS = 200;
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  node.className = className;
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function bar(fraction: number, className: string): HTMLElement {
+  const outer = el('div', `tgnb-bar ${className}`);
+  const inner = el('div', 'tgnb-bar-fill');
+  inner.style.width = `${Math.round(Math.max(0, Math.min(1, fraction)) * 100)}%`;
+  outer.appendChild(inner);
+  return outer;
+}
+
+/** Ask before changing the preemptible target; true when the user confirmed. */
+export async function confirmScale(cluster: ICluster, target: number): Promise<boolean> {
+  const result = await showDialog({
+    title: 'Scale preemptible GPUs',
+    body:
+      `Set the preemptible target of ${cluster.name} from ` +
+      `${cluster.desired_preemptible_gpus} to ${target} GPUs ` +
+      `(${target / GPUS_PER_NODE} nodes)? Preemptible nodes can be reclaimed at any time.`,
+    buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Scale' })]
+  });
+  return result.button.accept;
+}
+
+export interface ISidebarActions {
+  scale(target: number): Promise<void>;
+  openTimeline(run: string): void;
+  attach(): void;
+}
+
+export class TogetherSidebar extends Widget {
+  constructor(private actions: ISidebarActions) {
+    super();
+    this.id = 'tgnb-sidebar';
+    this.addClass('tgnb-Sidebar');
+    this.title.caption = 'Together GPUs';
+    const root = this.node;
+    root.appendChild(el('h2', 'tgnb-title', 'Together'));
+    this.clusterNode = el('div', 'tgnb-cluster');
+    this.clusterNode.dataset.testid = 'tgnb-cluster';
+    this.capacityNode = el('div', 'tgnb-capacity');
+    this.capacityNode.dataset.testid = 'tgnb-capacity';
+    root.append(this.clusterNode, this.capacityNode, this.scaleControl());
+    this.errorNode = el('div', 'tgnb-error');
+    this.errorNode.dataset.testid = 'tgnb-error';
+    root.appendChild(this.errorNode);
+    root.appendChild(el('h3', 'tgnb-heading', 'Runs'));
+    this.runsNode = el('ul', 'tgnb-runs');
+    this.runsNode.dataset.testid = 'tgnb-runs';
+    root.appendChild(this.runsNode);
+    root.appendChild(el('h3', 'tgnb-heading', 'Events'));
+    this.eventsNode = el('ul', 'tgnb-events');
+    this.eventsNode.dataset.testid = 'tgnb-events';
+    root.appendChild(this.eventsNode);
+    this.renderCluster();
+    this.renderRuns();
+  }
+
+  get cluster(): ICluster | null {
+    return this._cluster;
+  }
+
+  get runs(): IRun[] {
+    return this._runs;
+  }
+
+  private scaleControl(): HTMLElement {
+    const box = el('div', 'tgnb-scale');
+    const minus = el('button', 'jp-Button tgnb-step', '−8');
+    minus.title = 'one node less';
+    minus.dataset.testid = 'tgnb-scale-down';
+    const value = el('span', 'tgnb-scale-value', '0');
+    value.dataset.testid = 'tgnb-scale-value';
+    const plus = el('button', 'jp-Button tgnb-step', '+8');
+    plus.title = 'one node more';
+    plus.dataset.testid = 'tgnb-scale-up';
+    const apply = el('button', 'jp-Button jp-mod-accept tgnb-apply', 'Scale');
+    apply.dataset.testid = 'tgnb-scale-apply';
+    minus.onclick = () => this.setPending(this.pending - GPUS_PER_NODE);
+    plus.onclick = () => this.setPending(this.pending + GPUS_PER_NODE);
+    apply.onclick = async () => {
+      if (this._cluster && this.pending !== this._cluster.desired_preemptible_gpus) {
+        await this.actions.scale(this.pending);
+      }
+    };
+    box.append(el('span', 'tgnb-label', 'target'), minus, value, plus, el('span', '', 'GPUs'), apply);
+    this.pendingNode = value;
+    return box;
+  }
+
+  private setPending(target: number): void {
+    this.pending = Math.max(0, target);
+    this.pendingNode.textContent = String(this.pending);
+  }
+
+  setError(message: string): void {
+    this.errorNode.textContent = message;
+  }
+
+  setCluster(cluster: ICluster): void {
+    const first = this._cluster === null || this._cluster.id !== cluster.id;
+    const targetMoved =
+      this._cluster !== null &&
+      this._cluster.desired_preemptible_gpus !== cluster.desired_preemptible_gpus;
+    this._cluster = cluster;
+    if (first || targetMoved) {
+      this.setPending(cluster.desired_preemptible_gpus);
+    }
+    this.renderCluster();
+  }
+
+  setRuns(runs: IRun[]): void {
+    this._runs = runs;
+    this.renderRuns();
+  }
+
+  addEvent(event: IEvent): void {
+    const item = el('li', `tgnb-event tgnb-reason-${event.reason}`);
+    const when = new Date(event.time);
+    item.appendChild(el('span', 'tgnb-time', when.toLocaleTimeString()));
+    item.appendChild(el('span', 'tgnb-reason', event.reason));
+    const where = [event.node, event.run].filter(Boolean).join(' · ');
+    if (where) {
+      item.appendChild(el('span', 'tgnb-where', where));
+    }
+    item.title = event.message;
+    this.eventsNode.insertBefore(item, this.eventsNode.firstChild);
+    while (this.eventsNode.childElementCount > MAX_EVENTS) {
+      this.eventsNode.lastElementChild?.remove();
+    }
+  }
+
+  private renderCluster(): void {
+    const c = this._cluster;
+    this.clusterNode.replaceChildren();
+    this.capacityNode.replaceChildren();
+    if (c === null) {
+      const link = el('button', 'jp-Button tgnb-attach', 'Attach to a cluster');
+      link.onclick = () => this.actions.attach();
+      this.clusterNode.append(el('div', 'tgnb-muted', 'not attached yet'), link);
+      return;
+    }
+    const name = el('div', 'tgnb-cluster-name', c.name);
+    name.title = c.id;
+    const where = [c.type, c.phase ?? c.status, c.gpu_type, c.region, c.backend]
+      .filter(Boolean)
+      .join(' · ');
+    this.clusterNode.append(name, el('div', 'tgnb-muted', where));
+    const desired = c.desired_preemptible_gpus;
+    const allocated = c.allocated_preemptible_gpus;
+    const text = el('div', 'tgnb-capacity-text');
+    text.append(
+      el('span', '', 'preemptible GPUs: allocated '),
+      Object.assign(el('b', '', String(allocated)), { title: 'allocated' }),
+      el('span', '', ' / desired '),
+      Object.assign(el('b', '', String(desired)), { title: 'desired' })
+    );
+    text.dataset.allocated = String(allocated);
+    text.dataset.desired = String(desired);
+    this.capacityNode.append(
+      text,
+      bar(desired > 0 ? allocated / desired : 1, c.capacity_reached ? 'tgnb-ok' : 'tgnb-short'),
+      el('div', 'tgnb-muted', `standard GPUs: ${c.standard_gpus} · nodes: ${c.nodes.length}`)
+    );
+  }
+
+  private renderRuns(): void {
+    this.runsNode.replaceChildren();
+    if (this._runs.length === 0) {
+      this.runsNode.appendChild(el('li', 'tgnb-muted', 'no runs on this cluster'));
+      return;
+    }
+    for (const run of this._runs) {
+      const item = el('li', `tgnb-run tgnb-state-${run.state}`);
+      item.dataset.run = run.name;
+      const head = el('div', 'tgnb-run-head');
+      head.append(el('span', 'tgnb-run-name', run.name), el('span', 'tgnb-badge', run.state));
+      const open = el('button', 'jp-Button tgnb-link', 'timeline');
+      open.onclick = () => this.actions.openTimeline(run.name);
+      head.appendChild(open);
+      const steps = run.max_steps ? `${run.step}/${run.max_steps} steps` : `${run.step} steps`;
+      const info = [steps, `restarts ${run.restart_count}`, run.nodes.join(',')].filter(Boolean);
+      item.append(head, bar(run.progress ?? 0, 'tgnb-progress'));
+      item.appendChild(el('div', 'tgnb-muted', info.join(' · ')));
+      if (run.detail) {
+        item.title = run.detail;
+      }
+      this.runsNode.appendChild(item);
+    }
+  }
+
+  private _cluster: ICluster | null = null;
+  private _runs: IRun[] = [];
+  private pending = 0;
+  private pendingNode!: HTMLElement;
+  private clusterNode: HTMLElement;
+  private capacityNode: HTMLElement;
+  private errorNode: HTMLElement;
+  private runsNode: HTMLElement;
+  private eventsNode: HTMLElement;
+}

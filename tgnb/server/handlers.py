@@ -1,0 +1,247 @@
+"""The HTTP API of the server extension, under ``<base_url>/tgnb/``.
+
+Every handler method is ``@tornado.web.authenticated``; `APIHandler` checks the XSRF token on
+every non-GET request. Errors are JSON ``{"message": "..."}`` (one line, secrets scrubbed): bad
+input 400, unknown run or cluster 404, the clusters API unreachable or refusing the key 502/503.
+
+- ``GET  /tgnb/cluster``           the attached cluster (attaches on first use)
+- ``POST /tgnb/attach``            ``{"cluster": "name or id", "local": false}``
+- ``POST /tgnb/scale``             ``{"preemptible": 16}`` (a multiple of 8, >= 0)
+- ``GET  /tgnb/runs``              the runs on the attached cluster
+- ``GET  /tgnb/runs/<name>``       one run, with its status history and events
+- ``GET  /tgnb/runs/<name>/timeline``  the run's timeline as SVG
+- ``GET  /tgnb/events``            server-sent events: the feed of `tgnb.server.service.Cockpit`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from tgnb.config import scrub
+from tgnb.errors import (
+    AmbiguousNameError,
+    AuthenticationError,
+    NotFoundError,
+    TgnbError,
+    TransientApiError,
+    ValidationError,
+)
+from tgnb.server.serialize import cluster_json, run_json
+from tgnb.server.service import Cockpit
+
+#: A comment line sent on an idle event stream so proxies keep it open (seconds).
+KEEPALIVE_S = 15.0
+
+
+def _status_of(exc: TgnbError) -> int:
+    if isinstance(exc, ValidationError | AmbiguousNameError):
+        return 400
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, TransientApiError):
+        return 503
+    if isinstance(exc, AuthenticationError):
+        return 502  # the clusters API refused the key; 401 would ask the browser to log in
+    return 500
+
+
+def one_line(text: str) -> str:
+    return scrub(" ".join(str(text).split()))[:500]
+
+
+class TgnbHandler(APIHandler):
+    """Common ground: the server's `Cockpit`, JSON bodies, and tgnb errors as JSON."""
+
+    @property
+    def cockpit(self) -> Cockpit:
+        cockpit: Cockpit = self.settings["tgnb_cockpit"]
+        return cockpit
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run a blocking call on the session; a tgnb error finishes the request as JSON."""
+        try:
+            return await self.cockpit.run(fn)
+        except TgnbError as exc:
+            self.fail(_status_of(exc), str(exc))
+            return None
+
+    def fail(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": one_line(message)}))
+
+    def send(self, payload: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(payload))
+
+    def body_object(self) -> dict[str, Any] | None:
+        """The request body as a JSON object; None (after a 400) when it is not one."""
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self.fail(400, 'the request body must be a JSON object, e.g. {"preemptible": 16}')
+            return None
+        return body
+
+
+class ClusterHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        cockpit = self.cockpit
+
+        def read() -> dict[str, Any]:
+            s = cockpit.session()
+            return cluster_json(s.status(), s)
+
+        result = await self.call(read)
+        if result is not None:
+            self.send(result)
+
+
+class AttachHandler(TgnbHandler):
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.body_object()
+        if body is None:
+            return
+        target, local = body.get("cluster"), body.get("local", False)
+        if target is not None and (not isinstance(target, str) or not target.strip()):
+            return self.fail(400, "cluster must be a cluster name or id (a string), or null")
+        if not isinstance(local, bool):
+            return self.fail(400, "local must be true or false")
+        cockpit = self.cockpit
+
+        def attach() -> dict[str, Any]:
+            s = cockpit.attach(target.strip() if target else None, local)
+            return cluster_json(s.cluster.last, s)
+
+        result = await self.call(attach)
+        if result is not None:
+            self.send(result)
+
+
+class ScaleHandler(TgnbHandler):
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.body_object()
+        if body is None:
+            return
+        if "preemptible" not in body:
+            return self.fail(400, 'send {"preemptible": N} with N a multiple of 8, e.g. 16')
+        target = body["preemptible"]
+        cockpit = self.cockpit
+
+        def scale() -> dict[str, Any]:
+            s = cockpit.session()
+            state = s.cluster.scale(target)  # checked before any request (ValidationError)
+            return cluster_json(state, s)
+
+        result = await self.call(scale)
+        if result is not None:
+            self.send(result)
+
+
+class RunsHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        cockpit = self.cockpit
+        result = await self.call(lambda: [run_json(r) for r in cockpit.session().runs()])
+        if result is not None:
+            self.send({"runs": result})
+
+
+class RunHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        cockpit = self.cockpit
+        result = await self.call(lambda: run_json(cockpit.session().run(name), detail=True))
+        if result is not None:
+            self.send(result)
+
+
+class TimelineHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        cockpit = self.cockpit
+
+        def draw() -> str:
+            from tgnb.notebook.timeline import timeline
+
+            run = cockpit.session().run(name)
+            return str(timeline(run, title=f"run {run.name}").to_svg())
+
+        svg = await self.call(draw)
+        if svg is not None:
+            self.finish(svg, set_content_type="image/svg+xml")
+
+
+class EventsHandler(TgnbHandler):
+    """Server-sent events: every message of the feed numbered as its ``id``.
+
+    ``?since=N`` (or the ``Last-Event-ID`` header) resumes after message N; ``?timeout=S`` ends
+    the stream after S seconds (tests, and clients that prefer to reconnect).
+    """
+
+    @web.authenticated
+    async def get(self) -> None:
+        try:
+            since = int(self.get_argument("since", self.request.headers.get("Last-Event-ID", "0")))
+            timeout = float(self.get_argument("timeout", "0"))
+        except ValueError:
+            return self.fail(400, "since must be an integer and timeout a number of seconds")
+        cockpit = self.cockpit
+        if since > cockpit.seq:
+            since = 0  # the server restarted since the client's last message
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        cockpit.listeners += 1
+        try:
+            cockpit.ensure_poller()
+            self.write(": tgnb event stream\n\n")
+            await self.flush()
+            while deadline is None or time.monotonic() < deadline:
+                changed = cockpit.changed()
+                for seq, message in cockpit.since(since):
+                    self.write(f"id: {seq}\ndata: {json.dumps(message)}\n\n")
+                    since = seq
+                await self.flush()
+                wait = KEEPALIVE_S
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - time.monotonic()))
+                try:
+                    await asyncio.wait_for(changed.wait(), wait)
+                except TimeoutError:
+                    self.write(": keepalive\n\n")
+        except StreamClosedError:
+            return
+        finally:
+            cockpit.listeners -= 1
+        self.finish(set_content_type="text/event-stream")
+
+
+def handlers(base_url: str) -> list[tuple[str, type[TgnbHandler]]]:
+    """Every route of the extension, under `base_url`."""
+    name = r"(?P<name>[^/]+)"
+    routes: list[tuple[str, type[TgnbHandler]]] = [
+        ("cluster", ClusterHandler),
+        ("attach", AttachHandler),
+        ("scale", ScaleHandler),
+        ("runs", RunsHandler),
+        (f"runs/{name}", RunHandler),
+        (f"runs/{name}/timeline", TimelineHandler),
+        ("events", EventsHandler),
+    ]
+    return [(url_path_join(base_url, "tgnb", path), cls) for path, cls in routes]

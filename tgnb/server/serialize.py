@@ -1,0 +1,90 @@
+"""What the server extension sends to the browser: plain JSON of clusters, runs and events.
+
+Only the fields listed here leave the server. A `ClusterState` holds no ``kube_config`` and no key,
+and nothing below reads the `Cloud`'s settings, so the API key never reaches a response.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tgnb.events import Event, format_time
+
+if TYPE_CHECKING:
+    from tgnb.cloud import ClusterState, NodeState
+    from tgnb.runs.run import Run
+    from tgnb.session import Session
+
+
+def node_json(node: NodeState) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "kind": node.kind,
+        "gpus": node.gpus,
+        "status": node.status,
+        "phase": node.phase,
+        "since": format_time(node.phase_since) if node.phase_since else None,
+    }
+
+
+def cluster_json(state: ClusterState, session: Session | None = None) -> dict[str, Any]:
+    """The attached cluster: preemptible target (desired) against allocated, and its nodes."""
+    out: dict[str, Any] = {
+        "id": state.id,
+        "name": state.name,
+        "type": state.type,
+        "status": state.status,
+        "phase": state.phase,
+        "region": state.region,
+        "gpu_type": state.gpu_type,
+        "standard_gpus": state.num_gpus,
+        "desired_preemptible_gpus": state.desired_preemptible_gpus,
+        "allocated_preemptible_gpus": state.allocated_preemptible_gpus,
+        "capacity_reached": state.capacity_reached,
+        "nodes": [node_json(n) for n in state.nodes],
+        "fetched_at": format_time(state.fetched_at),
+    }
+    if session is not None:
+        out["backend"] = session.backend_name
+        out["local"] = session.is_local
+    return out
+
+
+def _step(run: Run) -> int:
+    steps = [int(r["step"]) for r in run.records("metrics") if isinstance(r.get("step"), int)]
+    return max(steps, default=0)
+
+
+def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
+    """One run: status, restarts, nodes and progress (optimizer steps done against max_steps)."""
+    rec = run.refresh()
+    max_steps = rec.spec.train.get("max_steps")
+    step = _step(run)
+    total = int(max_steps) if isinstance(max_steps, int) and max_steps > 0 else None
+    out: dict[str, Any] = {
+        "id": rec.id,
+        "name": rec.name,
+        "state": rec.state.value,
+        "finished": rec.state.finished,
+        "backend": rec.backend,
+        "algorithm": str(rec.spec.train.get("algorithm", "")),
+        "restart_count": rec.restart_count,
+        "nodes": list(rec.nodes),
+        "exit_code": rec.exit_code,
+        "detail": rec.detail,
+        "created_at": rec.created_at,
+        "step": step,
+        "max_steps": total,
+        "progress": min(1.0, step / total) if total else None,
+    }
+    if detail:
+        out["history"] = [
+            {"time": h.time, "state": h.state.value, "detail": h.detail, "node": h.node}
+            for h in run.history()
+        ]
+        out["events"] = [e.to_dict() for e in run.run_events()]
+    return out
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    return event.to_dict()

@@ -1,0 +1,181 @@
+"""`Cockpit`: the one `Session` of a Jupyter server and the live feed the sidebar listens to.
+
+The session is attached lazily on first use (`tgnb.attach`, so with no ``TOGETHER_API_KEY`` it is
+the local emulator's demo cluster), exactly as the ``%tg`` magics attach. A poller reads the
+cluster and the runs every `poll_interval` seconds while somebody listens, and appends what changed
+to a bounded buffer of numbered messages:
+
+- ``{"type": "cluster", "cluster": {...}}`` when the cluster snapshot changed;
+- ``{"type": "runs", "runs": [...]}`` when a run's status or progress changed;
+- ``{"type": "event", "event": {...}, "live": bool}`` for each new cluster or run event;
+- ``{"type": "run_state", "run": name, "from": state, "to": state}`` when a run changed state.
+
+Messages from the first poll after an attach describe the past (``"live": false``): the browser
+lists them but raises no notification for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tgnb.server.serialize import cluster_json, event_json, run_json
+
+if TYPE_CHECKING:
+    from tgnb.session import Session
+
+T = TypeVar("T")
+
+#: How many messages the feed keeps for listeners that reconnect.
+BUFFER = 2000
+
+
+class Cockpit:
+    """The server's `Session` (one per Jupyter server) and its feed of cluster and run changes."""
+
+    def __init__(
+        self,
+        *,
+        cluster: str | None = None,
+        local: bool = False,
+        poll_interval: float = 1.0,
+        attach: Callable[..., Session] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.local = local
+        self.poll_interval = float(poll_interval)
+        self._attach = attach
+        self._session: Session | None = None
+        self._lock = threading.RLock()
+        self.messages: deque[tuple[int, dict[str, Any]]] = deque(maxlen=BUFFER)
+        self.seq = 0
+        self._changed: asyncio.Event | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self.listeners = 0
+        self._reset_feed()
+
+    def _reset_feed(self) -> None:
+        self._primed = False
+        self._seen: set[tuple[Any, ...]] = set()
+        self._last_cluster: dict[str, Any] | None = None
+        self._last_runs: dict[str, dict[str, Any]] | None = None
+
+    # -- the session ---------------------------------------------------------------------------
+    def session(self) -> Session:
+        """The attached `Session`, attached now when there is none yet (blocking)."""
+        with self._lock:
+            if self._session is None:
+                self._session = self._connect(self.cluster, self.local)
+            return self._session
+
+    def _connect(self, cluster: str | None, local: bool) -> Session:
+        if self._attach is not None:
+            return self._attach(cluster, local=local)
+        from tgnb.session import attach
+
+        return attach(cluster, local=local)
+
+    def attach(self, cluster: str | None, local: bool | None = None) -> Session:
+        """Attach to another cluster (by name or id); the feed starts again from its history."""
+        local = self.local if local is None else local
+        session = self._connect(cluster, local)
+        with self._lock:
+            old, self._session = self._session, session
+            self.cluster, self.local = cluster, local
+            self._reset_feed()
+        if old is not None and old is not session:
+            with contextlib.suppress(Exception):
+                old.cloud.close()
+        return session
+
+    def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        with self._lock:
+            if self._session is not None:
+                with contextlib.suppress(Exception):
+                    self._session.cloud.close()
+            self._session = None
+
+    # -- the feed ------------------------------------------------------------------------------
+    def _publish(self, message: dict[str, Any]) -> None:
+        self.seq += 1
+        self.messages.append((self.seq, message))
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Read the cluster and the runs once; return the messages for what changed (blocking)."""
+        with self._lock:
+            session = self.session()
+            live = self._primed
+            out: list[dict[str, Any]] = []
+            events = list(session.cluster.poll_events())
+            cluster = cluster_json(session.cluster.last, session)
+            cluster.pop("fetched_at", None)
+            if cluster != self._last_cluster:
+                self._last_cluster = cluster
+                out.append({"type": "cluster", "cluster": cluster})
+            runs = {}
+            for run in session.runs():
+                runs[run.name] = run_json(run)
+                events.extend(run.run_events())
+            from tgnb.events import dedupe
+
+            for ev in dedupe(events, self._seen):
+                out.append({"type": "event", "event": event_json(ev), "live": live})
+            for name, now in runs.items():
+                before = (self._last_runs or {}).get(name)
+                if live and before is not None and before["state"] != now["state"]:
+                    out.append(
+                        {
+                            "type": "run_state",
+                            "run": name,
+                            "from": before["state"],
+                            "to": now["state"],
+                        }
+                    )
+            if runs != self._last_runs:
+                self._last_runs = runs
+                out.append({"type": "runs", "runs": list(runs.values())})
+            self._primed = True
+            return out
+
+    def since(self, seq: int) -> list[tuple[int, dict[str, Any]]]:
+        """Messages numbered above `seq`, oldest first."""
+        return [(n, m) for n, m in self.messages if n > seq]
+
+    def changed(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def ensure_poller(self) -> None:
+        """Start the poller (on the running event loop) unless it runs already."""
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _poll_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        idle = 0
+        while idle < 30:
+            try:
+                messages = await loop.run_in_executor(None, self.poll)
+            except Exception as exc:
+                from tgnb.config import scrub
+
+                messages = [{"type": "error", "message": scrub(str(exc))}]
+            if messages:
+                for message in messages:
+                    self._publish(message)
+                event, self._changed = self.changed(), asyncio.Event()
+                event.set()
+            idle = idle + 1 if self.listeners == 0 else 0
+            await asyncio.sleep(self.poll_interval)
+        self._poller = None
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Call a blocking `Session` method in a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
