@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pytest_jupyter.jupyter_server import *  # noqa: F403  (the jp_* fixtures and their hooks)
+
 from tgnb.backends.local import supervisor_alive
 from tgnb.emulator.testing import EmulatorHandle, running_emulator
 from tgnb.runs.store import RunStore

@@ -117,7 +117,9 @@ async def test_attach_by_name_and_unknown_cluster(jp_fetch: Any, emu: EmulatorHa
     with Cloud(api_key=emu.api_key, base_url=emu.base_url, project_id=emu.project_id) as cloud:
         other = cloud.create("other-cluster")
     c = body(
-        await jp_fetch("tgnb", "attach", method="POST", body=json.dumps({"cluster": "other-cluster"}))
+        await jp_fetch(
+            "tgnb", "attach", method="POST", body=json.dumps({"cluster": "other-cluster"})
+        )
     )
     assert (c["name"], c["id"]) == ("other-cluster", other.id)
     assert body(await jp_fetch("tgnb", "cluster"))["id"] == other.id
@@ -181,7 +183,7 @@ async def test_event_stream_pushes_preemption_and_run_resume(
 
     one = body(await jp_fetch("tgnb", "runs", "sse-run"))
     assert RUN_RESUMED in {e["reason"] for e in one["events"]}
-    assert [h["state"] for h in one["history"]][0] == "pending"
+    assert next(h["state"] for h in one["history"]) == "pending"
     svg = await jp_fetch("tgnb", "runs", "sse-run", "timeline")
     assert svg.headers["Content-Type"] == "image/svg+xml"
     assert svg.body.startswith(b"<svg") and b"sse-run" in svg.body
