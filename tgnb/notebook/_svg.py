@@ -177,11 +177,14 @@ def render(tl: EventTimeline) -> str:
         y_lane: float = top + i * (_LANE_H + _GAP)
         mid = y_lane + _LANE_H / 2
         name = lane.key if len(lane.key) <= 30 else lane.key[:14] + "…" + lane.key[-14:]
-        tag = {"standard": "std", "preemptible": "pre", "run": "run", "cluster": ""}[lane.kind]
+        tag = {"standard": "standard node", "preemptible": "preemptible node"}.get(
+            lane.kind, lane.kind
+        )
+        swatch = _SPAN_STYLE.get(lane.kind, "#7570b3")
         out.append(
             f'<g class="lane lane-{lane.kind}" data-key="{html.escape(lane.key, quote=True)}">'
-            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">'
-            f'<tspan fill="#888">{tag} </tspan>{html.escape(name)}</text>'
+            f'<rect x="6" y="{mid - 5:.1f}" width="10" height="10" fill="{swatch}"><title>{tag}</title></rect>'
+            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">{html.escape(name)}</text>'
         )
         for s in _merge_spans(lane.spans, scale):
             x0, x1 = x_of(s.start), x_of(s.end)
@@ -207,7 +210,7 @@ def render(tl: EventTimeline) -> str:
         y_more = top + len(lanes) * (_LANE_H + _GAP) + _LANE_H / 2 + 4
         more = ", ".join(f"{n} {kind}" for kind, n in sorted(tl.hidden.items()))
         out.append(
-            f'<text class="hidden-lanes" x="{_LEFT - 6}" y="{y_more:.1f}" text-anchor="end" fill="#888">+ {more} nodes not shown</text>'
+            f'<text class="hidden-lanes" x="8" y="{y_more:.1f}" fill="#888">+ {more} nodes not shown</text>'
         )
 
     if lo <= tl.now <= hi:

@@ -16,6 +16,7 @@ line, so 10,000 events draw in a few milliseconds.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
@@ -212,20 +213,32 @@ class EventTimeline:
         for name, seg in running.items():
             self._close_run(runs[name], node_lane, seg, max(self.now, seg[0]), True)
 
+        kept = list(nodes.values())
+        hidden: dict[str, int] = {}
+        if len(kept) > self.max_lanes:
+            # Keep the nodes runs ran on, then the most recently active ones.
+            kept.sort(
+                key=lambda ln: (
+                    not any(s.kind == "occupied" for s in ln.spans),
+                    -max((s.end for s in ln.spans), default=0),
+                )
+            )
+            for lane in kept[self.max_lanes :]:
+                hidden[lane.kind] = hidden.get(lane.kind, 0) + 1
+            kept = kept[: self.max_lanes]
         ordered = sorted(
-            nodes.values(),
+            kept,
             key=lambda ln: (
                 ln.kind != "standard",
                 min((s.start for s in ln.spans), default=0),
-                ln.key,
+                _natural(ln.key),
             ),
         )
-        hidden: dict[str, int] = {}
-        if len(ordered) > self.max_lanes:
-            for lane in ordered[self.max_lanes :]:
-                hidden[lane.kind] = hidden.get(lane.kind, 0) + 1
-            ordered = ordered[: self.max_lanes]
-        lanes = ([cluster] if cluster.markers else []) + ordered + list(runs.values())
+        run_lanes = sorted(
+            runs.values(),
+            key=lambda ln: (min((s.start for s in ln.spans), default=self.now), _natural(ln.key)),
+        )
+        lanes = ([cluster] if cluster.markers else []) + ordered + run_lanes
         return lanes, hidden
 
     @staticmethod
@@ -289,6 +302,11 @@ class EventTimeline:
     def short_time(self, t: float) -> str:
         """`t` as a time of day in the display time zone."""
         return datetime.fromtimestamp(t, self.tz).strftime("%H:%M:%S")
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    """Sort key that puts ``dp-2`` before ``dp-10``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def _describe(e: Event) -> str:
