@@ -67,13 +67,22 @@ def curve_svg(
         f'<text x="{left}" y="{height - 6}">step {_fmt(x0)}</text>'
         f'<text x="{left + w}" y="{height - 6}" text-anchor="end">{_fmt(x1)}</text>'
     )
-    for step, kind in markers:
+    order = {"resume": 0, "checkpoint": 1, "preemption": 2}  # preemptions drawn on top
+    for step, kind in sorted(markers, key=lambda m: (order.get(m[1], 3), m[0])):
         x = sx(step)
         out.append(
             f'<line class="mark {kind}" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" '
             f'stroke="{MARKER_COLOURS.get(kind, "#888")}" stroke-dasharray="3,2">'
             f"<title>{kind} at step {_fmt(step)}</title></line>"
         )
+    kinds = sorted({k for _, k in markers}, key=lambda k: order.get(k, 3))
+    lx = width - right
+    for kind in reversed(kinds):
+        out.append(
+            f'<text x="{lx}" y="13" text-anchor="end" fill="{MARKER_COLOURS.get(kind, "#888")}">'
+            f"¦ {kind}</text>"
+        )
+        lx -= 8 + 6 * len(kind)
     path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
     out.append(
         f'<polyline class="series" points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
