@@ -39,6 +39,24 @@ DEFAULT_REWARDS = ["correctness", "format"]
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 as PyYAML reads it, except that ``1e-3`` is a float (not the string "1e-3")."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+
+
 @dataclass
 class TrainConfig:
     """One training run: what to train (model, data, rewards), how (TRL options, LoRA, seed,
@@ -130,7 +148,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
             f"override '{item}' is not key=value; write e.g. --set max_steps=50."
         )
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = _yaml(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
     return key.strip().split("."), value
@@ -164,7 +182,7 @@ def load(
         if not p.is_file():
             raise TrainConfigError(f"config file '{p}' does not exist; check the path.")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            loaded = _yaml(p.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TrainConfigError(f"config file '{p}' is not valid YAML ({first}).") from None

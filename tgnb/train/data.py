@@ -2,8 +2,9 @@
 
 Built-in sets (no download, seeded, same rows for the same seed):
 
-- ``arithmetic``: GSM8K-style questions ("What is 3+4? Answer:") with an ``answer`` column, for GRPO
-  with the ``correctness`` and ``format`` rewards. Small operands keep it learnable by ``tiny``.
+- ``arithmetic``: GSM8K-style questions ("What is 2+1? Answer:") with an ``answer`` column, for GRPO
+  with the ``correctness`` and ``format`` rewards. Small operands (`MAX_OPERAND`) keep it
+  learnable by ``tiny``; the generators take `max_operand` for harder sets.
 - ``arithmetic-preference``: the same questions as DPO pairs, ``chosen`` the right answer and
   ``rejected`` a wrong one.
 
@@ -23,7 +24,10 @@ from tgnb.errors import TrainConfigError
 ARITHMETIC = "arithmetic"
 PREFERENCE = "arithmetic-preference"
 BUILTIN = (ARITHMETIC, PREFERENCE)
-LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+#: Operands of the built-in questions lie in 0..MAX_OPERAND: small enough that the tiny model learns
+#: to answer (not only to answer with a number) within about 100 GRPO steps on the CPU.
+MAX_OPERAND = 2
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def _question(rng: random.Random, max_operand: int) -> tuple[str, int]:
@@ -31,7 +35,17 @@ def _question(rng: random.Random, max_operand: int) -> tuple[str, int]:
     return f"What is {a}+{b}? Answer:", a + b
 
 
-def arithmetic_rows(n: int = 2000, seed: int = 0, max_operand: int = 4) -> list[dict[str, Any]]:
+def arithmetic_answer(prompt: str) -> int | None:
+    """The right answer to a built-in question (the sum of the integers in it)."""
+    import re
+
+    numbers = [int(x) for x in re.findall(r"\d+", prompt)]
+    return sum(numbers[:2]) if len(numbers) >= 2 else None
+
+
+def arithmetic_rows(
+    n: int = 2000, seed: int = 0, max_operand: int = MAX_OPERAND
+) -> list[dict[str, Any]]:
     """`n` addition questions with operands in ``0..max_operand``: ``{prompt, answer}``."""
     rng = random.Random(f"arithmetic-{seed}")
     rows = []
@@ -41,7 +55,9 @@ def arithmetic_rows(n: int = 2000, seed: int = 0, max_operand: int = 4) -> list[
     return rows
 
 
-def preference_rows(n: int = 2000, seed: int = 0, max_operand: int = 4) -> list[dict[str, Any]]:
+def preference_rows(
+    n: int = 2000, seed: int = 0, max_operand: int = MAX_OPERAND
+) -> list[dict[str, Any]]:
     """`n` DPO pairs: ``{prompt, chosen, rejected}`` with the right and a wrong answer."""
     rng = random.Random(f"preference-{seed}")
     rows = []

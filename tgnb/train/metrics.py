@@ -44,7 +44,7 @@ class MetricsCallback(TrainerCallback):
         self._last: tuple[float, float] | None = None  # (time, num_tokens) at the previous row
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._last = None
+        self._last = (time.time(), float(getattr(state, "num_input_tokens_seen", 0) or 0))
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -59,7 +59,7 @@ class MetricsCallback(TrainerCallback):
         now = time.time()
         tokens = row.get("num_tokens")
         if tokens is not None:
-            if self._last is not None and now > self._last[0]:
+            if self._last is not None and now > self._last[0] and tokens >= self._last[1]:
                 row["tokens_per_second"] = (tokens - self._last[1]) / (now - self._last[0])
             self._last = (now, float(tokens))
         self.recorder.metric(int(state.global_step), **row)

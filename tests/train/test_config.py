@@ -1,0 +1,222 @@
+"""Config loading, ``--set`` overrides, and every bad input as a one-line `TrainConfigError`.
+
+Validation runs against the real TRL config classes (GRPOConfig/DPOConfig) and the checkpoint
+engineer's real `latest_complete`; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tgnb.errors import TrainConfigError
+from tgnb.train import config as tc
+from tgnb.train.policy import CheckpointPolicy
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def one_line(exc: pytest.ExceptionInfo[TrainConfigError]) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg and msg, msg
+    return msg
+
+
+def test_load_yaml_and_overrides(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        algorithm: grpo
+        model: tiny
+        rewards: [correctness]
+        max_steps: 20
+        trl: {learning_rate: 0.005, num_generations: 4}
+        checkpoint: {every_steps: 10}
+        """,
+    )
+    cfg = tc.load(
+        path,
+        [
+            "trl.learning_rate=1e-3",
+            "trl.beta=0.04",
+            "max_steps=30",
+            "checkpoint.keep_last=3",
+            "rewards=[correctness, format]",
+            "lora.r=4",
+            "name=my run",
+        ],
+        run_dir=tmp_path / "r1",
+    )
+    assert cfg.max_steps == 30 and isinstance(cfg.max_steps, int)
+    assert cfg.trl == {"learning_rate": 1e-3, "num_generations": 4, "beta": 0.04}
+    assert isinstance(cfg.trl["learning_rate"], float)
+    assert cfg.checkpoint == CheckpointPolicy(every_steps=10, keep_last=3)
+    assert cfg.rewards == ["correctness", "format"]
+    assert cfg.lora == {"r": 4}
+    assert cfg.name == "my run"
+    assert cfg.run_dir == str(tmp_path / "r1")
+    assert cfg.dataset == "arithmetic"  # the algorithm's default
+    tc.validate(cfg)
+
+    cfg.dump(tmp_path / "out" / "run.yaml")
+    again = tc.load(tmp_path / "out" / "run.yaml")
+    assert again == cfg
+    assert (
+        yaml.safe_load((tmp_path / "out" / "run.yaml").read_text())["checkpoint"]["keep_last"] == 3
+    )
+
+
+def test_defaults_follow_algorithm(tmp_path: Path) -> None:
+    cfg = tc.load(None, ["algorithm=dpo"])
+    assert cfg.dataset == "arithmetic-preference"
+    assert cfg.run_dir is not None and cfg.run_dir.endswith("dpo-tiny")
+    tc.validate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["algorithm=grop"], "unknown algorithm 'grop'. Did you mean 'grpo'?"),
+        (["rewards=[corectness]"], "unknown reward 'corectness'. Did you mean 'correctness'?"),
+        (["dataset=arithmatic"], "unknown dataset 'arithmatic'. Did you mean 'arithmetic'"),
+        (["dataset=/nowhere/rows.jsonl"], "does not exist"),
+        (["dataset=/data/rows.txt"], "has suffix '.txt'"),
+        (
+            ["trl.learning_rte=0.1"],
+            "unknown TRL option for GRPO 'learning_rte'. Did you mean 'learning_rate'",
+        ),
+        (
+            ["algorithm=dpo", "trl.num_generations=4"],
+            "unknown TRL option for DPO 'num_generations'",
+        ),
+        (["trl.output_dir=/tmp/x"], "set by the checkpoint guard"),
+        (["trl.max_steps=5"], "set max_steps at the top level"),
+        (["model=/no/such/model"], "model path '/no/such/model' does not exist"),
+        (["model=./missing-model"], "model path './missing-model' does not exist"),
+        (["rewards=[nosuchmodule_xyz:f]"], "cannot import module 'nosuchmodule_xyz'"),
+        (["max_steps=0"], "max_steps must be at least 1"),
+        (["lora.lora_alph=4"], "unknown LoRA option 'lora_alph'. Did you mean 'lora_alpha'"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, overrides: list[str], expected: str) -> None:
+    cfg = tc.load(None, overrides, run_dir=tmp_path / "r")
+    with pytest.raises(TrainConfigError) as exc:
+        tc.validate(cfg)
+    assert expected in one_line(exc)
+
+
+def test_trl_key_lists_close_matches(tmp_path: Path) -> None:
+    cfg = tc.load(None, ["trl.num_generation=4"], run_dir=tmp_path / "r")
+    with pytest.raises(TrainConfigError) as exc:
+        tc.validate(cfg)
+    msg = one_line(exc)
+    assert "'num_generations'" in msg and "Did you mean" in msg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["max_step=5"], "unknown config key 'max_step'. Did you mean 'max_steps'?"),
+        (
+            ["checkpoint.every_step=5"],
+            "unknown checkpoint key 'every_step'. Did you mean 'every_steps'",
+        ),
+        (["seed=abc"], "'seed' must be an integer"),
+        (["trl=3"], "'trl' must be a mapping"),
+    ],
+)
+def test_bad_keys_at_load(overrides: list[str], expected: str) -> None:
+    with pytest.raises(TrainConfigError) as exc:
+        tc.load(None, overrides)
+    assert expected in one_line(exc)
+
+
+def test_bad_override_and_file(tmp_path: Path) -> None:
+    with pytest.raises(TrainConfigError, match="not key=value"):
+        tc.load(None, ["max_steps"])
+    with pytest.raises(TrainConfigError, match="does not exist"):
+        tc.load(tmp_path / "nope.yaml")
+    with pytest.raises(TrainConfigError, match="mapping"):
+        tc.load(write(tmp_path, "- a\n- b\n"))
+
+
+REWARDS_MODULE = """
+def good(prompts, completions, **kwargs):
+    return [1.0 for _ in completions]
+
+def only_completions(completions, **kwargs):
+    return [0.0 for _ in completions]
+
+def no_kwargs(prompts, completions):
+    return [0.0 for _ in completions]
+
+def extra_required(prompts, completions, scale, **kwargs):
+    return [0.0 for _ in completions]
+
+def swapped(completions, answers, **kwargs):
+    return [0.0 for _ in completions]
+
+not_callable = 3
+"""
+
+
+@pytest.fixture
+def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = "tgnb_test_rewards_mod"
+    (tmp_path / f"{name}.py").write_text(REWARDS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_reward_by_dotted_path(reward_module: str, tmp_path: Path) -> None:
+    for fn in ("good", "only_completions"):
+        cfg = tc.load(None, [f"rewards=['{reward_module}:{fn}', format]"], run_dir=tmp_path / "r")
+        tc.validate(cfg)
+
+
+@pytest.mark.parametrize("fn", ["no_kwargs", "extra_required", "swapped"])
+def test_reward_with_wrong_signature(reward_module: str, tmp_path: Path, fn: str) -> None:
+    cfg = tc.load(None, [f"rewards=['{reward_module}:{fn}']"], run_dir=tmp_path / "r")
+    with pytest.raises(TrainConfigError) as exc:
+        tc.validate(cfg)
+    msg = one_line(exc)
+    assert f"reward '{reward_module}:{fn}' has signature {fn}(" in msg
+    assert "f(prompts, completions, **kwargs) -> list[float]" in msg
+
+
+def test_reward_missing_or_not_callable(reward_module: str, tmp_path: Path) -> None:
+    cfg = tc.load(None, [f"rewards=['{reward_module}:missing']"], run_dir=tmp_path / "r")
+    with pytest.raises(TrainConfigError, match="has no 'missing'"):
+        tc.validate(cfg)
+    cfg = tc.load(None, [f"rewards=['{reward_module}:not_callable']"], run_dir=tmp_path / "r")
+    with pytest.raises(TrainConfigError, match="is not a function"):
+        tc.validate(cfg)
+
+
+def test_max_steps_must_be_above_checkpoint_step(tmp_path: Path) -> None:
+    """A sealed checkpoint made with the checkpoint engineer's own `write_marker` (a real,
+    complete checkpoint directory as far as `latest_complete` is concerned)."""
+    from tgnb.train.checkpoint import write_marker
+
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "checkpoint-40"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    write_marker(ckpt, 40)
+    for steps in (40, 12):
+        cfg = tc.load(None, [f"max_steps={steps}"], run_dir=run_dir)
+        with pytest.raises(TrainConfigError) as exc:
+            tc.validate(cfg)
+        assert f"max_steps={steps} is not above step 40 of checkpoint 'checkpoint-40'" in one_line(
+            exc
+        )
+    tc.validate(tc.load(None, ["max_steps=41"], run_dir=run_dir))
