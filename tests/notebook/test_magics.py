@@ -171,3 +171,29 @@ def test_runs_and_cost_with_no_runs(ip: Any, tg: Any, attached: EmulatorHandle) 
     report = ip.run_line_magic("tg", "cost")
     assert report.total("preemptible_gpu_hours") == 0
     assert "prices not set" in str(report)
+
+
+def test_attach_to_a_cluster_that_does_not_exist(
+    ip: Any, tg: Any, attached: EmulatorHandle
+) -> None:
+    with pytest.raises(UsageError, match=r"^%tg attach: .*no-such-cluster"):
+        ip.run_line_magic("tg", "attach no-such-cluster --local")
+    assert not [r for r in attached.requests() if r["method"] != "GET"]
+
+
+def test_the_api_key_appears_in_no_output(
+    ip: Any, tg: Any, attached: EmulatorHandle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = attached.api_key
+    shown: list[str] = []
+    for line in ("attach --local", "status", "clusters", "runs", "cost", "events --timeline"):
+        out = ip.run_line_magic("tg", line)
+        shown += [repr(out), str(out), getattr(out, "_repr_html_", lambda: "")() or ""]
+    for line in ("scale --preemptible 12", "preempt", "watch nope"):
+        try:
+            ip.run_line_magic("tg", line)
+        except UsageError as e:
+            shown.append(str(e))
+    captured = capsys.readouterr()
+    shown += [captured.out, captured.err]
+    assert all(key not in text for text in shown)
