@@ -12,6 +12,8 @@ Prints, measured side by side in this one run:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import random
 import statistics
@@ -55,7 +57,8 @@ def bench_status(rounds: int) -> tuple[list[float], list[float]]:
         os.environ.update(emu.env)
         shell: Any = InteractiveShell.instance()
         shell.run_line_magic("load_ext", "tgnb")
-        session = shell.run_line_magic("tg", "attach --local")
+        with contextlib.redirect_stdout(io.StringIO()):
+            session = shell.run_line_magic("tg", "attach --local")
         cluster_id = session.cluster.id
         client = together.Together(base_url=emu.base_url, api_key=emu.api_key)
         for _ in range(3):  # warm both paths (connections, imports)
