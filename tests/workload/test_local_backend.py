@@ -100,6 +100,7 @@ def test_kubernetes_sigkill_at_the_end_of_the_window(session: Session) -> None:
     env = {"STANDIN_STEP_SECONDS": "0.1", "STANDIN_IGNORE_SIGTERM": "1"}
     run = session.launch("grpo", name="k8s-kill", max_steps=150, env=env)
     node = running_on(run)
+    wait_until(lambda: len(run.records("metrics")) >= 2)  # its SIGTERM disposition is set
     session.preempt(node)
     wait_until(lambda: run.restart_count == 1, timeout=60)
     evs = run.events()

@@ -258,9 +258,9 @@ class Supervisor:
                 if not killed and (node.removed() or name not in self._cache):
                     killed = True
                     preempted = preempted or name
-                    self._signal(procs, signal.SIGKILL)
                     if any(p.poll() is None for p in procs):
                         self.event(JOB_KILLED, f"SIGKILL: {name} was removed", name)
+                    self._signal(procs, signal.SIGKILL)
             time.sleep(self.poll)
         codes = [p.wait() for p in procs]
         if stop_at is not None:

@@ -1,0 +1,188 @@
+"""Goodput under preemption on the local emulator: tgnb against a periodic-checkpoint baseline.
+
+    python bench/goodput.py [--algorithm dpo|grpo] [--kubernetes] [--per 20] [--intervals 3]
+
+Goodput is useful optimizer steps per wall-clock second, from launch to the run's end. For each
+mode the ratio printed is goodput with a preemption every X seconds divided by goodput of the same
+run with no preemption (measured in this same invocation, side by side):
+
+- tgnb: the runtime checkpoints when the preemption notice comes (the drain notice on a SLURM-type
+  cluster, SIGTERM on a KUBERNETES-type one) and resumes on the next node;
+- baseline: ignores the notice and only checkpoints every N steps, as the seed's Slurm example does
+  (on a SLURM-type cluster it is killed at the end of the drain window and requeued; on a
+  KUBERNETES-type one SIGTERM ends it at once). N defaults to the Young/Daly optimum
+  sqrt(2*C*X) / step time, the baseline's best case.
+
+X is `--per` times the measured cost of one checkpoint-and-restart (C+R: save, exit, start on the
+next node, load), calibrated first with one preempted short run; C alone (the save) is printed too.
+The emulator's platform time is compressed (`--time-scale`, the 300 s drain window lasts 6 s at
+0.02). Target for tgnb: a ratio of at least 0.9 at one preemption per 20 checkpoint costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tgnb.backends.base import JobState
+from tgnb.emulator.testing import running_emulator
+from tgnb.runs.run import Run
+from tgnb.session import Session, attach
+
+
+def _times(run: Run, reason: str) -> list[float]:
+    return [e.time.timestamp() for e in run.run_events() if e.reason == reason]
+
+
+def run_once(
+    session: Session,
+    label: str,
+    algorithm: str,
+    max_steps: int,
+    checkpoint: dict[str, Any],
+    interval: float | None = None,
+    preempt_at_step: int | None = None,
+    timeout: float = 3600.0,
+) -> dict[str, Any]:
+    """Launch one run, preempt its node every `interval` s of training (or once at a step)."""
+    name = f"{label}-{int(time.time() * 1000) % 10**8}"
+    run = session.launch(algorithm, name=name, max_steps=max_steps, checkpoint=checkpoint)
+    t0 = time.monotonic()
+    first_step: float | None = None
+    last_preempt: float | None = None
+    preemptions = 0
+    while True:
+        st = run.status
+        if st.state.finished:
+            break
+        now = time.monotonic()
+        if now - t0 > timeout:
+            run.stop()
+            raise SystemExit(f"{label}: no end after {timeout:.0f} s")
+        steps = len(run.records("metrics")) if first_step is None or preempt_at_step else 0
+        if first_step is None and steps:
+            first_step = last_preempt = now
+        due = False
+        if interval and last_preempt is not None and now - last_preempt >= interval:
+            due = True
+        if preempt_at_step and not preemptions and steps >= preempt_at_step:
+            due = True
+        if due and st.state == JobState.RUNNING and st.nodes:
+            session.preempt(st.nodes[0])
+            preemptions += 1
+            last_preempt = now
+        time.sleep(0.1)
+    wall = time.monotonic() - t0
+    if st.state != JobState.SUCCEEDED:
+        raise SystemExit(f"{label}: run ended {st.state.value}: {st.detail}")
+    summary = run.summary()
+    saves = [e for e in run.run_events() if e.reason == "CheckpointSaved"]
+    return {
+        "label": label,
+        "run": run,
+        "wall": wall,
+        "steps": summary["steps"],
+        "lost": summary["steps_lost"],
+        "restarts": summary["restarts"],
+        "preemptions": preemptions,
+        "saves": len(saves),
+        "save_s": statistics.median(float(e.data.get("duration_s", 0.0)) for e in saves)
+        if saves
+        else 0.0,
+    }
+
+
+def calibrate(run: Run) -> tuple[float, float]:
+    """(median step time, checkpoint-and-restart cost) from a run preempted once."""
+    rows = run.records("metrics")
+    times = [float(r["time"]) for r in rows]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    step = statistics.median(gaps[: max(1, len(gaps) - 1)])  # without the restart gap
+    notice = min(_times(run, "SignalReceived") + _times(run, "DrainNoticeReceived"))
+    resumed = min(_times(run, "RunResumed"))
+    after = min(t for t in times if t > resumed)
+    # From the notice to the first step done after the resume, less that step's own time.
+    return step, max(0.0, after - notice - step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--algorithm", choices=("dpo", "grpo"), default="dpo")
+    p.add_argument("--kubernetes", action="store_true", help="KUBERNETES-type cluster (SIGTERM)")
+    p.add_argument("--per", type=float, default=20.0, help="preempt every PER checkpoint costs")
+    p.add_argument("--interval", type=float, default=None, help="preemption interval X (s)")
+    p.add_argument("--intervals", type=float, default=3.0, help="run length, in intervals X")
+    p.add_argument("--every-steps", type=int, default=None, help="baseline checkpoint period")
+    p.add_argument("--time-scale", type=float, default=0.02)
+    args = p.parse_args(argv)
+    ctype = "KUBERNETES" if args.kubernetes else "SLURM"
+    with tempfile.TemporaryDirectory(prefix="tgnb-goodput-") as tmp:
+        home = Path(tmp)
+        with running_emulator(home, time_scale=args.time_scale):
+            session = attach(local=True, home=home, cluster_type=ctype)
+            if not session.scale(preemptible=16, wait=True, timeout=120, poll=0.2):
+                raise SystemExit("the emulator did not provide two preemptible nodes")
+            try:
+                return _bench(session, args, ctype)
+            finally:
+                for run in session.runs():
+                    run.stop()
+                for run in session.runs():
+                    run.wait(timeout=60)
+
+
+def _bench(session: Session, args: argparse.Namespace, ctype: str) -> int:
+    algo = args.algorithm
+    fast = {"drain_poll_seconds": 0.2}
+    cal = run_once(session, "calibrate", algo, 20, fast, preempt_at_step=5)
+    step, cycle = calibrate(cal["run"])
+    save = cal["save_s"]
+    interval = args.interval or args.per * cycle
+    max_steps = max(20, math.ceil(args.intervals * interval / step))
+    every = args.every_steps or max(1, round(math.sqrt(2 * save * interval) / step))
+    print(
+        f"cluster type {ctype}, {algo}, step {step:.3f} s, checkpoint save C {save:.3f} s, "
+        f"checkpoint-and-restart C+R {cycle:.2f} s"
+    )
+    print(
+        f"preemption every X = {interval:.1f} s ({interval / cycle:.1f} x (C+R), "
+        f"{interval / max(save, 1e-9):.0f} x C); {max_steps} steps per run; baseline "
+        f"checkpoints every {every} steps"
+    )
+    baseline = {"every_steps": every, "on_signal": False, "watch_drain": False}
+    results = [
+        run_once(session, "reference", algo, max_steps, fast),
+        run_once(session, "tgnb", algo, max_steps, fast, interval),
+        run_once(session, "baseline-ref", algo, max_steps, baseline),
+        run_once(session, "baseline", algo, max_steps, baseline, interval),
+    ]
+    ref = {"tgnb": results[0]["wall"], "baseline": results[2]["wall"]}
+    print(
+        f"{'run':<13}{'wall s':>8}{'steps':>7}{'preempt':>8}{'restarts':>9}{'lost':>6}{'saves':>6}"
+    )
+    for r in results:
+        print(
+            f"{r['label']:<13}{r['wall']:8.1f}{r['steps']:7d}{r['preemptions']:8d}"
+            f"{r['restarts']:9d}{r['lost']:6d}{r['saves']:6d}"
+        )
+    plain = results[0]["wall"]
+    tg = plain / results[1]["wall"]
+    base = plain / results[3]["wall"]
+    own = ref["baseline"] / results[3]["wall"]
+    print(f"goodput ratio tgnb     (preempted / not preempted): {tg:.3f}  (target >= 0.9)")
+    print(
+        f"goodput ratio baseline (preempted / tgnb not preempted): {base:.3f}; "
+        f"against its own unpreempted run: {own:.3f}"
+    )
+    return 0 if tg >= 0.9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
