@@ -44,6 +44,11 @@ def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(
     launcher: Any, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "ddp"
+    from tgnb.train import assets
+
+    # Build the tiny model once up front: two ranks building it at once can collide
+    # (assets.tiny_path's rename race, reported to its owner).
+    assets.tiny_path(0, tmp_path / "home" / "assets")
     argv = [*TORCHRUN, "-m", "tgnb.train"]
     common = ("algorithm=dpo", "model=tiny", "checkpoint.watch_drain=false")
     run = launcher.start(run_dir, "max_steps=200", *common, argv=argv)
