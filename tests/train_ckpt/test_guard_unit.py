@@ -12,13 +12,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("transformers")
-
-from tgnb.backends.base import EXIT_PREEMPTED  # noqa: E402
-from tgnb.train import checkpoint as ck  # noqa: E402
-from tgnb.train.policy import CheckpointPolicy  # noqa: E402
-from tgnb.train.preemption import CheckpointGuard  # noqa: E402
-from tgnb.train.record import Recorder  # noqa: E402
+from tgnb.backends.base import EXIT_PREEMPTED
+from tgnb.train import checkpoint as ck
+from tgnb.train.policy import CheckpointPolicy
+from tgnb.train.preemption import CheckpointGuard
+from tgnb.train.record import Recorder
 
 
 class Model:
