@@ -85,6 +85,10 @@ export async function request<T>(path: string, init: RequestInit = {}): Promise<
   return data as T;
 }
 
+export function getStatus(): Promise<{ attached: boolean; cluster: ICluster | null }> {
+  return request('status');
+}
+
 export function getCluster(): Promise<ICluster> {
   return request<ICluster>('cluster');
 }

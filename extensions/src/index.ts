@@ -115,14 +115,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
       shell.activateById(widget.id);
     };
 
-    const sidebar = new TogetherSidebar({
-      scale: scaleTo,
-      openTimeline: run => void openTimeline(run),
-      attach: () => void app.commands.execute(CommandIDs.attach)
-    });
-    sidebar.title.icon = togetherIcon;
-    shell.add(sidebar, 'left', { rank: 900 });
-
     const stream = new api.EventStream(message => {
       switch (message.type) {
         case 'cluster':
@@ -140,12 +132,37 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       notify(message);
     });
-    stream.start();
-    void refresh();
+    // Nothing is attached until the person opens the sidebar or runs a command (or the server
+    // has attached already): opening JupyterLab alone starts no emulator and sends no request.
+    let live = false;
+    const goLive = (): void => {
+      if (!live) {
+        live = true;
+        stream.start();
+        void refresh();
+      }
+    };
+
+    const sidebar = new TogetherSidebar({
+      shown: goLive,
+      scale: scaleTo,
+      openTimeline: run => void openTimeline(run),
+      attach: () => void app.commands.execute(CommandIDs.attach)
+    });
+    sidebar.title.icon = togetherIcon;
+    shell.add(sidebar, 'left', { rank: 900 });
+
+    void api.getStatus().then(
+      status => status.attached && goLive(),
+      () => undefined
+    );
 
     app.commands.addCommand(CommandIDs.sidebar, {
       label: 'Together: show the GPU sidebar',
-      execute: () => shell.activateById(sidebar.id)
+      execute: () => {
+        goLive();
+        shell.activateById(sidebar.id);
+      }
     });
     app.commands.addCommand(CommandIDs.attach, {
       label: 'Together: attach to a cluster',
@@ -160,6 +177,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
         try {
           sidebar.setCluster(await api.attach(answer.value?.trim() || null));
+          goLive();
           sidebar.setRuns(await api.getRuns());
           sidebar.setError('');
           shell.activateById(sidebar.id);
@@ -171,6 +189,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.scale, {
       label: 'Together: scale preemptible GPUs',
       execute: async () => {
+        goLive();
         const cluster = sidebar.cluster ?? (await api.getCluster());
         const top = Math.max(64, cluster.desired_preemptible_gpus + 4 * GPUS_PER_NODE);
         const items: string[] = [];

@@ -3,6 +3,7 @@
  * control in steps of 8 (with a confirmation), the runs with status and progress, and the events.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { ICluster, IEvent, IRun } from './api';
@@ -45,6 +46,7 @@ export async function confirmScale(cluster: ICluster, target: number): Promise<b
 }
 
 export interface ISidebarActions {
+  shown(): void;
   scale(target: number): Promise<void>;
   openTimeline(run: string): void;
   attach(): void;
@@ -76,6 +78,11 @@ export class TogetherSidebar extends Widget {
     root.appendChild(this.eventsNode);
     this.renderCluster();
     this.renderRuns();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.actions.shown();
   }
 
   get cluster(): ICluster | null {

@@ -188,3 +188,13 @@ async def test_event_stream_pushes_preemption_and_run_resume(
     assert svg.headers["Content-Type"] == "image/svg+xml"
     assert svg.body.startswith(b"<svg") and b"sse-run" in svg.body
     run.stop()
+
+
+async def test_status_and_stream_never_attach_by_themselves(jp_fetch: Any, emu: EmulatorHandle):
+    """Opening JupyterLab (status, event stream) starts nothing: no cluster read or created."""
+    assert body(await jp_fetch("tgnb", "status")) == {"attached": False, "cluster": None}
+    assert await stream(jp_fetch, timeout=0.6) == []
+    assert emu.requests() == []
+    await jp_fetch("tgnb", "cluster")
+    status = body(await jp_fetch("tgnb", "status"))
+    assert status["attached"] is True and status["cluster"]["name"] == "tgnb-demo"

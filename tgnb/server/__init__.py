@@ -14,26 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "tgnb.server"}]
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from tgnb.server.app import TgnbServer
 
-
-def _load_jupyter_server_extension(serverapp: Any) -> None:
-    """Register the handlers and one `Cockpit` on the server's web application."""
-    from tgnb.server.handlers import handlers
-    from tgnb.server.service import Cockpit
-
-    conf = serverapp.config.get("TgnbServer", {})
-    cockpit = Cockpit(
-        cluster=conf.get("cluster") or None,
-        local=bool(conf.get("local", False)),
-        poll_interval=float(conf.get("poll_interval", 1.0)),
-    )
-    web_app = serverapp.web_app
-    web_app.settings["tgnb_cockpit"] = cockpit
-    web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
-    serverapp.log.info("tgnb server extension: /tgnb/ API registered")
-
-
-# Older notebook-server style names, used by some tools.
-load_jupyter_server_extension = _load_jupyter_server_extension
+    return [{"module": "tgnb.server", "app": TgnbServer}]

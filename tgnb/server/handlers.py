@@ -4,6 +4,7 @@ Every handler method is ``@tornado.web.authenticated``; `APIHandler` checks the 
 every non-GET request. Errors are JSON ``{"message": "..."}`` (one line, secrets scrubbed): bad
 input 400, unknown run or cluster 404, the clusters API unreachable or refusing the key 502/503.
 
+- ``GET  /tgnb/status``            whether a session is attached (never attaches)
 - ``GET  /tgnb/cluster``           the attached cluster (attaches on first use)
 - ``POST /tgnb/attach``            ``{"cluster": "name or id", "local": false}``
 - ``POST /tgnb/scale``             ``{"preemptible": 16}`` (a multiple of 8, >= 0)
@@ -11,6 +12,7 @@ input 400, unknown run or cluster 404, the clusters API unreachable or refusing 
 - ``GET  /tgnb/runs/<name>``       one run, with its status history and events
 - ``GET  /tgnb/runs/<name>/timeline``  the run's timeline as SVG
 - ``GET  /tgnb/events``            server-sent events: the feed of `tgnb.server.service.Cockpit`
+  (it waits, sending keepalives, until something attaches the session)
 """
 
 from __future__ import annotations
@@ -93,6 +95,17 @@ class TgnbHandler(APIHandler):
             self.fail(400, 'the request body must be a JSON object, e.g. {"preemptible": 16}')
             return None
         return body
+
+
+class StatusHandler(TgnbHandler):
+    """Whether the server has attached a session yet; never attaches and sends no request."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        session = self.cockpit.attached
+        if session is None:
+            return self.send({"attached": False, "cluster": None})
+        self.send({"attached": True, "cluster": cluster_json(session.cluster.last)})
 
 
 class ClusterHandler(TgnbHandler):
@@ -232,10 +245,11 @@ class EventsHandler(TgnbHandler):
         self.finish(set_content_type="text/event-stream")
 
 
-def handlers(base_url: str) -> list[tuple[str, type[TgnbHandler]]]:
-    """Every route of the extension, under `base_url`."""
+def routes() -> list[tuple[str, type[TgnbHandler]]]:
+    """Every route of the extension, relative to the server's base URL."""
     name = r"(?P<name>[^/]+)"
-    routes: list[tuple[str, type[TgnbHandler]]] = [
+    paths: list[tuple[str, type[TgnbHandler]]] = [
+        ("status", StatusHandler),
         ("cluster", ClusterHandler),
         ("attach", AttachHandler),
         ("scale", ScaleHandler),
@@ -244,4 +258,4 @@ def handlers(base_url: str) -> list[tuple[str, type[TgnbHandler]]]:
         (f"runs/{name}/timeline", TimelineHandler),
         ("events", EventsHandler),
     ]
-    return [(url_path_join(base_url, "tgnb", path), cls) for path, cls in routes]
+    return [(url_path_join("/tgnb", path), cls) for path, cls in paths]

@@ -65,6 +65,11 @@ class Cockpit:
         self._last_runs: dict[str, dict[str, Any]] | None = None
 
     # -- the session ---------------------------------------------------------------------------
+    @property
+    def attached(self) -> Session | None:
+        """The session when one is attached already (no attach, no request)."""
+        return self._session
+
     def session(self) -> Session:
         """The attached `Session`, attached now when there is none yet (blocking)."""
         with self._lock:
@@ -92,9 +97,17 @@ class Cockpit:
                 old.cloud.close()
         return session
 
+    async def aclose(self) -> None:
+        """Stop the poller (waiting for it) and close the session."""
+        poller, self._poller = self._poller, None
+        if poller is not None and not poller.done():
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await poller
+        self.close()
+
     def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        """Close the session's HTTP connections (the poller, if any, is left to `aclose`)."""
         with self._lock:
             if self._session is not None:
                 with contextlib.suppress(Exception):
@@ -109,7 +122,9 @@ class Cockpit:
     def poll(self) -> list[dict[str, Any]]:
         """Read the cluster and the runs once; return the messages for what changed (blocking)."""
         with self._lock:
-            session = self.session()
+            if self._session is None:
+                return []  # the feed never attaches by itself: opening the sidebar does
+            session = self._session
             live = self._primed
             out: list[dict[str, Any]] = []
             events = list(session.cluster.poll_events())
