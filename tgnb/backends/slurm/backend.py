@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -288,13 +289,11 @@ class SlurmBackend:
         run_dir = self.run_dir(job_id)
         if self.runner.host is None:
             return list(read_jsonl(Path(run_dir) / "events.jsonl"))
-        text = self.runner.read_file(f"{run_dir}/events.jsonl").decode("utf-8", errors="replace")
-        tmp = Path(Settings.from_env().ensure_home()) / f".slurm-events-{os.getpid()}.jsonl"
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            return list(read_jsonl(tmp))
-        finally:
-            tmp.unlink(missing_ok=True)
+        data = self.runner.read_file(f"{run_dir}/events.jsonl")
+        with tempfile.TemporaryDirectory(prefix="tgnb-slurm-") as tmp:
+            path = Path(tmp) / "events.jsonl"
+            path.write_bytes(data)
+            return list(read_jsonl(path))
 
     def wait(self, job_id: str, timeout: float = 600.0) -> JobStatus:
         """Poll until the job has finished (or `timeout` seconds passed); its last status."""
