@@ -80,8 +80,11 @@ def test_requeue_restarts_with_count_one(
     backend = make_backend(tmp_path)
     job = backend.submit(spec("requeue", sleep=6))
     cleanup_jobs.append(job)
-    wait_for(backend, job, lambda s: s.state is JobState.RUNNING, 60)
-    time.sleep(1)  # let the step start, so the requeue has something to stop
+    log = Path(backend.run_dir(job)) / f"slurm-{job}.out"
+    deadline = time.monotonic() + 60
+    while "fake-train restart=0" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the job's step never started"
+        time.sleep(0.3)
     backend.requeue(job)
     st = wait_for(backend, job, lambda s: s.restart_count >= 1, 30)
     assert st.state in (JobState.REQUEUED, JobState.RUNNING), st
