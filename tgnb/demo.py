@@ -122,6 +122,12 @@ def _demo(session: Any, args: argparse.Namespace, out: Printer, feed_cls: Any) -
     out(
         f"attached to {state.name} ({state.type}, {session.cloud.base_url}); run store {session.store.path}"
     )
+    scale = _time_scale(session)
+    if scale is not None and abs(scale - args.time_scale) > 1e-9:
+        out(
+            f"note: the running emulator compresses time by {scale:g}, not {args.time_scale:g} "
+            "(stop it with 'tgnb emulator stop' to change that)"
+        )
     feed = feed_cls(session.cluster.state, since=start)
     stop = threading.Event()
 
@@ -207,6 +213,21 @@ def _follow(
         return 1
     out("OK: preempted, checkpointed inside the drain window, resumed and finished")
     return 0
+
+
+def _time_scale(session: Any) -> float | None:
+    import httpx
+
+    key = session.cloud.settings.api_key
+    try:
+        r = httpx.get(
+            f"{session.cloud.base_url}/_emulator/health",
+            headers={"Authorization": f"Bearer {key.get()}"} if key else {},
+            timeout=5.0,
+        )
+        return float(r.json()["time_scale"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _first(evs: list[Event], reason: str) -> Any:

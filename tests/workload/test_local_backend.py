@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,23 @@ def test_emulator_killed_mid_run_loses_no_run_record(
     assert rec.run_dir is not None
     log = (rec.run_dir / "supervisor.log").read_text()
     assert "emulator unreachable" in log and "emulator reachable again" in log
+
+
+def test_lost_supervisor_is_seen_and_recovered(session: Session) -> None:
+    run = session.launch("grpo", name="orphan", max_steps=80, env={"STANDIN_STEP_SECONDS": "0.1"})
+    running_on(run)
+    wait_until(lambda: len(run.records("metrics")) >= 3)
+    pid = run.record.jobs[-1].info["pid"]
+    os.kill(pid, signal.SIGKILL)  # as if the machine had restarted under it
+    status = wait_until(lambda: (st := run.status).state == JobState.UNKNOWN and st, 10)
+    assert "session.recover()" in status.detail
+    assert session.recover() == ["orphan"]
+    assert run.wait(timeout=120).state == JobState.SUCCEEDED
+    envs = starts(run)
+    assert len(envs) == 2  # the orphaned process was stopped before the new start
+    steps = run.metrics()["step"].tolist()
+    assert max(steps) == 80 and steps.count(80) == 1
+    evs = session.events(since="10m")
+    assert {"JobPlaced", "RunStarted", "RunResumed"} <= {e.reason for e in evs}
+    assert any(e.source == "cluster" for e in evs)
+    assert session.events(since=timedelta(seconds=0)) == []

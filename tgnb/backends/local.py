@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,16 @@ def emulator_endpoint(home: str | Path) -> tuple[str, str | None] | None:
     if not st.running or st.base_url is None:
         return None
     return st.base_url, (st.api_key.get() if st.api_key else None)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _reap() -> None:
@@ -193,9 +204,29 @@ class LocalBackend:
         rec = self.store.get(job_id)
         if rec.state.finished or supervisor_alive(self._supervisor_pid(rec)):
             return False
+        self._end_orphans(rec)
         run_dir = Path(rec.run_dir or self.run_dir_for(rec.name))
         self._start_supervisor(rec, run_dir)
         return True
+
+    def _end_orphans(self, rec: RunRecord, grace: float = 30.0) -> None:
+        """Stop training processes a dead supervisor left behind: SIGTERM (they checkpoint and
+        exit), then SIGKILL after `grace` seconds, so two never train the same run at once."""
+        groups = [int(c) for job in rec.jobs for c in job.info.get("children") or ()]
+        live = []
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+                live.append(pgid)
+            except (ProcessLookupError, PermissionError):
+                continue
+        deadline = time.monotonic() + grace
+        while live and time.monotonic() < deadline:
+            time.sleep(0.1)
+            live = [g for g in live if _group_alive(g)]
+        for pgid in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         from tgnb.runs.run import Run

@@ -101,6 +101,8 @@ class Run:
     @property
     def status(self) -> JobStatus:
         rec = self.refresh()
+        if rec.backend == "local" and self.backend is not None and not rec.state.finished:
+            return self.backend.status(rec.id)  # the store's record, unless its supervisor died
         return JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, rec.detail)
 
     @property
