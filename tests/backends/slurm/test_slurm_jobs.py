@@ -169,3 +169,22 @@ def test_submit_through_a_login_node_over_ssh(
     run_dir = tmp_path / "remote" / "over-ssh"
     assert backend.run_dir(job) == str(run_dir)
     assert TOKEN not in (run_dir / "job.sbatch").read_text()
+
+
+def test_a_job_the_controller_forgot(slurm: str, tmp_path: Path) -> None:
+    """Without accounting, a purged job's end comes from its run's events.jsonl."""
+    from tgnb.backends.slurm.backend import FORGOTTEN
+    from tgnb.events import Event, utcnow
+
+    backend = make_backend(tmp_path)
+    gone = "987654321"
+    st = backend.status(gone)
+    assert st.state is JobState.UNKNOWN and st.detail == FORGOTTEN
+    run_dir = tmp_path / "old-run"
+    run_dir.mkdir()
+    ev = Event(utcnow(), "run", "RunExited", "finished at step 3", data={"exit_code": 0})
+    (run_dir / "events.jsonl").write_text(ev.to_json() + "\n")
+    backend.attach(gone, run_dir)
+    st = backend.status(gone)
+    assert st.state is JobState.SUCCEEDED and st.exit_code == 0
+    assert backend.wait(gone, timeout=5).state is JobState.SUCCEEDED

@@ -30,6 +30,7 @@ from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import Event, read_jsonl
 
+FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
 
 #: Slurm job states (``JobState=`` of ``scontrol show job``, ``State`` of ``sacct``) to ours.
@@ -99,6 +100,13 @@ def job_status(fields: Mapping[str, str]) -> JobStatus:
     reason = fields.get("Reason", "")
     detail = slurm_state if reason in ("", "None") else f"{slurm_state} ({reason})"
     return JobStatus(state, restarts, nodes, exit_code, detail)
+
+
+def _over(status: JobStatus) -> bool:
+    """Nothing more will happen: finished, or forgotten by a controller without accounting."""
+    return status.state.finished or (
+        status.state is JobState.UNKNOWN and status.detail == FORGOTTEN
+    )
 
 
 class SlurmBackend:
@@ -233,12 +241,14 @@ class SlurmBackend:
                     {"JobState": state.split()[0], "ExitCode": exit_code, "NodeList": nodelist}
                 )
         # No accounting: the run's own events say how it ended.
+        if str(job_id) not in self._run_dirs:
+            return JobStatus(JobState.UNKNOWN, 0, (), None, FORGOTTEN)
         for ev in reversed(self.events(job_id)):
             if ev.reason == "RunExited":
                 code = int(ev.data.get("exit_code", ev.data.get("code", 1)) or 0)
                 state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
                 return JobStatus(state, 0, (), code, "finished (from events.jsonl)")
-        return JobStatus(JobState.UNKNOWN, 0, (), None, "the controller no longer knows this job")
+        return JobStatus(JobState.UNKNOWN, 0, (), None, FORGOTTEN)
 
     def restart_count(self, job_id: str) -> int:
         return self.status(job_id).restart_count
@@ -249,6 +259,11 @@ class SlurmBackend:
     def requeue(self, job_id: str) -> None:
         """Ask Slurm to requeue the job now (as a preemption would)."""
         self.runner.run(["scontrol", "requeue", str(job_id)])
+
+    def attach(self, job_id: str, run_dir: str | os.PathLike[str]) -> None:
+        """Remember where a job's run directory is (from the run store, after a kernel restart),
+        so status, logs and events still work once the controller has forgotten the job."""
+        self._run_dirs[str(job_id)] = str(run_dir)
 
     def run_dir(self, job_id: str) -> str:
         """The job's run directory (its working directory on shared storage)."""
@@ -271,7 +286,7 @@ class SlurmBackend:
         offset = 0
         pending = b""
         while True:
-            finished = not follow or self.status(job_id).state.finished
+            finished = not follow or _over(self.status(job_id))
             chunk = self.runner.read_file(path, offset)
             offset += len(chunk)
             pending += chunk
@@ -300,6 +315,6 @@ class SlurmBackend:
         deadline = time.monotonic() + timeout
         while True:
             st = self.status(job_id)
-            if st.state.finished or time.monotonic() > deadline:
+            if _over(st) or time.monotonic() > deadline:
                 return st
             time.sleep(self.poll_seconds)
