@@ -146,7 +146,7 @@ export class TogetherSidebar extends Widget {
   addEvent(event: IEvent): void {
     const item = el('li', `tgnb-event tgnb-reason-${event.reason}`);
     const when = new Date(event.time);
-    item.appendChild(el('span', 'tgnb-time', when.toLocaleTimeString()));
+    item.appendChild(el('span', 'tgnb-time', when.toLocaleTimeString([], { hour12: false })));
     item.appendChild(el('span', 'tgnb-reason', event.reason));
     const where = [event.node, event.run].filter(Boolean).join(' · ');
     if (where) {
