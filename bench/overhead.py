@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=30)
     ns = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # as runner.run does for tiny on the CPU
     with tempfile.TemporaryDirectory(prefix="tgnb-overhead-") as tmp:
         root = Path(tmp)
         os.environ.setdefault("TGNB_HOME", str(root / "home"))

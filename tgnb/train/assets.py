@@ -112,6 +112,12 @@ def tiny_path(seed: int = 0, home: str | os.PathLike[str] | None = None) -> Path
     try:
         build_model(seed).save_pretrained(tmp)
         build_tokenizer().save_pretrained(tmp)
+        if not (tmp / "config.json").is_file() or not any(tmp.glob("*.safetensors")):
+            # transformers writes weights on rank 0 only once torch.distributed is up
+            raise RuntimeError(
+                "the tiny model was not written (torch.distributed already initialized on a rank "
+                "other than 0?); call tgnb.train.assets.tiny_path() before the process group starts."
+            )
         try:
             os.rename(tmp, target)
         except OSError:

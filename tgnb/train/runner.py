@@ -90,9 +90,15 @@ def _args(cfg: TrainConfig, kwargs: dict[str, Any]) -> Any:
         raise TrainConfigError(f"TRL rejected the options under 'trl': {first}") from None
 
 
-def build_trainer(cfg: TrainConfig, args: Any, callbacks: list[Any]) -> Any:
-    """The GRPOTrainer or DPOTrainer for `cfg` (model and reference loaded from the same source)."""
-    source = assets.resolve_model(cfg.model, cfg.seed)
+def build_trainer(
+    cfg: TrainConfig, args: Any, callbacks: list[Any], source: str | None = None
+) -> Any:
+    """The GRPOTrainer or DPOTrainer for `cfg` (model and reference loaded from the same source).
+
+    `source` is what `assets.resolve_model` returns; resolve it before the training arguments are
+    built when several processes run (they start torch.distributed, after which transformers
+    writes the tiny model on rank 0 only)."""
+    source = source or assets.resolve_model(cfg.model, cfg.seed)
     tokenizer = _load_tokenizer(cfg.model, source)
     assert cfg.dataset is not None
     dataset = data.load(cfg.dataset, seed=cfg.seed, size=cfg.dataset_size)
@@ -147,10 +153,11 @@ def run(cfg: TrainConfig) -> int:
     guard = CheckpointGuard(cfg.checkpoint, run_dir, recorder)
     trainer = None
     try:
+        source = assets.resolve_model(cfg.model, cfg.seed)  # before torch.distributed starts
         kwargs = guard.training_args(training_kwargs(cfg, torch.cuda.is_available()))
         args = _args(cfg, kwargs)
         callbacks = [*guard.callbacks(), MetricsCallback(recorder)]
-        trainer = build_trainer(cfg, args, callbacks)
+        trainer = build_trainer(cfg, args, callbacks, source)
         run_started(
             recorder,
             algorithm=cfg.algorithm,
