@@ -198,3 +198,32 @@ async def test_status_and_stream_never_attach_by_themselves(jp_fetch: Any, emu: 
     await jp_fetch("tgnb", "cluster")
     status = body(await jp_fetch("tgnb", "status"))
     assert status["attached"] is True and status["cluster"]["name"] == "tgnb-demo"
+
+
+@pytest.mark.slow
+async def test_a_run_that_fails_is_pushed_as_a_state_change(
+    jp_fetch: Any, emu: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
+):
+    """The browser's 'run failed' notification comes from this ``run_state`` message."""
+    from tgnb.session import attach
+
+    await jp_fetch("tgnb", "scale", method="POST", body=json.dumps({"preemptible": 8}))
+    last = (await stream(jp_fetch, timeout=0.5))[-1][0]
+    # a training module that does not exist: the process exits 1 and the run fails for real
+    monkeypatch.setenv("TGNB_TRAIN_MODULE", "tgnb_no_such_trainer")
+    listening = asyncio.ensure_future(stream(jp_fetch, since=last, timeout=20.0))
+
+    def launch_and_wait() -> str:
+        session = attach(local=True, home=emu.home)
+        assert session.scale(preemptible=8, wait=True, timeout=60, poll=0.2)
+        run = session.launch("grpo", name="doomed", max_steps=5)
+        return run.wait(timeout=60).state.value
+
+    # blocking calls off the event loop, which serves the Jupyter server meanwhile
+    assert await asyncio.to_thread(launch_and_wait) == "failed"
+    seen = [m for _, m in await listening]
+    changes = [m for m in seen if m["type"] == "run_state" and m["run"] == "doomed"]
+    assert changes and changes[-1]["to"] == "failed", seen
+    assert changes[-1]["from"] in (None, "pending", "running")
+    runs = body(await jp_fetch("tgnb", "runs"))["runs"]
+    assert [(r["name"], r["state"], r["finished"]) for r in runs] == [("doomed", "failed", True)]

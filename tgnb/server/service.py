@@ -8,7 +8,8 @@ to a bounded buffer of numbered messages:
 - ``{"type": "cluster", "cluster": {...}}`` when the cluster snapshot changed;
 - ``{"type": "runs", "runs": [...]}`` when a run's status or progress changed;
 - ``{"type": "event", "event": {...}, "live": bool}`` for each new cluster or run event;
-- ``{"type": "run_state", "run": name, "from": state, "to": state}`` when a run changed state.
+- ``{"type": "run_state", "run": name, "from": state, "to": state}`` when a run changed state
+  (``"from": null`` for a run first seen while listening).
 
 Messages from the first poll after an attach describe the past (``"live": false``): the browser
 lists them but raises no notification for them.
@@ -143,15 +144,9 @@ class Cockpit:
                 out.append({"type": "event", "event": event_json(ev), "live": live})
             for name, now in runs.items():
                 before = (self._last_runs or {}).get(name)
-                if live and before is not None and before["state"] != now["state"]:
-                    out.append(
-                        {
-                            "type": "run_state",
-                            "run": name,
-                            "from": before["state"],
-                            "to": now["state"],
-                        }
-                    )
+                if live and (before is None or before["state"] != now["state"]):
+                    was = None if before is None else before["state"]
+                    out.append({"type": "run_state", "run": name, "from": was, "to": now["state"]})
             if runs != self._last_runs:
                 self._last_runs = runs
                 out.append({"type": "runs", "runs": list(runs.values())})
