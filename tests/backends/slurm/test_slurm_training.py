@@ -191,3 +191,28 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     assert resumed.data["step"] == saved[0].data["step"] == drain.data["step"]
     assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
     assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
+
+
+def test_torchrun_two_processes_with_c10d_rendezvous(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """The rendered ``srun torchrun --rdzv_backend=c10d`` line, for real: two CPU processes on the
+    one node (``gpus_per_node=2`` with ``--gres`` off stands for two GPUs), rendezvous at the
+    first node of the allocation, both ranks train to the end."""
+    backend = backend_for(tmp_path)
+    spec = grpo_spec("grpo-torchrun", max_steps=4)
+    spec = RunSpec(
+        name=spec.name,
+        train=spec.train,
+        resources=Resources(nodes=1, gpus_per_node=2, preemptible=True),
+        env=ENV,
+    )
+    job = backend.submit(spec)
+    cleanup_jobs.append(job)
+    final = backend.wait(job, timeout=400)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED, (final, log[-2000:])
+    assert "--rdzv_backend=c10d" in (Path(backend.run_dir(job)) / "job.sbatch").read_text()
+    started = next(e for e in backend.events(job) if e.reason == "RunStarted")
+    assert started.data["world_size"] == 2
+    assert metric_steps(Path(backend.run_dir(job))) == [1, 2, 3, 4]
