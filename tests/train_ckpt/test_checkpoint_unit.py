@@ -64,6 +64,17 @@ def test_a_torn_checkpoint_is_not_complete(tmp_path: Path, damage: str) -> None:
         assert ck.verify(path, checksums=False) is not None
 
 
+def test_large_files_are_sealed_in_worker_threads(tmp_path: Path) -> None:
+    big = os.urandom(1 << 20) * 17  # above the 16 MiB threshold
+    path = make_ckpt(tmp_path, 2, seal=False, payload=big)
+    (path / "optimizer.pt").write_bytes(big + big[: 3 << 20])
+    sealed = ck.write_marker(path, 2)
+    by_name = {f.path: f for f in sealed.files}
+    assert by_name["model.safetensors"].sha256 == hashlib.sha256(big).hexdigest()
+    assert by_name["optimizer.pt"].size == 20 << 20
+    assert ck.verify(path) == sealed
+
+
 def test_marker_step_must_match_the_directory(tmp_path: Path) -> None:
     path = make_ckpt(tmp_path, 4, seal=False)
     ck.write_marker(path, 5)

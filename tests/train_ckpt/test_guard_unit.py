@@ -23,7 +23,7 @@ class Model:
     def __init__(self, nbytes: int) -> None:
         import torch
 
-        self.p = torch.zeros(nbytes // 4)
+        self.p = torch.zeros(nbytes // 4, device="meta", requires_grad=True)
 
     def parameters(self) -> list[Any]:
         return [self.p]

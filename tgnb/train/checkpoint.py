@@ -14,6 +14,7 @@ This module is light (no torch, no transformers): the notebook side may read che
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ PREFIX = "checkpoint-"
 MARKER_VERSION = 1
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
+_LARGE = 16 << 20  # files at least this big are hashed and fsynced in worker threads
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,12 @@ def _files(path: Path) -> list[Path]:
     return sorted(out)
 
 
+@contextlib.contextmanager
+def _inline() -> Iterator[Any]:
+    """No pool: nothing is large enough to be worth a thread."""
+    yield None
+
+
 def _workers(n: int) -> int:
     return max(1, min(n, 8, (os.cpu_count() or 1) * 4))
 
@@ -134,16 +142,19 @@ def write_marker(path: str | os.PathLike[str], step: int, **extra: Any) -> Check
     """
     root = Path(path)
     files = _files(root)
-    biggest_first = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
-    with ThreadPoolExecutor(_workers(2 * len(files))) as pool:
-        tasks = {}
-        for f in biggest_first:
-            tasks[f] = (pool.submit(_hash, f), pool.submit(_fsync_file, f))
-        results = []
-        for f in files:
-            hashed, synced = tasks[f]
+    sizes = {f: f.stat().st_size for f in files}
+    large = sorted((f for f in files if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
+    digests: dict[Path, tuple[int, str]] = {}
+    with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
+        tasks = [(f, pool.submit(_hash, f), pool.submit(_fsync_file, f)) for f in large]
+        for f in files:  # small files here, in this thread, while the pool works on large ones
+            if sizes[f] < _LARGE:
+                digests[f] = _hash(f)
+                _fsync_file(f)
+        for f, hashed, synced in tasks:
             synced.result()
-            results.append(hashed.result())
+            digests[f] = hashed.result()
+    results = [digests[f] for f in files]
     entries = tuple(
         FileEntry(str(f.relative_to(root)), size, digest)
         for f, (size, digest) in zip(files, results, strict=True)

@@ -312,7 +312,11 @@ class CheckpointGuard:
         if p.auto and self.step_time_s:
             cost = self.checkpoint_cost_s
             if cost is None:
-                nbytes = 3 * sum(t.numel() * t.element_size() for t in model.parameters())
+                # weights, plus Adam's two moments for the trainable ones
+                nbytes = sum(
+                    t.numel() * t.element_size() * (3 if t.requires_grad else 1)
+                    for t in model.parameters()
+                )
                 cost = nbytes / _ASSUMED_WRITE_BPS
             every = ck.young_daly_steps(cost, p.preemptions_per_hour, self.step_time_s)
             return step - self._last_save_step >= every
@@ -379,6 +383,7 @@ class CheckpointGuard:
         seal_began = time.monotonic()
         if _rank() == 0:
             ckpt = ck.write_marker(path, step, reason=self._save_reason, world_size=_world())
+            sealed_at = time.time()
             removed = ck.rotate(self.ckpt_dir, self.policy.keep_last, newest=ckpt)
             done = time.monotonic()
             self.recorder.event(
@@ -389,6 +394,7 @@ class CheckpointGuard:
                 files=len(ckpt.files),
                 duration_s=round(done - began, 4),
                 seal_s=round(done - seal_began, 4),
+                sealed_at=sealed_at,
                 trigger=self._save_reason,
                 checkpoint=str(path),
                 removed=[p.name for p in removed],
