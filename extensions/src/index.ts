@@ -44,7 +44,7 @@ export function notify(message: api.Message): void {
   if (message.type === 'event' && message.live) {
     const e = message.event;
     if (e.reason === 'TogetherPreemptionNotified') {
-      Notification.warning(`Preemption notice for node ${e.node ?? '?'}: ${e.message}`, {
+      Notification.warning(`Preemption notice: ${e.message || `node ${e.node ?? '?'}`}`, {
         autoClose: 15000
       });
     } else if (e.reason === 'RunResumed') {

@@ -4,7 +4,6 @@ on the emulator raises a notification. Real browser, real Lab, real emulator ove
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +63,19 @@ def test_sidebar_renders_scales_and_notifies_preemption(
         assert node["name"] in toast.first.inner_text()
         sidebar.locator(".tgnb-reason-TogetherPreemptionNotified").first.wait_for()
         shot("04-preemption-toast")
+
+        page.keyboard.press("Control+Shift+C")
+        palette = page.locator(".lm-CommandPalette")
+        palette.locator("input").fill("Together")
+        items = palette.locator(".lm-CommandPalette-item:visible").all_inner_texts()
+        for label in (
+            "Together: attach to a cluster",
+            "Together: scale preemptible GPUs",
+            "Together: open a run's timeline",
+        ):
+            assert any(label in item for item in items), items
+        shot("05-palette")
     except Exception:
         shot("failure")
         log = lab.log.read_text(errors="replace")[-3000:]
         raise AssertionError(f"browser test failed; JupyterLab log tail:\n{log}") from None
-    finally:
-        time.sleep(0)
