@@ -220,3 +220,25 @@ def test_max_steps_must_be_above_checkpoint_step(tmp_path: Path) -> None:
             exc
         )
     tc.validate(tc.load(None, ["max_steps=41"], run_dir=run_dir))
+
+
+def test_training_kwargs_defaults_and_overrides(tmp_path: Path) -> None:
+    from tgnb.train import runner
+
+    cfg = tc.load(None, ["max_steps=7", "seed=3"], run_dir=tmp_path / "r")
+    kw = runner.training_kwargs(cfg, cuda=False)
+    assert kw["use_cpu"] is True and kw["bf16"] is False and kw["report_to"] == "none"
+    assert kw["logging_steps"] == 1 and kw["max_steps"] == 7 and kw["seed"] == 3
+    assert kw["reward_weights"] == [1.0, 0.1] and kw["activation_checkpointing"] is False
+    cfg = tc.load(
+        None,
+        ["rewards=[correctness]", "trl.learning_rate=1e-4", "trl.gradient_checkpointing=true"],
+        run_dir=tmp_path / "r",
+    )
+    kw = runner.training_kwargs(cfg, cuda=True)
+    assert "use_cpu" not in kw and "reward_weights" not in kw
+    assert kw["learning_rate"] == 1e-4 and kw["gradient_checkpointing"] is True
+    assert "activation_checkpointing" not in kw  # the user's choice is not shadowed
+    big = tc.load(None, ["model=Qwen/Qwen2.5-0.5B"], run_dir=tmp_path / "r")
+    kw = runner.training_kwargs(big, cuda=True)
+    assert "learning_rate" not in kw and "num_generations" not in kw  # TRL's own defaults

@@ -15,6 +15,7 @@ here is rank-specific except that rank 0 writes ``run.yaml`` (the Recorder write
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,17 @@ def training_kwargs(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
         kwargs.update(use_cpu=True, bf16=False)
     if cfg.model == assets.TINY:
         kwargs.update(TINY_DEFAULTS[cfg.algorithm])
-        if cfg.algorithm == "grpo":
-            kwargs["gradient_checkpointing"] = False
-            if cfg.rewards == DEFAULT_REWARDS:
-                kwargs["reward_weights"] = list(DEFAULT_REWARD_WEIGHTS)
+        if not {"gradient_checkpointing", "activation_checkpointing"} & set(cfg.trl):
+            fields = {f.name for f in dataclasses.fields(trl_config_class(cfg.algorithm))}
+            # transformers 5 renamed it; the old name warns (TRL defaults it to True)
+            name = (
+                "activation_checkpointing"
+                if "activation_checkpointing" in fields
+                else "gradient_checkpointing"
+            )
+            kwargs[name] = False
+        if cfg.algorithm == "grpo" and cfg.rewards == DEFAULT_REWARDS:
+            kwargs["reward_weights"] = list(DEFAULT_REWARD_WEIGHTS)
     kwargs.update(cfg.trl)
     kwargs.update(max_steps=cfg.max_steps, seed=cfg.seed)
     return kwargs
