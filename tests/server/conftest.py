@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytest_jupyter.jupyter_server import *  # noqa: F403  (the jp_* fixtures and their hooks)
 
 from tgnb.backends.local import supervisor_alive
 from tgnb.emulator.testing import EmulatorHandle, running_emulator
 from tgnb.runs.store import RunStore
+
+try:  # pytest-jupyter's jp_* fixtures and the hooks that run async tests, for this folder only
+    from pytest_jupyter.jupyter_server import *  # noqa: F403
+except ImportError:
+    if os.environ.get("CI", "").lower() == "true":
+        raise
+    collect_ignore_glob = ["test_*.py"]  # pip install 'pytest-jupyter[server]' to run them
 
 #: The workload tests' stand-in trainer (counts steps, checkpoints on a drain notice, exits 75).
 STANDIN_DIR = Path(__file__).resolve().parents[1] / "workload"

@@ -39,6 +39,15 @@ def test_wheel_installs_the_prebuilt_extension_without_nodejs(tmp_path: Path) ->
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("tgnb/labextension is not built: run .ci/extension-build before the tests")
         pytest.skip("tgnb/labextension is not built: run .ci/extension-build")
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wheel_target = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    shared = wheel_target.get("shared-data", {})
+    assert shared.get("tgnb/labextension") == "share/jupyter/labextensions/tgnb", (
+        "pyproject.toml must ship the prebuilt extension: [tool.hatch.build.targets.wheel."
+        'shared-data] "tgnb/labextension" = "share/jupyter/labextensions/tgnb"'
+    )
     no_node = tmp_path / "bin-without-node"
     no_node.mkdir()
     venv = tmp_path / "venv"
