@@ -242,3 +242,26 @@ def test_training_kwargs_defaults_and_overrides(tmp_path: Path) -> None:
     big = tc.load(None, ["model=Qwen/Qwen2.5-0.5B"], run_dir=tmp_path / "r")
     kw = runner.training_kwargs(big, cuda=True)
     assert "learning_rate" not in kw and "num_generations" not in kw  # TRL's own defaults
+
+
+def test_cli_check_prints_resolved_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tgnb.train import cli
+
+    path = write(tmp_path, "algorithm: dpo\nmax_steps: 9\n")
+    code = cli.main(
+        [str(path), "--set", "trl.beta=0.2", "--run-dir", str(tmp_path / "r"), "--check"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    resolved = yaml.safe_load(out)
+    assert resolved["algorithm"] == "dpo" and resolved["max_steps"] == 9
+    assert resolved["trl"] == {"beta": 0.2} and resolved["dataset"] == "arithmetic-preference"
+    assert not (tmp_path / "r").exists()  # --check writes nothing
+
+    code = cli.main([str(path), "--set", "trl.bta=0.2", "--check"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("tgnb train: unknown TRL option for DPO 'bta'. Did you mean 'beta'")
+    assert err.count("\n") == 1

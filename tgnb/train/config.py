@@ -4,7 +4,8 @@ A config file looks like::
 
     algorithm: grpo            # grpo | dpo
     model: tiny                # built-in tiny, a Hugging Face id, or a local directory
-    dataset: arithmetic        # built-in name, a .jsonl/.parquet file, or a Hugging Face dataset
+    dataset: arithmetic        # built-in name, a .jsonl/.parquet/.csv file, or a Hugging Face dataset
+    # dataset_config: main     # a Hugging Face dataset's configuration; dataset_split: train
     rewards: [correctness, format]   # GRPO only: built-in names or package.module:function
     max_steps: 100
     seed: 0
@@ -72,6 +73,8 @@ class TrainConfig:
     max_steps: int = 100
     name: str | None = None
     run_dir: str | None = None
+    dataset_config: str | None = None
+    dataset_split: str = "train"
     dataset_size: int = 2000
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
 

@@ -101,8 +101,14 @@ def check(name: str) -> None:
         )
 
 
-def load(name: str, seed: int = 0, split: str = "train", size: int = 2000) -> Any:
-    """The training split of `name` as a `datasets.Dataset`."""
+def load(
+    name: str,
+    seed: int = 0,
+    split: str = "train",
+    size: int = 2000,
+    config_name: str | None = None,
+) -> Any:
+    """The `split` of `name` as a `datasets.Dataset` (`size` rows for a built-in set)."""
     import datasets
 
     check(name)
@@ -113,9 +119,9 @@ def load(name: str, seed: int = 0, split: str = "train", size: int = 2000) -> An
     if _looks_local(name):
         path = Path(name).expanduser()
         builder = _check_local(path)
-        return datasets.load_dataset(builder, data_files=str(path), split=split)
+        return datasets.load_dataset(builder, data_files=str(path), split="train")  # one file
     try:
-        return datasets.load_dataset(name, split=split)
+        return datasets.load_dataset(name, config_name, split=split)
     except Exception as exc:  # datasets raises many types for a missing or offline set
         raise TrainConfigError(
             f"dataset '{name}' could not be loaded ({type(exc).__name__}: {str(exc).splitlines()[0]}); "

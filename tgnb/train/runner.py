@@ -37,7 +37,8 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_completion_length": 1,
         "temperature": 1.0,
     },
-    "dpo": {"learning_rate": 5e-3, "per_device_train_batch_size": 8, "max_length": 32},
+    # DPO: rewards/accuracies goes from about 0.65 to 0.89 in 60 steps (5e-3 oscillates)
+    "dpo": {"learning_rate": 1e-3, "per_device_train_batch_size": 8, "max_length": 32},
 }
 
 #: Weights of the default rewards [correctness, format] for tiny: the format reward is a small
@@ -109,7 +110,13 @@ def build_trainer(
     source = source or assets.resolve_model(cfg.model, cfg.seed)
     tokenizer = _load_tokenizer(cfg.model, source)
     assert cfg.dataset is not None
-    dataset = data.load(cfg.dataset, seed=cfg.seed, size=cfg.dataset_size)
+    dataset = data.load(
+        cfg.dataset,
+        seed=cfg.seed,
+        split=cfg.dataset_split,
+        size=cfg.dataset_size,
+        config_name=cfg.dataset_config,
+    )
     peft_config = None
     if cfg.lora is not None:
         from peft import LoraConfig
