@@ -131,6 +131,9 @@ export class TogetherSidebar extends Widget {
     const targetMoved =
       this._cluster !== null &&
       this._cluster.desired_preemptible_gpus !== cluster.desired_preemptible_gpus;
+    if (this._cluster !== null && this._cluster.id !== cluster.id) {
+      this.eventsNode.replaceChildren(); // another cluster: its own history follows
+    }
     this._cluster = cluster;
     if (first || targetMoved) {
       this.setPending(cluster.desired_preemptible_gpus);

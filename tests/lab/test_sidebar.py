@@ -1,16 +1,21 @@
 """The Together sidebar in a real JupyterLab in headless Chromium: it renders the attached cluster,
-scaling from it (through its confirmation dialog) changes the emulator's target, and a preemption
-on the emulator raises a notification. Real browser, real Lab, real emulator over loopback HTTP."""
+scaling from it (through its confirmation dialog) changes the emulator's target, a preemption on
+the emulator raises a notification, the run on the preempted node is listed and its resume raises
+another, and the palette has the Together commands. Real browser, real Lab, real emulator over
+loopback HTTP; the run uses the workload tests' stand-in trainer instead of TRL."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import together
 
-from .conftest import Lab
+from .conftest import REPO, Lab
+
+STANDIN_DIR = REPO / "tests" / "workload"
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +30,22 @@ def target_and_id(lab: Lab) -> tuple[int, str]:
         client.close()
 
 
+def launch_standin(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Launch a long run on the demo cluster with the workload tests' stand-in trainer."""
+    from tgnb.session import attach
+
+    monkeypatch.setenv("TGNB_TRAIN_MODULE", "standin_train")
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", str(STANDIN_DIR) + (os.pathsep + path if path else ""))
+    session = attach(local=True, home=lab.home)
+    return session.launch("grpo", name="lab-run", max_steps=600)
+
+
 def test_sidebar_renders_scales_and_notifies_preemption(
-    lab: Lab, browser_page: Any, artifacts: Path
+    lab: Lab, browser_page: Any, artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     page = browser_page
+    runs: list[Any] = []
     shot = lambda name: page.screenshot(path=str(artifacts / f"{name}.png"))  # noqa: E731
     try:
         page.goto(f"{lab.url}lab?token={lab.token}")
@@ -56,13 +73,26 @@ def test_sidebar_renders_scales_and_notifies_preemption(
         page.locator('#tgnb-sidebar .tgnb-capacity-text[data-allocated="16"]').wait_for()
         shot("03-scaled")
 
+        # a run (the workload tests' stand-in trainer) on a preemptible node, then its node is
+        # preempted: a preemption toast, then a "resumed" toast when it restarts elsewhere
+        run = launch_standin(lab, monkeypatch)
+        runs.append(run)
+        lab.emulator.wait_for(lambda: run.records("metrics") and run.status.nodes, timeout=60)
+        node = run.status.nodes[0]
+        sidebar.locator('.tgnb-run[data-run="lab-run"]').wait_for()
         _, cluster_id = target_and_id(lab)
-        node = lab.emulator.preempt(cluster_id)
+        lab.emulator.preempt(cluster_id, node)
         toast = page.locator(".Toastify__toast", has_text="Preemption notice")
         toast.first.wait_for()
-        assert node["name"] in toast.first.inner_text()
+        assert node in toast.first.inner_text()
         sidebar.locator(".tgnb-reason-TogetherPreemptionNotified").first.wait_for()
         shot("04-preemption-toast")
+        page.locator(".Toastify__toast", has_text="Run lab-run resumed").first.wait_for(
+            timeout=90_000
+        )
+        page.locator('#tgnb-sidebar .tgnb-run[data-run="lab-run"] .tgnb-badge').wait_for()
+        page.wait_for_timeout(800)  # let the toast finish sliding in before the screenshot
+        shot("05-run-resumed")
 
         page.keyboard.press("Control+Shift+C")
         palette = page.locator(".lm-CommandPalette")
@@ -74,8 +104,12 @@ def test_sidebar_renders_scales_and_notifies_preemption(
             "Together: open a run's timeline",
         ):
             assert any(label in item for item in items), items
-        shot("05-palette")
+        shot("06-palette")
     except Exception:
         shot("failure")
         log = lab.log.read_text(errors="replace")[-3000:]
         raise AssertionError(f"browser test failed; JupyterLab log tail:\n{log}") from None
+    finally:
+        for run in runs:
+            run.stop()
+            run.wait(timeout=60)
