@@ -242,6 +242,7 @@ def test_training_kwargs_defaults_and_overrides(tmp_path: Path) -> None:
     big = tc.load(None, ["model=Qwen/Qwen2.5-0.5B"], run_dir=tmp_path / "r")
     kw = runner.training_kwargs(big, cuda=True)
     assert "learning_rate" not in kw and "num_generations" not in kw  # TRL's own defaults
+    assert kw["activation_checkpointing"] is True  # TRL's default, under transformers' new name
 
 
 def test_cli_check_prints_resolved_config(
@@ -265,3 +266,15 @@ def test_cli_check_prints_resolved_config(
     assert code == 2 and out == ""
     assert err.startswith("tgnb train: unknown TRL option for DPO 'bta'. Did you mean 'beta'")
     assert err.count("\n") == 1
+
+
+def test_model_missing_from_offline_cache_is_a_config_error(tmp_path: Path) -> None:
+    """A Hugging Face id that is neither reachable (HF_HUB_OFFLINE=1) nor cached."""
+    from tgnb.train import runner
+
+    cfg = tc.load(
+        None, ["model=tgnb-test-owner/no-such-model", "max_steps=2"], run_dir=tmp_path / "r"
+    )
+    with pytest.raises(TrainConfigError) as exc:
+        runner.run(cfg)
+    assert "model 'tgnb-test-owner/no-such-model' could not be loaded" in one_line(exc)

@@ -56,19 +56,21 @@ def training_kwargs(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"logging_steps": 1, "report_to": "none", "disable_tqdm": True}
     if not cuda:
         kwargs.update(use_cpu=True, bf16=False)
-    if cfg.model == assets.TINY:
+    tiny = cfg.model == assets.TINY
+    if tiny:
         kwargs.update(TINY_DEFAULTS[cfg.algorithm])
-        if not {"gradient_checkpointing", "activation_checkpointing"} & set(cfg.trl):
-            fields = {f.name for f in dataclasses.fields(trl_config_class(cfg.algorithm))}
-            # transformers 5 renamed it; the old name warns (TRL defaults it to True)
-            name = (
-                "activation_checkpointing"
-                if "activation_checkpointing" in fields
-                else "gradient_checkpointing"
+    if not {"gradient_checkpointing", "activation_checkpointing"} & set(cfg.trl):
+        # transformers 5 renamed gradient_checkpointing (TRL defaults it to True; the old name
+        # warns): keep TRL's default under the new name, and turn it off for tiny
+        fields = {f.name: f for f in dataclasses.fields(trl_config_class(cfg.algorithm))}
+        if "activation_checkpointing" in fields:
+            kwargs["activation_checkpointing"] = (
+                False if tiny else fields["gradient_checkpointing"].default
             )
-            kwargs[name] = False
-        if cfg.algorithm == "grpo" and cfg.rewards == DEFAULT_REWARDS:
-            kwargs["reward_weights"] = list(DEFAULT_REWARD_WEIGHTS)
+        elif tiny:
+            kwargs["gradient_checkpointing"] = False
+    if tiny and cfg.algorithm == "grpo" and cfg.rewards == DEFAULT_REWARDS:
+        kwargs["reward_weights"] = list(DEFAULT_REWARD_WEIGHTS)
     kwargs.update(cfg.trl)
     kwargs.update(max_steps=cfg.max_steps, seed=cfg.seed)
     return kwargs
