@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("trl")
 
 DRAIN_WINDOW_S = 120.0  # Together's 300 s drain window, shortened
+# The preemption and the drain come at step >= 6 of 36: the steps left (0.1-3 s each here) leave the
+# run time to see them before it would finish anyway.
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
 
 
@@ -108,11 +110,11 @@ def test_preempted_by_high_partition_requeues_and_resumes(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str]
 ) -> None:
     backend = backend_for(tmp_path)
-    max_steps = 16
+    max_steps = 36
     job = backend.submit(grpo_spec("grpo-preempt", max_steps=max_steps))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
-    wait_until("step 7", lambda: max(metric_steps(run_dir), default=0) >= 7, 400)
+    wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
     high = subprocess.run(
         [
             "sbatch",
@@ -144,7 +146,7 @@ def test_preempted_by_high_partition_requeues_and_resumes(
     resumed = next(e for e in events if e.reason == "RunResumed")
     assert resumed.data["restart_count"] == 1
     # The SIGTERM checkpoint is the one resumed from: no step done before the signal is lost.
-    assert resumed.data["step"] == signal_ev.data["step"] >= 7, (signal_ev, resumed)
+    assert resumed.data["step"] == signal_ev.data["step"] >= 6, (signal_ev, resumed)
     assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
     assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
 
@@ -153,11 +155,11 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str]
 ) -> None:
     backend = backend_for(tmp_path)
-    max_steps = 16
+    max_steps = 36
     job = backend.submit(grpo_spec("grpo-drain", max_steps=max_steps))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
-    wait_until("step 7", lambda: max(metric_steps(run_dir), default=0) >= 7, 400)
+    wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
     subprocess.run(
         [
             "scontrol",
