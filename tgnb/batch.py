@@ -62,16 +62,20 @@ class NotebookResult:
 
 
 def notebooks_dir() -> Path:
-    """The folder of the example notebooks: ``$TGNB_NOTEBOOKS``, else ``notebooks/`` of the source
-    tree tgnb runs from."""
+    """The folder of the example notebooks: ``$TGNB_NOTEBOOKS``; else ``notebooks/`` of the source
+    tree tgnb runs from, or the copy a wheel ships as ``tgnb/_notebooks``."""
     env = os.environ.get(NOTEBOOKS_ENV)
-    folder = Path(env).expanduser() if env else Path(__file__).resolve().parents[1] / "notebooks"
-    if not (folder / NOTEBOOKS["quickstart"]).is_file():
-        raise ValidationError(
-            f"no example notebooks in {folder}: set {NOTEBOOKS_ENV} to the notebooks/ folder of a "
-            "tgnb checkout"
-        )
-    return folder
+    here = Path(__file__).resolve().parent
+    candidates = (
+        [Path(env).expanduser()] if env else [here.parent / "notebooks", here / "_notebooks"]
+    )
+    for folder in candidates:
+        if (folder / NOTEBOOKS["quickstart"]).is_file():
+            return folder
+    raise ValidationError(
+        f"no example notebooks in {candidates[0]}: set {NOTEBOOKS_ENV} to the notebooks/ folder "
+        "of a tgnb checkout"
+    )
 
 
 def resolve(name: str) -> Path:

@@ -81,7 +81,21 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Executed]:
             mp.delenv(var, raising=False)
         mp.setenv("HF_HUB_OFFLINE", "1")
         try:
+            # the quickstart through the command line (the README's main job), the others through
+            # the Python API
+            t0 = time.monotonic()
+            argv = ["run", "quickstart", "--out", str(result.out), "--home", str(result.home)]
+            for key, value in PARAMETERS["quickstart"].items():
+                argv += ["-p", key, json.dumps(value)]
+            rc = batch.main(argv)
+            result.seconds["quickstart"] = time.monotonic() - t0
+            result.notebooks["quickstart"] = result.out / batch.NOTEBOOKS["quickstart"]
+            result.html["quickstart"] = result.notebooks["quickstart"].with_suffix(".html")
+            if rc != 0:
+                result.errors["quickstart"] = f"tgnb notebooks run quickstart exited {rc}"
             for name, params in PARAMETERS.items():
+                if name == "quickstart":
+                    continue
                 t0 = time.monotonic()
                 try:
                     done = batch.run_notebook(name, result.out, params, home=result.home)
