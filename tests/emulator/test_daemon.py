@@ -77,6 +77,20 @@ def test_key_from_the_environment_is_used_and_saved(tmp_path: Path) -> None:
         daemon.stop(tmp_path)
 
 
+def test_the_users_real_key_stays_out_of_the_daemon(tmp_path: Path) -> None:
+    real = "tgnb-real-user-key-must-not-reach-the-daemon"
+    try:
+        r = tgnb(tmp_path, "start", env={"TOGETHER_API_KEY": real})
+        assert r.returncode == 0, r.stderr
+        st = daemon.status(tmp_path)
+        assert st.pid is not None
+        environ = Path(f"/proc/{st.pid}/environ").read_bytes()
+        assert real.encode() not in environ
+        assert st.api_key is not None and st.api_key.get() != real
+    finally:
+        daemon.stop(tmp_path)
+
+
 def test_state_survives_a_restart_with_a_pending_drain_window(tmp_path: Path) -> None:
     """Clusters, nodes, events and a drain deadline set before a restart are honoured after it."""
     with running_emulator(tmp_path, time_scale=0.01, drain_window_s=600) as emu:

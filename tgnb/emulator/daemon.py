@@ -201,6 +201,9 @@ def start(
     shell = f"{shlex.join(cmd)} >>{shlex.quote(str(log))} 2>&1 </dev/null &"
     env = dict(os.environ, **{KEY_ENV: secret})
     env.pop("TGNB_HOME", None)
+    # The daemon never needs the user's real credentials: keep them out of its environment.
+    for name in ("TOGETHER_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        env.pop(name, None)
     subprocess.run(["/bin/sh", "-c", shell], env=env, check=True, start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
