@@ -176,7 +176,7 @@ def render(tl: EventTimeline) -> str:
     for i, lane in enumerate(lanes):
         y_lane: float = top + i * (_LANE_H + _GAP)
         mid = y_lane + _LANE_H / 2
-        name = lane.key if len(lane.key) <= 30 else lane.key[:14] + "…" + lane.key[-14:]
+        name = lane.key if len(lane.key) <= 24 else lane.key[:10] + "…" + lane.key[-12:]
         tag = {"standard": "standard node", "preemptible": "preemptible node"}.get(
             lane.kind, lane.kind
         )
