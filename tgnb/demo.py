@@ -150,7 +150,7 @@ def _demo(session: Any, args: argparse.Namespace, out: Printer, feed_cls: Any) -
         if not waited:
             return 1
         overrides: dict[str, Any] = {"max_steps": args.max_steps}
-        overrides["checkpoint"] = {"drain_poll_seconds": 0.5}
+        overrides["checkpoint"] = {"drain_poll_seconds": 0.2}
         run = session.launch(
             args.algorithm, name=f"demo-{args.algorithm}-{int(time.time())}", **overrides
         )

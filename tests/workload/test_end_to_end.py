@@ -35,7 +35,8 @@ from tgnb.session import Session, attach
 from .conftest import make_session, stop_everything
 
 pytestmark = pytest.mark.slow
-MAX_STEPS = 16
+MAX_STEPS = 30
+FAST_DRAIN = {"drain_poll_seconds": 0.2}
 
 
 def wait_for(pred, timeout: float = 120.0):  # type: ignore[no-untyped-def]
@@ -121,13 +122,13 @@ def test_tgnb_demo_grpo_then_reattach_and_check(tmp_path: Path) -> None:
 
 
 def test_dpo_preempted_mid_run_resumes(session: Session) -> None:
-    run = session.launch("dpo", name="e2e-dpo", max_steps=MAX_STEPS)
+    run = session.launch("dpo", name="e2e-dpo", max_steps=MAX_STEPS, checkpoint=FAST_DRAIN)
     node = preempt_mid_run(session, run, 5)
     check_recovery(session.run("e2e-dpo"), node)
 
 
 def test_grpo_drain_path_on_a_slurm_cluster(emu: EmulatorHandle, tmp_path: Path) -> None:
     session = make_session(tmp_path, "SLURM")
-    run = session.launch("grpo", name="e2e-slurm", max_steps=MAX_STEPS)
+    run = session.launch("grpo", name="e2e-slurm", max_steps=MAX_STEPS, checkpoint=FAST_DRAIN)
     node = preempt_mid_run(session, run, 5)
     check_recovery(run, node, slurm=True)

@@ -263,6 +263,14 @@ class Supervisor:
                     self._signal(procs, signal.SIGKILL)
             time.sleep(self.poll)
         codes = [p.wait() for p in procs]
+        if preempted is None:  # the process may have heard the notice before this loop did
+            preempted = next(
+                (n for n in names if self._cache.get(n) and self._cache[n].notified()), None
+            )
+            if preempted is not None and self.slurm:
+                self.store.set_state(
+                    self.record.id, JobState.RUNNING, f"{preempted} drained", node=preempted
+                )
         if stop_at is not None:
             self._last_exit = codes[0]
             return "cancelled"
