@@ -24,24 +24,31 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("trl")
 
 DRAIN_WINDOW_S = 120.0  # Together's 300 s drain window, shortened
-# The preemption and the drain come at step >= 6 of 36: the steps left (0.1-3 s each here) leave the
-# run time to see them before it would finish anyway.
+# The preemption and the drain come at step >= 6 of 36, and those runs are paced (>= 0.15 s a step):
+# the 30 steps left give the run seconds to see the notice before it would finish anyway.
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
 
 
-def grpo_spec(name: str, max_steps: int) -> RunSpec:
+def grpo_spec(name: str, max_steps: int, paced: bool = False) -> RunSpec:
+    """A tiny GRPO run; `paced` swaps the format reward for `paced_reward.paced` (same reward,
+    after a short sleep) so that the steps after a notice take seconds, not a blink."""
+    train: dict[str, Any] = {
+        "algorithm": "grpo",
+        "model": "tiny",
+        "dataset": "arithmetic",
+        "max_steps": max_steps,
+        "seed": 0,
+        "checkpoint": {"every_steps": 5, "keep_last": 3, "drain_poll_seconds": 0.5},
+    }
+    env = dict(ENV)
+    if paced:
+        train["rewards"] = ["correctness", "paced_reward:paced"]
+        env["PYTHONPATH"] = str(Path(__file__).parent)
     return RunSpec(
         name=name,
-        train={
-            "algorithm": "grpo",
-            "model": "tiny",
-            "dataset": "arithmetic",
-            "max_steps": max_steps,
-            "seed": 0,
-            "checkpoint": {"every_steps": 5, "keep_last": 3, "drain_poll_seconds": 0.5},
-        },
+        train=train,
         resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
-        env=ENV,
+        env=env,
     )
 
 
@@ -111,7 +118,7 @@ def test_preempted_by_high_partition_requeues_and_resumes(
 ) -> None:
     backend = backend_for(tmp_path)
     max_steps = 36
-    job = backend.submit(grpo_spec("grpo-preempt", max_steps=max_steps))
+    job = backend.submit(grpo_spec("grpo-preempt", max_steps=max_steps, paced=True))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
     wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
@@ -156,7 +163,7 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
 ) -> None:
     backend = backend_for(tmp_path)
     max_steps = 36
-    job = backend.submit(grpo_spec("grpo-drain", max_steps=max_steps))
+    job = backend.submit(grpo_spec("grpo-drain", max_steps=max_steps, paced=True))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
     wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
