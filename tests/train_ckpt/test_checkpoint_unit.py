@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from tgnb.train import checkpoint as ck
 
@@ -35,7 +36,8 @@ def test_marker_is_written_last_with_a_full_manifest(tmp_path: Path) -> None:
     files = {f["path"]: f for f in record["files"]}
     assert set(files) == {"model.safetensors", "trainer_state.json", "sub/rng_state_1.pth"}
     assert files["model.safetensors"]["size"] == 10000
-    assert files["model.safetensors"]["sha256"] == hashlib.sha256(b"x" * 10000).hexdigest()
+    assert files["model.safetensors"]["xxh3_128"] == xxhash.xxh3_128(b"x" * 10000).hexdigest()
+    assert record["version"] == ck.MARKER_VERSION
     assert record["bytes"] == sum(f["size"] for f in record["files"]) == sealed.bytes
     assert not list(path.glob(".*tmp")), "the temporary marker was renamed into place"
     assert ck.verify(path) == sealed
@@ -65,14 +67,36 @@ def test_a_torn_checkpoint_is_not_complete(tmp_path: Path, damage: str) -> None:
 
 
 def test_large_files_are_sealed_in_worker_threads(tmp_path: Path) -> None:
-    big = os.urandom(1 << 20) * 17  # above the 16 MiB threshold
+    big = os.urandom(1 << 20) * 17  # several 8 MiB read chunks
     path = make_ckpt(tmp_path, 2, seal=False, payload=big)
     (path / "optimizer.pt").write_bytes(big + big[: 3 << 20])
     sealed = ck.write_marker(path, 2)
     by_name = {f.path: f for f in sealed.files}
-    assert by_name["model.safetensors"].sha256 == hashlib.sha256(big).hexdigest()
+    assert by_name["model.safetensors"].digest == xxhash.xxh3_128(big).hexdigest()
     assert by_name["optimizer.pt"].size == 20 << 20
     assert ck.verify(path) == sealed
+
+
+def test_sha256_manifests_are_written_on_request_and_still_verified(tmp_path: Path) -> None:
+    """Markers of version 1 (sha256 only) stay readable, and their checksums are still checked."""
+    path = make_ckpt(tmp_path, 6, seal=False, payload=b"y" * 5000)
+    ck.write_marker(path, 6, algorithm="sha256")
+    record = json.loads((path / ck.MARKER).read_text())
+    files = {f["path"]: f for f in record["files"]}
+    assert files["model.safetensors"]["sha256"] == hashlib.sha256(b"y" * 5000).hexdigest()
+    record["version"] = 1
+    (path / ck.MARKER).write_text(json.dumps(record))
+    assert ck.verify(path) is not None
+    (path / "model.safetensors").write_bytes(b"z" * 5000)  # same size, other content
+    assert ck.verify(path) is None
+    assert ck.verify(path, checksums=False) is not None
+
+
+def test_an_unknown_algorithm_is_refused_before_any_work(tmp_path: Path) -> None:
+    path = make_ckpt(tmp_path, 8, seal=False)
+    with pytest.raises(ValueError, match="unknown checksum algorithm"):
+        ck.write_marker(path, 8, algorithm="md5")
+    assert not (path / ck.MARKER).exists()
 
 
 def test_marker_step_must_match_the_directory(tmp_path: Path) -> None:

@@ -5,16 +5,18 @@ A checkpoint is a directory ``checkpoints/checkpoint-<step>`` written by the Hug
 (model, optimizer, scheduler, RNG states, trainer state). It *counts* only once tgnb has fsynced
 every file in it and then written the completion marker `MARKER` last (itself written to a temporary
 name, fsynced, renamed into place, and the directory fsynced). The marker holds the step, the time,
-the total bytes and a manifest of every file with its size and sha256. A directory without a valid
-marker, with a file missing, shorter, longer or with another checksum, or with transformers' own
-``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume ignores it and retention removes it.
+the total bytes and a manifest of every file with its size and checksum (xxh3-128, which runs at
+memory speed; sha256 when ``xxhash`` is not installed; markers of version 1 hold sha256 and are still
+read). A directory without a valid marker, with a file missing, shorter, longer or with another
+checksum, or with transformers' own ``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume
+ignores it and retention removes it. The checksums guard against torn and damaged files, not
+against an adversary: a non-cryptographic hash is enough.
 
 This module is light (no torch, no transformers): the notebook side may read checkpoints too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -22,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,19 +36,26 @@ MARKER = "tgnb-complete.json"
 HF_INCOMPLETE_SENTINEL = "checkpoint-is-incomplete.txt"
 #: The directory name prefix the Hugging Face Trainer uses (``PREFIX_CHECKPOINT_DIR``).
 PREFIX = "checkpoint-"
-MARKER_VERSION = 1
+MARKER_VERSION = 2
+#: The checksum algorithms a manifest may name (the key of each file's digest in the marker).
+ALGORITHMS = ("xxh3_128", "sha256")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
-_LARGE = 16 << 20  # files at least this big are hashed and fsynced in worker threads
 
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a checkpoint: its path relative to the checkpoint directory, size, sha256."""
+    """One file of a checkpoint: its path relative to the checkpoint directory, size, checksum
+    (`digest`, hex, computed with `algorithm`: one of `ALGORITHMS`)."""
 
     path: str
     size: int
-    sha256: str
+    digest: str
+    algorithm: str = ALGORITHMS[0]
+
+    def record(self) -> dict[str, Any]:
+        """The entry as the marker stores it: ``{"path", "size", <algorithm>: digest}``."""
+        return {"path": self.path, "size": self.size, self.algorithm: self.digest}
 
 
 @dataclass(frozen=True)
@@ -96,8 +105,27 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _hash(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
+def default_algorithm() -> str:
+    """xxh3_128 when ``xxhash`` is installed (it comes with ``datasets``), else sha256."""
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return "sha256"
+    return "xxh3_128"
+
+
+def _hasher(algorithm: str) -> Any:
+    if algorithm == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown checksum algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def _hash(path: Path, algorithm: str = "sha256") -> tuple[int, str]:
+    digest = _hasher(algorithm)
     size = 0
     with open(path, "rb", buffering=0) as fh:
         buf = bytearray(_CHUNK)
@@ -121,46 +149,48 @@ def _files(path: Path) -> list[Path]:
     return sorted(out)
 
 
-@contextlib.contextmanager
-def _inline() -> Iterator[Any]:
-    """No pool: nothing is large enough to be worth a thread."""
-    yield None
-
-
 def _workers(n: int) -> int:
-    return max(1, min(n, 8, (os.cpu_count() or 1) * 4))
+    return max(1, min(n, 16))
 
 
-def write_marker(path: str | os.PathLike[str], step: int, **extra: Any) -> Checkpoint:
-    """Seal a checkpoint directory: fsync every file, then write the completion marker last.
+def _sync(task: tuple[str, Path], algorithm: str) -> tuple[int, str] | None:
+    """One unit of sealing work: ``("hash", file)``, ``("fsync", file)`` or ``("dir", dir)``."""
+    kind, path = task
+    if kind == "hash":
+        return _hash(path, algorithm)
+    if kind == "fsync":
+        _fsync_file(path)
+    else:
+        fsync_dir(path)
+    return None
 
-    Each file is hashed (read back, from the page cache) while it is being fsynced, in a few
-    threads (hashlib and fsync release the GIL), so the checksums cost little beyond the flush to
-    disk that durability needs anyway. Then the directories are fsynced, and only then is the
-    marker written (temporary name, fsync, rename,
-    fsync of the directory). Returns the now-complete `Checkpoint`.
+
+def write_marker(
+    path: str | os.PathLike[str], step: int, algorithm: str | None = None, **extra: Any
+) -> Checkpoint:
+    """Seal a checkpoint directory: fsync every file and directory, then write the marker last.
+
+    All the work that must precede the marker runs at once in a pool of threads (hashlib, xxhash
+    and fsync release the GIL): every file is hashed (read back from the page cache) and fsynced,
+    and every directory of the checkpoint and its parent are fsynced. Concurrent fsyncs share
+    journal commits, so a checkpoint of many small files costs about as much as one of a single
+    file. Only when all of that is done is the marker written (temporary name, fsync, rename, fsync
+    of the directory). `algorithm` is the checksum (`default_algorithm` when None). Returns the
+    now-complete `Checkpoint`.
     """
     root = Path(path)
+    algo = algorithm or default_algorithm()
+    _hasher(algo)  # an unknown algorithm fails here, before any work
     files = _files(root)
-    sizes = {f: f.stat().st_size for f in files}
-    large = sorted((f for f in files if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
-    digests: dict[Path, tuple[int, str]] = {}
-    with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
-        tasks = [(f, pool.submit(_hash, f), pool.submit(_fsync_file, f)) for f in large]
-        for f in files:  # small files here, in this thread, while the pool works on large ones
-            if sizes[f] < _LARGE:
-                digests[f] = _hash(f)
-                _fsync_file(f)
-        for f, hashed, synced in tasks:
-            synced.result()
-            digests[f] = hashed.result()
-    results = [digests[f] for f in files]
+    dirs = sorted({f.parent for f in files} | {root, root.parent})
+    tasks = [("hash", f) for f in files] + [("fsync", f) for f in files]
+    tasks += [("dir", d) for d in dirs]
+    with ThreadPoolExecutor(_workers(len(tasks))) as pool:
+        done = list(pool.map(lambda t: _sync(t, algo), tasks))
     entries = tuple(
-        FileEntry(str(f.relative_to(root)), size, digest)
-        for f, (size, digest) in zip(files, results, strict=True)
+        FileEntry(str(f.relative_to(root)), size, digest, algo)
+        for f, (size, digest) in zip(files, (d for d in done[: len(files)] if d), strict=True)
     )
-    for d in sorted({f.parent for f in files}, key=lambda p: len(p.parts), reverse=True):
-        fsync_dir(d)
     now = time.time()
     total = sum(e.size for e in entries)
     record = {
@@ -168,7 +198,7 @@ def write_marker(path: str | os.PathLike[str], step: int, **extra: Any) -> Check
         "step": int(step),
         "time": now,
         "bytes": total,
-        "files": [{"path": e.path, "size": e.size, "sha256": e.sha256} for e in entries],
+        "files": [e.record() for e in entries],
         **extra,
     }
     tmp = root / f".{MARKER}.tmp"
@@ -178,8 +208,14 @@ def write_marker(path: str | os.PathLike[str], step: int, **extra: Any) -> Check
         os.fsync(fh.fileno())
     os.replace(tmp, root / MARKER)
     fsync_dir(root)
-    fsync_dir(root.parent)
     return Checkpoint(root, int(step), now, total, entries)
+
+
+def _entry(f: dict[str, Any]) -> FileEntry:
+    for algo in ALGORITHMS:
+        if algo in f:
+            return FileEntry(str(f["path"]), int(f["size"]), str(f[algo]), algo)
+    raise KeyError("no checksum")
 
 
 def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
@@ -188,9 +224,7 @@ def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
     try:
         with open(root / MARKER, encoding="utf-8") as fh:
             record = json.load(fh)
-        entries = tuple(
-            FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in record["files"]
-        )
+        entries = tuple(_entry(f) for f in record["files"])
         return Checkpoint(
             root, int(record["step"]), float(record["time"]), int(record["bytes"]), entries
         )
@@ -203,7 +237,7 @@ def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint |
 
     Complete means: a readable marker whose step matches the directory name, no transformers
     "incomplete" sentinel, and every manifest file present with its recorded size (and, with
-    `checksums`, its recorded sha256). Files not in the manifest are ignored.
+    `checksums`, its recorded checksum). Files not in the manifest are ignored.
     """
     root = Path(path)
     if (root / HF_INCOMPLETE_SENTINEL).exists():
@@ -218,13 +252,12 @@ def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint |
     except OSError:
         return None
     if checksums:
-        targets = [root / e.path for e in ckpt.files]
         try:
-            with ThreadPoolExecutor(_workers(len(targets))) as pool:
-                got = list(pool.map(_hash, targets))
-        except OSError:
+            with ThreadPoolExecutor(_workers(len(ckpt.files))) as pool:
+                got = list(pool.map(lambda e: _hash(root / e.path, e.algorithm), ckpt.files))
+        except (OSError, ImportError):
             return None
-        if any(g != (e.size, e.sha256) for g, e in zip(got, ckpt.files, strict=True)):
+        if any(g != (e.size, e.digest) for g, e in zip(got, ckpt.files, strict=True)):
             return None
     return ckpt
 
