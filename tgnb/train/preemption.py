@@ -125,6 +125,7 @@ class CheckpointGuard:
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
         self._saves = 0
+        self._crc32: bool | None = None  # torch.save's CRC32 setting while a save is under way
         if policy.on_signal:
             self._install_signal_handlers()
         if policy.watch_drain and int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -254,7 +255,8 @@ class CheckpointGuard:
         return code
 
     def close(self) -> None:
-        """Stop the drain watcher and give the signal handlers back."""
+        """Stop the drain watcher, give the signal handlers back, restore torch.save's CRC32."""
+        self._crc32_restore()
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -372,8 +374,28 @@ class CheckpointGuard:
             self._save_reason = "periodic"
         if control.should_save:
             self._save_began = now
+            self._crc32_off()
+
+    def _crc32_off(self) -> None:
+        """Skip the CRC32 torch.save computes over every record of its zip container, for the
+        Trainer's save that follows (optimizer, scheduler, RNG states): it costs as much as the
+        write itself, and the checkpoint's manifest checksums, verified on resume, cover the same
+        bytes. torch.load does not check these CRCs."""
+        import torch.serialization as ts
+
+        if self._crc32 is None and hasattr(ts, "set_crc32_options"):
+            self._crc32 = bool(ts.get_crc32_options())
+            ts.set_crc32_options(False)
+
+    def _crc32_restore(self) -> None:
+        if self._crc32 is not None:
+            import torch.serialization as ts
+
+            ts.set_crc32_options(self._crc32)
+            self._crc32 = None
 
     def on_save(self, state: Any) -> None:
+        self._crc32_restore()
         began = self._save_began if self._save_began is not None else time.monotonic()
         step = int(state.global_step)
         dist = _dist()
