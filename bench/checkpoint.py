@@ -14,8 +14,12 @@ character tokenizer, built locally; nothing is downloaded) this starts a real
 It prints ``sigterm_to_complete / plain`` and ``save / plain``. Target: <= 1.5.
 
 Each model is preempted `--repeats` times (each restart resumes the run); the lower median is printed.
+With ``--baseline SRC`` (a directory holding another version of the ``tgnb`` package, e.g. from
+``git archive <commit> tgnb | tar -x -C SRC``) the same is measured for that version too, its runs
+interleaved with this version's so both see the same machine load; rows are labelled ``baseline``
+and ``current``.
 
-Usage: ``python bench/checkpoint.py [--models tiny,100m] [--repeats 2] [--keep DIR]``
+Usage: ``python bench/checkpoint.py [--models tiny,100m] [--repeats 2] [--keep DIR] [--baseline SRC]``
 """
 
 from __future__ import annotations
@@ -96,8 +100,10 @@ def steps_logged(run_dir: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
-def measure(name: str, model: str, work: Path, env: dict[str, str], batch: int) -> dict[str, Any]:
-    run_dir = work / f"run-{name}"
+def measure(
+    name: str, model: str, work: Path, env: dict[str, str], batch: int, label: str = "current"
+) -> dict[str, Any]:
+    run_dir = work / f"run-{name}-{label}"
     cmd = [
         sys.executable,
         "-m",
@@ -117,8 +123,9 @@ def measure(name: str, model: str, work: Path, env: dict[str, str], batch: int) 
         "--set",
         "checkpoint.watch_drain=false",
     ]
-    log = open(work / f"{name}.log", "a")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log = open(work / f"{name}-{label}.log", "a")  # noqa: SIM115 - closed below
+    # cwd: the work directory, so that PYTHONPATH (a baseline's tgnb), not this checkout, comes first
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
     before = steps_logged(run_dir)
     try:
         deadline = time.monotonic() + 900
@@ -139,6 +146,7 @@ def measure(name: str, model: str, work: Path, env: dict[str, str], batch: int) 
     plain = statistics.median([plain_write(run_dir, marker["bytes"]) for _ in range(3)])
     return {
         "model": name,
+        "version": label,
         "exit_code": code,
         "bytes": marker["bytes"],
         "sigterm_to_complete_s": round(total, 3),
@@ -155,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="tiny,100m")
     p.add_argument("--repeats", type=int, default=2, help="preemptions per model (median kept)")
     p.add_argument("--keep", help="work directory to keep (default: a temporary one)")
+    p.add_argument("--baseline", help="a directory holding another tgnb package to compare with")
     args = p.parse_args(argv)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tgnb-bench-ckpt-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -165,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         "TGNB_HOME": str(work / "home"),
     }
     env.pop("TGNB_NOTICE_FILE", None)
+    versions = {"current": {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}}
+    if args.baseline:
+        versions = {
+            "baseline": {**env, "PYTHONPATH": str(Path(args.baseline).resolve())},
+            **versions,
+        }
     rows = []
     for name in args.models.split(","):
         if name == "tiny":
@@ -178,14 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise SystemExit(f"unknown model {name!r}; use tiny and/or 100m")
         # Each repeat resumes the same run and preempts it again; the median row is kept.
-        samples = [measure(name, model, work, env, batch) for _ in range(max(1, args.repeats))]
-        for sample in samples:
-            print(json.dumps(sample), flush=True)
-        samples.sort(key=lambda r: r["ratio_sigterm_to_complete"])
-        rows.append(samples[(len(samples) - 1) // 2])
+        by_label: dict[str, list[dict[str, Any]]] = {label: [] for label in versions}
+        for _ in range(max(1, args.repeats)):
+            for label, version_env in versions.items():
+                sample = measure(name, model, work, version_env, batch, label)
+                print(json.dumps(sample), flush=True)
+                by_label[label].append(sample)
+        for samples in by_label.values():
+            samples.sort(key=lambda r: r["ratio_sigterm_to_complete"])
+            rows.append(samples[(len(samples) - 1) // 2])
     for row in rows:
         print(
-            f"{row['model']:>5}: {row['bytes'] / 1e6:9.1f} MB  SIGTERM->complete "
+            f"{row['model']:>5} {row['version']:>8}: {row['bytes'] / 1e6:9.1f} MB  SIGTERM->complete "
             f"{row['sigterm_to_complete_s']:.3f} s  save {row['save_s']:.3f} s  plain write+fsync "
             f"{row['plain_write_fsync_s']:.3f} s  ratio {row['ratio_sigterm_to_complete']:.2f} "
             f"(save only {row['ratio_save']:.2f}; target <= 1.5)"
