@@ -308,6 +308,9 @@ class Session:
             )
         self._check_capacity(res, self.cluster.state())
         backend = self.backend
+        preflight = getattr(backend, "preflight", None)
+        if preflight is not None:  # engine checks (commands, controller, image) before recording
+            preflight(spec)
         run_dir = getattr(backend, "run_dir_for", None)
         record = self.store.create(
             spec,

@@ -92,3 +92,36 @@ def test_unknown_cluster(emu: EmulatorHandle, tmp_path: Path) -> None:
         attach("no-such-cluster", local=True, home=tmp_path)
     assert "tgnb-demo" in _one_line(exc)  # the message lists the clusters there are
     _nothing_submitted(emu, tmp_path)
+
+
+def test_slurm_commands_missing(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """A Slurm-backed session on a machine without sbatch: the engine's preflight refuses the run
+    before it is recorded (a PATH without Slurm's commands stands in for such a machine)."""
+    from tgnb.backends.slurm.commands import CommandRunner
+    from tgnb.errors import BackendError
+
+    session = attach(
+        local=True,
+        home=tmp_path,
+        cluster_type="SLURM",
+        backend="slurm",
+        runner=CommandRunner(path=str(tmp_path / "no-bin")),
+    )
+    session.scale(preemptible=8, wait=True, timeout=60, poll=0.2)
+    emu.clear_requests()
+    with pytest.raises(BackendError) as exc:
+        session.launch("grpo", max_steps=5, gpus_per_node=0)
+    assert "sbatch" in _one_line(exc)
+    _nothing_submitted(emu, tmp_path)
+
+
+def test_kubernetes_image_missing(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """A Kubernetes-backed session (the emulator's kubeconfig names no reachable API server, and
+    none is contacted): a run without an image is refused before it is recorded."""
+    session = attach(local=True, home=tmp_path, backend="kubernetes")
+    session.scale(preemptible=8, wait=True, timeout=60, poll=0.2)
+    emu.clear_requests()
+    with pytest.raises(ValidationError) as exc:
+        session.launch("grpo", max_steps=5)
+    assert "image" in _one_line(exc)
+    _nothing_submitted(emu, tmp_path)

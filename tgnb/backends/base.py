@@ -119,3 +119,8 @@ class Backend(Protocol):
     def events(self, job_id: str) -> list[Event]: ...
 
     def restart_count(self, job_id: str) -> int: ...
+
+
+# A backend may also define ``preflight(spec)``: every check `submit` makes before it changes
+# anything (engine commands present, controller reachable, image given). `Session.launch` calls it
+# before recording the run, so bad input leaves no trace in the run store.

@@ -95,6 +95,10 @@ class KubernetesBackend:
             backoff_per_index=self.backoff_per_index,
         )
 
+    def preflight(self, spec: RunSpec) -> None:
+        """Everything `submit` checks before it sends anything (the objects build and validate)."""
+        self.build(spec)
+
     def submit(self, spec: RunSpec) -> str:
         """Create the run's ConfigMap, the shared claim (if absent), its Service and its Job."""
         objs = self.build(spec)

@@ -170,8 +170,10 @@ class SlurmBackend:
 
     # The Backend protocol.
 
-    def submit(self, spec: RunSpec) -> str:
-        """Write the script and config into the run directory and ``sbatch`` it; the job id."""
+    def preflight(self, spec: RunSpec) -> tuple[str, str, dict[str, str]]:
+        """Everything `submit` checks before it writes or submits anything: the spec renders,
+        Slurm's commands exist and the controller answers, the secrets are set. Returns the
+        script, the config and the secrets' environment."""
         spec.validate()
         script, config = self.render(spec)
         self.runner.preflight()
@@ -185,6 +187,11 @@ class SlurmBackend:
                 )
             if source in os.environ:
                 env[source] = os.environ[source]
+        return script, config, env
+
+    def submit(self, spec: RunSpec) -> str:
+        """Write the script and config into the run directory and ``sbatch`` it; the job id."""
+        script, config, env = self.preflight(spec)
         run_dir = self._run_dir_of_script(script)
         script_path = f"{run_dir}/{SCRIPT_NAME}"
         self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
