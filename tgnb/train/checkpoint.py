@@ -17,6 +17,7 @@ This module is light (no torch, no transformers): the notebook side may read che
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -24,7 +25,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ MARKER_VERSION = 2
 ALGORITHMS = ("xxh3_128", "sha256")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
+_LARGE = 16 << 20  # files at least this big are hashed and fsynced in worker threads
 
 
 @dataclass(frozen=True)
@@ -150,47 +152,47 @@ def _files(path: Path) -> list[Path]:
 
 
 def _workers(n: int) -> int:
-    return max(1, min(n, 16))
+    return max(1, min(n, 8))
 
 
-def _sync(task: tuple[str, Path], algorithm: str) -> tuple[int, str] | None:
-    """One unit of sealing work: ``("hash", file)``, ``("fsync", file)`` or ``("dir", dir)``."""
-    kind, path = task
-    if kind == "hash":
-        return _hash(path, algorithm)
-    if kind == "fsync":
-        _fsync_file(path)
-    else:
-        fsync_dir(path)
-    return None
+@contextlib.contextmanager
+def _inline() -> Iterator[Any]:
+    """No pool: nothing is large enough to be worth a thread."""
+    yield None
 
 
 def write_marker(
     path: str | os.PathLike[str], step: int, algorithm: str | None = None, **extra: Any
 ) -> Checkpoint:
-    """Seal a checkpoint directory: fsync every file and directory, then write the marker last.
+    """Seal a checkpoint directory: fsync every file, then write the completion marker last.
 
-    All the work that must precede the marker runs at once in a pool of threads (hashlib, xxhash
-    and fsync release the GIL): every file is hashed (read back from the page cache) and fsynced,
-    and every directory of the checkpoint and its parent are fsynced. Concurrent fsyncs share
-    journal commits, so a checkpoint of many small files costs about as much as one of a single
-    file. Only when all of that is done is the marker written (temporary name, fsync, rename, fsync
-    of the directory). `algorithm` is the checksum (`default_algorithm` when None). Returns the
-    now-complete `Checkpoint`.
+    Large files are hashed (read back from the page cache) and fsynced at the same time, in a few
+    threads (xxhash, hashlib and fsync release the GIL), so the checksums cost little beyond the
+    flush to disk that durability needs anyway; small files are hashed and fsynced in this thread
+    meanwhile (on this machine a thread per small fsync costs more than it saves). Then the
+    directories are fsynced, and only then is the marker written (temporary name, fsync, rename,
+    fsync of the directory and its parent). `algorithm` is the checksum (`default_algorithm` when
+    None). Returns the now-complete `Checkpoint`.
     """
     root = Path(path)
     algo = algorithm or default_algorithm()
     _hasher(algo)  # an unknown algorithm fails here, before any work
     files = _files(root)
-    dirs = sorted({f.parent for f in files} | {root, root.parent})
-    tasks = [("hash", f) for f in files] + [("fsync", f) for f in files]
-    tasks += [("dir", d) for d in dirs]
-    with ThreadPoolExecutor(_workers(len(tasks))) as pool:
-        done = list(pool.map(lambda t: _sync(t, algo), tasks))
-    entries = tuple(
-        FileEntry(str(f.relative_to(root)), size, digest, algo)
-        for f, (size, digest) in zip(files, (d for d in done[: len(files)] if d), strict=True)
-    )
+    sizes = {f: f.stat().st_size for f in files}
+    large = sorted((f for f in files if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
+    digests: dict[Path, tuple[int, str]] = {}
+    with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
+        tasks = [(f, pool.submit(_hash, f, algo), pool.submit(_fsync_file, f)) for f in large]
+        for f in files:  # small files here, in this thread, while the pool works on large ones
+            if sizes[f] < _LARGE:
+                digests[f] = _hash(f, algo)
+                _fsync_file(f)
+        for f, hashed, synced in tasks:
+            synced.result()
+            digests[f] = hashed.result()
+    entries = tuple(FileEntry(str(f.relative_to(root)), *digests[f], algorithm=algo) for f in files)
+    for d in sorted({f.parent for f in files}, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(d)
     now = time.time()
     total = sum(e.size for e in entries)
     record = {
@@ -208,6 +210,7 @@ def write_marker(
         os.fsync(fh.fileno())
     os.replace(tmp, root / MARKER)
     fsync_dir(root)
+    fsync_dir(root.parent)
     return Checkpoint(root, int(step), now, total, entries)
 
 
