@@ -7,7 +7,9 @@ character tokenizer, built locally; nothing is downloaded) this starts a real
 - ``sigterm_to_complete``: wall time from the signal to the completion marker's time (this includes
   waiting for the optimizer step in progress to end, since the checkpoint is taken at the next step
   boundary);
-- ``save``: the run's own ``CheckpointSaved.duration_s`` (save decision to sealed marker);
+- ``save``: the run's own ``CheckpointSaved.duration_s`` (save decision to sealed marker), split into
+  ``trainer_write`` (the Trainer writing the files) and ``seal`` (tgnb's checksums, fsyncs, marker);
+  ``wait`` is the rest: from the signal to the step boundary;
 - ``plain``: a sequential write + fsync (file and directory) of the same number of bytes in the same
   directory, right after, median of 3.
 
@@ -150,7 +152,9 @@ def measure(
         "exit_code": code,
         "bytes": marker["bytes"],
         "sigterm_to_complete_s": round(total, 3),
+        "wait_s": round(total - saved["duration_s"], 3),  # SIGTERM -> the step boundary
         "save_s": saved["duration_s"],
+        "trainer_write_s": round(saved["duration_s"] - saved["seal_s"], 3),
         "seal_s": saved["seal_s"],
         "plain_write_fsync_s": round(plain, 3),
         "ratio_sigterm_to_complete": round(total / plain, 3),
@@ -207,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['model']:>5} {row['version']:>8}: {row['bytes'] / 1e6:9.1f} MB  SIGTERM->complete "
             f"{row['sigterm_to_complete_s']:.3f} s  save {row['save_s']:.3f} s  plain write+fsync "
             f"{row['plain_write_fsync_s']:.3f} s  ratio {row['ratio_sigterm_to_complete']:.2f} "
-            f"(save only {row['ratio_save']:.2f}; target <= 1.5)"
+            f"(save only {row['ratio_save']:.2f}; target <= 1.5)  [wait {row['wait_s']:.3f} s, "
+            f"trainer write {row['trainer_write_s']:.3f} s, seal {row['seal_s']:.3f} s]"
         )
     if not args.keep:
         import shutil
