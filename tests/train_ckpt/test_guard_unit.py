@@ -126,3 +126,33 @@ def test_auto_uses_young_daly_in_steps(make_guard: Any) -> None:
     control.should_save = False
     fresh.on_step_end(SimpleNamespace(device="cpu"), state, control, Model(400_000_000))
     assert control.should_save is False  # 3 * 400 MB / 200 MB/s = 6 s -> every 346 steps
+
+
+def test_torch_save_skips_crc32_only_during_the_guards_save(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    """Between the save decision and ``on_save`` torch.save writes no CRC32 (the manifest's
+    checksums cover those bytes); the setting is restored afterwards, and the file still loads."""
+    import zipfile
+
+    import torch
+    import torch.serialization as ts
+
+    guard = make_guard(every_steps=2)
+    assert ts.get_crc32_options() is True
+    assert not boundary(guard, 1).should_save and ts.get_crc32_options() is True
+    assert boundary(guard, 2).should_save and ts.get_crc32_options() is False
+    path = tmp_path / "checkpoints" / "checkpoint-2"
+    path.mkdir(parents=True)
+    torch.save({"w": torch.arange(1000.0)}, path / "optimizer.pt")  # as the Trainer would
+    guard.on_save(SimpleNamespace(global_step=2))
+    assert ts.get_crc32_options() is True
+    with zipfile.ZipFile(path / "optimizer.pt") as zf:
+        assert {i.CRC for i in zf.infolist()} == {0}
+    assert torch.equal(torch.load(path / "optimizer.pt")["w"], torch.arange(1000.0))
+    sealed = ck.verify(path)
+    assert sealed is not None and sealed.step == 2 and guard.last_checkpoint == sealed
+    # An abandoned save (training failed before on_save) is restored by close().
+    assert boundary(guard, 4).should_save and ts.get_crc32_options() is False
+    guard.close()
+    assert ts.get_crc32_options() is True
