@@ -83,6 +83,9 @@ OWNED_ARGS = (
     "ignore_data_skip",
 )
 _ASSUMED_WRITE_BPS = 200e6
+#: torch.save's CRC32 setting from before a guard's save turned it off (None: not turned off).
+#: Process-wide, like the setting itself, so two guards in one process cannot restore it wrongly.
+_CRC32_BEFORE: bool | None = None
 
 
 def _dist() -> Any:
@@ -125,7 +128,6 @@ class CheckpointGuard:
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
         self._saves = 0
-        self._crc32: bool | None = None  # torch.save's CRC32 setting while a save is under way
         if policy.on_signal:
             self._install_signal_handlers()
         if policy.watch_drain and int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -383,16 +385,18 @@ class CheckpointGuard:
         bytes. torch.load does not check these CRCs."""
         import torch.serialization as ts
 
-        if self._crc32 is None and hasattr(ts, "set_crc32_options"):
-            self._crc32 = bool(ts.get_crc32_options())
+        global _CRC32_BEFORE
+        if _CRC32_BEFORE is None and hasattr(ts, "set_crc32_options"):
+            _CRC32_BEFORE = bool(ts.get_crc32_options())
             ts.set_crc32_options(False)
 
     def _crc32_restore(self) -> None:
-        if self._crc32 is not None:
+        global _CRC32_BEFORE
+        if _CRC32_BEFORE is not None:
             import torch.serialization as ts
 
-            ts.set_crc32_options(self._crc32)
-            self._crc32 = None
+            ts.set_crc32_options(_CRC32_BEFORE)
+            _CRC32_BEFORE = None
 
     def on_save(self, state: Any) -> None:
         self._crc32_restore()
