@@ -36,5 +36,8 @@ def test_all_extra_covers_every_extra() -> None:
 def test_readme_opens_with_the_two_commands() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     block = lines[lines.index("```bash") + 1 : lines.index("```bash") + 3]
-    assert block[0].startswith("pip install torch==2.13.0 ") and "tgnb notebooks run quickstart" in block[0]
+    assert (
+        block[0].startswith("pip install torch==2.13.0 ")
+        and "tgnb notebooks run quickstart" in block[0]
+    )
     assert block[1].endswith("python -m pytest")
