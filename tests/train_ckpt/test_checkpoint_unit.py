@@ -153,3 +153,20 @@ def test_young_daly_interval() -> None:
         ck.young_daly_seconds(1.0, 0.0)
     with pytest.raises(ValueError):
         ck.young_daly_steps(1.0, 1.0, 0.0)
+
+
+def test_a_missing_xxhash_is_an_error_not_a_torn_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without xxhash, an xxh3 manifest cannot be checked: say so instead of calling it torn (resume
+    removes torn checkpoints). A stand-in import hook hides the installed xxhash."""
+    import sys
+
+    from tgnb.errors import CheckpointError
+
+    path = make_ckpt(tmp_path, 9)
+    monkeypatch.setitem(sys.modules, "xxhash", None)  # import xxhash now raises ImportError
+    with pytest.raises(CheckpointError, match="install xxhash"):
+        ck.verify(path)
+    assert ck.verify(path, checksums=False) is not None
+    assert ck.default_algorithm() == "sha256"

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tgnb.errors import CheckpointError
+
 #: The completion marker, written last in a checkpoint directory.
 MARKER = "tgnb-complete.json"
 #: The sentinel transformers' JIT checkpoint keeps in a directory while it is being written.
@@ -240,7 +242,8 @@ def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint |
 
     Complete means: a readable marker whose step matches the directory name, no transformers
     "incomplete" sentinel, and every manifest file present with its recorded size (and, with
-    `checksums`, its recorded checksum). Files not in the manifest are ignored.
+    `checksums`, its recorded checksum). Files not in the manifest are ignored. Raises
+    `CheckpointError` when the checksum's library (xxhash) is missing, rather than call it torn.
     """
     root = Path(path)
     if (root / HF_INCOMPLETE_SENTINEL).exists():
@@ -255,10 +258,17 @@ def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint |
     except OSError:
         return None
     if checksums:
+        for algo in {e.algorithm for e in ckpt.files}:
+            try:
+                _hasher(algo)
+            except ImportError as exc:  # never call a checkpoint torn for want of a library
+                raise CheckpointError(
+                    f"{root} has {algo} checksums; install xxhash to verify it (pip install xxhash)"
+                ) from exc
         try:
             with ThreadPoolExecutor(_workers(len(ckpt.files))) as pool:
                 got = list(pool.map(lambda e: _hash(root / e.path, e.algorithm), ckpt.files))
-        except (OSError, ImportError):
+        except OSError:
             return None
         if any(g != (e.size, e.digest) for g, e in zip(got, ckpt.files, strict=True)):
             return None
