@@ -222,10 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(result, flush=True)
         finally:
             if args.stop:
-                from tgnb.config import Settings
-                from tgnb.emulator import daemon
+                from tgnb.session import shutdown_local
 
-                daemon.stop(args.home or Settings.from_env().home)
+                shutdown_local(args.home)
         return 1 if failed else 0
     except TgnbError as exc:
         print(f"tgnb notebooks: {exc}", file=sys.stderr)

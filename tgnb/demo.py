@@ -109,9 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         if args.stop:
-            from tgnb.emulator import daemon
+            from tgnb.session import shutdown_local
 
-            daemon.stop(session.home)
+            shutdown_local(session.home)
 
 
 def _demo(session: Any, args: argparse.Namespace, out: Printer, feed_cls: Any) -> int:

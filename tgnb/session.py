@@ -389,3 +389,21 @@ def attach(
             raise
         cluster = cloud.create(target, cluster_type=cluster_type.upper())
     return Session(cloud, cluster, backend=backend, backend_options=backend_options)
+
+
+def shutdown_local(home: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> None:
+    """Stop what runs on the local emulator of `home`: its unfinished runs (their supervisors are
+    detached, so they would outlive the daemon), then the emulator daemon itself."""
+    from tgnb.emulator import daemon
+
+    path = Path(home) if home is not None else Settings.from_env().home
+    if not daemon.status(path).running:
+        return
+    try:
+        session = attach(local=True, home=path)
+        for run in session.runs(all_clusters=True):
+            if not run.state.finished:
+                run.stop()
+                run.wait(timeout=timeout)
+    finally:
+        daemon.stop(path)

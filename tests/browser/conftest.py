@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tgnb.session import shutdown_local
+
 CHROMIUM = os.environ.get("TGNB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -103,24 +105,6 @@ def _quiet_settings(settings: Path) -> None:
     (nb / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
 
 
-def stop_tgnb(home: Path) -> None:
-    """Stop the runs still going under `home` (their supervisors are detached) and the emulator."""
-    from tgnb.emulator import daemon
-
-    if not daemon.status(home).running:
-        return
-    try:
-        from tgnb.session import attach
-
-        session = attach(local=True, home=home)
-        for run in session.runs(all_clusters=True):
-            if not run.state.finished:
-                run.stop()
-                run.wait(timeout=60)
-    finally:
-        daemon.stop(home)
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """JupyterLab on 127.0.0.1, its kernels seeing a temporary ``TGNB_HOME``."""
@@ -174,7 +158,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield server
     finally:
         _stop(proc)
-        stop_tgnb(home)
+        shutdown_local(home)
 
 
 def _has_module(name: str) -> bool:

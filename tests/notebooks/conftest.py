@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tgnb.session import shutdown_local
+
 #: A key no real account has, easy to grep for.
 FAKE_KEY = "tgnb-fake-key-DO-NOT-LEAK-1234"
 
@@ -48,23 +50,6 @@ class Executed:
         if name in self.errors:
             pytest.fail(f"notebook {name} failed: {self.errors[name]}")
         return nbformat.read(self.notebooks[name], as_version=4)
-
-
-def stop_everything(home: Path) -> None:
-    """Stop the runs still going under `home` (their supervisors are detached) and the emulator."""
-    from tgnb.emulator import daemon
-
-    if daemon.status(home).running:
-        try:
-            from tgnb.session import attach
-
-            session = attach(local=True, home=home)
-            for run in session.runs(all_clusters=True):
-                if not run.state.finished:
-                    run.stop()
-                    run.wait(timeout=60)
-        finally:
-            daemon.stop(home)
 
 
 @pytest.fixture(scope="module")
@@ -112,4 +97,4 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Executed]:
             print("notebook run times (s):", {k: round(v) for k, v in result.seconds.items()})
             yield result
         finally:
-            stop_everything(result.home)
+            shutdown_local(result.home)

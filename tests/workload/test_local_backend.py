@@ -220,3 +220,17 @@ def test_lost_supervisor_is_seen_and_recovered(session: Session) -> None:
     assert {"JobPlaced", "RunStarted", "RunResumed"} <= {e.reason for e in evs}
     assert any(e.source == "cluster" for e in evs)
     assert session.events(since=timedelta(seconds=0)) == []
+
+
+def test_shutdown_local_stops_unfinished_runs_then_the_emulator(
+    session: Session, tmp_path: Path
+) -> None:
+    """What `tgnb notebooks run --stop` and `tgnb demo --stop` do at the end: a run still going is
+    stopped (its detached supervisor would outlive the daemon), then the emulator daemon."""
+    from tgnb.session import shutdown_local
+
+    run = session.launch("grpo", name="long", max_steps=10_000, env={"STANDIN_STEP_SECONDS": "0.1"})
+    running_on(run)
+    shutdown_local(tmp_path)
+    assert run.status.state == JobState.CANCELLED, run.status
+    assert not daemon.status(tmp_path).running
