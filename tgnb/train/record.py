@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,15 @@ def _rank() -> int:
 
 
 class Recorder:
-    """Appends events and metrics of one run. Each line is written and flushed whole."""
+    """Appends events and metrics of one run. Each line is written and flushed whole (from any
+    thread: the immediate saver records its checkpoint while the main thread logs metrics)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], run: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run = run or self.run_dir.name
         self.node = os.environ.get("TGNB_NODE") or os.environ.get("SLURMD_NODENAME") or None
         self.enabled = _rank() == 0
+        self._lock = threading.Lock()
         if self.enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -34,10 +37,12 @@ class Recorder:
         if not self.enabled:
             return
         line = json.dumps(record, sort_keys=True)
-        with open(self.run_dir / name, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-        sys.stdout.write(f"{STDOUT_PREFIX}{json.dumps({'kind': name[:-6], **record})}\n")
-        sys.stdout.flush()
+        out = f"{STDOUT_PREFIX}{json.dumps({'kind': name[:-6], **record})}\n"
+        with self._lock:
+            with open(self.run_dir / name, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+            sys.stdout.write(out)
+            sys.stdout.flush()
 
     def event(self, reason: str, message: str = "", **data: Any) -> Event:
         ev = Event(utcnow(), "run", reason, message, node=self.node, run=self.run, data=data)
