@@ -164,7 +164,11 @@ def _inline() -> Iterator[Any]:
 
 
 def write_marker(
-    path: str | os.PathLike[str], step: int, algorithm: str | None = None, **extra: Any
+    path: str | os.PathLike[str],
+    step: int,
+    algorithm: str | None = None,
+    known: Iterable[FileEntry] = (),
+    **extra: Any,
 ) -> Checkpoint:
     """Seal a checkpoint directory: fsync every file, then write the completion marker last.
 
@@ -174,18 +178,29 @@ def write_marker(
     meanwhile (on this machine a thread per small fsync costs more than it saves). Then the
     directories are fsynced, and only then is the marker written (temporary name, fsync, rename,
     fsync of the directory and its parent). `algorithm` is the checksum (`default_algorithm` when
-    None). Returns the now-complete `Checkpoint`.
+    None). `known` are entries of files the caller has already checksummed *and fsynced* (as
+    `tgnb.train.fastsave` does while writing them): those are taken as they are when the file's
+    size matches, not read again. Returns the now-complete `Checkpoint`.
     """
     root = Path(path)
     algo = algorithm or default_algorithm()
     _hasher(algo)  # an unknown algorithm fails here, before any work
     files = _files(root)
     sizes = {f: f.stat().st_size for f in files}
-    large = sorted((f for f in files if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
-    digests: dict[Path, tuple[int, str]] = {}
+    given = {e.path: e for e in known}
+    ready = {
+        f: given[rel]
+        for f in files
+        if (rel := str(f.relative_to(root))) in given and given[rel].size == sizes[f]
+    }
+    if any(e.algorithm != algo for e in ready.values()):
+        raise ValueError("known entries must use the marker's checksum algorithm")
+    todo = [f for f in files if f not in ready]
+    large = sorted((f for f in todo if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
+    digests: dict[Path, tuple[int, str]] = {f: (e.size, e.digest) for f, e in ready.items()}
     with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
         tasks = [(f, pool.submit(_hash, f, algo), pool.submit(_fsync_file, f)) for f in large]
-        for f in files:  # small files here, in this thread, while the pool works on large ones
+        for f in todo:  # small files here, in this thread, while the pool works on large ones
             if sizes[f] < _LARGE:
                 digests[f] = _hash(f, algo)
                 _fsync_file(f)
