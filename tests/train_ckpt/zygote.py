@@ -1,7 +1,8 @@
 """Helper process of the reliability test: pays the torch/TRL import once, then forks one child per
 trial. Each child resumes the run in RUN_DIR through the real `CheckpointGuard` (the same writer and
-resume path the runner uses), trains the tiny model with DPO saving at every step, and SIGKILLs
-itself at a seeded random instant inside a later save (a real SIGKILL, delivered by a timer thread).
+resume path the runner uses: the guard attached to the trainer writes with `tgnb.train.fastsave`),
+trains the tiny model with DPO saving at every step, and SIGKILLs itself at a seeded random instant
+inside a later save (a real SIGKILL, delivered by a timer thread).
 
 Protocol: one line ``RUN_DIR SEED REPORT_JSON`` on stdin per trial; the zygote answers one line
 ``ZYGOTE {"status": <waitpid status>}`` on stdout
@@ -91,6 +92,7 @@ def trial(run_dir: Path, seed: int, report: Path) -> None:
         processing_class=TOKENIZER,
         callbacks=[*guard.callbacks(), Killer()],
     )
+    guard.attach(trainer)  # saves through tgnb.train.fastsave, as the runner's do
     resume = guard.resume_from()
     info["resumed_step"] = guard.resumed_step
     info["resumed_from"] = resume

@@ -5,27 +5,34 @@
     guard = CheckpointGuard(policy, run_dir, recorder)       # installs the SIGTERM flag handler
     args = GRPOConfig(**guard.training_args(kwargs))
     trainer = GRPOTrainer(..., args=args, callbacks=guard.callbacks())
-    trainer.train(resume_from_checkpoint=guard.resume_from())
+    guard.attach(trainer)                                    # single process: immediate saves
+    with contextlib.suppress(Preempted):                     # left mid-step after its checkpoint
+        trainer.train(resume_from_checkpoint=guard.resume_from())
     sys.exit(guard.finish(trainer))                          # 0 finished, 75 preempted
 
 How a preemption is handled. A SIGTERM (the Kubernetes path; also SIGUSR1, which Slurm's
 ``--signal`` can send) only sets a flag. A drain notice with no signal (the Slurm path; see
-`tgnb.train.watcher`) sets another. At every optimizer-step boundary (``on_step_end``, after the
-optimizer and scheduler stepped and ``global_step`` advanced) the flags of all ranks are combined with
-one ``all_reduce(MAX)`` of a three-int tensor, so every rank decides the same thing at the same step.
-If any rank was told to stop, all of them ask the Trainer to save *this* step's checkpoint and stop:
-nothing done is lost, the data position and RNG states are those of a step boundary, and the
-checkpoint is the Trainer's own (model, optimizer, scheduler, RNG, trainer state). After the
-Trainer's save every rank meets at a barrier (each rank writes its own RNG file), then rank 0 seals
-the checkpoint with `tgnb.train.checkpoint.write_marker` and rotates old ones. `finish` tells
-"preempted" from "finished" (``train()`` returns normally in both cases), records the exit, under
-Slurm requeues its own job after a drain notice, and returns `EXIT_PREEMPTED` (75) or 0.
+`tgnb.train.watcher`) sets another.
+
+- One process (`attach` took the trainer over; `tgnb.train.sealing`): the checkpoint is written at
+  once, from the last step boundary, by `tgnb.train.immediate` -- between two optimizer steps the
+  weights, optimizer and scheduler do not change, so the step in progress need not end first. It is
+  abandoned (never applied, never logged) and recomputed after the resume from the same data
+  position and RNG states (those of the boundary, taken at every ``on_step_end``).
+- Several processes: at every optimizer-step boundary (``on_step_end``) the flags of all ranks are
+  combined with one ``all_reduce(MAX)`` of a three-int tensor, so every rank decides the same thing
+  at the same step. If any rank was told to stop, all of them ask the Trainer to save *this* step's
+  checkpoint and stop. After the Trainer's save every rank meets at a barrier (each rank writes its
+  own RNG file), then rank 0 seals the checkpoint with `tgnb.train.checkpoint.write_marker`.
+
+`finish` tells "preempted" from "finished", records the exit, under Slurm requeues its own job after
+a drain notice, and returns `EXIT_PREEMPTED` (75) or 0.
 
 Why not transformers' ``enable_jit_checkpoint`` (``transformers/trainer_jit_checkpoint.py``): it waits
-``kill_wait=3`` s after SIGTERM before asking for a checkpoint, then saves from
-``on_pre_optimizer_step`` -- before the current step's optimizer step, so the step in progress is
-computed and thrown away (seen: ``checkpoint-83`` saved, training stopped at step 84); its ranks do not
-agree on the step; and its "incomplete" sentinel is created *after* the directory, so a kill in
+``kill_wait=3`` s after SIGTERM before asking for a checkpoint, then saves only at
+``on_pre_optimizer_step``, once the step in progress has been computed in full (and is then thrown
+away: ``checkpoint-83`` saved, training stopped at step 84), through the Trainer's slower save; its
+ranks do not agree on the step; and its "incomplete" sentinel is created *after* the directory, so a kill in
 between leaves a directory that looks complete. We force it off (its SIGTERM handler would replace
 ours) and reuse its sentinel name only to recognise such directories as torn.
 
@@ -53,7 +60,6 @@ from transformers import TrainerCallback
 
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.events import (
-    CHECKPOINT_SAVED,
     DRAIN_NOTICE,
     RUN_EXITED,
     RUN_REQUEUED,
@@ -64,14 +70,15 @@ from tgnb.events import (
     read_jsonl,
 )
 from tgnb.train import checkpoint as ck
+from tgnb.train import fastsave
+from tgnb.train.immediate import SIGNALS, ImmediateSaver, Preempted
 from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.record import Recorder
+from tgnb.train.sealing import GuardSaving, _dist, _rank
 from tgnb.train.watcher import DrainWatcher
 
-__all__ = ["EXIT_PREEMPTED", "CheckpointGuard", "GuardCallback"]
+__all__ = ["EXIT_PREEMPTED", "CheckpointGuard", "GuardCallback", "Preempted"]
 
-#: Signals that ask for checkpoint-and-exit.
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Training arguments the guard owns; values given for them are replaced.
 OWNED_ARGS = (
     "output_dir",
@@ -83,26 +90,9 @@ OWNED_ARGS = (
     "ignore_data_skip",
 )
 _ASSUMED_WRITE_BPS = 200e6
-#: torch.save's CRC32 setting from before a guard's save turned it off (None: not turned off).
-#: Process-wide, like the setting itself, so two guards in one process cannot restore it wrongly.
-_CRC32_BEFORE: bool | None = None
 
 
-def _dist() -> Any:
-    """`torch.distributed` when a process group of more than one rank is up, else None."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist
-    return None
-
-
-def _rank() -> int:
-    dist = _dist()
-    return int(dist.get_rank()) if dist is not None else int(os.environ.get("RANK", "0"))
-
-
-class CheckpointGuard:
+class CheckpointGuard(GuardSaving):
     """Checkpoint-and-exit on SIGTERM or a drain notice, periodic and final checkpoints, resume."""
 
     def __init__(
@@ -128,6 +118,10 @@ class CheckpointGuard:
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
         self._saves = 0
+        self._trainer: Any = None  # set by attach(): the guard writes checkpoints itself
+        self._saver: ImmediateSaver | None = None
+        self._boundary: tuple[int, dict[str, Any]] | None = None  # (step, RNG states) at its end
+        self._known: list[ck.FileEntry] = []  # entries the fast writer already hashed and fsynced
         if policy.on_signal:
             self._install_signal_handlers()
         if policy.watch_drain and int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -141,6 +135,13 @@ class CheckpointGuard:
     def _on_drain_notice(self, source: str, details: dict[str, Any]) -> None:
         if self.drain_notice is None:
             self.drain_notice = (source, details, time.time())
+        if self._saver is not None:
+            self._saver.poke()
+
+    def _stop_asked(self) -> str | None:
+        if self.signal_received is not None:
+            return "signal"
+        return "drain" if self.drain_notice is not None else None
 
     def _install_signal_handlers(self) -> None:
         for sig in SIGNALS:
@@ -257,8 +258,12 @@ class CheckpointGuard:
         return code
 
     def close(self) -> None:
-        """Stop the drain watcher, give the signal handlers back, restore torch.save's CRC32."""
+        """Stop the drain watcher and the immediate saver, give the signal handlers back, restore
+        torch.save's CRC32."""
         self._crc32_restore()
+        if self._saver is not None:
+            self._saver.close()
+            self._saver = None
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -327,7 +332,17 @@ class CheckpointGuard:
         return False
 
     def on_step_begin(self) -> None:
+        if self._saver is not None:
+            self._saver.step_begin()  # raises Preempted once a mid-step checkpoint is complete
         self._step_began = time.monotonic()
+
+    def on_pre_optimizer_step(self) -> None:
+        if self._saver is not None:
+            self._saver.pre_optimizer_step()
+
+    def on_substep_end(self) -> None:
+        if self._saver is not None:
+            self._saver.substep_end()
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any) -> None:
         import torch
@@ -339,6 +354,8 @@ class CheckpointGuard:
                 took if self.step_time_s is None else 0.8 * self.step_time_s + 0.2 * took
             )
         step = int(state.global_step)
+        if self._trainer is not None:
+            self._boundary = (step, fastsave.capture_rng())
         if _rank() == 0:  # never save into a directory left over from an earlier attempt
             stale = self.ckpt_dir / f"{ck.PREFIX}{step}"
             if stale.exists():
@@ -378,71 +395,6 @@ class CheckpointGuard:
             self._save_began = now
             self._crc32_off()
 
-    def _crc32_off(self) -> None:
-        """Skip the CRC32 torch.save computes over every record of its zip container, for the
-        Trainer's save that follows (optimizer, scheduler, RNG states): it costs as much as the
-        write itself, and the checkpoint's manifest checksums, verified on resume, cover the same
-        bytes. torch.load does not check these CRCs."""
-        import torch.serialization as ts
-
-        global _CRC32_BEFORE
-        if _CRC32_BEFORE is None and hasattr(ts, "set_crc32_options"):
-            _CRC32_BEFORE = bool(ts.get_crc32_options())
-            ts.set_crc32_options(False)
-
-    def _crc32_restore(self) -> None:
-        global _CRC32_BEFORE
-        if _CRC32_BEFORE is not None:
-            import torch.serialization as ts
-
-            ts.set_crc32_options(_CRC32_BEFORE)
-            _CRC32_BEFORE = None
-
-    def on_save(self, state: Any) -> None:
-        self._crc32_restore()
-        began = self._save_began if self._save_began is not None else time.monotonic()
-        step = int(state.global_step)
-        dist = _dist()
-        if dist is not None:
-            dist.barrier()  # every rank has written its files (its RNG state) into the directory
-        path = self.ckpt_dir / f"{ck.PREFIX}{step}"
-        seal_began = time.monotonic()
-        if _rank() == 0:
-            ckpt = ck.write_marker(path, step, reason=self._save_reason, world_size=_world())
-            sealed_at = time.time()
-            removed = ck.rotate(self.ckpt_dir, self.policy.keep_last, newest=ckpt)
-            done = time.monotonic()
-            self.recorder.event(
-                CHECKPOINT_SAVED,
-                f"{path.name}: {ckpt.bytes} bytes in {done - began:.3f} s",
-                step=step,
-                bytes=ckpt.bytes,
-                files=len(ckpt.files),
-                duration_s=round(done - began, 4),
-                seal_s=round(done - seal_began, 4),
-                sealed_at=sealed_at,
-                trigger=self._save_reason,
-                checkpoint=str(path),
-                removed=[p.name for p in removed],
-            )
-            self.last_checkpoint = ckpt
-        else:
-            self.last_checkpoint = ck.Checkpoint(path, step, time.time(), 0)
-        if dist is not None:
-            dist.barrier()  # the marker is written before any rank goes on (or exits)
-        cost = time.monotonic() - began
-        self._saves += 1
-        prev = self.checkpoint_cost_s
-        self.checkpoint_cost_s = cost if prev is None else prev + (cost - prev) / self._saves
-        self._last_save_step = step
-        self._last_save_time = time.monotonic()
-        self._save_began = None
-
-
-def _world() -> int:
-    dist = _dist()
-    return int(dist.get_world_size()) if dist is not None else 1
-
 
 class GuardCallback(TrainerCallback):
     """The trainer callback of a `CheckpointGuard` (all decisions are the guard's)."""
@@ -452,6 +404,12 @@ class GuardCallback(TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.guard.on_step_begin()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.guard.on_pre_optimizer_step()
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.guard.on_substep_end()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.guard.on_step_end(args, state, control, kwargs.get("model"))

@@ -15,6 +15,7 @@ here is rank-specific except that rank 0 writes ``run.yaml`` (the Recorder write
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -157,7 +158,7 @@ def run(cfg: TrainConfig) -> int:
     from transformers import set_seed
 
     from tgnb.train.metrics import MetricsCallback, run_failed, run_started
-    from tgnb.train.preemption import CheckpointGuard
+    from tgnb.train.preemption import CheckpointGuard, Preempted
 
     assert cfg.run_dir is not None
     run_dir = Path(cfg.run_dir)
@@ -185,8 +186,10 @@ def run(cfg: TrainConfig) -> int:
             world_size=int(args.world_size),
             pid=os.getpid(),
         )
+        guard.attach(trainer)
         resume = guard.resume_from()
-        trainer.train(resume_from_checkpoint=resume)
+        with contextlib.suppress(Preempted):  # a checkpoint of the last boundary is complete
+            trainer.train(resume_from_checkpoint=resume)
     except TrainConfigError:
         guard.close()
         raise
