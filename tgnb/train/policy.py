@@ -12,7 +12,8 @@ class CheckpointPolicy:
     Periodic saves happen every `every_steps` optimizer steps, every `every_seconds` seconds, or,
     with ``auto``, at the Young/Daly interval computed from the measured checkpoint cost and
     `preemptions_per_hour`. Independently, a SIGTERM (`on_signal`) or a drain notice
-    (`watch_drain`) makes the run save at the next step boundary and exit with `EXIT_PREEMPTED`.
+    (`watch_drain`) makes the run save and exit with `EXIT_PREEMPTED`: a single process at once,
+    from the last step boundary; several processes at the next one, agreed by every rank.
     """
 
     every_steps: int | None = None
