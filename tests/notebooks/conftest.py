@@ -22,9 +22,12 @@ from tgnb.session import shutdown_local
 #: A key no real account has, easy to grep for.
 FAKE_KEY = "tgnb-fake-key-DO-NOT-LEAK-1234"
 
-#: Small parameters so that each notebook runs in a minute or two on a 2-core CPU.
+#: Small parameters so that each notebook runs in a minute or two on a 2-core CPU. The quickstart's
+#: run must still be going when its node is preempted: a tiny GRPO step takes about 50-70 ms here,
+#: and between the launch and the preemption's SIGTERM about 2 s pass (the cells in between, the
+#: preempt cell's 0.5 s polls, the supervisor's), so 16 steps could be over first.
 PARAMETERS: dict[str, dict[str, Any]] = {
-    "quickstart": {"max_steps": 16, "preempt_at": 4},
+    "quickstart": {"max_steps": 60, "preempt_at": 4},
     "grpo-sweep": {"learning_rates": [5e-3, 2e-2], "max_steps": 6},
     "dpo": {"max_steps": 8},
 }
