@@ -57,6 +57,10 @@ _DTYPES = {
 }
 
 
+#: Whether CUDA is available (asked once: `capture_rng` runs at every step boundary).
+_CUDA: bool | None = None
+
+
 class Unsupported(Exception):
     """This trainer's state cannot be written here; use the Trainer's own save."""
 
@@ -127,12 +131,15 @@ def capture_rng(parallel: bool = False) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    global _CUDA
     states: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "cpu": torch.random.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if _CUDA is None:
+        _CUDA = bool(torch.cuda.is_available())
+    if _CUDA:
         states["cuda"] = (
             torch.cuda.random.get_rng_state_all() if parallel else torch.cuda.random.get_rng_state()
         )

@@ -356,10 +356,6 @@ class CheckpointGuard(GuardSaving):
         step = int(state.global_step)
         if self._trainer is not None:
             self._boundary = (step, fastsave.capture_rng())
-        if _rank() == 0:  # never save into a directory left over from an earlier attempt
-            stale = self.ckpt_dir / f"{ck.PREFIX}{step}"
-            if stale.exists():
-                ck._remove(stale)
         flags = [
             int(self.signal_received is not None),
             int(self.drain_notice is not None),
@@ -393,6 +389,10 @@ class CheckpointGuard(GuardSaving):
             self._save_reason = "periodic"
         if control.should_save:
             self._save_began = now
+            stale = self.ckpt_dir / f"{ck.PREFIX}{step}"
+            rank = int(dist.get_rank()) if dist is not None else _rank()
+            if rank == 0 and stale.exists():  # never save into a leftover of an earlier attempt
+                ck._remove(stale)
             self._crc32_off()
 
 
