@@ -32,16 +32,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tgnb.train.checkpoint import fsync_path
+
 #: How the tiny model's checkpoint splits its bytes over the Trainer's five files.
 SHARES = (0.27, 0.66, 0.014, 0.0014, 0.0546)
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_file(path: Path, data: bytes | memoryview) -> None:

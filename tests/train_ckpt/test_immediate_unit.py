@@ -22,10 +22,11 @@ from tgnb.train.immediate import ImmediateSaver, Preempted
 
 
 class Harness:
-    def __init__(self, can: bool = True, write_s: float = 0.0) -> None:
+    def __init__(self, can: bool = True, write_s: float = 0.0, result: bool = True) -> None:
         self.flag: int | None = None
         self.calls: list[tuple[str, str, float]] = []
         self.write_s = write_s
+        self.result = result
         self.yielded: list[int] = []
         self.saver = ImmediateSaver(
             self.snapshot, lambda: can, self.on_signal, self.reason, (signal.SIGTERM,)
@@ -40,7 +41,7 @@ class Harness:
     def snapshot(self, reason: str) -> bool:
         self.calls.append((reason, threading.current_thread().name, time.monotonic()))
         time.sleep(self.write_s)
-        return True
+        return self.result
 
     def wait_for_call(self, timeout: float = 5) -> None:
         deadline = time.monotonic() + timeout
@@ -96,9 +97,7 @@ def test_no_snapshot_inside_the_update_section(harness: Any) -> None:
 
 
 def test_a_deferred_snapshot_leaves_training_to_the_step_boundary(harness: Any) -> None:
-    h = harness()
-    h.snapshot = lambda reason: False  # type: ignore[method-assign]  # "no boundary yet"
-    h.saver._snapshot = h.snapshot
+    h = harness(result=False)  # the guard's answer when there is no boundary yet
     h.saver.step_begin()
     os.kill(os.getpid(), signal.SIGTERM)
     assert h.saver.finished.wait(5)

@@ -92,8 +92,8 @@ def checkpoint_dirs(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory so the names created in it (or removed from it) are durable."""
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file, or a directory so the names created in it (or removed from it) are durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -101,12 +101,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+fsync_dir = fsync_path
 
 
 def default_algorithm() -> str:
@@ -199,11 +194,11 @@ def write_marker(
     large = sorted((f for f in todo if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
     digests: dict[Path, tuple[int, str]] = {f: (e.size, e.digest) for f, e in ready.items()}
     with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
-        tasks = [(f, pool.submit(_hash, f, algo), pool.submit(_fsync_file, f)) for f in large]
+        tasks = [(f, pool.submit(_hash, f, algo), pool.submit(fsync_path, f)) for f in large]
         for f in todo:  # small files here, in this thread, while the pool works on large ones
             if sizes[f] < _LARGE:
                 digests[f] = _hash(f, algo)
-                _fsync_file(f)
+                fsync_path(f)
         for f, hashed, synced in tasks:
             synced.result()
             digests[f] = hashed.result()

@@ -97,11 +97,10 @@ def write_safetensors(
     path: Path,
     tensors: dict[str, Any],
     algorithm: str,
-    metadata: dict[str, str] | None = None,
     direct: bool = False,
 ) -> HashingFile:
     """Write `tensors` to `path` in the safetensors format from their own memory (not fsynced)."""
-    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
@@ -126,8 +125,9 @@ def write_safetensors(
     return out
 
 
-def capture_rng(parallel: bool = False) -> dict[str, Any]:
-    """The RNG states ``Trainer._save_rng_state`` saves (python, numpy, cpu, cuda), taken now."""
+def capture_rng() -> dict[str, Any]:
+    """The RNG states ``Trainer._save_rng_state`` saves for one process (python, numpy, cpu,
+    cuda), taken now."""
     import numpy as np
     import torch
 
@@ -140,9 +140,7 @@ def capture_rng(parallel: bool = False) -> dict[str, Any]:
     if _CUDA is None:
         _CUDA = bool(torch.cuda.is_available())
     if _CUDA:
-        states["cuda"] = (
-            torch.cuda.random.get_rng_state_all() if parallel else torch.cuda.random.get_rng_state()
-        )
+        states["cuda"] = torch.cuda.random.get_rng_state()
     return states
 
 
@@ -286,7 +284,6 @@ def write_checkpoint(
                 root / "model.safetensors",
                 tensors,
                 algo,
-                None,
                 _large(tensors.values()),
             )
             syncing = [pool.submit(os.fsync, f.fileno()) for f in files]

@@ -142,19 +142,15 @@ class ImmediateSaver:
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
         self._w.setblocking(False)
-        self._old_fd: int | None = None
-        with contextlib.suppress(ValueError):  # not the main thread: poll the flags instead
+        self.wakes_on_signal = False  # else it polls the guard's flags every POLL_S
+        with contextlib.suppress(ValueError):  # not the main thread: poll
             old = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
             if old != -1:  # someone else's (an event loop's): give it back and poll
                 signal.set_wakeup_fd(old)
             else:
-                self._old_fd = old
+                self.wakes_on_signal = True
         self._thread = threading.Thread(target=self._run, name="tgnb-immediate-save", daemon=True)
         self._thread.start()
-
-    @property
-    def wakes_on_signal(self) -> bool:
-        return self._old_fd is not None
 
     def poke(self) -> None:
         """Wake the thread to look at the guard's flags (a drain notice, or closing)."""
@@ -256,10 +252,10 @@ class ImmediateSaver:
         self.poke()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
-        if self._old_fd is not None:
+        if self.wakes_on_signal:
             with contextlib.suppress(ValueError):
-                signal.set_wakeup_fd(self._old_fd)
-            self._old_fd = None
+                signal.set_wakeup_fd(-1)
+            self.wakes_on_signal = False
         for sock in (self._r, self._w):
             with contextlib.suppress(OSError):
                 sock.close()
