@@ -1,16 +1,18 @@
 """Atomic, verifiable checkpoints on disk: the completion marker, its manifest, retention, and the
 Young/Daly checkpoint interval.
 
-A checkpoint is a directory ``checkpoints/checkpoint-<step>`` written by the Hugging Face Trainer
-(model, optimizer, scheduler, RNG states, trainer state). It *counts* only once tgnb has fsynced
-every file in it and then written the completion marker `MARKER` last (itself written to a temporary
-name, fsynced, renamed into place, and the directory fsynced). The marker holds the step, the time,
-the total bytes and a manifest of every file with its size and checksum (xxh3-128, which runs at
-memory speed; sha256 when ``xxhash`` is not installed; markers of version 1 hold sha256 and are still
-read). A directory without a valid marker, with a file missing, shorter, longer or with another
-checksum, or with transformers' own ``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume
-ignores it and retention removes it. The checksums guard against torn and damaged files, not
-against an adversary: a non-cryptographic hash is enough.
+A checkpoint is a directory ``checkpoints/checkpoint-<step>`` in the Hugging Face Trainer's layout
+(model, optimizer, scheduler, RNG states, trainer state) or, when a preemption wrote it, one file
+(`tgnb.train.express`). It *counts* only once tgnb has fsynced every file in it and its directory's
+name, and then written the completion marker `MARKER` last (fsynced, then its directory). A marker
+cut short by a crash is not valid JSON, and neither is a blank one allocated ahead of time: both
+read as torn. The marker holds the step, the time, the total bytes and a manifest of every file
+with its size and checksum (xxh3-128, which runs at memory speed; sha256 when ``xxhash`` is not
+installed; markers of version 1 hold sha256 and are still read). A directory without a valid
+marker, with a file missing, shorter, longer or with another checksum, or with transformers' own
+``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume ignores it and retention removes it.
+The checksums guard against torn and damaged files, not against an adversary: a non-cryptographic
+hash is enough.
 
 This module is light (no torch, no transformers): the notebook side may read checkpoints too.
 """
@@ -40,6 +42,8 @@ HF_INCOMPLETE_SENTINEL = "checkpoint-is-incomplete.txt"
 #: The directory name prefix the Hugging Face Trainer uses (``PREFIX_CHECKPOINT_DIR``).
 PREFIX = "checkpoint-"
 MARKER_VERSION = 2
+#: The size of a blank (all spaces) marker file allocated ahead of a checkpoint (`write_marker`).
+BLANK_MARKER_BYTES = 4096
 #: The checksum algorithms a manifest may name (the key of each file's digest in the marker).
 ALGORITHMS = ("xxh3_128", "sha256")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -138,13 +142,18 @@ def _hash(path: Path, algorithm: str = "sha256") -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _files(path: Path) -> list[Path]:
+def _files(root: Path) -> list[tuple[str, str, int]]:
+    """Every file under `root` but the marker, sorted: (path relative to `root`, path, size)."""
     out = []
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            if name == MARKER or name.startswith(f".{MARKER}"):
-                continue
-            out.append(Path(root) / name)
+    todo = [("", str(root))]
+    while todo:
+        rel, top = todo.pop()
+        with os.scandir(top) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    todo.append((f"{rel}{e.name}/", e.path))
+                elif e.name != MARKER and not e.name.startswith(f".{MARKER}"):
+                    out.append((rel + e.name, e.path, e.stat().st_size))
     return sorted(out)
 
 
@@ -171,40 +180,54 @@ def write_marker(
     threads (xxhash, hashlib and fsync release the GIL), so the checksums cost little beyond the
     flush to disk that durability needs anyway; small files are hashed and fsynced in this thread
     meanwhile (on this machine a thread per small fsync costs more than it saves). Then the
-    directories are fsynced, and only then is the marker written (temporary name, fsync, rename,
-    fsync of the directory and its parent). `algorithm` is the checksum (`default_algorithm` when
-    None). `known` are entries of files the caller has already checksummed *and fsynced* (as
-    `tgnb.train.fastsave` does while writing them): those are taken as they are when the file's
-    size matches, not read again. Returns the now-complete `Checkpoint`.
+    directories are fsynced (the checkpoint's parent too: its name may just have been made or
+    renamed), and only then is the marker written and fsynced, then its directory. A marker cut
+    short by a crash does not parse, so the checkpoint reads as torn. When the directory already
+    holds a blank marker file big enough (`BLANK_MARKER_BYTES` of spaces, which does not parse
+    either; `tgnb.train.express` allocates one), the marker is written over it in place instead,
+    so no new file needs flushing.
+
+    `algorithm` is the checksum (`default_algorithm` when None). `known` are entries of files the
+    caller has already checksummed *and fsynced* (as `tgnb.train.fastsave` does while writing
+    them): those are taken as they are when the file's size matches, not read again. Returns the
+    now-complete `Checkpoint`.
     """
     root = Path(path)
     algo = algorithm or default_algorithm()
     _hasher(algo)  # an unknown algorithm fails here, before any work
     files = _files(root)
-    sizes = {f: f.stat().st_size for f in files}
     given = {e.path: e for e in known}
-    ready = {
-        f: given[rel]
-        for f in files
-        if (rel := str(f.relative_to(root))) in given and given[rel].size == sizes[f]
-    }
+    ready = {rel: given[rel] for rel, _, size in files if rel in given and given[rel].size == size}
     if any(e.algorithm != algo for e in ready.values()):
         raise ValueError("known entries must use the marker's checksum algorithm")
-    todo = [f for f in files if f not in ready]
-    large = sorted((f for f in todo if sizes[f] >= _LARGE), key=sizes.__getitem__, reverse=True)
-    digests: dict[Path, tuple[int, str]] = {f: (e.size, e.digest) for f, e in ready.items()}
+    todo = [(Path(f), size) for rel, f, size in files if rel not in ready]
+    large = sorted((t for t in todo if t[1] >= _LARGE), key=lambda t: t[1], reverse=True)
+    digests: dict[str, tuple[int, str]] = {rel: (e.size, e.digest) for rel, e in ready.items()}
     with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
-        tasks = [(f, pool.submit(_hash, f, algo), pool.submit(fsync_path, f)) for f in large]
-        for f in todo:  # small files here, in this thread, while the pool works on large ones
-            if sizes[f] < _LARGE:
-                digests[f] = _hash(f, algo)
+        tasks = [(f, pool.submit(_hash, f, algo), pool.submit(fsync_path, f)) for f, _ in large]
+        for f, size in todo:  # small files here, in this thread, while the pool works on large ones
+            if size < _LARGE:
+                digests[str(f.relative_to(root))] = _hash(f, algo)
                 fsync_path(f)
         for f, hashed, synced in tasks:
             synced.result()
-            digests[f] = hashed.result()
-    entries = tuple(FileEntry(str(f.relative_to(root)), *digests[f], algorithm=algo) for f in files)
-    for d in sorted({f.parent for f in files}, key=lambda p: len(p.parts), reverse=True):
+            digests[str(f.relative_to(root))] = hashed.result()
+    entries = tuple(FileEntry(rel, *digests[rel], algorithm=algo) for rel, _, _ in files)
+    dirs = {os.path.dirname(f) for _, f, _ in files} | {str(root)}
+    for d in sorted(dirs, key=len, reverse=True):
         fsync_dir(d)
+    fsync_dir(root.parent)  # the checkpoint directory's own name (made, or renamed into place)
+    ckpt, raw = marker_record(root, step, entries, **extra)
+    put_marker(root, raw)
+    return ckpt
+
+
+def marker_record(
+    path: str | os.PathLike[str], step: int, entries: Iterable[FileEntry], **extra: Any
+) -> tuple[Checkpoint, bytes]:
+    """The checkpoint in `path` and its marker's bytes, for these manifest `entries` (for a
+    caller that made the files and names durable itself; `put_marker` writes it)."""
+    entries = tuple(entries)
     now = time.time()
     total = sum(e.size for e in entries)
     record = {
@@ -215,15 +238,38 @@ def write_marker(
         "files": [e.record() for e in entries],
         **extra,
     }
-    tmp = root / f".{MARKER}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, root / MARKER)
-    fsync_dir(root)
-    fsync_dir(root.parent)
-    return Checkpoint(root, int(step), now, total, entries)
+    raw = json.dumps(record, sort_keys=True).encode()
+    return Checkpoint(Path(path), int(step), now, total, entries), raw
+
+
+def put_marker(path: str | os.PathLike[str], raw: bytes) -> None:
+    """Write the marker `raw` into the checkpoint directory `path` and make it durable: over its
+    blank marker file in place when it has one, else as a new file (then the directory too)."""
+    root = Path(path)
+    if not _over_blank(root / MARKER, raw):
+        with open(root / MARKER, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(root)
+
+
+def _over_blank(path: Path, raw: bytes) -> bool:
+    """Write `raw` over the blank marker file at `path`, padded with spaces to its size, and
+    flush it; False (nothing written) unless `path` is such a file and `raw` fits."""
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        old = os.pread(fd, BLANK_MARKER_BYTES + 1, 0)
+        if len(old) < len(raw) or len(old) > BLANK_MARKER_BYTES or old.strip(b" "):
+            return False
+        os.pwrite(fd, raw + b" " * (len(old) - len(raw)), 0)
+        os.fdatasync(fd)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _entry(f: dict[str, Any]) -> FileEntry:
