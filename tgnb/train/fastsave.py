@@ -22,6 +22,7 @@ writes anything, and the caller falls back to the Trainer's save.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import io
 import json
@@ -36,7 +37,15 @@ from typing import Any
 from tgnb.train import checkpoint as ck
 from tgnb.train.hashedio import HashingFile
 
-__all__ = ["Unsupported", "capture_rng", "model_tensors", "write_checkpoint", "write_safetensors"]
+__all__ = [
+    "Unsupported",
+    "bytes_view",
+    "capture_rng",
+    "dtype_code",
+    "model_tensors",
+    "write_checkpoint",
+    "write_safetensors",
+]
 
 _DTYPES = {
     "float64": "F64",
@@ -57,6 +66,8 @@ _DTYPES = {
 }
 
 
+#: `dtype_code` answers, by torch dtype (it runs for every tensor of a snapshot).
+_BY_DTYPE: dict[Any, str | None] = {}
 #: Whether CUDA is available (asked once: `capture_rng` runs at every step boundary).
 _CUDA: bool | None = None
 
@@ -65,7 +76,21 @@ class Unsupported(Exception):
     """This trainer's state cannot be written here; use the Trainer's own save."""
 
 
-def _bytes_view(t: Any) -> memoryview:
+def dtype_code(t: Any) -> str | None:
+    """The safetensors name of `t`'s dtype, or None when safetensors cannot hold it."""
+    try:
+        return _BY_DTYPE[t.dtype]
+    except KeyError:
+        code = _BY_DTYPE[t.dtype] = _DTYPES.get(str(t.dtype).removeprefix("torch."))
+        return code
+
+
+def bytes_view(t: Any) -> Any:
+    """`t`'s bytes as a buffer (``len`` is its size in bytes): its own memory when it is a
+    contiguous CPU tensor (then the buffer borrows that memory: keep `t` alive while it is
+    used), else a contiguous CPU copy's."""
+    if t.is_cpu and t.is_contiguous():
+        return (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
     import torch
 
     flat = t.detach().reshape(-1)
@@ -81,11 +106,11 @@ def model_tensors(model: Any) -> dict[str, Any]:
     seen: set[tuple[Any, ...]] = set()
     out = {}
     for name, t in model.state_dict().items():
-        if t.device.type == "meta":
+        if t.is_meta:
             raise Unsupported(f"{name} is on the meta device")
-        if str(t.dtype).removeprefix("torch.") not in _DTYPES:
+        if dtype_code(t) is None:
             raise Unsupported(f"{name} has dtype {t.dtype}, which safetensors cannot hold")
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
+        key = (t.device, t.data_ptr(), t.dtype, t.shape, t.stride())
         if key in seen:
             continue
         seen.add(key)
@@ -105,7 +130,7 @@ def write_safetensors(
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
         header[name] = {
-            "dtype": _DTYPES[str(t.dtype).removeprefix("torch.")],
+            "dtype": dtype_code(t),
             "shape": list(t.shape),
             "data_offsets": [offset, offset + nbytes],
         }
@@ -117,7 +142,7 @@ def write_safetensors(
         out.write(struct.pack("<Q", len(raw)) + raw)
         for t in tensors.values():
             if t.numel():
-                out.write(_bytes_view(t))
+                out.write(bytes_view(t))
         out.finish()
     except BaseException:
         out.close()
@@ -169,9 +194,9 @@ def check_supported(trainer: Any, optimizer: bool = True) -> None:
         raise Unsupported("no optimizer yet")
 
 
-def trainer_state_json(trainer: Any) -> str:
-    """``trainer_state.json`` as ``Trainer._save_checkpoint`` writes it (stateful callbacks
-    included), without changing the trainer's state."""
+def trainer_state(trainer: Any) -> Any:
+    """A copy of `trainer`'s ``TrainerState`` with the stateful callbacks' states in it, as
+    ``Trainer._save_checkpoint`` saves it (shallow: the log history is shared)."""
     import copy
 
     from transformers.trainer_callback import ExportableState
@@ -186,7 +211,13 @@ def trainer_state_json(trainer: Any) -> str:
             else:
                 callbacks[name] = cb.state()
     state.stateful_callbacks = callbacks
-    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
+    return state
+
+
+def trainer_state_json(trainer: Any) -> str:
+    """``trainer_state.json`` as ``Trainer._save_checkpoint`` writes it, without changing the
+    trainer's state."""
+    return json.dumps(dataclasses.asdict(trainer_state(trainer)), indent=2, sort_keys=True) + "\n"
 
 
 def _torch_save(obj: Any, path: Path, algorithm: str, direct: bool = False) -> HashingFile:
