@@ -54,7 +54,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Installs a flag-only SIGTERM handler (the guard's kind), gives the old one back after.
     `yield_cpu` is recorded, not run: it would lower this test process's priority for good."""
     yielded: list[int] = []
-    monkeypatch.setattr(immediate, "yield_cpu", lambda: yielded.append(1))
+    monkeypatch.setattr(immediate, "yield_cpu", lambda keep=(): yielded.append(1))
     made: list[Harness] = []
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
 

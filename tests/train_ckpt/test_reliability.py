@@ -1,11 +1,13 @@
 """SIGKILL at seeded random instants during checkpoint saves; every resume loads a complete one.
 
 24 trials chained in one run directory. Each trial is a child process (forked from `zygote.py`, which
-imported torch and TRL once) that resumes through the real `CheckpointGuard`, trains the tiny model
-with DPO saving at every step through the Trainer's own save plus the guard's sealing, and is
-SIGKILLed at a seeded random instant inside (or just after) a save. After each kill this test checks
-on its own that the newest complete checkpoint really loads (safetensors, optimizer, scheduler, RNG,
-trainer state at the marker's step), and that the next trial resumed from exactly that one.
+imported torch and TRL once) that resumes through the real `CheckpointGuard` and trains the tiny
+model with DPO. Half of them save at every step (the Trainer's layout) and are SIGKILLed at a seeded
+random instant inside (or just after) a save; the other half are sent SIGTERM mid-step and SIGKILLed
+inside (or just after) the express checkpoint it starts. After each kill this test checks on its own
+that the newest complete checkpoint really loads (safetensors, optimizer, scheduler, RNG, trainer
+state at the marker's step; an express one once written out as the resume does), and that the next
+trial resumed from exactly that one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import IO, Any
 import pytest
 
 from tgnb.train import checkpoint as ck
+from tgnb.train import express
 
 HERE = Path(__file__).parent
 TRIALS = 24
@@ -34,16 +37,18 @@ def answer(stream: IO[str]) -> dict[str, Any]:
     raise AssertionError("the zygote died")
 
 
-def load_all(ckpt: ck.Checkpoint) -> int:
-    """Load every part of a checkpoint as the Trainer would; returns the trainer state's step."""
+def load_all(ckpt: ck.Checkpoint, scratch: Path) -> int:
+    """Load every part of a checkpoint as the Trainer would (an express one once written out in
+    the Trainer's layout, as the resume does); returns the trainer state's step."""
     import torch
     from safetensors.torch import load_file
 
-    load_file(str(ckpt.path / "model.safetensors"))
-    torch.load(ckpt.path / "optimizer.pt", weights_only=True)
-    torch.load(ckpt.path / "scheduler.pt", weights_only=True)
-    torch.load(ckpt.path / "rng_state.pth", weights_only=False)
-    state = json.loads((ckpt.path / "trainer_state.json").read_text())
+    path = express.expand(ckpt.path, scratch) if express.is_express(ckpt.path) else ckpt.path
+    load_file(str(path / "model.safetensors"))
+    torch.load(path / "optimizer.pt", weights_only=True)
+    torch.load(path / "scheduler.pt", weights_only=True)
+    torch.load(path / "rng_state.pth", weights_only=False)
+    state = json.loads((path / "trainer_state.json").read_text())
     return int(state["global_step"])
 
 
@@ -61,7 +66,7 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
         env=env,
     )
     assert zygote.stdin is not None and zygote.stdout is not None
-    torn_after_kill = 0
+    torn_after_kill = torn_express = express_done = 0
     expected_resume: int | None = None
     try:
         assert answer(zygote.stdout) == {"ready": True}
@@ -83,8 +88,15 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
             torn_after_kill += bool(torn)
             latest = ck.latest_complete(run_dir / "checkpoints")
             assert latest is not None, f"trial {i}: no complete checkpoint left"
-            assert load_all(latest) == latest.step
-            assert latest.step >= info["armed_step"] - 1, (i, info, latest.step)
+            assert load_all(latest, tmp_path / "expanded") == latest.step
+            if info["mode"] == "periodic":
+                assert latest.step >= info["armed_step"] - 1, (i, info, latest.step)
+            else:  # the last one, or the express checkpoint of the step preempted (or the next)
+                assert latest.step == expected_resume or latest.step >= info["armed_step"]
+                assert latest.step <= info["armed_step"] + 1, (i, info, latest.step)
+                express_done += express.is_express(latest.path)
+                # torn: the express checkpoint itself (not an older one being rotated away)
+                torn_express += any((ck.step_of(d) or 0) >= info["armed_step"] for d in torn)
             expected_resume = latest.step
     finally:
         zygote.stdin.close()
@@ -94,7 +106,10 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
             zygote.kill()
             zygote.wait()
     print(
-        f"{torn_after_kill} of {TRIALS} kills left a torn checkpoint; last step {expected_resume}"
+        f"{torn_after_kill} of {TRIALS} kills left a torn checkpoint ({torn_express} of the "
+        f"{TRIALS // 2} express trials inside the express save; {express_done} completed one); "
+        f"last step {expected_resume}"
     )
     # The kills must really have landed inside saves, or this test would prove nothing.
     assert torn_after_kill >= TRIALS // 4, f"only {torn_after_kill} kills left a torn checkpoint"
+    assert torn_express >= 1, "no kill landed inside an express checkpoint"

@@ -1,17 +1,20 @@
 """Helper process of the reliability test: pays the torch/TRL import once, then forks one child per
-trial. Each child resumes the run in RUN_DIR through the real `CheckpointGuard` (the same writer and
-resume path the runner uses: the guard attached to the trainer writes with `tgnb.train.fastsave`),
-trains the tiny model with DPO saving at every step, and SIGKILLs itself at a seeded random instant
-inside a later save (a real SIGKILL, delivered by a timer thread).
+trial. Each child resumes the run in RUN_DIR through the real `CheckpointGuard` (the same writers
+and resume path the runner uses), trains the tiny model with DPO and SIGKILLs itself at a seeded
+random instant inside a save (a real SIGKILL, delivered by a timer thread). Even seeds save at every
+step (`tgnb.train.fastsave`, the Trainer's layout) and are killed inside a later one; odd seeds save
+only when preempted: the child sends itself SIGTERM mid-step, and the kill lands inside the express
+checkpoint that follows (`tgnb.train.express`, written into the spare).
 
 Protocol: one line ``RUN_DIR SEED REPORT_JSON`` on stdin per trial; the zygote answers one line
 ``ZYGOTE {"status": <waitpid status>}`` on stdout
-(other lines there are the run's own records). The child writes REPORT_JSON (``resumed_step``,
-``armed_step``, ``delay_s``, ``cost_s``) before it arms the kill.
+(other lines there are the run's own records). The child writes REPORT_JSON (``mode``,
+``resumed_step``, ``armed_step``, ``delay_s``, ``cost_s``) before it arms the kill.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -34,7 +37,7 @@ from trl import DPOConfig, DPOTrainer  # noqa: E402
 
 from tgnb.train import assets, data  # noqa: E402
 from tgnb.train.policy import CheckpointPolicy  # noqa: E402
-from tgnb.train.preemption import CheckpointGuard  # noqa: E402
+from tgnb.train.preemption import CheckpointGuard, Preempted  # noqa: E402
 from tgnb.train.record import Recorder  # noqa: E402
 
 MODEL = assets.tiny_path(0)
@@ -42,13 +45,41 @@ TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
 DATASET = data.load("arithmetic-preference", size=64)
 
 
+#: The SIGKILL of an express trial lands 0.5x to 1.8x this after its SIGTERM (the tiny model's
+#: express checkpoint takes 2-5 ms on this project's machines, from the signal to its marker).
+EXPRESS_S = 0.002
+
+
 def trial(run_dir: Path, seed: int, report: Path) -> None:
     rng = random.Random(seed)
-    policy = CheckpointPolicy(every_steps=1, keep_last=2, watch_drain=False)
+    express = seed % 2 == 1
+    policy = CheckpointPolicy(every_steps=0 if express else 1, keep_last=2, watch_drain=False)
     guard = CheckpointGuard(policy, run_dir, Recorder(run_dir))
-    info: dict[str, Any] = {"seed": seed}
-    arm_after = rng.randint(2, 3)  # completed saves in this child before the kill is armed
+    info: dict[str, Any] = {"seed": seed, "mode": "express" if express else "periodic"}
+    arm_after = rng.randint(2, 3)  # completed steps (and saves) in this child before the kill
     fraction = rng.uniform(0.0, 1.3)
+    into_step = rng.uniform(0.001, 0.006)
+
+    class Preempter(TrainerCallback):
+        """SIGTERM mid-step, then SIGKILL inside the express checkpoint it starts."""
+
+        seen = 0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.seen += 1
+            if self.seen != arm_after + 1:
+                return
+            delay = (0.5 + fraction) * EXPRESS_S  # 1 to 3.6 ms after the SIGTERM
+            info.update(armed_step=state.global_step, delay_s=delay, into_step_s=into_step)
+            report.write_text(json.dumps(info))
+
+            def preempt() -> None:
+                time.sleep(into_step)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(delay)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            threading.Thread(target=preempt, daemon=True).start()
 
     class Killer(TrainerCallback):
         seen = 0
@@ -90,14 +121,17 @@ def trial(run_dir: Path, seed: int, report: Path) -> None:
         args=args,
         train_dataset=DATASET,
         processing_class=TOKENIZER,
-        callbacks=[*guard.callbacks(), Killer()],
+        callbacks=[*guard.callbacks(), Preempter() if express else Killer()],
     )
-    guard.attach(trainer)  # saves through tgnb.train.fastsave, as the runner's do
+    guard.attach(trainer)  # saves as the runner's do: fastsave at boundaries, express on preemption
     resume = guard.resume_from()
     info["resumed_step"] = guard.resumed_step
     info["resumed_from"] = resume
     report.write_text(json.dumps(info))
-    trainer.train(resume_from_checkpoint=resume)
+    with contextlib.suppress(Preempted):
+        trainer.train(resume_from_checkpoint=resume)
+    if express:  # the checkpoint may be complete before the kill lands: wait for it
+        time.sleep(30)
     info["error"] = "training ended without being killed"
     report.write_text(json.dumps(info))
 

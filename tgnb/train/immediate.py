@@ -27,13 +27,14 @@ saver leaves the work to the step-boundary path.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 __all__ = ["POLL_S", "SIGNALS", "SWITCH_S", "Gate", "ImmediateSaver", "Preempted"]
@@ -52,18 +53,19 @@ class Preempted(BaseException):
     between swallows it."""
 
 
-def yield_cpu() -> None:
+def yield_cpu(keep: Collection[int] = ()) -> None:
     """Lower the CPU priority of every other thread of this process (the main thread and the
-    math library's workers) to the lowest, so the step being abandoned does not slow the
-    checkpoint down; threads the caller starts from now on keep its priority. Not undone: the
-    process exits once the checkpoint is written (lowering it back needs privileges)."""
+    math library's workers) but those in `keep` (native ids) to the lowest, so the step being
+    abandoned does not slow the checkpoint down; threads the caller starts from now on keep its
+    priority. Not undone: the process exits once the checkpoint is written (lowering it back
+    needs privileges)."""
     me = threading.get_native_id()
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:  # not Linux: nothing to do
         return
     for tid in tids:
-        if tid != me:
+        if tid != me and tid not in keep:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, tid, 19)
 
@@ -119,6 +121,7 @@ class ImmediateSaver:
     `snapshot(reason)` (the guard's) writes and seals the checkpoint and returns True, or returns
     False when there is no boundary to write yet. `signals` are the signal numbers that mean
     "preempted"; `reason_of()` returns "signal", "drain" or None from the guard's flags.
+    `helpers` are native ids of threads the snapshot works with, which keep their priority.
     """
 
     def __init__(
@@ -128,8 +131,10 @@ class ImmediateSaver:
         on_signal: Callable[[int], None],
         reason_of: Callable[[], str | None],
         signals: tuple[int, ...],
+        helpers: Collection[int] = (),
     ) -> None:
         self.gate = Gate()
+        self._helpers = tuple(helpers)
         self._snapshot = snapshot
         self._can_snapshot = can_snapshot
         self._on_signal = on_signal
@@ -206,12 +211,16 @@ class ImmediateSaver:
         import torch.nn.modules.module as nn_module
 
         interval = sys.getswitchinterval()
+        collecting = gc.isenabled()
         hook = nn_module.register_module_forward_pre_hook(self._hold)
-        yield_cpu()
+        yield_cpu(keep=self._helpers)
         sys.setswitchinterval(SWITCH_S)
+        gc.disable()  # a collection of the training process's heap could take longer than the save
         try:
             yield
         finally:
+            if collecting:
+                gc.enable()
             sys.setswitchinterval(interval)
             hook.remove()
 

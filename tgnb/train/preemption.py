@@ -49,10 +49,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,7 @@ from tgnb.events import (
     read_jsonl,
 )
 from tgnb.train import checkpoint as ck
-from tgnb.train import fastsave
+from tgnb.train import express, fastsave
 from tgnb.train.immediate import SIGNALS, ImmediateSaver, Preempted
 from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.record import Recorder
@@ -120,8 +122,11 @@ class CheckpointGuard(GuardSaving):
         self._saves = 0
         self._trainer: Any = None  # set by attach(): the guard writes checkpoints itself
         self._saver: ImmediateSaver | None = None
+        self._spare: express.SpareKeeper | None = None  # the express checkpoint's allocated file
+        self._pool: ThreadPoolExecutor | None = None  # flushes the express checkpoint's data
         self._boundary: tuple[int, dict[str, Any]] | None = None  # (step, RNG states) at its end
         self._known: list[ck.FileEntry] = []  # entries the fast writer already hashed and fsynced
+        self._sealed: ck.Checkpoint | None = None  # an express checkpoint's, sealed as written
         if policy.on_signal:
             self._install_signal_handlers()
         if policy.watch_drain and int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -187,7 +192,10 @@ class CheckpointGuard(GuardSaving):
         return [GuardCallback(self)]
 
     def resume_from(self) -> str | None:
-        """The newest complete checkpoint's path (verified by size and sha256), or None.
+        """The path to resume from: the newest complete checkpoint's (verified by size and
+        checksums), or None. An express checkpoint (`tgnb.train.express`) is first written out in
+        the Trainer's layout under ``checkpoints/.resume-rank<R>`` (removed by `close`), and that
+        is the path returned.
 
         Torn checkpoints newer than it are removed by rank 0 (no save is in progress at start-up).
         Records ``RunResumed`` with the step and the restart count.
@@ -209,6 +217,9 @@ class CheckpointGuard(GuardSaving):
                 chosen = ck.read_marker(str(box[0]))
         if chosen is None:
             return None
+        resume = str(chosen.path)
+        if express.is_express(chosen.path):  # a preemption's one-file checkpoint
+            resume = str(express.expand(chosen.path, self.ckpt_dir / f".resume-rank{_rank()}"))
         self.resumed_step = chosen.step
         self._last_save_step = chosen.step
         self.last_checkpoint = chosen
@@ -219,7 +230,7 @@ class CheckpointGuard(GuardSaving):
             restart_count=self.restart_count(),
             checkpoint=str(chosen.path),
         )
-        return str(chosen.path)
+        return resume
 
     def restart_count(self) -> int:
         """How many times this run has been restarted: Slurm's count, ours, or events so far."""
@@ -264,6 +275,13 @@ class CheckpointGuard(GuardSaving):
         if self._saver is not None:
             self._saver.close()
             self._saver = None
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        shutil.rmtree(self.ckpt_dir / f".resume-rank{_rank()}", ignore_errors=True)
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -356,6 +374,8 @@ class CheckpointGuard(GuardSaving):
         step = int(state.global_step)
         if self._trainer is not None:
             self._boundary = (step, fastsave.capture_rng())
+            if self._spare is not None and step < int(state.max_steps):
+                self._spare.step_end(self._trainer, self._boundary[1], step)
         flags = [
             int(self.signal_received is not None),
             int(self.drain_notice is not None),

@@ -4,7 +4,8 @@ when; this part decides how).
 - `GuardSaving.attach` takes over ``Trainer._save_checkpoint`` of a single-process trainer: every
   step-boundary checkpoint is then written by `tgnb.train.fastsave` (the Trainer's layout, hashed
   while written, large files through ``O_DIRECT``), and an `tgnb.train.immediate.ImmediateSaver`
-  checkpoints the last step boundary the moment a signal or drain notice arrives. The final
+  checkpoints the last step boundary the moment a signal or drain notice arrives, as one file
+  written into space allocated beforehand (`tgnb.train.express`). The final
   checkpoint stays the Trainer's own (config, tokenizer and all, loadable by ``from_pretrained``).
   Several processes, DeepSpeed, FSDP, PEFT adapters or a gradient scaler keep the Trainer's save,
   at the next step boundary, with torch.save's CRC32 off during it.
@@ -16,13 +17,16 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tgnb.events import CHECKPOINT_SAVED
 from tgnb.train import checkpoint as ck
-from tgnb.train import fastsave, hashedio
+from tgnb.train import express, fastsave, hashedio
 from tgnb.train.immediate import SIGNALS, ImmediateSaver
 from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.record import Recorder
@@ -64,8 +68,11 @@ class GuardSaving:
     checkpoint_cost_s: float | None
     _trainer: Any
     _saver: ImmediateSaver | None
+    _spare: express.SpareKeeper | None
+    _pool: ThreadPoolExecutor | None
     _boundary: tuple[int, dict[str, Any]] | None
     _known: list[ck.FileEntry]
+    _sealed: ck.Checkpoint | None
     _save_reason: str
     _save_began: float | None
     _saves: int
@@ -98,29 +105,58 @@ class GuardSaving:
             self._save_checkpoint, trainer._save_checkpoint
         )
         if self.policy.on_signal or self.policy.watch_drain:
+            self._spare = express.SpareKeeper(self.ckpt_dir)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tgnb-flush")
+            helper = self._pool.submit(threading.get_native_id).result()  # started now
             self._saver = ImmediateSaver(
                 self._snapshot,
                 lambda: self._boundary is not None,
                 lambda signum: self._on_signal(signum, None),
                 self._stop_asked,
                 SIGNALS,
+                helpers=[helper],
             )
         return True
 
     def _save_checkpoint(self, original: Any, model: Any, trial: Any = None) -> None:
-        """``Trainer._save_checkpoint`` of an attached trainer: the fast writer at step
+        """``Trainer._save_checkpoint`` of an attached trainer: the fast writers at step
         boundaries (the RNG states are this boundary's), the Trainer's own for the final one."""
         trainer = self._trainer
         if self._save_reason != "final":
             trainer.store_flos()
             path = self.ckpt_dir / f"{ck.PREFIX}{int(trainer.state.global_step)}"
             try:
-                self._known = fastsave.write_checkpoint(trainer, path, fastsave.capture_rng())
+                self._write(path, fastsave.capture_rng())
                 return
             except fastsave.Unsupported:
                 pass
         self._known = []
         original(model, trial)
+
+    def _write(self, path: Path, rng: dict[str, Any]) -> None:
+        """Write checkpoint `path` of the trainer as it is now (`rng`: the boundary's RNG
+        states): an express one when stopping (`tgnb.train.express`, which writes its marker as
+        soon as its data is durable: `_seal` finds it in `_sealed`), else the Trainer's layout
+        (`tgnb.train.fastsave`). Raises `fastsave.Unsupported` when neither can."""
+        if self._spare is not None and self._save_reason in ("signal", "drain"):
+            step = int(ck.step_of(path) or 0)
+            extra = {"reason": self._save_reason, "world_size": _world()}
+            made: list[ck.Checkpoint] = []
+
+            def seal(entries: list[ck.FileEntry]) -> bytes:
+                ckpt, raw = ck.marker_record(path, step, entries, **extra)
+                made.append(ckpt)
+                return raw
+
+            try:
+                with self._spare.lock:
+                    express.write(self._trainer, path, rng, pool=self._pool, seal=seal)
+            except fastsave.Unsupported:
+                pass
+            else:
+                self._sealed = made[0]  # its marker is written: only once the write succeeded
+                return
+        self._known = fastsave.write_checkpoint(self._trainer, path, rng)
 
     def _snapshot(self, reason: str) -> bool:
         """In the immediate saver's thread, outside the update section: checkpoint the last step
@@ -130,15 +166,15 @@ class GuardSaving:
         began = time.monotonic()
         step, rng = self._boundary
         self.stop_reason = self.stop_reason or reason
-        self._report_notices(step)
         if self.last_checkpoint is not None and self.last_checkpoint.step == step:
+            self._report_notices(step)
             return True
         self._save_reason = reason
         path = self.ckpt_dir / f"{ck.PREFIX}{step}"
         if path.exists():
             ck._remove(path)
-        self._known = fastsave.write_checkpoint(self._trainer, path, rng)
-        self._seal(step, began)
+        self._write(path, rng)
+        self._seal(step, began, lambda: self._report_notices(step))  # events once it is durable
         return True
 
     def _crc32_off(self) -> None:
@@ -172,17 +208,21 @@ class GuardSaving:
         if dist is not None:
             dist.barrier()  # the marker is written before any rank goes on (or exits)
 
-    def _seal(self, step: int, began: float) -> None:
-        """Rank 0: write the marker of checkpoint `step` (saved since `began`), rotate, record."""
+    def _seal(self, step: int, began: float, then: Callable[[], None] | None = None) -> None:
+        """Rank 0: write the marker of checkpoint `step` (saved since `began`), call `then`,
+        rotate, record."""
         path = self.ckpt_dir / f"{ck.PREFIX}{step}"
         seal_began = time.monotonic()
         known, self._known = self._known, []
+        sealed, self._sealed = self._sealed, None
         if _rank() == 0:
-            ckpt = ck.write_marker(
-                path, step, reason=self._save_reason, world_size=_world(), known=known
+            ckpt = sealed or ck.write_marker(
+                path, step, known=known, reason=self._save_reason, world_size=_world()
             )
             sealed_at, sealed_mono = time.time(), time.monotonic()
             seal_s = sealed_mono - seal_began  # the marker is durable; rotation follows
+            if then is not None:
+                then()
             removed = ck.rotate(self.ckpt_dir, self.policy.keep_last, newest=ckpt)
             done = time.monotonic()
             self.recorder.event(

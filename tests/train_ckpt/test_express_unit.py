@@ -1,0 +1,215 @@
+"""The express checkpoint a preemption writes (`tgnb.train.express`): one safetensors file, written
+in place into space allocated beforehand, sealed by a marker written over a blank one, and written
+back out in the Trainer's layout for the resume. A real ``transformers.Trainer`` over the built-in
+tiny model, with a real AdamW state after two optimizer steps; nothing is faked."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from tgnb.train import checkpoint as ck
+from tgnb.train import express, fastsave
+
+ALGO = "xxh3_128"
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from tgnb.train import assets
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(assets.tiny_path(0))
+    args = TrainingArguments(
+        output_dir=str(tmp_path_factory.mktemp("out")),
+        use_cpu=True,
+        report_to="none",
+        max_steps=10,
+        learning_rate=1e-3,
+    )
+    tr = Trainer(model=model, args=args)
+    tr.create_optimizer_and_scheduler(num_training_steps=10)
+    for step in (1, 2):
+        ids = torch.randint(0, 10, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        tr.optimizer.step()
+        tr.lr_scheduler.step()
+        tr.optimizer.zero_grad()
+        tr.state.global_step = step
+        tr.state.log_history.append({"loss": 1.0 / step, "step": step})
+    return tr
+
+
+def rng() -> dict[str, Any]:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    return fastsave.capture_rng()
+
+
+def seal(path: Path, step: int) -> Any:
+    def make(entries: list[ck.FileEntry]) -> bytes:
+        return ck.marker_record(path, step, entries, reason="signal")[1]
+
+    return make
+
+
+def assert_restores(trainer: Any, expanded: Path, states: dict[str, Any]) -> None:
+    """The Trainer-layout files hold exactly the trainer's state and `states`."""
+    weights = load_file(str(expanded / "model.safetensors"))
+    live = fastsave.model_tensors(trainer.model)
+    assert weights.keys() == live.keys()
+    assert all(torch.equal(weights[k], live[k]) for k in live)
+    opt = torch.load(expanded / "optimizer.pt", weights_only=True)
+    want = trainer.optimizer.state_dict()
+    assert opt["param_groups"] == want["param_groups"]
+    assert opt["state"].keys() == want["state"].keys()
+    for index, entry in want["state"].items():
+        assert opt["state"][index].keys() == entry.keys()
+        assert all(torch.equal(opt["state"][index][k], v) for k, v in entry.items())
+    sched = torch.load(expanded / "scheduler.pt", weights_only=False)
+    assert sched == trainer.lr_scheduler.state_dict()
+    got = torch.load(expanded / "rng_state.pth", weights_only=False)
+    assert list(got) == list(states)
+    assert got["python"] == states["python"]
+    assert np.array_equal(got["numpy"][1], states["numpy"][1])
+    assert torch.equal(got["cpu"], states["cpu"])
+    text = (expanded / "trainer_state.json").read_text()
+    assert text == fastsave.trainer_state_json(trainer)
+
+
+def test_a_new_express_checkpoint_is_complete_and_restores_everything(
+    trainer: Any, tmp_path: Path
+) -> None:
+    states = rng()
+    dest = tmp_path / "checkpoints" / "checkpoint-2"
+    dest.parent.mkdir()
+    entries = express.write(trainer, dest, states, ALGO)  # no spare: a new file
+    assert sorted(os.listdir(dest)) == [express.STATE_FILE]
+    ck.write_marker(dest, 2, known=entries)
+    done = ck.verify(dest)  # sizes and checksums re-read from disk
+    assert done is not None and [e.path for e in done.files] == [express.STATE_FILE]
+    with safe_open(str(dest / express.STATE_FILE), framework="pt") as f:  # plain safetensors
+        assert f.metadata() == {"format": express.FORMAT}
+        assert f.get_tensor("model/model.embed_tokens.weight").shape[0] > 0
+    assert express.is_express(dest)
+    assert_restores(trainer, express.expand(dest, tmp_path / "expanded"), states)
+
+
+def test_the_spare_is_overwritten_in_place_and_renamed_then_sealed_over_its_blank_marker(
+    trainer: Any, tmp_path: Path
+) -> None:
+    states = rng()
+    ckpts = tmp_path / "checkpoints"
+    need, room = express.spare_size(trainer, states)
+    assert room >= need + 64 * 1024
+    spare = express.prepare_spare(ckpts, room)
+    inodes = {n: os.stat(spare / n).st_ino for n in (express.STATE_FILE, ck.MARKER)}
+    assert ck.read_marker(spare) is None  # a blank marker does not parse: torn until sealed
+    dest = ckpts / "checkpoint-2"
+    with ThreadPoolExecutor(1) as pool:
+        entries = express.write(trainer, dest, states, ALGO, pool=pool, seal=seal(dest, 2))
+    assert not spare.exists()
+    assert {n: os.stat(dest / n).st_ino for n in inodes} == inodes  # the same files, in place
+    assert entries[0].size == room == os.stat(dest / express.STATE_FILE).st_size  # pad included
+    assert os.stat(dest / ck.MARKER).st_size == ck.BLANK_MARKER_BYTES
+    done = ck.verify(dest)
+    assert done is not None and done.step == 2 and done.files == tuple(entries)
+    assert json.loads((dest / ck.MARKER).read_text())["reason"] == "signal"
+    assert_restores(trainer, express.expand(dest, tmp_path / "expanded"), states)
+
+
+def test_a_state_bigger_than_the_spare_grows_the_file(trainer: Any, tmp_path: Path) -> None:
+    states = rng()
+    ckpts = tmp_path / "checkpoints"
+    express.prepare_spare(ckpts, 4096)
+    dest = ckpts / "checkpoint-2"
+    entries = express.write(trainer, dest, states, ALGO)
+    assert entries[0].size > 4096
+    ck.write_marker(dest, 2, known=entries)
+    assert ck.verify(dest) is not None
+    assert_restores(trainer, express.expand(dest, tmp_path / "expanded"), states)
+
+
+def test_a_tensor_safetensors_cannot_hold_is_refused_before_any_write(
+    trainer: Any, tmp_path: Path
+) -> None:
+    ckpts = tmp_path / "checkpoints"
+    spare = express.prepare_spare(ckpts, 4096)
+    states = {**rng(), "cuda": torch.zeros(2, dtype=torch.complex64)}
+    with pytest.raises(fastsave.Unsupported, match="complex64"):
+        express.write(trainer, ckpts / "checkpoint-2", states, ALGO)
+    assert sorted(p.name for p in ckpts.iterdir()) == [express.SPARE]
+    assert (spare / express.STATE_FILE).read_bytes() == bytes(4096)
+
+
+def test_header_names_that_need_escaping_load_back(tmp_path: Path) -> None:
+    tensors = {'odd "name" \\ \t': torch.arange(6.0).reshape(2, 3), "plain.w": torch.ones(2)}
+    lay = express._Layout(tensors)
+    meta = b"meta"
+    width = lay.width(100)
+    path = tmp_path / "f.safetensors"
+    with open(path, "wb") as fh:
+        fh.write(lay.encode(len(meta), 3, width))
+        for view in lay.views:
+            fh.write(view)
+        fh.write(meta + bytes(3))
+    got = load_file(str(path))
+    assert torch.equal(got['odd "name" \\ \t'], tensors['odd "name" \\ \t'])
+    assert bytes(got[express._META].numpy()) == meta and got[express._PAD].numel() == 3
+
+
+def test_the_spare_keeper_allocates_in_the_background_grows_and_frees(
+    trainer: Any, tmp_path: Path
+) -> None:
+    ckpts = tmp_path / "checkpoints"
+    keeper = express.SpareKeeper(ckpts)
+    states = rng()
+    keeper.step_end(trainer, states, step=2)
+    assert keeper._thread is not None
+    keeper._thread.join(timeout=60)
+    room = keeper.size
+    assert os.stat(ckpts / express.SPARE / express.STATE_FILE).st_size == room
+    keeper.step_end(trainer, states, step=3)  # not due yet: nothing measured
+    assert keeper._checked == 2
+    grown = ({"loss": 0.5, "step": s, "note": os.urandom(500).hex()} for s in range(80))
+    trainer.state.log_history.extend(grown)  # 80 kB more to pickle than the slack allows
+    try:
+        keeper.step_end(trainer, states, step=2 + keeper.CHECK_EVERY)  # due: the state grew
+        assert keeper._thread is not None
+        keeper._thread.join(timeout=60)
+        assert keeper.size > room
+        assert os.stat(ckpts / express.SPARE / express.STATE_FILE).st_size == keeper.size
+    finally:
+        del trainer.state.log_history[-80:]
+    keeper.close()
+    assert sorted(os.listdir(ckpts)) == []
+
+
+def test_a_marker_written_over_a_blank_one_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint-7"
+    path.mkdir()
+    (path / "data").write_bytes(b"x" * 100)
+    (path / ck.MARKER).write_bytes(b" " * ck.BLANK_MARKER_BYTES)
+    assert ck.verify(path) is None
+    before = os.stat(path / ck.MARKER).st_ino
+    began = time.time()
+    done = ck.write_marker(path, 7)
+    assert os.stat(path / ck.MARKER).st_ino == before
+    assert done.time >= began and ck.verify(path) == done
+    (path / ck.MARKER).write_bytes(b'{"step": 7}' + b" " * 10)  # not blank: never overwritten
+    ck.write_marker(path, 7)
+    assert ck.verify(path) is not None

@@ -1,0 +1,411 @@
+"""The express checkpoint: what a preemption writes, as one file into space allocated beforehand.
+
+A preempted process has seconds (Kubernetes' grace period) or minutes (a Slurm drain) to save, and
+every millisecond of it is a millisecond of the step in progress thrown away. For a small model
+most of the cost of a Trainer checkpoint is not its bytes but its five new files (each allocated
+and flushed on its own) and ``torch.save``'s container. So the checkpoint `tgnb.train.immediate`
+takes on a signal or drain notice (and a step-boundary one taken for the same reason) is instead:
+
+- one file, `STATE_FILE`, in the safetensors format: the model's tensors (``model/<name>``), the
+  optimizer's per-parameter state (``optimizer/<index>/<key>``), the RNG states' tensors
+  (``rng/<kind>``), ``__meta__`` (a pickle of the rest: param groups, the scheduler's state dict,
+  the other RNG states, the ``TrainerState``) and ``__pad__``, zeros up to the file's size;
+- written into `SPARE`, a directory that `SpareKeeper` keeps allocated beside training: its file
+  written with zeros to the expected size and fsynced, and a blank marker. The snapshot overwrites
+  blocks that exist on disk and pages already in the cache, so its flush is a flush of data only,
+  with no block allocation (``bench/checkpoint_floor.py`` measures the difference: ``plain``
+  against ``prealloc_data``);
+- renamed to ``checkpoint-<step>`` (the rename made durable while the data flushes), then sealed
+  by the usual completion marker (`tgnb.train.checkpoint`), written over the blank one in place as
+  soon as the data is durable. It is then complete, torn or rotated like any other checkpoint.
+
+The Trainer cannot resume from it directly: `expand` writes it out in the Trainer's layout
+(``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
+``trainer_state.json``) for ``train(resume_from_checkpoint=...)``, which
+`tgnb.train.preemption.CheckpointGuard.resume_from` does. The pickle is read back only from a
+checkpoint that passed its manifest checksums; like the Trainer's own ``rng_state.pth`` it is
+trusted as the run's own output. Periodic and final checkpoints keep the Trainer's layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import queue
+import shutil
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tgnb.train import checkpoint as ck
+from tgnb.train import fastsave
+
+__all__ = [
+    "SPARE",
+    "STATE_FILE",
+    "SpareKeeper",
+    "expand",
+    "is_express",
+    "load",
+    "prepare_spare",
+    "spare_size",
+    "write",
+]
+
+#: The one file of an express checkpoint.
+STATE_FILE = "tgnb-state.safetensors"
+#: The directory holding the file allocated for the next express checkpoint (under checkpoints/).
+SPARE = ".spare"
+FORMAT = "tgnb-express-1"
+_META = "__meta__"
+_PAD = "__pad__"
+#: Extra room in the spare for a state that grows (the trainer state's log history): at least
+#: this many bytes, and at least twice the metadata.
+_SPARE_SLACK = 64 << 10
+_ZEROS = bytes(1 << 20)
+_IOV_MAX = 1024
+
+
+class _State:
+    """What an express checkpoint of `trainer` holds, taken apart: `tensors` -- the model's
+    (``model/<name>``), the optimizer's per-parameter state (``optimizer/<index>/<key>``) and the
+    RNG states' (``rng/<kind>``) -- and the rest, pickled by `meta`: the optimizer's param groups
+    and non-tensor state, the scheduler's state dict, the other RNG states and the
+    ``TrainerState`` (a tensor left in them is pickled inline)."""
+
+    def __init__(self, trainer: Any, rng: dict[str, Any]) -> None:
+        import torch
+
+        fastsave.check_supported(trainer)
+        self._trainer = trainer
+        tensors = {f"model/{k}": t for k, t in fastsave.model_tensors(trainer.model).items()}
+        osd = trainer.optimizer.state_dict()
+        rest: dict[Any, dict[str, Any]] = {}
+        for index, entry in osd["state"].items():
+            kept = rest[index] = {}
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor) and isinstance(index, int):
+                    tensors[f"optimizer/{index}/{key}"] = value
+                else:
+                    kept[key] = value
+        self._rng_rest = {}
+        for kind, value in rng.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"rng/{kind}"] = value
+            else:
+                self._rng_rest[kind] = value
+        self._rng_order = list(rng)
+        self._optimizer = {**osd, "state": rest}
+        self.tensors = tensors
+
+    def meta(self) -> bytes:
+        trainer = self._trainer
+        meta = {
+            "optimizer": self._optimizer,
+            "scheduler": trainer.lr_scheduler.state_dict(),
+            "rng": self._rng_rest,
+            "rng_order": self._rng_order,
+            "trainer_state": fastsave.trainer_state(trainer),
+        }
+        return pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+#: The header entry of a tensor up to its offsets, by (name, dtype, shape): the spare's keeper
+#: makes them every `SpareKeeper.CHECK_EVERY` steps, so the snapshot finds them made.
+_ENTRIES: dict[tuple[str, Any, Any], str] = {}
+
+
+def _entry(name: str, t: Any) -> str:
+    key = (name, t.dtype, t.shape)
+    try:
+        return _ENTRIES[key]
+    except KeyError:
+        pass
+    code = fastsave.dtype_code(t)
+    if code is None or t.is_meta:
+        raise fastsave.Unsupported(f"{name} is a {t.dtype} tensor on {t.device}")
+    plain = name.isprintable() and '"' not in name and "\\" not in name
+    quoted = f'"{name}"' if plain else json.dumps(name)
+    shape = ",".join(map(str, t.shape))
+    if len(_ENTRIES) > 1 << 16:
+        _ENTRIES.clear()
+    entry = _ENTRIES[key] = f'{quoted}:{{"dtype":"{code}","shape":[{shape}],"data_offsets":['
+    return entry
+
+
+def _u8(name: str, start: int, n: int) -> str:
+    return f'"{name}":{{"dtype":"U8","shape":[{n}],"data_offsets":[{start},{start + n}]}}'
+
+
+class _Layout:
+    """The file's layout, in one pass over the tensors: their bytes (`views`, borrowed from the
+    tensors: keep them alive) from offset 0 of the data, then the metadata, then a pad. The
+    header's JSON for the tensors is made here; the two last entries are appended as text by
+    `encode`, once their sizes are known, into the `width` reserved for the header."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        parts = [f'{{"__metadata__":{{"format":"{FORMAT}"}}']
+        views = []
+        offset = 0
+        for name, t in tensors.items():
+            n = t.nbytes
+            parts.append(f"{_entry(name, t)}{offset},{offset + n}]}}")
+            if n:
+                views.append(fastsave.bytes_view(t))
+            offset += n
+        self.views = views
+        self.data = offset  # the tensors' bytes
+        self._prefix = ",".join(parts)
+
+    def _tail(self, meta: int, pad: int) -> str:
+        return f",{_u8(_META, self.data, meta)},{_u8(_PAD, self.data + meta, pad)}}}"
+
+    def width(self, at_most: int) -> int:
+        """Bytes to reserve for the header (length prefix included) when the metadata and the
+        pad are each at most `at_most` bytes."""
+        n = len(self._prefix) + len(self._tail(at_most, at_most))
+        return 8 + n + (-n % 8)
+
+    def encode(self, meta: int, pad: int, width: int) -> bytes:
+        raw = (self._prefix + self._tail(meta, pad)).encode()
+        raw += b" " * (width - 8 - len(raw))
+        return struct.pack("<Q", len(raw)) + raw
+
+
+def spare_size(trainer: Any, rng: dict[str, Any]) -> tuple[int, int]:
+    """The bytes the express checkpoint of `trainer` takes now, and the size to allocate."""
+    state = _State(trainer, rng)
+    lay = _Layout(state.tensors)
+    meta = len(state.meta())
+    need = lay.width(1 << 50) + lay.data + meta
+    room = need + max(_SPARE_SLACK, 2 * meta)
+    return need, -(-room // 4096) * 4096
+
+
+def prepare_spare(ckpt_dir: Path, size: int, lock: threading.Lock | None = None) -> Path:
+    """Make `SPARE` under `ckpt_dir` hold a `STATE_FILE` of `size` zero bytes, on disk (written
+    and fsynced under a temporary name, then swapped in while holding `lock`)."""
+    spare = ckpt_dir / SPARE
+    tmp = ckpt_dir / f"{SPARE}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fd = os.open(tmp / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = size
+        while left:
+            left -= os.write(fd, memoryview(_ZEROS)[: min(left, len(_ZEROS))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with open(tmp / ck.MARKER, "wb") as fh:  # blank: written over by the seal, in place
+        fh.write(b" " * ck.BLANK_MARKER_BYTES)
+        os.fsync(fh.fileno())
+    ck.fsync_path(tmp)
+    with lock or contextlib.nullcontext():
+        shutil.rmtree(spare, ignore_errors=True)
+        os.rename(tmp, spare)
+        ck.fsync_path(ckpt_dir)
+    return spare
+
+
+class SpareKeeper:
+    """Keeps `SPARE` allocated, and big enough for the state as it grows (the trainer state's log
+    history does), beside training: every `CHECK_EVERY` steps the main thread measures what an
+    express checkpoint would take now (about 0.3 ms for the tiny model) and, when that outgrew the
+    spare, a thread prepares a bigger one. `lock` is held by the snapshot while it writes."""
+
+    CHECK_EVERY = 32
+
+    def __init__(self, ckpt_dir: Path) -> None:
+        self.ckpt_dir = ckpt_dir
+        self.size = 0
+        self.lock = threading.Lock()
+        self._checked: int | None = None
+        self._thread: threading.Thread | None = None
+        self._off = False
+
+    def step_end(self, trainer: Any, rng: dict[str, Any], step: int) -> None:
+        """At a step boundary (main thread): grow the spare in the background if it is due."""
+        if self._off or (self._thread is not None and self._thread.is_alive()):
+            return
+        if self._checked is not None and step - self._checked < self.CHECK_EVERY:
+            return
+        self._checked = step
+        try:
+            need, room = spare_size(trainer, rng)
+        except fastsave.Unsupported:
+            self._off = True  # the snapshot will use the Trainer's layout: no spare
+            return
+        if need + _SPARE_SLACK // 2 > self.size:  # grow before the state outgrows it
+            self.size = room
+            self._thread = threading.Thread(
+                target=self._prepare, args=(room,), name="tgnb-spare", daemon=True
+            )
+            self._thread.start()
+
+    def _prepare(self, size: int) -> None:
+        try:
+            prepare_spare(self.ckpt_dir, size, self.lock)
+        except OSError as exc:  # the snapshot then writes a new file: slower, still complete
+            print(f"tgnb: could not allocate the spare checkpoint: {exc}", file=sys.stderr)
+
+    def close(self) -> None:
+        """Wait for a preparation in progress, then free the spare's disk space."""
+        if self._thread is not None:
+            self._thread.join()
+        for name in (SPARE, f"{SPARE}.tmp"):
+            shutil.rmtree(self.ckpt_dir / name, ignore_errors=True)
+
+
+def _pwrite_all(fd: int, views: list[Any], offset: int) -> int:
+    """Write `views` (buffers) in order from `offset` (few ``pwritev`` calls); returns the end
+    offset."""
+    todo = [v for v in views if len(v)]
+    while todo:
+        batch = todo[:_IOV_MAX]
+        done = os.pwritev(fd, batch, offset)
+        offset += done
+        i = 0
+        while i < len(batch) and done >= len(batch[i]):
+            done -= len(batch[i])
+            i += 1
+        todo = todo[i:]
+        if done:
+            todo[0] = memoryview(todo[0]).cast("B")[done:]
+    return offset
+
+
+def write(
+    trainer: Any,
+    dest: Path,
+    rng: dict[str, Any],
+    algorithm: str | None = None,
+    pool: Executor | None = None,
+    seal: Callable[[list[ck.FileEntry]], bytes] | None = None,
+) -> list[ck.FileEntry]:
+    """Write `trainer`'s express checkpoint as the new directory `dest` (in the spare next to it
+    when there is one), its file and names durable; the caller seals it. `rng` is the RNG states
+    of the step boundary it is of. Returns the manifest entry of its file.
+
+    The work overlaps with a thread of `pool` (a new one when None): the tensors are written
+    there while the metadata is pickled here, and the data is flushed there while the checksum
+    is taken and the directory's name made durable here. (Renaming the spare first, in that
+    thread, measured slower: its journal commit then competes with the writes.)
+    """
+    algo = algorithm or ck.default_algorithm()
+    digest = ck._hasher(algo)
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    state = _State(trainer, rng)  # what cannot be written raises Unsupported here, before any I/O
+    lay = _Layout(state.tensors)
+    spare: Path | None = dest.parent / SPARE
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            pool = stack.enter_context(ThreadPoolExecutor(1))
+        try:
+            fd = os.open(dest.parent / SPARE / STATE_FILE, os.O_WRONLY | cloexec)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            room = os.fstat(fd).st_size
+        else:
+            room, spare = 0, None
+            dest.mkdir(parents=True)
+            fd = os.open(dest / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | cloexec, 0o644)
+        stack.callback(os.close, fd)
+        width = lay.width(max(room, 1 << 40))
+        tensors = pool.submit(_pwrite_all, fd, lay.views, width)
+        meta = memoryview(state.meta())
+        end = width + lay.data + len(meta)
+        pad = max(0, room - end)
+        head = memoryview(lay.encode(len(meta), pad, width))
+        zeros = [
+            memoryview(_ZEROS)[: min(pad - i, len(_ZEROS))] for i in range(0, pad, len(_ZEROS))
+        ]
+        _pwrite_all(fd, [meta, *zeros], width + lay.data)
+        os.pwrite(fd, head, 0)
+        tensors.result()
+        marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        synced = pool.submit(_flush_then_mark, fd, dest, marker)
+        try:
+            for view in (head, *lay.views, meta, *zeros):
+                digest.update(view)
+            _rename_durable(spare, dest)  # while the data flushes: both before the marker
+            entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
+            marker.put(seal(entries) if seal is not None else None)
+        finally:
+            marker.put(None)  # (a no-op once the marker was put: only the first is taken)
+        synced.result()
+    return entries
+
+
+def _flush_then_mark(fd: int, dest: Path, marker: queue.SimpleQueue[bytes | None]) -> None:
+    """Flush the data; then, if a marker comes, write it (never unless the flush succeeded)."""
+    os.fdatasync(fd)
+    raw = marker.get()
+    if raw is not None:
+        ck.put_marker(dest, raw)
+
+
+def _rename_durable(spare: Path | None, dest: Path) -> None:
+    """Give the spare directory its checkpoint name (or, None: flush the new `dest`'s entries),
+    and make that name durable."""
+    if spare is not None:
+        os.rename(spare, dest)
+    else:
+        ck.fsync_path(dest)
+    ck.fsync_path(dest.parent)
+
+
+def is_express(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / STATE_FILE).is_file()
+
+
+def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's tensors and the training state of the express checkpoint in directory `path`:
+    ``optimizer`` and ``scheduler`` state dicts, ``rng`` states, ``trainer_state`` (a
+    ``TrainerState``)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / STATE_FILE), framework="pt") as f:
+        if f.metadata().get("format") != FORMAT:
+            raise ValueError(f"{path}: not a {FORMAT} checkpoint")
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != _PAD}  # noqa: SIM118
+    state = pickle.loads(tensors.pop(_META).numpy().tobytes())
+    model: dict[str, Any] = {}
+    rng = state["rng"]
+    for name, t in tensors.items():
+        kind, _, rest = name.partition("/")
+        if kind == "model":
+            model[rest] = t
+        elif kind == "optimizer":
+            index, _, key = rest.partition("/")
+            state["optimizer"]["state"].setdefault(int(index), {})[key] = t
+        elif kind == "rng":
+            rng[rest] = t
+    state["rng"] = {kind: rng[kind] for kind in state.pop("rng_order")}
+    return model, state
+
+
+def expand(path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """Write the express checkpoint in `path` out in the Trainer's layout into the new directory
+    `dest` (replaced if it exists), for ``Trainer.train(resume_from_checkpoint=dest)``. Not
+    fsynced: it is derived from a durable checkpoint and made again at each resume."""
+    import torch
+    from safetensors.torch import save_file
+
+    model, state = load(path)
+    out = Path(dest)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    save_file(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+    torch.save(state["optimizer"], out / "optimizer.pt")
+    torch.save(state["scheduler"], out / "scheduler.pt")
+    torch.save(state["rng"], out / "rng_state.pth")
+    state["trainer_state"].save_to_json(str(out / "trainer_state.json"))
+    return out
