@@ -179,7 +179,7 @@ def test_the_spare_keeper_allocates_in_the_background_grows_and_frees(
     keeper = express.SpareKeeper(ckpts)
     states = rng()
     keeper.step_end(trainer, states, step=2)
-    assert keeper._thread is not None
+    assert keeper.usable and keeper._thread is not None
     keeper._thread.join(timeout=60)
     room = keeper.size
     assert os.stat(ckpts / express.SPARE / express.STATE_FILE).st_size == room
@@ -197,6 +197,18 @@ def test_the_spare_keeper_allocates_in_the_background_grows_and_frees(
         del trainer.state.log_history[-80:]
     keeper.close()
     assert sorted(os.listdir(ckpts)) == []
+
+
+def test_a_state_too_big_for_express_keeps_the_trainer_layout_and_no_spare(
+    trainer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(express.SpareKeeper, "MAX_BYTES", 64 * 1024)  # the tiny state is 1.1 MB
+    keeper = express.SpareKeeper(tmp_path / "checkpoints")
+    keeper.step_end(trainer, rng(), step=2)
+    assert not keeper.usable and keeper._thread is None
+    keeper.step_end(trainer, rng(), step=2 + keeper.CHECK_EVERY)
+    assert keeper._checked == 2  # not measured again
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_a_marker_written_over_a_blank_one_in_place(tmp_path: Path) -> None:

@@ -215,17 +215,25 @@ def prepare_spare(ckpt_dir: Path, size: int, lock: threading.Lock | None = None)
 
 
 class SpareKeeper:
-    """Keeps `SPARE` allocated, and big enough for the state as it grows (the trainer state's log
-    history does), beside training: every `CHECK_EVERY` steps the main thread measures what an
-    express checkpoint would take now (about 0.3 ms for the tiny model) and, when that outgrew the
-    spare, a thread prepares a bigger one. `lock` is held by the snapshot while it writes."""
+    """Decides whether a preemption's checkpoint is an express one, and keeps `SPARE` allocated
+    for it, big enough for the state as it grows (the trainer state's log history does).
+
+    Every `CHECK_EVERY` steps the main thread measures what an express checkpoint would take now
+    (about 0.3 ms for the tiny model). Under `MAX_BYTES` (`usable`), where new files and flushes
+    cost more than the bytes, a thread prepares a bigger spare when the state outgrew it. Larger
+    states keep the Trainer's layout, whose big files go to disk with ``O_DIRECT``
+    (`tgnb.train.fastsave`): as fast as a plain write there, without a spare as big as the model
+    kept on disk and in the page cache. `lock` is held by the snapshot while it writes.
+    """
 
     CHECK_EVERY = 32
+    MAX_BYTES = fastsave.DIRECT_MIN_BYTES
 
     def __init__(self, ckpt_dir: Path) -> None:
         self.ckpt_dir = ckpt_dir
         self.size = 0
         self.lock = threading.Lock()
+        self.usable = False  # measured, and small enough for an express checkpoint
         self._checked: int | None = None
         self._thread: threading.Thread | None = None
         self._off = False
@@ -240,6 +248,9 @@ class SpareKeeper:
         try:
             need, room = spare_size(trainer, rng)
         except fastsave.Unsupported:
+            need = room = self.MAX_BYTES
+        self.usable = need < self.MAX_BYTES
+        if not self.usable:
             self._off = True  # the snapshot will use the Trainer's layout: no spare
             return
         if need + _SPARE_SLACK // 2 > self.size:  # grow before the state outgrows it

@@ -135,10 +135,15 @@ class GuardSaving:
 
     def _write(self, path: Path, rng: dict[str, Any]) -> None:
         """Write checkpoint `path` of the trainer as it is now (`rng`: the boundary's RNG
-        states): an express one when stopping (`tgnb.train.express`, which writes its marker as
-        soon as its data is durable: `_seal` finds it in `_sealed`), else the Trainer's layout
-        (`tgnb.train.fastsave`). Raises `fastsave.Unsupported` when neither can."""
-        if self._spare is not None and self._save_reason in ("signal", "drain"):
+        states): an express one when stopping and the state is small enough
+        (`tgnb.train.express`, which writes its marker as soon as its data is durable: `_seal`
+        finds it in `_sealed`), else the Trainer's layout (`tgnb.train.fastsave`). Raises
+        `fastsave.Unsupported` when neither can."""
+        if (
+            self._spare is not None
+            and self._spare.usable
+            and self._save_reason in ("signal", "drain")
+        ):
             step = int(ck.step_of(path) or 0)
             extra = {"reason": self._save_reason, "world_size": _world()}
             made: list[ck.Checkpoint] = []
