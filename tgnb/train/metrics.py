@@ -23,6 +23,8 @@ _SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_s
 
 
 def _number(value: Any) -> float | int | None:
+    if type(value) is float:
+        return value if math.isfinite(value) else None
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):

@@ -120,6 +120,7 @@ class CheckpointGuard(GuardSaving):
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
         self._saves = 0
+        self._estimated_cost_s: float | None = None  # before the first save: from the model's size
         self._trainer: Any = None  # set by attach(): the guard writes checkpoints itself
         self._saver: ImmediateSaver | None = None
         self._spare: express.SpareKeeper | None = None  # the express checkpoint's allocated file
@@ -339,12 +340,13 @@ class CheckpointGuard(GuardSaving):
         if p.auto and self.step_time_s:
             cost = self.checkpoint_cost_s
             if cost is None:
-                # weights, plus Adam's two moments for the trainable ones
-                nbytes = sum(
-                    t.numel() * t.element_size() * (3 if t.requires_grad else 1)
-                    for t in model.parameters()
-                )
-                cost = nbytes / _ASSUMED_WRITE_BPS
+                if self._estimated_cost_s is None:  # once: weights, and Adam's two moments
+                    nbytes = sum(
+                        t.numel() * t.element_size() * (3 if t.requires_grad else 1)
+                        for t in model.parameters()
+                    )
+                    self._estimated_cost_s = nbytes / _ASSUMED_WRITE_BPS
+                cost = self._estimated_cost_s
             every = ck.young_daly_steps(cost, p.preemptions_per_hour, self.step_time_s)
             return step - self._last_save_step >= every
         return False

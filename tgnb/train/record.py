@@ -10,8 +10,9 @@ import os
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tgnb.events import STDOUT_PREFIX, Event, utcnow
 
@@ -20,9 +21,18 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def _close_all(files: dict[str, IO[str]]) -> None:
+    for fh in files.values():
+        fh.close()
+    files.clear()
+
+
 class Recorder:
     """Appends events and metrics of one run. Each line is written and flushed whole (from any
-    thread: the immediate saver records its checkpoint while the main thread logs metrics)."""
+    thread: the immediate saver records its checkpoint while the main thread logs metrics).
+
+    The two files stay open in append mode (a metrics row comes at every logged step) until
+    `close`, or until the recorder is collected."""
 
     def __init__(self, run_dir: str | os.PathLike[str], run: str | None = None) -> None:
         self.run_dir = Path(run_dir)
@@ -30,19 +40,29 @@ class Recorder:
         self.node = os.environ.get("TGNB_NODE") or os.environ.get("SLURMD_NODENAME") or None
         self.enabled = _rank() == 0
         self._lock = threading.Lock()
+        self._files: dict[str, IO[str]] = {}
+        self._finalizer = weakref.finalize(self, _close_all, self._files)
         if self.enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        line = json.dumps(record, sort_keys=True)
-        out = f"{STDOUT_PREFIX}{json.dumps({'kind': name[:-6], **record})}\n"
+        line = json.dumps(record, sort_keys=True)  # the stdout line: the same, kind first
+        out = f'{STDOUT_PREFIX}{{"kind": "{name[:-6]}", {line[1:]}\n' if record else ""
         with self._lock:
-            with open(self.run_dir / name, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+            fh = self._files.get(name)
+            if fh is None:
+                fh = self._files[name] = open(self.run_dir / name, "a", encoding="utf-8")  # noqa: SIM115
+            fh.write(line + "\n")
+            fh.flush()
             sys.stdout.write(out)
             sys.stdout.flush()
+
+    def close(self) -> None:
+        """Close the files (a later record opens them again)."""
+        with self._lock:
+            _close_all(self._files)
 
     def event(self, reason: str, message: str = "", **data: Any) -> Event:
         ev = Event(utcnow(), "run", reason, message, node=self.node, run=self.run, data=data)
