@@ -120,6 +120,13 @@ def test_cancel(
     job = backend.submit(spec("cancel", sleep=60))
     cleanup_jobs.append(job)
     wait_for(backend, job, lambda s: s.state is JobState.RUNNING, 60)
+    # Cancel once the program runs: Slurm reports RUNNING from the allocation on, and a step
+    # killed while slurmstepd is still launching it stays COMPLETING for over a minute (seen in
+    # CI: "Abandoning IO 60 secs after job shutdown initiated"; Slurm's own race, not ours).
+    deadline = time.monotonic() + 60
+    while not any(e.reason == "RunStarted" for e in backend.events(job)):
+        assert time.monotonic() < deadline, "the job's program never started"
+        time.sleep(0.2)
     backend.cancel(job)
     st = wait_for(backend, job, lambda s: s.state.finished, 60)
     assert st.state is JobState.CANCELLED
