@@ -197,9 +197,7 @@ def prepare_spare(ckpt_dir: Path, size: int, lock: threading.Lock | None = None)
     tmp.mkdir(parents=True)
     fd = os.open(tmp / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        left = size
-        while left:
-            left -= os.write(fd, memoryview(_ZEROS)[: min(left, len(_ZEROS))])
+        _pwrite_all(fd, _zeros(size), 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -236,13 +234,14 @@ class SpareKeeper:
         self.usable = False  # measured, and small enough for an express checkpoint
         self._checked: int | None = None
         self._thread: threading.Thread | None = None
-        self._off = False
 
     def step_end(self, trainer: Any, rng: dict[str, Any], step: int) -> None:
         """At a step boundary (main thread): grow the spare in the background if it is due."""
-        if self._off or (self._thread is not None and self._thread.is_alive()):
-            return
-        if self._checked is not None and step - self._checked < self.CHECK_EVERY:
+        if self._checked is not None and (
+            not self.usable or step - self._checked < self.CHECK_EVERY
+        ):
+            return  # too big for an express checkpoint (measured once), or not due yet
+        if self._thread is not None and self._thread.is_alive():
             return
         self._checked = step
         try:
@@ -250,10 +249,9 @@ class SpareKeeper:
         except fastsave.Unsupported:
             need = room = self.MAX_BYTES
         self.usable = need < self.MAX_BYTES
-        if not self.usable:
-            self._off = True  # the snapshot will use the Trainer's layout: no spare
-            return
-        if need + _SPARE_SLACK // 2 > self.size:  # grow before the state outgrows it
+        if (
+            self.usable and need + _SPARE_SLACK // 2 > self.size
+        ):  # grow before the state outgrows it
             self.size = room
             self._thread = threading.Thread(
                 target=self._prepare, args=(room,), name="tgnb-spare", daemon=True
@@ -272,6 +270,11 @@ class SpareKeeper:
             self._thread.join()
         for name in (SPARE, f"{SPARE}.tmp"):
             shutil.rmtree(self.ckpt_dir / name, ignore_errors=True)
+
+
+def _zeros(n: int) -> list[memoryview]:
+    """`n` zero bytes, as views of one shared buffer."""
+    return [memoryview(_ZEROS)[: min(n - i, len(_ZEROS))] for i in range(0, n, len(_ZEROS))]
 
 
 def _pwrite_all(fd: int, views: list[Any], offset: int) -> int:
@@ -335,9 +338,7 @@ def write(
         end = width + lay.data + len(meta)
         pad = max(0, room - end)
         head = memoryview(lay.encode(len(meta), pad, width))
-        zeros = [
-            memoryview(_ZEROS)[: min(pad - i, len(_ZEROS))] for i in range(0, pad, len(_ZEROS))
-        ]
+        zeros = _zeros(pad)
         _pwrite_all(fd, [meta, *zeros], width + lay.data)
         os.pwrite(fd, head, 0)
         tensors.result()
