@@ -208,6 +208,8 @@ def test_a_state_too_big_for_express_keeps_the_trainer_layout_and_no_spare(
     assert not keeper.usable and keeper._thread is None
     keeper.step_end(trainer, rng(), step=2 + keeper.CHECK_EVERY)
     assert keeper._checked == 2  # not measured again
+    assert keeper.plan is None
+    keeper.close()
     assert not (tmp_path / "checkpoints").exists()
 
 

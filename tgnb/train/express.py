@@ -45,6 +45,7 @@ from typing import Any
 
 from tgnb.train import checkpoint as ck
 from tgnb.train import fastsave
+from tgnb.train.plan import Plan, unwatch_modules, watch_modules
 
 __all__ = [
     "SPARE",
@@ -77,23 +78,31 @@ class _State:
     (``model/<name>``), the optimizer's per-parameter state (``optimizer/<index>/<key>``) and the
     RNG states' (``rng/<kind>``) -- and the rest, pickled by `meta`: the optimizer's param groups
     and non-tensor state, the scheduler's state dict, the other RNG states and the
-    ``TrainerState`` (a tensor left in them is pickled inline)."""
+    ``TrainerState`` (a tensor left in them is pickled inline). With a valid `plan`, `tensors`
+    holds the RNG states' only: the model's and optimizer's are the plan's."""
 
-    def __init__(self, trainer: Any, rng: dict[str, Any]) -> None:
+    def __init__(self, trainer: Any, rng: dict[str, Any], plan: Plan | None = None) -> None:
         import torch
 
         fastsave.check_supported(trainer)
         self._trainer = trainer
-        tensors = {f"model/{k}": t for k, t in fastsave.model_tensors(trainer.model).items()}
-        osd = trainer.optimizer.state_dict()
-        rest: dict[Any, dict[str, Any]] = {}
-        for index, entry in osd["state"].items():
-            kept = rest[index] = {}
-            for key, value in entry.items():
-                if isinstance(value, torch.Tensor) and isinstance(index, int):
-                    tensors[f"optimizer/{index}/{key}"] = value
-                else:
-                    kept[key] = value
+        tensors: dict[str, Any] = {}
+        if plan is not None:  # the model's and optimizer's tensors are the plan's
+            self._optimizer = plan.optimizer_rest()
+        else:
+            tensors.update(
+                (f"model/{k}", t) for k, t in fastsave.model_tensors(trainer.model).items()
+            )
+            osd = trainer.optimizer.state_dict()
+            rest: dict[Any, dict[str, Any]] = {}
+            for index, entry in osd["state"].items():
+                kept = rest[index] = {}
+                for key, value in entry.items():
+                    if isinstance(value, torch.Tensor) and isinstance(index, int):
+                        tensors[f"optimizer/{index}/{key}"] = value
+                    else:
+                        kept[key] = value
+            self._optimizer = {**osd, "state": rest}
         self._rng_rest = {}
         for kind, value in rng.items():
             if isinstance(value, torch.Tensor):
@@ -101,7 +110,6 @@ class _State:
             else:
                 self._rng_rest[kind] = value
         self._rng_order = list(rng)
-        self._optimizer = {**osd, "state": rest}
         self.tensors = tensors
 
     def meta(self) -> bytes:
@@ -144,24 +152,28 @@ def _u8(name: str, start: int, n: int) -> str:
 
 
 class _Layout:
-    """The file's layout, in one pass over the tensors: their bytes (`views`, borrowed from the
-    tensors: keep them alive) from offset 0 of the data, then the metadata, then a pad. The
-    header's JSON for the tensors is made here; the two last entries are appended as text by
-    `encode`, once their sizes are known, into the `width` reserved for the header."""
+    """The file's layout, in one pass over the tensors (after those of `base`, a layout made
+    earlier): their bytes (`views`, borrowed from the tensors: keep them alive) from offset 0 of
+    the data, then the metadata, then a pad. The header's JSON for the tensors is made here; the
+    two last entries are appended as text by `encode`, once their sizes are known, into the
+    `width` reserved for the header."""
 
-    def __init__(self, tensors: dict[str, Any]) -> None:
-        parts = [f'{{"__metadata__":{{"format":"{FORMAT}"}}']
-        views = []
-        offset = 0
+    def __init__(self, tensors: dict[str, Any], base: _Layout | None = None) -> None:
+        if base is None:
+            parts = [f'{{"__metadata__":{{"format":"{FORMAT}"}}']
+            views: list[Any] = []
+            offset = 0
+        else:  # `tensors` follow base's
+            parts, views, offset = [base._prefix], list(base.views), base.data
         for name, t in tensors.items():
             n = t.nbytes
             parts.append(f"{_entry(name, t)}{offset},{offset + n}]}}")
             if n:
                 views.append(fastsave.bytes_view(t))
             offset += n
-        self.views = views
-        self.data = offset  # the tensors' bytes
-        self._prefix = ",".join(parts)
+        self.views: list[Any] = views
+        self.data: int = offset  # the tensors' bytes
+        self._prefix: str = ",".join(parts)
 
     def _tail(self, meta: int, pad: int) -> str:
         return f",{_u8(_META, self.data, meta)},{_u8(_PAD, self.data + meta, pad)}}}"
@@ -178,10 +190,24 @@ class _Layout:
         return struct.pack("<Q", len(raw)) + raw
 
 
-def spare_size(trainer: Any, rng: dict[str, Any]) -> tuple[int, int]:
+def make_plan(trainer: Any) -> Plan | None:
+    """A `Plan` of `trainer`'s state with its layout made (None: no plan for this trainer)."""
+    plan = Plan.make(trainer)
+    if plan is not None:
+        plan.layout = _Layout(plan.tensors)
+    return plan
+
+
+def _layout(trainer: Any, rng: dict[str, Any], plan: Plan | None) -> tuple[_State, _Layout]:
+    if plan is not None and not plan.valid():
+        plan = None
+    state = _State(trainer, rng, plan)
+    return state, _Layout(state.tensors, plan.layout if plan is not None else None)
+
+
+def spare_size(trainer: Any, rng: dict[str, Any], plan: Plan | None = None) -> tuple[int, int]:
     """The bytes the express checkpoint of `trainer` takes now, and the size to allocate."""
-    state = _State(trainer, rng)
-    lay = _Layout(state.tensors)
+    state, lay = _layout(trainer, rng, plan)
     meta = len(state.meta())
     need = lay.width(1 << 50) + lay.data + meta
     room = need + max(_SPARE_SLACK, 2 * meta)
@@ -217,8 +243,10 @@ class SpareKeeper:
     for it, big enough for the state as it grows (the trainer state's log history does).
 
     Every `CHECK_EVERY` steps the main thread measures what an express checkpoint would take now
-    (about 0.3 ms for the tiny model). Under `MAX_BYTES` (`usable`), where new files and flushes
-    cost more than the bytes, a thread prepares a bigger spare when the state outgrew it. Larger
+    (about 0.3 ms for the tiny model) and remakes `plan` (`tgnb.train.plan`), which spares the
+    snapshot taking the state dicts apart while the model is unchanged. Under `MAX_BYTES`
+    (`usable`), where new files and flushes cost more than the bytes, a thread prepares a bigger
+    spare when the state outgrew it. Larger
     states keep the Trainer's layout, whose big files go to disk with ``O_DIRECT``
     (`tgnb.train.fastsave`): as fast as a plain write there, without a spare as big as the model
     kept on disk and in the page cache. `lock` is held by the snapshot while it writes.
@@ -232,8 +260,11 @@ class SpareKeeper:
         self.size = 0
         self.lock = threading.Lock()
         self.usable = False  # measured, and small enough for an express checkpoint
+        self.plan: Plan | None = None  # remade at each measure; valid until the model changes
         self._checked: int | None = None
         self._thread: threading.Thread | None = None
+        watch_modules()
+        self._watching = True
 
     def step_end(self, trainer: Any, rng: dict[str, Any], step: int) -> None:
         """At a step boundary (main thread): grow the spare in the background if it is due."""
@@ -245,10 +276,13 @@ class SpareKeeper:
             return
         self._checked = step
         try:
-            need, room = spare_size(trainer, rng)
+            self.plan = make_plan(trainer)
+            need, room = spare_size(trainer, rng, self.plan)
         except fastsave.Unsupported:
             need = room = self.MAX_BYTES
         self.usable = need < self.MAX_BYTES
+        if not self.usable:
+            self.plan = None
         if (
             self.usable and need + _SPARE_SLACK // 2 > self.size
         ):  # grow before the state outgrows it
@@ -268,6 +302,10 @@ class SpareKeeper:
         """Wait for a preparation in progress, then free the spare's disk space."""
         if self._thread is not None:
             self._thread.join()
+        if self._watching:
+            self._watching = False
+            self.plan = None
+            unwatch_modules()
         for name in (SPARE, f"{SPARE}.tmp"):
             shutil.rmtree(self.ckpt_dir / name, ignore_errors=True)
 
@@ -302,21 +340,23 @@ def write(
     algorithm: str | None = None,
     pool: Executor | None = None,
     seal: Callable[[list[ck.FileEntry]], bytes] | None = None,
+    plan: Plan | None = None,
 ) -> list[ck.FileEntry]:
     """Write `trainer`'s express checkpoint as the new directory `dest` (in the spare next to it
-    when there is one), its file and names durable; the caller seals it. `rng` is the RNG states
-    of the step boundary it is of. Returns the manifest entry of its file.
+        when there is one), its file and names durable; the caller seals it. `rng` is the RNG states
+        of the step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used
+    when it is still valid. Returns the manifest entry of its file.
 
-    The work overlaps with a thread of `pool` (a new one when None): the tensors are written
-    there while the metadata is pickled here, and the data is flushed there while the checksum
-    is taken and the directory's name made durable here. (Renaming the spare first, in that
-    thread, measured slower: its journal commit then competes with the writes.)
+        The work overlaps with a thread of `pool` (a new one when None): the tensors are written
+        there while the metadata is pickled here, and the data is flushed there while the checksum
+        is taken and the directory's name made durable here. (Renaming the spare first, in that
+        thread, measured slower: its journal commit then competes with the writes.)
     """
     algo = algorithm or ck.default_algorithm()
     digest = ck._hasher(algo)
     cloexec = getattr(os, "O_CLOEXEC", 0)
-    state = _State(trainer, rng)  # what cannot be written raises Unsupported here, before any I/O
-    lay = _Layout(state.tensors)
+    # what cannot be written raises Unsupported here, before any I/O
+    state, lay = _layout(trainer, rng, plan)
     spare: Path | None = dest.parent / SPARE
     with contextlib.ExitStack() as stack:
         if pool is None:
@@ -339,7 +379,8 @@ def write(
         pad = max(0, room - end)
         head = memoryview(lay.encode(len(meta), pad, width))
         zeros = _zeros(pad)
-        _pwrite_all(fd, [meta, *zeros], width + lay.data)
+        # the spare's pad is zeros on disk already: only a new file's is written
+        _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], width + lay.data)
         os.pwrite(fd, head, 0)
         tensors.result()
         marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
