@@ -54,7 +54,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Installs a flag-only SIGTERM handler (the guard's kind), gives the old one back after.
     `yield_cpu` is recorded, not run: it would lower this test process's priority for good."""
     yielded: list[int] = []
-    monkeypatch.setattr(immediate, "yield_cpu", lambda keep=(): yielded.append(1))
+    monkeypatch.setattr(immediate, "yield_cpu", lambda tids: yielded.append(1))
     made: list[Harness] = []
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
 
@@ -118,3 +118,32 @@ def test_the_main_thread_waits_at_its_next_module_call_then_leaves(harness: Any)
     h.saver.close()
     layer(torch.zeros(1, 4))  # the hook is gone once the snapshot is over
     assert sys.getswitchinterval() == pytest.approx(0.005)  # given back
+
+
+def test_the_main_thread_waits_at_its_next_gradient_in_a_backward_then_leaves(
+    harness: Any,
+) -> None:
+    h = harness(write_s=0.4)
+    layer = torch.nn.Linear(4, 4)
+    h.saver.hold_on_grads(layer.parameters())
+    loss = layer(torch.ones(1, 4)).sum()  # the forward happened before the signal
+    h.saver.step_begin()
+    os.kill(os.getpid(), signal.SIGTERM)
+    h.wait_for_call()
+    began = time.monotonic()
+    with pytest.raises(Preempted):
+        loss.backward()  # the backward of the step being abandoned: it calls no module
+    assert time.monotonic() - began > 0.2  # it waited for the write, not computing meanwhile
+    h.saver.close()
+    layer.zero_grad()
+    layer(torch.ones(1, 4)).sum().backward()  # the hooks are gone with the saver
+    assert layer.weight.grad is not None
+
+
+def test_the_gradient_hooks_do_nothing_until_a_stop(harness: Any) -> None:
+    h = harness()
+    layer = torch.nn.Linear(4, 4)
+    h.saver.hold_on_grads(layer.parameters())
+    h.saver.step_begin()
+    layer(torch.ones(1, 4)).sum().backward()
+    assert layer.weight.grad is not None and h.calls == []

@@ -34,7 +34,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 __all__ = ["POLL_S", "SIGNALS", "SWITCH_S", "Gate", "ImmediateSaver", "Preempted"]
@@ -53,21 +53,13 @@ class Preempted(BaseException):
     between swallows it."""
 
 
-def yield_cpu(keep: Collection[int] = ()) -> None:
-    """Lower the CPU priority of every other thread of this process (the main thread and the
-    math library's workers) but those in `keep` (native ids) to the lowest, so the step being
-    abandoned does not slow the checkpoint down; threads the caller starts from now on keep its
-    priority. Not undone: the process exits once the checkpoint is written (lowering it back
-    needs privileges)."""
-    me = threading.get_native_id()
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # not Linux: nothing to do
-        return
+def yield_cpu(tids: Collection[int]) -> None:
+    """Lower the CPU priority of the threads `tids` (native ids) of this process to the lowest,
+    so the step being abandoned does not slow the checkpoint down. Not undone: the process exits
+    once the checkpoint is written (raising it back needs privileges)."""
     for tid in tids:
-        if tid != me and tid not in keep:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, tid, 19)
+        with contextlib.suppress(OSError):  # gone, or not Linux
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
 
 
 class Gate:
@@ -121,7 +113,6 @@ class ImmediateSaver:
     `snapshot(reason)` (the guard's) writes and seals the checkpoint and returns True, or returns
     False when there is no boundary to write yet. `signals` are the signal numbers that mean
     "preempted"; `reason_of()` returns "signal", "drain" or None from the guard's flags.
-    `helpers` are native ids of threads the snapshot works with, which keep their priority.
     """
 
     def __init__(
@@ -131,10 +122,10 @@ class ImmediateSaver:
         on_signal: Callable[[int], None],
         reason_of: Callable[[], str | None],
         signals: tuple[int, ...],
-        helpers: Collection[int] = (),
     ) -> None:
         self.gate = Gate()
-        self._helpers = tuple(helpers)
+        self._main_tid = threading.main_thread().native_id
+        self._grad_hooks: list[Any] = []
         self._snapshot = snapshot
         self._can_snapshot = can_snapshot
         self._on_signal = on_signal
@@ -204,18 +195,21 @@ class ImmediateSaver:
     @contextlib.contextmanager
     def _main_thread_yields(self) -> Iterator[None]:
         """While the snapshot is written, the step being abandoned must not compete with it: the
-        main thread stops at its next module call (`_hold`), the threads of the math library get
-        the lowest CPU priority (`yield_cpu`), and the GIL switch interval is short, so that the
-        main thread, running Python between its ops, does not keep the GIL for up to 5 ms each
-        time this thread needs it (hundreds of times per save)."""
+        GIL switch interval is short, so that the main thread, running Python between its ops,
+        does not keep the GIL for up to 5 ms each time this thread needs it; the main thread
+        stops at its next module call or gradient accumulation (`_hold`; `hold_on_grads`) and
+        gets the lowest CPU priority (`yield_cpu`;
+        the math library's threads work only when it dispatches to them, and listing them costs
+        more than a tiny model's save gains from it)."""
         import torch.nn.modules.module as nn_module
 
         interval = sys.getswitchinterval()
-        collecting = gc.isenabled()
-        hook = nn_module.register_module_forward_pre_hook(self._hold)
-        yield_cpu(keep=self._helpers)
         sys.setswitchinterval(SWITCH_S)
+        collecting = gc.isenabled()
         gc.disable()  # a collection of the training process's heap could take longer than the save
+        hook = nn_module.register_module_forward_pre_hook(self._hold)
+        if self._main_tid is not None:
+            yield_cpu([self._main_tid])
         try:
             yield
         finally:
@@ -224,9 +218,23 @@ class ImmediateSaver:
             sys.setswitchinterval(interval)
             hook.remove()
 
+    def hold_on_grads(self, params: Iterable[Any]) -> None:
+        """Also stop the main thread at the next gradient accumulated into one of `params`, so
+        that a backward pass, which calls no module, does not run on beside the snapshot (each
+        parameter's hook costs well under a microsecond per step until a snapshot is pending).
+        Removed by `close`."""
+        for p in params:
+            if p.requires_grad:
+                self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._hold_grad))
+
+    def _hold_grad(self, _param: Any) -> None:
+        if self.triggered.is_set():
+            self._hold(None, None)
+
     def _hold(self, module: Any, args: Any) -> None:
-        """Forward pre-hook on every module while a snapshot is pending: the main thread, outside
-        its update section, waits here for the snapshot and leaves the loop once it is done."""
+        """Forward pre-hook on every module while a snapshot is pending (and, through
+        `_hold_grad`, a hook on each parameter's gradient): the main thread, outside its update
+        section, waits here for the snapshot and leaves the loop once it is done."""
         if threading.current_thread() is not threading.main_thread() or self.gate.in_update:
             return
         self.finished.wait()
@@ -255,7 +263,10 @@ class ImmediateSaver:
             raise Preempted
 
     def close(self) -> None:
-        """Stop the thread and give the wakeup fd back."""
+        """Stop the thread, remove the gradient hooks and give the wakeup fd back."""
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks.clear()
         self._stop = True
         self.gate.close()
         self.poke()

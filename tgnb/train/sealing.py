@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -107,15 +106,15 @@ class GuardSaving:
         if self.policy.on_signal or self.policy.watch_drain:
             self._spare = express.SpareKeeper(self.ckpt_dir)
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="tgnb-flush")
-            helper = self._pool.submit(threading.get_native_id).result()  # started now
+            self._pool.submit(int).result()  # its thread started now, not at the snapshot
             self._saver = ImmediateSaver(
                 self._snapshot,
                 lambda: self._boundary is not None,
                 lambda signum: self._on_signal(signum, None),
                 self._stop_asked,
                 SIGNALS,
-                helpers=[helper],
             )
+            self._saver.hold_on_grads(trainer.model.parameters())
         return True
 
     def _save_checkpoint(self, original: Any, model: Any, trial: Any = None) -> None:
@@ -155,7 +154,9 @@ class GuardSaving:
 
             try:
                 with self._spare.lock:
-                    express.write(self._trainer, path, rng, pool=self._pool, seal=seal)
+                    express.write(
+                        self._trainer, path, rng, pool=self._pool, seal=seal, plan=self._spare.plan
+                    )
             except fastsave.Unsupported:
                 pass
             else:
