@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -227,3 +228,39 @@ def test_a_marker_written_over_a_blank_one_in_place(tmp_path: Path) -> None:
     (path / ck.MARKER).write_bytes(b'{"step": 7}' + b" " * 10)  # not blank: never overwritten
     ck.write_marker(path, 7)
     assert ck.verify(path) is not None
+
+
+def test_no_marker_is_written_when_the_early_write_failed(tmp_path: Path) -> None:
+    """The flush thread seals only after the tensors' write succeeded (here it raised)."""
+    import queue
+    from concurrent.futures import Future
+
+    path = tmp_path / "checkpoint-3"
+    path.mkdir()
+    (path / ck.MARKER).write_bytes(b" " * ck.BLANK_MARKER_BYTES)
+    failed: Future[None] = Future()
+    failed.set_exception(OSError(28, "No space left on device"))
+    marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    marker.put(ck.marker_record(path, 3, [])[1])
+    fd = os.open(path / ck.MARKER, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="No space"):
+            express._flush_then_mark(fd, path, marker, failed)
+    finally:
+        os.close(fd)
+    assert ck.read_marker(path) is None  # still blank: torn, never complete
+
+
+def test_writeback_is_started_without_changing_the_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    data = os.urandom(300_000)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, data, 0)
+        if sys.platform.startswith("linux"):
+            assert express._sync_file_range is not None
+        express.start_writeback(fd, 0, len(data))
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data

@@ -30,6 +30,7 @@ trusted as the run's own output. Periodic and final checkpoints keep the Trainer
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pickle
@@ -39,7 +40,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -343,14 +344,15 @@ def write(
     plan: Plan | None = None,
 ) -> list[ck.FileEntry]:
     """Write `trainer`'s express checkpoint as the new directory `dest` (in the spare next to it
-        when there is one), its file and names durable; the caller seals it. `rng` is the RNG states
-        of the step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used
+    when there is one), its file and names durable; the caller seals it. `rng` is the RNG states
+    of the step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used
     when it is still valid. Returns the manifest entry of its file.
 
-        The work overlaps with a thread of `pool` (a new one when None): the tensors are written
-        there while the metadata is pickled here, and the data is flushed there while the checksum
-        is taken and the directory's name made durable here. (Renaming the spare first, in that
-        thread, measured slower: its journal commit then competes with the writes.)
+    The work overlaps with a thread of `pool` (a new one when None): the tensors are written
+    there, and their writeback started, while the metadata is pickled here; then the data is
+    flushed there while the checksum is taken and the directory's name made durable here.
+    (Renaming the spare first, in that thread, measured slower: its journal commit then
+    competes with the writes.)
     """
     algo = algorithm or ck.default_algorithm()
     digest = ck._hasher(algo)
@@ -373,7 +375,7 @@ def write(
             fd = os.open(dest / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | cloexec, 0o644)
         stack.callback(os.close, fd)
         width = lay.width(max(room, 1 << 40))
-        tensors = pool.submit(_pwrite_all, fd, lay.views, width)
+        tensors = pool.submit(_write_early, fd, lay.views, width)
         meta = memoryview(state.meta())
         end = width + lay.data + len(meta)
         pad = max(0, room - end)
@@ -382,23 +384,60 @@ def write(
         # the spare's pad is zeros on disk already: only a new file's is written
         _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], width + lay.data)
         os.pwrite(fd, head, 0)
-        tensors.result()
         marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        synced = pool.submit(_flush_then_mark, fd, dest, marker)
+        synced = pool.submit(_flush_then_mark, fd, dest, marker, tensors)
         try:
             for view in (head, *lay.views, meta, *zeros):
                 digest.update(view)
-            _rename_durable(spare, dest)  # while the data flushes: both before the marker
             entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
-            marker.put(seal(entries) if seal is not None else None)
+            raw = seal(entries) if seal is not None else None  # made now, written once durable
+            _rename_durable(spare, dest)  # while the data flushes: both before the marker
+            tensors.result()  # (done: the flush waited for it) a failed write seals nothing
+            marker.put(raw)
         finally:
             marker.put(None)  # (a no-op once the marker was put: only the first is taken)
         synced.result()
     return entries
 
 
-def _flush_then_mark(fd: int, dest: Path, marker: queue.SimpleQueue[bytes | None]) -> None:
-    """Flush the data; then, if a marker comes, write it (never unless the flush succeeded)."""
+def _write_early(fd: int, views: list[Any], offset: int) -> None:
+    """Write `views` from `offset` and start their writeback (``sync_file_range``), so that it
+    runs while the metadata is pickled and the flush that makes the file durable finds less to
+    do (measured on these VMs: 0.1-0.2 ms left of 0.35-0.45 ms)."""
+    end = _pwrite_all(fd, views, offset)
+    start_writeback(fd, offset, end - offset)
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _libc_sync_file_range() -> Any:
+    with contextlib.suppress(OSError, AttributeError):
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+        call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        call.restype = ctypes.c_int
+        return call
+    return None
+
+
+_sync_file_range = _libc_sync_file_range()  # looked up now, not during a preemption's save
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing bytes ``[offset, offset + nbytes)`` of `fd` to disk and
+    return at once (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``). Not a flush: durability
+    still needs fsync/fdatasync. Does nothing where the call is missing; its errors are left to
+    that flush."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+def _flush_then_mark(
+    fd: int, dest: Path, marker: queue.SimpleQueue[bytes | None], written: Future[None]
+) -> None:
+    """Once the `written` write is done, flush the data; then, if a marker comes, write it
+    (never unless the write and the flush succeeded)."""
+    written.result()
     os.fdatasync(fd)
     raw = marker.get()
     if raw is not None:
