@@ -198,9 +198,8 @@ class ImmediateSaver:
         GIL switch interval is short, so that the main thread, running Python between its ops,
         does not keep the GIL for up to 5 ms each time this thread needs it; the main thread
         stops at its next module call or gradient accumulation (`_hold`; `hold_on_grads`) and
-        gets the lowest CPU priority (`yield_cpu`;
-        the math library's threads work only when it dispatches to them, and listing them costs
-        more than a tiny model's save gains from it)."""
+        gets the lowest CPU priority (`yield_cpu`; the math library's threads work only when it
+        dispatches to them, and listing them costs more than a tiny model's save gains)."""
         import torch.nn.modules.module as nn_module
 
         interval = sys.getswitchinterval()

@@ -95,8 +95,13 @@ class Plan:
         self._modules: list[Any] = []
         self._epoch = _EPOCH
         self._optimizer: Any = None
-        self._groups: list[tuple[list[Any], int, list[int]]] = []
-        self._entries: list[tuple[int, Any, dict[str, Any], int, frozenset[str]]] = []
+        self._groups: list[tuple[list[Any], int, list[int]]] = []  # params, their count, indices
+        # per optimizer state entry: its index, the entry (a dict), its tensors' keys; and for
+        # `valid`, the parameter it is of and its number of keys
+        self._entries: list[tuple[int, dict[str, Any], frozenset[str]]] = []
+        self._entry_params: list[Any] = []
+        self._entry_dicts: list[dict[str, Any]] = []
+        self._entry_lens: list[int] = []
         self._n_state = 0
 
     @classmethod
@@ -111,7 +116,7 @@ class Plan:
             return None
         return plan if ok else None
 
-    def _hold(self, name: str, holder: dict[str, Any], key: str, t: Any) -> bool:
+    def _track(self, name: str, holder: dict[str, Any], key: str, t: Any) -> bool:
         if not (t.is_cpu and t.is_contiguous()) or fastsave.dtype_code(t) is None:
             return False
         self.tensors[name] = t
@@ -137,7 +142,7 @@ class Plan:
                 return False
             if live.data_ptr() != t.data_ptr() or live.shape != t.shape or live.dtype != t.dtype:
                 return False
-            if not self._hold(f"model/{name}", holder, leaf, live):
+            if not self._track(f"model/{name}", holder, leaf, live):
                 return False
         return True
 
@@ -157,8 +162,6 @@ class Plan:
                     by_index.append(p)
             self._groups.append((params, len(params), [index[id(p)] for p in params]))
             groups.append({k: v for k, v in group.items() if k != "params"})
-        if [g[2] for g in self._groups] != [g["params"] for g in osd["param_groups"]]:
-            return False
         if [{**g, "params": idx[2]} for g, idx in zip(groups, self._groups, strict=True)] != osd[
             "param_groups"
         ]:
@@ -177,12 +180,15 @@ class Plan:
                 if isinstance(value, torch.Tensor):
                     if not isinstance(live, torch.Tensor) or live.data_ptr() != value.data_ptr():
                         return False
-                    if not self._hold(f"optimizer/{i}/{key}", entry, key, live):
+                    if not self._track(f"optimizer/{i}/{key}", entry, key, live):
                         return False
                     keys.add(key)
                 elif live is not value and live != value:
                     return False
-            self._entries.append((i, by_index[i], entry, len(entry), frozenset(keys)))
+            self._entries.append((i, entry, frozenset(keys)))
+            self._entry_params.append(by_index[i])
+            self._entry_dicts.append(entry)
+            self._entry_lens.append(len(entry))
         self._optimizer = opt
         self._n_state = len(opt.state)
         return True
@@ -207,10 +213,11 @@ class Plan:
         for group, (params, n, _) in zip(opt.param_groups, self._groups, strict=True):
             if group["params"] is not params or len(params) != n:
                 return False
-        entries = [e[2] for e in self._entries]
-        return all(map(is_, map(opt.state.get, [e[1] for e in self._entries]), entries)) and [
-            len(e) for e in entries
-        ] == [e[3] for e in self._entries]
+        dicts = self._entry_dicts
+        return (
+            all(map(is_, map(opt.state.get, self._entry_params), dicts))
+            and list(map(len, dicts)) == self._entry_lens
+        )
 
     def optimizer_rest(self) -> dict[str, Any]:
         """The optimizer's state dict as it is now, without the tensors in `tensors`."""
@@ -220,7 +227,6 @@ class Plan:
             packed["params"] = indices
             groups.append(packed)
         rest = {
-            i: {k: v for k, v in entry.items() if k not in keys}
-            for i, _, entry, _, keys in self._entries
+            i: {k: v for k, v in entry.items() if k not in keys} for i, entry, keys in self._entries
         }
         return {"state": rest, "param_groups": groups}
