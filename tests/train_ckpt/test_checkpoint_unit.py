@@ -142,6 +142,32 @@ def test_rotate_never_removes_the_newest_complete(tmp_path: Path) -> None:
     assert ck.rotate(tmp_path / "empty", keep_last=1) == []
 
 
+def test_a_checkpoint_sealed_in_staging_is_listed_with_its_markers_step(tmp_path: Path) -> None:
+    """A checkpoint sealed in `STAGING` and not renamed yet (a preemption's, between its seal and
+    its rename) is complete: listed, verified and rotated under its staging name."""
+    for step in (3, 5):
+        make_ckpt(tmp_path, step)
+    staging = make_ckpt(tmp_path, 8).rename(tmp_path / ck.STAGING)
+    make_ckpt(tmp_path, 9, seal=False)  # torn, newer
+    assert [p.name for p in ck.checkpoint_dirs(tmp_path)] == [
+        "checkpoint-9",
+        ck.STAGING,
+        "checkpoint-5",
+        "checkpoint-3",
+    ]
+    best = ck.latest_complete(tmp_path)
+    assert best is not None and best.step == 8 and best.path == staging
+    assert ck.listed_step(staging) == 8
+    assert [p.name for p in ck.rotate(tmp_path, keep_last=2)] == ["checkpoint-3"]
+    make_ckpt(tmp_path, 8)  # the same step under its name: listed first
+    assert [p.name for p in ck.checkpoint_dirs(tmp_path)][1:3] == ["checkpoint-8", ck.STAGING]
+    ck._remove(tmp_path / "checkpoint-8")
+    (staging / ck.MARKER).write_bytes(b" " * ck.BLANK_MARKER_BYTES)  # blank: a spare, not listed
+    assert ck.STAGING not in [p.name for p in ck.checkpoint_dirs(tmp_path)]
+    assert ck.remove_torn(tmp_path) == [tmp_path / "checkpoint-9"]
+    assert staging.is_dir()  # a blank spare is never removed as torn
+
+
 def test_young_daly_interval() -> None:
     # C = 18 s, one preemption an hour: sqrt(2 * 18 * 3600) = 360 s.
     assert ck.young_daly_seconds(18.0, 1.0) == pytest.approx(360.0)

@@ -133,6 +133,82 @@ def test_the_spare_is_overwritten_in_place_and_renamed_then_sealed_over_its_blan
     assert_restores(trainer, express.expand(dest, tmp_path / "expanded"), states)
 
 
+def test_the_spare_is_a_complete_checkpoint_once_sealed_before_its_rename(
+    trainer: Any, tmp_path: Path
+) -> None:
+    states = rng()
+    ckpts = tmp_path / "checkpoints"
+    spare = express.prepare_spare(ckpts, express.spare_size(trainer, states)[1])
+    dest = ckpts / "checkpoint-2"
+    seen: list[Any] = []
+
+    def durable() -> None:  # what a process killed at this instant would leave
+        seen.append((ck.latest_complete(ckpts), dest.exists()))
+
+    express.write(trainer, dest, states, ALGO, seal=seal(dest, 2), durable=durable)
+    ((staged, renamed),) = seen
+    assert staged is not None and staged.path == spare and staged.step == 2 and not renamed
+    assert ck.latest_complete(ckpts) == ck.verify(dest) is not None and not spare.exists()
+
+
+def test_a_sealed_spare_that_was_not_renamed_is_adopted_never_deleted(
+    trainer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states = rng()
+    ckpts = tmp_path / "checkpoints"
+    _, room = express.spare_size(trainer, states)
+    spare = express.prepare_spare(ckpts, room)
+    dest = ckpts / "checkpoint-2"
+    rename = express._rename_durable
+
+    def fail(src: Path | None, to: Path) -> None:
+        if src is not None:
+            raise OSError(5, "Input/output error")
+        rename(src, to)
+
+    monkeypatch.setattr(express, "_rename_durable", fail)
+    with pytest.raises(OSError, match="Input/output"):
+        express.write(trainer, dest, states, ALGO, seal=seal(dest, 2))
+    monkeypatch.setattr(express, "_rename_durable", rename)
+    staged = ck.latest_complete(ckpts)
+    assert staged is not None and staged.path == spare and staged.step == 2
+    express.prepare_spare(ckpts, room)  # a new spare: the sealed one is renamed first
+    assert ck.read_marker(spare) is None  # blank again
+    assert ck.latest_complete(ckpts) == ck.verify(dest) is not None
+    assert_restores(trainer, express.expand(dest, tmp_path / "expanded"), states)
+
+    ck._remove(dest)  # and again, for the keeper's close
+    monkeypatch.setattr(express, "_rename_durable", fail)
+    with pytest.raises(OSError):
+        express.write(trainer, dest, states, ALGO, seal=seal(dest, 2))
+    monkeypatch.setattr(express, "_rename_durable", rename)
+    keeper = express.SpareKeeper(ckpts)
+    keeper.close()
+    assert not spare.exists() and ck.verify(dest) is not None
+
+
+def test_adopting_a_sealed_spare_replaces_a_torn_namesake_and_yields_to_a_complete_one(
+    trainer: Any, tmp_path: Path
+) -> None:
+    states = rng()
+    ckpts = tmp_path / "checkpoints"
+    assert express.adopt_sealed(ckpts) is None  # no spare
+    dest = ckpts / "checkpoint-2"
+    for namesake in ("torn", "complete"):
+        spare = express.prepare_spare(ckpts, express.spare_size(trainer, states)[1])
+        express.write(trainer, ckpts / "staged", states, ALGO)  # unsealed, renamed...
+        os.rename(ckpts / "staged", spare)  # ...back, then sealed in place
+        ck.write_marker(spare, 2)
+        dest.mkdir(exist_ok=True)
+        if namesake == "torn":
+            (dest / "model.safetensors").write_bytes(b"half")
+        inode = os.stat(spare / express.STATE_FILE).st_ino
+        assert express.adopt_sealed(ckpts) == dest
+        assert not spare.exists() and ck.verify(dest) is not None
+        kept = os.stat(dest / express.STATE_FILE).st_ino
+        assert (kept == inode) == (namesake == "torn")
+
+
 def test_a_state_bigger_than_the_spare_grows_the_file(trainer: Any, tmp_path: Path) -> None:
     states = rng()
     ckpts = tmp_path / "checkpoints"
@@ -264,3 +340,53 @@ def test_writeback_is_started_without_changing_the_bytes(tmp_path: Path) -> None
     finally:
         os.close(fd)
     assert path.read_bytes() == data
+
+
+def test_a_guard_whose_spare_could_not_be_renamed_never_writes_into_it_again(
+    trainer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's preemption snapshot seals the spare, then its rename fails: the spare holds a
+    complete checkpoint, so the next save (the step boundary's) keeps the Trainer's layout, and
+    closing the guard gives the sealed one its name."""
+    from tgnb.train.policy import CheckpointPolicy
+    from tgnb.train.preemption import CheckpointGuard
+    from tgnb.train.record import Recorder
+
+    monkeypatch.delenv("TGNB_NOTICE_FILE", raising=False)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    monkeypatch.setattr(trainer, "_save_checkpoint", trainer._save_checkpoint)  # undone after
+    guard = CheckpointGuard(CheckpointPolicy(keep_last=5), tmp_path, Recorder(tmp_path))
+    try:
+        assert guard.attach(trainer)
+        keeper = guard._spare
+        assert keeper is not None
+        keeper.step_end(trainer, rng(), step=2)
+        assert keeper._thread is not None
+        keeper._thread.join()
+        rename = express._rename_durable
+
+        def fail(src: Path | None, to: Path) -> None:
+            if src is not None:
+                raise OSError(5, "Input/output error")
+            rename(src, to)
+
+        monkeypatch.setattr(express, "_rename_durable", fail)
+        guard._boundary = (2, rng())
+        with pytest.raises(OSError):
+            guard._snapshot("signal")
+        spare = guard.ckpt_dir / express.SPARE
+        staged = ck.latest_complete(guard.ckpt_dir)
+        assert staged is not None and staged.path == spare and staged.step == 2
+        assert not keeper.usable
+        keeper.step_end(trainer, rng(), step=2 + keeper.CHECK_EVERY)
+        assert not keeper.usable  # not measured again
+        guard._boundary = (3, rng())
+        assert guard._snapshot("signal")
+        after = ck.latest_complete(guard.ckpt_dir)
+        assert after is not None and after.step == 3 and not express.is_express(after.path)
+        assert ck.verify(spare) == staged  # untouched
+        monkeypatch.setattr(express, "_rename_durable", rename)
+    finally:
+        guard.close()
+    assert not spare.exists()
+    assert ck.verify(guard.ckpt_dir / "checkpoint-2") is not None

@@ -156,3 +156,20 @@ def test_torch_save_skips_crc32_only_during_the_guards_save(
     assert boundary(guard, 4).should_save and ts.get_crc32_options() is False
     guard.close()
     assert ts.get_crc32_options() is True
+
+
+def test_resume_first_names_a_checkpoint_left_sealed_in_the_spare(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    """A process killed between sealing its preemption checkpoint in the spare and renaming it
+    leaves a complete checkpoint there: the next run renames it and resumes from it."""
+    ckpts = tmp_path / "checkpoints"
+    older = ckpts / "checkpoint-4"
+    for path, step in ((older, 4), (ckpts / ck.STAGING, 6)):
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(os.urandom(256))
+        ck.write_marker(path, step)
+    guard = make_guard()
+    assert guard.resume_from() == str(ckpts / "checkpoint-6")
+    assert guard.resumed_step == 6 and not (ckpts / ck.STAGING).exists()
+    assert [p.name for p in ck.checkpoint_dirs(ckpts)] == ["checkpoint-6", "checkpoint-4"]

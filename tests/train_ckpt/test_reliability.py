@@ -7,7 +7,9 @@ random instant inside (or just after) a save; the other half are sent SIGTERM mi
 inside (or just after) the express checkpoint it starts. After each kill this test checks on its own
 that the newest complete checkpoint really loads (safetensors, optimizer, scheduler, RNG, trainer
 state at the marker's step; an express one once written out as the resume does), and that the next
-trial resumed from exactly that one.
+trial resumed from exactly that one. An express checkpoint is written and sealed in the spare,
+then renamed: cut short, it is torn there (blank marker); killed after its seal and before the
+rename, it is complete there, and the next trial names it and resumes from it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,17 @@ def load_all(ckpt: ck.Checkpoint, scratch: Path) -> int:
     return int(state["global_step"])
 
 
+def spare_torn(ckpt_dir: Path) -> bool:
+    """Whether the spare holds an express checkpoint cut short: its file, allocated as zeros, was
+    written into, and its marker is still blank (torn: never listed, overwritten by the next)."""
+    spare = ckpt_dir / express.SPARE
+    try:
+        written = bool((spare / express.STATE_FILE).read_bytes().strip(b"\0"))
+    except OSError:
+        return False
+    return written and ck.read_marker(spare) is None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None:
@@ -66,7 +79,7 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
         env=env,
     )
     assert zygote.stdin is not None and zygote.stdout is not None
-    torn_after_kill = torn_express = express_done = 0
+    torn_after_kill = torn_express = express_done = staged = 0
     expected_resume: int | None = None
     try:
         assert answer(zygote.stdout) == {"ready": True}
@@ -85,7 +98,8 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
 
             dirs = ck.checkpoint_dirs(run_dir / "checkpoints")
             torn = [d for d in dirs if ck.verify(d) is None]
-            torn_after_kill += bool(torn)
+            cut = spare_torn(run_dir / "checkpoints")
+            torn_after_kill += bool(torn) or cut
             latest = ck.latest_complete(run_dir / "checkpoints")
             assert latest is not None, f"trial {i}: no complete checkpoint left"
             assert load_all(latest, tmp_path / "expanded") == latest.step
@@ -95,8 +109,9 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
                 assert latest.step == expected_resume or latest.step >= info["armed_step"]
                 assert latest.step <= info["armed_step"] + 1, (i, info, latest.step)
                 express_done += express.is_express(latest.path)
+                staged += latest.path.name == ck.STAGING  # sealed, killed before its rename
                 # torn: the express checkpoint itself (not an older one being rotated away)
-                torn_express += any((ck.step_of(d) or 0) >= info["armed_step"] for d in torn)
+                torn_express += cut or any(ck.listed_step(d) >= info["armed_step"] for d in torn)
             expected_resume = latest.step
     finally:
         zygote.stdin.close()
@@ -107,7 +122,8 @@ def test_sigkill_during_saves_never_yields_a_torn_resume(tmp_path: Path) -> None
             zygote.wait()
     print(
         f"{torn_after_kill} of {TRIALS} kills left a torn checkpoint ({torn_express} of the "
-        f"{TRIALS // 2} express trials inside the express save; {express_done} completed one); "
+        f"{TRIALS // 2} express trials inside the express save; {express_done} completed one, "
+        f"{staged} of them killed before its rename); "
         f"last step {expected_resume}"
     )
     # The kills must really have landed inside saves, or this test would prove nothing.

@@ -3,7 +3,9 @@ Young/Daly checkpoint interval.
 
 A checkpoint is a directory ``checkpoints/checkpoint-<step>`` in the Hugging Face Trainer's layout
 (model, optimizer, scheduler, RNG states, trainer state) or, when a preemption wrote it, one file
-(`tgnb.train.express`). It *counts* only once tgnb has fsynced every file in it and its directory's
+(`tgnb.train.express`). A preemption's checkpoint is sealed in its staging directory `STAGING`
+first and renamed to ``checkpoint-<step>`` after: between the two (or if the process died there)
+it is listed under its staging name, with the step its marker gives. It *counts* only once tgnb has fsynced every file in it and its directory's
 name, and then written the completion marker `MARKER` last (fsynced, then its directory). A marker
 cut short by a crash is not valid JSON, and neither is a blank one allocated ahead of time: both
 read as torn. The marker holds the step, the time, the total bytes and a manifest of every file
@@ -41,6 +43,9 @@ MARKER = "tgnb-complete.json"
 HF_INCOMPLETE_SENTINEL = "checkpoint-is-incomplete.txt"
 #: The directory name prefix the Hugging Face Trainer uses (``PREFIX_CHECKPOINT_DIR``).
 PREFIX = "checkpoint-"
+#: The directory in which a checkpoint is written and sealed before it is renamed to
+#: ``checkpoint-<step>`` (the express checkpoint's spare): a checkpoint once its marker parses.
+STAGING = ".spare"
 MARKER_VERSION = 2
 #: The size of a blank (all spaces) marker file allocated ahead of a checkpoint (`write_marker`).
 BLANK_MARKER_BYTES = 4096
@@ -88,12 +93,26 @@ def step_of(path: Path) -> int | None:
 
 
 def checkpoint_dirs(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, newest step first."""
+    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, and `STAGING` when it holds a
+    sealed checkpoint not yet renamed, newest step first (a named one first at equal steps)."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
-    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+    steps = {p: step_of(p) or 0 for p in found}
+    staged = read_marker(root / STAGING)
+    if staged is not None:
+        steps[staged.path] = staged.step
+        found.append(staged.path)
+    return sorted(found, key=lambda p: (steps[p], p.name != STAGING), reverse=True)
+
+
+def listed_step(path: Path) -> int:
+    """The step of a directory `checkpoint_dirs` lists: its name's, or its marker's (`STAGING`)."""
+    if path.name == STAGING:
+        staged = read_marker(path)
+        return staged.step if staged is not None else 0
+    return step_of(path) or 0
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -296,16 +315,19 @@ def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
 def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint | None:
     """The checkpoint at `path` if it is complete, else None (torn, in progress, or not ours).
 
-    Complete means: a readable marker whose step matches the directory name, no transformers
-    "incomplete" sentinel, and every manifest file present with its recorded size (and, with
-    `checksums`, its recorded checksum). Files not in the manifest are ignored. Raises
-    `CheckpointError` when the checksum's library (xxhash) is missing, rather than call it torn.
+    Complete means: a readable marker whose step matches the directory name (any step in
+    `STAGING`), no transformers "incomplete" sentinel, and every manifest file present with its
+    recorded size (and, with `checksums`, its recorded checksum). Files not in the manifest are
+    ignored. Raises `CheckpointError` when the checksum's library (xxhash) is missing, rather
+    than call it torn.
     """
     root = Path(path)
     if (root / HF_INCOMPLETE_SENTINEL).exists():
         return None
     ckpt = read_marker(root)
-    if ckpt is None or ckpt.step != step_of(root) or not ckpt.files:
+    if ckpt is None or not ckpt.files:
+        return None
+    if root.name != STAGING and ckpt.step != step_of(root):
         return None
     try:
         for entry in ckpt.files:
@@ -376,10 +398,10 @@ def rotate(
             torn.append(path)
     if not complete:
         return []
-    newest_step = step_of(complete[0]) or 0
+    newest_step = listed_step(complete[0])
     kept.update(p.resolve() for p in complete[:keep_last])
     doomed = [p for p in complete[keep_last:] if p.resolve() not in kept]
-    doomed += [p for p in torn if (step_of(p) or 0) < newest_step and p.resolve() not in kept]
+    doomed += [p for p in torn if listed_step(p) < newest_step and p.resolve() not in kept]
     for path in doomed:
         _remove(path)
     if doomed:

@@ -15,9 +15,14 @@ takes on a signal or drain notice (and a step-boundary one taken for the same re
   blocks that exist on disk and pages already in the cache, so its flush is a flush of data only,
   with no block allocation (``bench/checkpoint_floor.py`` measures the difference: ``plain``
   against ``prealloc_data``);
-- renamed to ``checkpoint-<step>`` (the rename made durable while the data flushes), then sealed
-  by the usual completion marker (`tgnb.train.checkpoint`), written over the blank one in place as
-  soon as the data is durable. It is then complete, torn or rotated like any other checkpoint.
+- sealed there by the usual completion marker (`tgnb.train.checkpoint`), written over the blank
+  one in place as soon as the data is durable, then renamed to ``checkpoint-<step>``. Sealing
+  before the rename keeps a journal commit (the rename's, which on ext4 waits for the data) off
+  the way to a complete checkpoint: two flushes of data in place are all it waits for. A sealed
+  spare is a complete checkpoint under its own name (`tgnb.train.checkpoint.STAGING`):
+  `tgnb.train.checkpoint.checkpoint_dirs` lists it, and `adopt_sealed` renames it if the process
+  stopped before it did. Once renamed it is complete, torn or rotated like any other
+  checkpoint.
 
 The Trainer cannot resume from it directly: `expand` writes it out in the Trainer's layout
 (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
@@ -52,6 +57,7 @@ __all__ = [
     "SPARE",
     "STATE_FILE",
     "SpareKeeper",
+    "adopt_sealed",
     "expand",
     "is_express",
     "load",
@@ -63,7 +69,7 @@ __all__ = [
 #: The one file of an express checkpoint.
 STATE_FILE = "tgnb-state.safetensors"
 #: The directory holding the file allocated for the next express checkpoint (under checkpoints/).
-SPARE = ".spare"
+SPARE = ck.STAGING
 FORMAT = "tgnb-express-1"
 _META = "__meta__"
 _PAD = "__pad__"
@@ -233,6 +239,7 @@ def prepare_spare(ckpt_dir: Path, size: int, lock: threading.Lock | None = None)
         os.fsync(fh.fileno())
     ck.fsync_path(tmp)
     with lock or contextlib.nullcontext():
+        adopt_sealed(ckpt_dir)  # never delete a checkpoint sealed there
         shutil.rmtree(spare, ignore_errors=True)
         os.rename(tmp, spare)
         ck.fsync_path(ckpt_dir)
@@ -293,6 +300,12 @@ class SpareKeeper:
             )
             self._thread.start()
 
+    def retire(self) -> None:
+        """Neither write into the spare nor prepare another any more: it holds a checkpoint
+        sealed in place that could not be renamed (`close` tries again, `adopt_sealed`)."""
+        self.usable = False
+        self._checked = -1  # measured: `step_end` does nothing
+
     def _prepare(self, size: int) -> None:
         try:
             prepare_spare(self.ckpt_dir, size, self.lock)
@@ -307,8 +320,33 @@ class SpareKeeper:
             self._watching = False
             self.plan = None
             unwatch_modules()
-        for name in (SPARE, f"{SPARE}.tmp"):
-            shutil.rmtree(self.ckpt_dir / name, ignore_errors=True)
+        shutil.rmtree(self.ckpt_dir / f"{SPARE}.tmp", ignore_errors=True)
+        try:
+            adopt_sealed(self.ckpt_dir)  # a checkpoint sealed there is kept, under its name
+        except OSError as exc:
+            print(f"tgnb: could not rename the sealed spare checkpoint: {exc}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.ckpt_dir / SPARE, ignore_errors=True)
+
+
+def adopt_sealed(ckpt_dir: Path) -> Path | None:
+    """Give a checkpoint sealed in the spare but not renamed (its process stopped between the
+    two) its name ``checkpoint-<step>``, durably. A torn directory of that name is replaced; a
+    complete one is kept and the spare's copy dropped. Returns the checkpoint's path, or None
+    when the spare holds none."""
+    spare = ckpt_dir / SPARE
+    staged = ck.read_marker(spare)
+    if staged is None:
+        return None
+    dest = ckpt_dir / f"{ck.PREFIX}{staged.step}"
+    if dest.exists():
+        if ck.verify(dest, checksums=False) is not None:
+            ck._remove(spare)
+            ck.fsync_path(ckpt_dir)
+            return dest
+        ck._remove(dest)
+    _rename_durable(spare, dest)
+    return dest
 
 
 def _zeros(n: int) -> list[memoryview]:
@@ -342,17 +380,18 @@ def write(
     pool: Executor | None = None,
     seal: Callable[[list[ck.FileEntry]], bytes] | None = None,
     plan: Plan | None = None,
+    durable: Callable[[], None] | None = None,
 ) -> list[ck.FileEntry]:
     """Write `trainer`'s express checkpoint as the new directory `dest` (in the spare next to it
-    when there is one), its file and names durable; the caller seals it. `rng` is the RNG states
-    of the step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used
-    when it is still valid. Returns the manifest entry of its file.
+    when there is one, then renamed), its file and name durable. `rng` is the RNG states of the
+    step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used when it
+    is still valid. `seal`, when given, makes the marker's bytes for the file's manifest entry;
+    the marker is then written as soon as the data is durable, and `durable` called once it is
+    (before the spare's rename). Returns the manifest entry.
 
     The work overlaps with a thread of `pool` (a new one when None): the tensors are written
     there, and their writeback started, while the metadata is pickled here; then the data is
-    flushed there while the checksum is taken and the directory's name made durable here.
-    (Renaming the spare first, in that thread, measured slower: its journal commit then
-    competes with the writes.)
+    flushed there while the checksum is taken (and a new directory's names made durable) here.
     """
     algo = algorithm or ck.default_algorithm()
     digest = ck._hasher(algo)
@@ -385,18 +424,23 @@ def write(
         _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], width + lay.data)
         os.pwrite(fd, head, 0)
         marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        synced = pool.submit(_flush_then_mark, fd, dest, marker, tensors)
+        synced = pool.submit(_flush_then_mark, fd, spare or dest, marker, tensors)
         try:
             for view in (head, *lay.views, meta, *zeros):
                 digest.update(view)
             entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
             raw = seal(entries) if seal is not None else None  # made now, written once durable
-            _rename_durable(spare, dest)  # while the data flushes: both before the marker
+            if spare is None:
+                _rename_durable(None, dest)  # the new directory's names, while the data flushes
             tensors.result()  # (done: the flush waited for it) a failed write seals nothing
             marker.put(raw)
         finally:
             marker.put(None)  # (a no-op once the marker was put: only the first is taken)
         synced.result()
+    if raw is not None and durable is not None:
+        durable()  # complete: in the spare, a checkpoint under its staging name until renamed
+    if spare is not None:
+        _rename_durable(spare, dest)
     return entries
 
 

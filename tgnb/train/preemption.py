@@ -127,7 +127,7 @@ class CheckpointGuard(GuardSaving):
         self._pool: ThreadPoolExecutor | None = None  # flushes the express checkpoint's data
         self._boundary: tuple[int, dict[str, Any]] | None = None  # (step, RNG states) at its end
         self._known: list[ck.FileEntry] = []  # entries the fast writer already hashed and fsynced
-        self._sealed: ck.Checkpoint | None = None  # an express checkpoint's, sealed as written
+        self._sealed: tuple[ck.Checkpoint, float, float] | None = None  # sealed as written
         if policy.on_signal:
             self._install_signal_handlers()
         if policy.watch_drain and int(os.environ.get("LOCAL_RANK", "0")) == 0:
@@ -198,10 +198,14 @@ class CheckpointGuard(GuardSaving):
         the Trainer's layout under ``checkpoints/.resume-rank<R>`` (removed by `close`), and that
         is the path returned.
 
-        Torn checkpoints newer than it are removed by rank 0 (no save is in progress at start-up).
-        Records ``RunResumed`` with the step and the restart count.
+        Torn checkpoints newer than it are removed by rank 0 (no save is in progress at start-up),
+        which first gives a checkpoint left sealed in the spare its name
+        (`tgnb.train.express.adopt_sealed`). Records ``RunResumed`` with the step and the restart count.
         """
         chosen: ck.Checkpoint | None = None
+        if _rank() == 0:
+            with contextlib.suppress(OSError):  # else it is found under its staging name
+                express.adopt_sealed(self.ckpt_dir)
         for path in ck.checkpoint_dirs(self.ckpt_dir):
             chosen = ck.verify(path)
             if chosen is not None:

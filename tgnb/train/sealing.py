@@ -71,7 +71,7 @@ class GuardSaving:
     _pool: ThreadPoolExecutor | None
     _boundary: tuple[int, dict[str, Any]] | None
     _known: list[ck.FileEntry]
-    _sealed: ck.Checkpoint | None
+    _sealed: tuple[ck.Checkpoint, float, float] | None  # with its time.time(), time.monotonic()
     _save_reason: str
     _save_began: float | None
     _saves: int
@@ -146,6 +146,7 @@ class GuardSaving:
             step = int(ck.step_of(path) or 0)
             extra = {"reason": self._save_reason, "world_size": _world()}
             made: list[ck.Checkpoint] = []
+            at: list[tuple[float, float]] = []
 
             def seal(entries: list[ck.FileEntry]) -> bytes:
                 ckpt, raw = ck.marker_record(path, step, entries, **extra)
@@ -155,12 +156,22 @@ class GuardSaving:
             try:
                 with self._spare.lock:
                     express.write(
-                        self._trainer, path, rng, pool=self._pool, seal=seal, plan=self._spare.plan
+                        self._trainer,
+                        path,
+                        rng,
+                        pool=self._pool,
+                        seal=seal,
+                        plan=self._spare.plan,
+                        durable=lambda: at.append((time.time(), time.monotonic())),
                     )
             except fastsave.Unsupported:
                 pass
-            else:
-                self._sealed = made[0]  # its marker is written: only once the write succeeded
+            except OSError:
+                if at:  # sealed in the spare, not renamed: it is a checkpoint now, keep it
+                    self._spare.retire()
+                raise
+            else:  # its marker is written (only once the write succeeded), and when
+                self._sealed = (made[0], *at[0])
                 return
         self._known = fastsave.write_checkpoint(self._trainer, path, rng)
 
@@ -222,11 +233,14 @@ class GuardSaving:
         known, self._known = self._known, []
         sealed, self._sealed = self._sealed, None
         if _rank() == 0:
-            ckpt = sealed or ck.write_marker(
-                path, step, known=known, reason=self._save_reason, world_size=_world()
-            )
-            sealed_at, sealed_mono = time.time(), time.monotonic()
-            seal_s = sealed_mono - seal_began  # the marker is durable; rotation follows
+            if sealed is not None:  # sealed as written: complete since then
+                ckpt, sealed_at, sealed_mono = sealed
+            else:
+                ckpt = ck.write_marker(
+                    path, step, known=known, reason=self._save_reason, world_size=_world()
+                )
+                sealed_at, sealed_mono = time.time(), time.monotonic()
+            seal_s = max(0.0, sealed_mono - seal_began)  # the marker is durable; rotation follows
             if then is not None:
                 then()
             removed = ck.rotate(self.ckpt_dir, self.policy.keep_last, newest=ckpt)
