@@ -264,16 +264,16 @@ def marker_record(
 def put_marker(path: str | os.PathLike[str], raw: bytes) -> None:
     """Write the marker `raw` into the checkpoint directory `path` and make it durable: over its
     blank marker file in place when it has one, else as a new file (then the directory too)."""
-    root = Path(path)
-    if not _over_blank(root / MARKER, raw):
-        with open(root / MARKER, "wb") as fh:
+    root = os.fspath(path)
+    if not _over_blank(os.path.join(root, MARKER), raw):
+        with open(os.path.join(root, MARKER), "wb") as fh:
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
         fsync_dir(root)
 
 
-def _over_blank(path: Path, raw: bytes) -> bool:
+def _over_blank(path: str, raw: bytes) -> bool:
     """Write `raw` over the blank marker file at `path`, padded with spaces to its size, and
     flush it; False (nothing written) unless `path` is such a file and `raw` fits."""
     try:

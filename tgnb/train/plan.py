@@ -106,9 +106,14 @@ class Plan:
 
     @classmethod
     def make(cls, trainer: Any) -> Plan | None:
-        """The plan of `trainer`'s state as it is now (at a step boundary), or None."""
+        """The plan of `trainer`'s state as it is now (at a step boundary), or None (also when
+        the express checkpoint cannot hold it: `fastsave.check_supported`, checked here once)."""
         if not _HOOKS:
             return None  # nobody watches the modules: a plan could not be checked
+        try:
+            fastsave.check_supported(trainer)
+        except fastsave.Unsupported:
+            return None
         plan = cls()
         try:
             ok = plan._model(trainer.model) and plan._optim(trainer.optimizer)
