@@ -10,7 +10,6 @@ import os
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +120,7 @@ def test_the_spare_is_overwritten_in_place_and_renamed_then_sealed_over_its_blan
     inodes = {n: os.stat(spare / n).st_ino for n in (express.STATE_FILE, ck.MARKER)}
     assert ck.read_marker(spare) is None  # a blank marker does not parse: torn until sealed
     dest = ckpts / "checkpoint-2"
-    with ThreadPoolExecutor(1) as pool:
-        entries = express.write(trainer, dest, states, ALGO, pool=pool, seal=seal(dest, 2))
+    entries = express.write(trainer, dest, states, ALGO, seal=seal(dest, 2))
     assert not spare.exists()
     assert {n: os.stat(dest / n).st_ino for n in inodes} == inodes  # the same files, in place
     assert entries[0].size == room == os.stat(dest / express.STATE_FILE).st_size  # pad included
@@ -306,25 +304,24 @@ def test_a_marker_written_over_a_blank_one_in_place(tmp_path: Path) -> None:
     assert ck.verify(path) is not None
 
 
-def test_no_marker_is_written_when_the_early_write_failed(tmp_path: Path) -> None:
-    """The flush thread seals only after the tensors' write succeeded (here it raised)."""
-    import queue
-    from concurrent.futures import Future
+def test_no_marker_is_written_when_a_write_fails(
+    trainer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spare is sealed only after every write and the flush succeeded (here the tensors'
+    write ran out of space): it stays a spare, torn if read, never listed."""
+    states = rng()
+    ckpts = tmp_path / "checkpoints"
+    spare = express.prepare_spare(ckpts, express.spare_size(trainer, states)[1])
+    dest = ckpts / "checkpoint-2"
 
-    path = tmp_path / "checkpoint-3"
-    path.mkdir()
-    (path / ck.MARKER).write_bytes(b" " * ck.BLANK_MARKER_BYTES)
-    failed: Future[None] = Future()
-    failed.set_exception(OSError(28, "No space left on device"))
-    marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-    marker.put(ck.marker_record(path, 3, [])[1])
-    fd = os.open(path / ck.MARKER, os.O_RDONLY)
-    try:
-        with pytest.raises(OSError, match="No space"):
-            express._flush_then_mark(fd, path, marker, failed)
-    finally:
-        os.close(fd)
-    assert ck.read_marker(path) is None  # still blank: torn, never complete
+    def full(*_args: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", full)
+    with pytest.raises(OSError, match="No space"):
+        express.write(trainer, dest, states, ALGO, seal=seal(dest, 2), durable=pytest.fail)
+    assert ck.read_marker(spare) is None and not dest.exists()
+    assert ck.checkpoint_dirs(ckpts) == []
 
 
 def test_writeback_is_started_without_changing_the_bytes(tmp_path: Path) -> None:

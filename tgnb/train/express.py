@@ -40,13 +40,11 @@ import ctypes
 import json
 import os
 import pickle
-import queue
 import shutil
 import struct
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -397,7 +395,6 @@ def write(
     dest: Path,
     rng: dict[str, Any],
     algorithm: str | None = None,
-    pool: Executor | None = None,
     seal: Callable[[list[ck.FileEntry]], bytes] | None = None,
     plan: Plan | None = None,
     durable: Callable[[], None] | None = None,
@@ -409,9 +406,11 @@ def write(
     the marker is then written as soon as the data is durable, and `durable` called once it is
     (before the spare's rename). Returns the manifest entry.
 
-    The work overlaps with a thread of `pool` (a new one when None): the tensors are written
-    there, and their writeback started, while the metadata is pickled here; then the data is
-    flushed there while the checksum is taken (and a new directory's names made durable) here.
+    All in this thread, with the disk working beside it: the tensors are written first and their
+    writeback started (``sync_file_range``), so that the device writes them while the metadata is
+    pickled and the checksum taken; then one flush. (The flush and the write in another thread
+    measured slower: with the main thread and the math library's threads about, that thread
+    waited for a CPU until this one blocked.)
     """
     algo = algorithm or ck.default_algorithm()
     digest = ck._hasher(algo)
@@ -420,22 +419,19 @@ def write(
     state, lay = _layout(trainer, rng, plan)
     # paths as strings: each pathlib operation costs tens of microseconds in a preemption's save
     spare: str | None = os.path.join(os.path.dirname(dest) or ".", SPARE)
-    with contextlib.ExitStack() as stack:
-        if pool is None:
-            pool = stack.enter_context(ThreadPoolExecutor(1))
-        try:
-            fd = os.open(f"{spare}/{STATE_FILE}", os.O_WRONLY | cloexec)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            room = os.fstat(fd).st_size
-        else:
-            room, spare = 0, None
-            dest.mkdir(parents=True)
-            fd = os.open(dest / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | cloexec, 0o644)
-        stack.callback(os.close, fd)
+    try:
+        fd = os.open(f"{spare}/{STATE_FILE}", os.O_WRONLY | cloexec)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        room = os.fstat(fd).st_size
+    else:
+        room, spare = 0, None
+        dest.mkdir(parents=True)
+        fd = os.open(dest / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | cloexec, 0o644)
+    try:
         width = lay.width(max(room, 1 << 40))
-        tensors = pool.submit(_write_early, fd, lay.views, width)
+        _write_early(fd, lay.views, width)
         meta = memoryview(state.meta())
         end = width + lay.data + len(meta)
         pad = max(0, room - end)
@@ -444,31 +440,29 @@ def write(
         # the spare's pad is zeros on disk already: only a new file's is written
         _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], width + lay.data)
         os.pwrite(fd, head, 0)
-        marker: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        synced = pool.submit(_flush_then_mark, fd, spare or dest, marker, tensors)
-        try:
-            for view in (head, *lay.views, meta, *zeros):
-                digest.update(view)
-            entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
-            raw = seal(entries) if seal is not None else None  # made now, written once durable
-            if spare is None:
-                _rename_durable(None, dest)  # the new directory's names, while the data flushes
-            tensors.result()  # (done: the flush waited for it) a failed write seals nothing
-            marker.put(raw)
-        finally:
-            marker.put(None)  # (a no-op once the marker was put: only the first is taken)
-        synced.result()
-    if raw is not None and durable is not None:
-        durable()  # complete: in the spare, a checkpoint under its staging name until renamed
+        start_writeback(fd, 0, 0)  # the metadata and the header, while the checksum is taken
+        for view in (head, *lay.views, meta, *zeros):
+            digest.update(view)
+        entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
+        raw = seal(entries) if seal is not None else None
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if spare is None:
+        _rename_durable(None, dest)  # the new directory's names, before its marker
+    if raw is not None:
+        ck.put_marker(spare or dest, raw)  # over the blank one: two flushes of data, in place
+        if durable is not None:
+            durable()  # complete: in the spare, a checkpoint under its staging name until renamed
     if spare is not None:
         _rename_durable(spare, dest)
     return entries
 
 
 def _write_early(fd: int, views: list[Any], offset: int) -> None:
-    """Write `views` from `offset` and start their writeback (``sync_file_range``), so that it
-    runs while the metadata is pickled and the flush that makes the file durable finds less to
-    do (measured on these VMs: 0.1-0.2 ms left of 0.35-0.45 ms)."""
+    """Write `views` from `offset` and start their writeback (``sync_file_range``), so that the
+    device writes them while the metadata is pickled and the flush that makes the file durable
+    finds less to do (measured on these VMs: 0.1-0.2 ms left of 0.35-0.45 ms)."""
     end = _pwrite_all(fd, views, offset)
     start_writeback(fd, offset, end - offset)
 
@@ -495,18 +489,6 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
     that flush."""
     if _sync_file_range is not None:
         _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
-
-
-def _flush_then_mark(
-    fd: int, dest: str | Path, marker: queue.SimpleQueue[bytes | None], written: Future[None]
-) -> None:
-    """Once the `written` write is done, flush the data; then, if a marker comes, write it
-    (never unless the write and the flush succeeded)."""
-    written.result()
-    os.fdatasync(fd)
-    raw = marker.get()
-    if raw is not None:
-        ck.put_marker(dest, raw)
 
 
 def _rename_durable(spare: str | Path | None, dest: Path) -> None:

@@ -54,7 +54,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +123,6 @@ class CheckpointGuard(GuardSaving):
         self._trainer: Any = None  # set by attach(): the guard writes checkpoints itself
         self._saver: ImmediateSaver | None = None
         self._spare: express.SpareKeeper | None = None  # the express checkpoint's allocated file
-        self._pool: ThreadPoolExecutor | None = None  # flushes the express checkpoint's data
         self._boundary: tuple[int, dict[str, Any]] | None = None  # (step, RNG states) at its end
         self._known: list[ck.FileEntry] = []  # entries the fast writer already hashed and fsynced
         self._sealed: tuple[ck.Checkpoint, float, float] | None = None  # sealed as written
@@ -283,9 +281,6 @@ class CheckpointGuard(GuardSaving):
         if self._spare is not None:
             self._spare.close()
             self._spare = None
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
         shutil.rmtree(self.ckpt_dir / f".resume-rank{_rank()}", ignore_errors=True)
         if self._watcher is not None:
             self._watcher.stop()

@@ -19,7 +19,6 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +67,6 @@ class GuardSaving:
     _trainer: Any
     _saver: ImmediateSaver | None
     _spare: express.SpareKeeper | None
-    _pool: ThreadPoolExecutor | None
     _boundary: tuple[int, dict[str, Any]] | None
     _known: list[ck.FileEntry]
     _sealed: tuple[ck.Checkpoint, float, float] | None  # with its time.time(), time.monotonic()
@@ -105,8 +103,6 @@ class GuardSaving:
         )
         if self.policy.on_signal or self.policy.watch_drain:
             self._spare = express.SpareKeeper(self.ckpt_dir)
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tgnb-flush")
-            self._pool.submit(int).result()  # its thread started now, not at the snapshot
             self._saver = ImmediateSaver(
                 self._snapshot,
                 lambda: self._boundary is not None,
@@ -159,7 +155,6 @@ class GuardSaving:
                         self._trainer,
                         path,
                         rng,
-                        pool=self._pool,
                         seal=seal,
                         plan=self._spare.plan,
                         durable=lambda: at.append((time.time(), time.monotonic())),
