@@ -234,17 +234,18 @@ def test_a_tensor_safetensors_cannot_hold_is_refused_before_any_write(
 def test_header_names_that_need_escaping_load_back(tmp_path: Path) -> None:
     tensors = {'odd "name" \\ \t': torch.arange(6.0).reshape(2, 3), "plain.w": torch.ones(2)}
     lay = express._Layout(tensors)
-    meta = b"meta"
+    log, meta = b"log", b"meta"
     width = lay.width(100)
     path = tmp_path / "f.safetensors"
     with open(path, "wb") as fh:
-        fh.write(lay.encode(len(meta), 3, width))
+        fh.write(lay.encode(len(log), len(meta), 3, width))
         for view in lay.views:
             fh.write(view)
-        fh.write(meta + bytes(3))
+        fh.write(log + meta + bytes(3))
     got = load_file(str(path))
     assert torch.equal(got['odd "name" \\ \t'], tensors['odd "name" \\ \t'])
-    assert bytes(got[express._META].numpy()) == meta and got[express._PAD].numel() == 3
+    assert bytes(got[express._LOG].numpy()) == log and bytes(got[express._META].numpy()) == meta
+    assert got[express._PAD].numel() == 3
 
 
 def test_the_spare_keeper_allocates_in_the_background_grows_and_frees(

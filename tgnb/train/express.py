@@ -8,8 +8,10 @@ takes on a signal or drain notice (and a step-boundary one taken for the same re
 
 - one file, `STATE_FILE`, in the safetensors format: the model's tensors (``model/<name>``), the
   optimizer's per-parameter state (``optimizer/<index>/<key>``), the RNG states' tensors
-  (``rng/<kind>``), ``__meta__`` (a pickle of the rest: param groups, the scheduler's state dict,
-  the other RNG states, the ``TrainerState``) and ``__pad__``, zeros up to the file's size;
+  (``rng/<kind>``), ``__log__`` (the trainer state's log history, as pickled chunks),
+  ``__meta__`` (a pickle of the rest: param groups, the scheduler's state dict, the other RNG
+  states, the ``TrainerState``; taken at the step boundary when it can be, `tgnb.train.boundary`)
+  and ``__pad__``, zeros up to the file's size;
 - written into `SPARE`, a directory that `SpareKeeper` keeps allocated beside training: its file
   written with zeros to the expected size and fsynced, and a blank marker. The snapshot overwrites
   blocks that exist on disk and pages already in the cache, so its flush is a flush of data only,
@@ -34,9 +36,9 @@ trusted as the run's own output. Periodic and final checkpoints keep the Trainer
 
 from __future__ import annotations
 
-import array
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import pickle
@@ -48,8 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tgnb.train import boundary, fastsave
 from tgnb.train import checkpoint as ck
-from tgnb.train import fastsave
 from tgnb.train.plan import Plan, unwatch_modules, watch_modules
 
 __all__ = [
@@ -69,7 +71,9 @@ __all__ = [
 STATE_FILE = "tgnb-state.safetensors"
 #: The directory holding the file allocated for the next express checkpoint (under checkpoints/).
 SPARE = ck.STAGING
-FORMAT = "tgnb-express-1"
+FORMAT = "tgnb-express-2"
+_FORMATS = (FORMAT, "tgnb-express-1")  # 1: the log history inside the metadata, no __log__
+_LOG = "__log__"
 _META = "__meta__"
 _PAD = "__pad__"
 #: Extra room in the spare for a state that grows (the trainer state's log history): at least
@@ -84,8 +88,9 @@ class _State:
     (``model/<name>``), the optimizer's per-parameter state (``optimizer/<index>/<key>``) and the
     RNG states' (``rng/<kind>``) -- and the rest, pickled by `meta`: the optimizer's param groups
     and non-tensor state, the scheduler's state dict, the other RNG states and the
-    ``TrainerState`` (a tensor left in them is pickled inline). With a valid `plan`, `tensors`
-    holds the RNG states' only: the model's and optimizer's are the plan's."""
+    ``TrainerState`` without its log history (a tensor left in them is pickled inline;
+    `tgnb.train.boundary`). With a valid `plan`, `tensors` holds the RNG states' only: the
+    model's and optimizer's are the plan's."""
 
     def __init__(self, trainer: Any, rng: dict[str, Any], plan: Plan | None = None) -> None:
         import torch
@@ -113,40 +118,18 @@ class _State:
             if isinstance(value, torch.Tensor):
                 tensors[f"rng/{kind}"] = value
             else:
-                self._rng_rest[kind] = _pack_rng(kind, value)
+                self._rng_rest[kind] = boundary.pack_rng(kind, value)
         self._rng_order = list(rng)
         self.tensors = tensors
 
+    @property
+    def plan(self) -> Plan | None:
+        return self._plan
+
     def meta(self) -> bytes:
-        trainer = self._trainer
         plan = self._plan
-        meta = {
-            "optimizer": plan.optimizer_rest() if plan is not None else self._optimizer,
-            "scheduler": trainer.lr_scheduler.state_dict(),
-            "rng": self._rng_rest,
-            "rng_order": self._rng_order,
-            "trainer_state": fastsave.trainer_state(trainer),
-        }
-        return pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _pack_rng(kind: str, value: Any) -> Any:
-    """Python's RNG state with its 625 words as one ``array`` (pickled as a block of bytes,
-    several times faster than a tuple of ints); other states as they are. `_unpack_rng` undoes
-    it."""
-    if kind == "python" and isinstance(value, tuple) and len(value) == 3:
-        version, words, gauss = value
-        with contextlib.suppress(TypeError, OverflowError):
-            packed = array.array("I", words)
-            if packed.itemsize == 4:
-                return (version, packed, gauss)
-    return value
-
-
-def _unpack_rng(value: Any) -> Any:
-    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], array.array):
-        return (value[0], tuple(value[1]), value[2])
-    return value
+        optimizer = plan.optimizer_rest() if plan is not None else self._optimizer
+        return boundary.meta(self._trainer, self._rng_rest, self._rng_order, optimizer)
 
 
 #: The header entry of a tensor up to its offsets, by (name, dtype, shape): the spare's keeper
@@ -179,9 +162,9 @@ def _u8(name: str, start: int, n: int) -> str:
 class _Layout:
     """The file's layout, in one pass over the tensors (after those of `base`, a layout made
     earlier): their bytes (`views`, borrowed from the tensors: keep them alive) from offset 0 of
-    the data, then the metadata, then a pad. The header's JSON for the tensors is made here; the
-    two last entries are appended as text by `encode`, once their sizes are known, into the
-    `width` reserved for the header."""
+    the data, then the log history's chunks, the metadata, a pad. The header's JSON for the
+    tensors is made here; the three last entries are appended as text by `encode`, once their
+    sizes are known, into the `width` reserved for the header."""
 
     def __init__(self, tensors: dict[str, Any], base: _Layout | None = None) -> None:
         if base is None:
@@ -200,17 +183,21 @@ class _Layout:
         self.data: int = offset  # the tensors' bytes
         self._prefix: str = ",".join(parts)
 
-    def _tail(self, meta: int, pad: int) -> str:
-        return f",{_u8(_META, self.data, meta)},{_u8(_PAD, self.data + meta, pad)}}}"
+    def _tail(self, log: int, meta: int, pad: int) -> str:
+        at = self.data
+        return (
+            f",{_u8(_LOG, at, log)},{_u8(_META, at + log, meta)},"
+            f"{_u8(_PAD, at + log + meta, pad)}}}"
+        )
 
     def width(self, at_most: int) -> int:
-        """Bytes to reserve for the header (length prefix included) when the metadata and the
-        pad are each at most `at_most` bytes."""
-        n = len(self._prefix) + len(self._tail(at_most, at_most))
+        """Bytes to reserve for the header (length prefix included) when the log, the metadata
+        and the pad are each at most `at_most` bytes."""
+        n = len(self._prefix) + len(self._tail(at_most, at_most, at_most))
         return 8 + n + (-n % 8)
 
-    def encode(self, meta: int, pad: int, width: int) -> bytes:
-        raw = (self._prefix + self._tail(meta, pad)).encode()
+    def encode(self, log: int, meta: int, pad: int, width: int) -> bytes:
+        raw = (self._prefix + self._tail(log, meta, pad)).encode()
         raw += b" " * (width - 8 - len(raw))
         return struct.pack("<Q", len(raw)) + raw
 
@@ -223,6 +210,25 @@ def make_plan(trainer: Any) -> Plan | None:
     return plan
 
 
+def _log_chunks(trainer: Any) -> list[bytes]:
+    """The log history, pickled now (in one chunk: `tgnb.train.boundary.LogHistory`)."""
+    return boundary.LogHistory().update(trainer.state.log_history)
+
+
+def take(
+    taken: boundary.BoundaryMeta, trainer: Any, step: int, rng: dict[str, Any], plan: Plan
+) -> None:
+    """Take the metadata of boundary `step` (RNG states `rng`) under `plan` into `taken`, with
+    the file's layout (`tgnb.train.boundary`; main thread, in the update section)."""
+    import torch
+
+    def layout_of(rng: dict[str, Any]) -> _Layout:
+        tensors = {f"rng/{k}": v for k, v in rng.items() if isinstance(v, torch.Tensor)}
+        return _Layout(tensors, plan.layout)
+
+    taken.take(trainer, step, rng, plan, layout_of)
+
+
 def _layout(trainer: Any, rng: dict[str, Any], plan: Plan | None) -> tuple[_State, _Layout]:
     if plan is not None and not plan.valid():
         plan = None
@@ -233,7 +239,7 @@ def _layout(trainer: Any, rng: dict[str, Any], plan: Plan | None) -> tuple[_Stat
 def spare_size(trainer: Any, rng: dict[str, Any], plan: Plan | None = None) -> tuple[int, int]:
     """The bytes the express checkpoint of `trainer` takes now, and the size to allocate."""
     state, lay = _layout(trainer, rng, plan)
-    meta = len(state.meta())
+    meta = len(state.meta()) + sum(map(len, _log_chunks(trainer)))
     need = lay.width(1 << 50) + lay.data + meta
     room = need + max(_SPARE_SLACK, 2 * meta)
     return need, -(-room // 4096) * 4096
@@ -398,13 +404,15 @@ def write(
     seal: Callable[[list[ck.FileEntry]], bytes] | None = None,
     plan: Plan | None = None,
     durable: Callable[[], None] | None = None,
+    taken: boundary.BoundaryMeta | None = None,
 ) -> list[ck.FileEntry]:
     """Write `trainer`'s express checkpoint as the new directory `dest` (in the spare next to it
     when there is one, then renamed), its file and name durable. `rng` is the RNG states of the
     step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used when it
-    is still valid. `seal`, when given, makes the marker's bytes for the file's manifest entry;
-    the marker is then written as soon as the data is durable, and `durable` called once it is
-    (before the spare's rename). Returns the manifest entry.
+    is still valid, and with it `taken`, the metadata taken at that boundary under that plan
+    (`tgnb.train.boundary`), when given. `seal`, when given, makes the marker's bytes for the
+    file's manifest entry; the marker is then written as soon as the data is durable, and
+    `durable` called once it is (before the spare's rename). Returns the manifest entry.
 
     All in this thread, with the disk working beside it: the tensors are written first and their
     writeback started (``sync_file_range``), so that the device writes them while the metadata is
@@ -416,7 +424,13 @@ def write(
     digest = ck._hasher(algo)
     cloexec = getattr(os, "O_CLOEXEC", 0)
     # what cannot be written raises Unsupported here, before any I/O
-    state, lay = _layout(trainer, rng, plan)
+    pickle_meta: Callable[[], bytes]
+    if taken is not None and taken.rng is rng and taken.plan is plan and plan and plan.valid():
+        lay, log, pickle_meta = taken.layout, taken.chunks, functools.partial(bytes, taken.meta)
+    else:  # taken under another plan, or for other RNG states, or the plan is void: take it all
+        state, lay = _layout(trainer, rng, plan)
+        log, pickle_meta = _log_chunks(trainer), state.meta
+    nlog = sum(map(len, log))
     # paths as strings: each pathlib operation costs tens of microseconds in a preemption's save
     spare: str | None = os.path.join(os.path.dirname(dest) or ".", SPARE)
     try:
@@ -431,17 +445,17 @@ def write(
         fd = os.open(dest / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | cloexec, 0o644)
     try:
         width = lay.width(max(room, 1 << 40))
-        _write_early(fd, lay.views, width)
-        meta = memoryview(state.meta())
-        end = width + lay.data + len(meta)
+        _write_early(fd, [*lay.views, *log], width)
+        meta = memoryview(pickle_meta())
+        end = width + lay.data + nlog + len(meta)
         pad = max(0, room - end)
-        head = memoryview(lay.encode(len(meta), pad, width))
+        head = memoryview(lay.encode(nlog, len(meta), pad, width))
         zeros = _zeros(pad)
         # the spare's pad is zeros on disk already: only a new file's is written
-        _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], width + lay.data)
+        _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], end - len(meta))
         os.pwrite(fd, head, 0)
         start_writeback(fd, 0, 0)  # the metadata and the header, while the checksum is taken
-        for view in (head, *lay.views, meta, *zeros):
+        for view in (head, *lay.views, *log, meta, *zeros):
             digest.update(view)
         entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
         raw = seal(entries) if seal is not None else None
@@ -512,10 +526,13 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     from safetensors import safe_open
 
     with safe_open(str(Path(path) / STATE_FILE), framework="pt") as f:
-        if f.metadata().get("format") != FORMAT:
+        if f.metadata().get("format") not in _FORMATS:
             raise ValueError(f"{path}: not a {FORMAT} checkpoint")
         tensors = {k: f.get_tensor(k) for k in f.keys() if k != _PAD}  # noqa: SIM118
     state = pickle.loads(tensors.pop(_META).numpy().tobytes())
+    log = tensors.pop(_LOG, None)
+    if log is not None:
+        state["trainer_state"].log_history = boundary.read_log(log.numpy().tobytes())
     model: dict[str, Any] = {}
     rng = state["rng"]
     for name, t in tensors.items():
@@ -527,7 +544,7 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             state["optimizer"]["state"].setdefault(int(index), {})[key] = t
         elif kind == "rng":
             rng[rest] = t
-    state["rng"] = {kind: _unpack_rng(rng[kind]) for kind in state.pop("rng_order")}
+    state["rng"] = {kind: boundary.unpack_rng(rng[kind]) for kind in state.pop("rng_order")}
     return model, state
 
 
