@@ -1,9 +1,8 @@
 """The express checkpoint's plan (`tgnb.train.plan`): the model's and optimizer's tensors found at
 a step boundary and reused by a later snapshot while they still hold. A real ``transformers.Trainer``
 over the built-in tiny model, with a real AdamW state; each test builds its own, since several
-change the model. Then the metadata taken at a step boundary under a plan (`tgnb.train.boundary`):
-written by a later snapshot as it was then, while that plan holds; the log history pickled once
-per entry. Nothing is faked."""
+change the model. Then the metadata beside the tensors (`tgnb.train.metadata`): the log history
+pickled once per entry, Python's RNG state packed. Nothing is faked."""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from tgnb.train import boundary, express, fastsave
 from tgnb.train import checkpoint as ck
+from tgnb.train import express, fastsave, metadata
 from tgnb.train import plan as planmod
 
 ALGO = "xxh3_128"
@@ -167,7 +166,7 @@ def test_no_plan_unless_the_modules_are_watched_or_when_a_hook_renames_the_state
     assert express.make_plan(trainer) is not None
 
 
-# -- the metadata taken at the boundary, under the plan (tgnb.train.boundary) ---------------------
+# -- the metadata (tgnb.train.metadata) -----------------------------------------------------------
 
 
 def entries(n: int, start: int = 0) -> list[dict[str, Any]]:
@@ -176,7 +175,7 @@ def entries(n: int, start: int = 0) -> list[dict[str, Any]]:
 
 def test_the_log_history_is_pickled_once_per_entry_and_reads_back_in_order() -> None:
     history: list[dict[str, Any]] = []
-    log = boundary.LogHistory()
+    log = metadata.LogHistory()
     assert log.update(history) == []
     merged = 0
     for n in range(1, 40):
@@ -185,7 +184,7 @@ def test_the_log_history_is_pickled_once_per_entry_and_reads_back_in_order() -> 
         count = len(log.chunks)
         chunks = log.update(history)
         assert len(chunks) <= log.MERGE_AT + 1
-        assert boundary.read_log(b"".join(chunks)) == history
+        assert metadata.read_log(b"".join(chunks)) == history
         if len(history) == before:
             assert len(chunks) == count  # nothing new: nothing pickled
         elif len(chunks) > count:  # only the new entries were pickled
@@ -195,98 +194,33 @@ def test_the_log_history_is_pickled_once_per_entry_and_reads_back_in_order() -> 
     assert merged >= 1
     first = log.chunks
     history[-1] = {"loss": 0.0, "step": -1}  # not the entry pickled last: pickled again
-    assert boundary.read_log(b"".join(log.update(history))) == history
+    assert metadata.read_log(b"".join(log.update(history))) == history
     assert log.chunks is not first and len(log.chunks) == 1
     other = list(history)  # another list: pickled again
-    assert boundary.read_log(b"".join(log.update(other))) == other
-    assert boundary.read_log(b"".join(log.update(other[:3]))) == other[:3]  # shorter
+    assert metadata.read_log(b"".join(log.update(other))) == other
+    assert metadata.read_log(b"".join(log.update(other[:3]))) == other[:3]  # shorter
 
 
 def test_the_python_rng_state_packs_and_unpacks_exactly() -> None:
     random.seed(7)
     state = random.getstate()
-    packed = boundary.pack_rng("python", state)
-    assert packed is not state and boundary.unpack_rng(pickle.loads(pickle.dumps(packed))) == state
-    assert boundary.pack_rng("numpy", state) is state
+    packed = metadata.pack_rng("python", state)
+    assert packed is not state and metadata.unpack_rng(pickle.loads(pickle.dumps(packed))) == state
+    assert metadata.pack_rng("numpy", state) is state
 
 
-def test_a_snapshot_writes_the_metadata_taken_at_its_boundary(trainer: Any, tmp_path: Path) -> None:
-    plan = express.make_plan(trainer)
-    assert plan is not None
-    trainer.state.log_history.extend(entries(5))
-    torch.manual_seed(3)
-    rng = fastsave.capture_rng()
-    taken = boundary.BoundaryMeta()
-    express.take(taken, trainer, 1, rng, plan)
-    assert taken.step == 1 and taken.plan is plan
-    at_boundary = trainer.lr_scheduler.state_dict()
-    groups = trainer.optimizer.state_dict()["param_groups"]
-    logged = list(trainer.state.log_history)
-    trainer.lr_scheduler.step()  # what the snapshot would see if it took them now
-    trainer.state.log_history.append({"loss": 9.0, "step": 99})
-    path = tmp_path / "checkpoint-1"
-    express.write(trainer, path, rng, ALGO, plan=plan, taken=taken)
-    model, state = express.load(path)
-    assert state["scheduler"] == at_boundary != trainer.lr_scheduler.state_dict()
-    assert state["trainer_state"].log_history == logged
-    assert state["rng"]["python"] == rng["python"]
-    assert (
-        state["optimizer"]["param_groups"]
-        == groups
-        != trainer.optimizer.state_dict()["param_groups"]
-    )  # the learning rate of the boundary
-    state["optimizer"]["param_groups"] = trainer.optimizer.state_dict()["param_groups"]
-    assert_is_now(trainer, model, state)  # the tensors: read at the snapshot
-
-
-def test_a_checkpoint_with_the_taken_metadata_is_byte_for_byte_the_one_without(
+def test_a_snapshot_pickles_only_the_log_entries_logged_since_the_keeper_did(
     trainer: Any, tmp_path: Path
 ) -> None:
     plan = express.make_plan(trainer)
-    assert plan is not None
-    trainer.state.log_history.extend(entries(4))
-    rng = fastsave.capture_rng()
-    taken = boundary.BoundaryMeta()
-    express.take(taken, trainer, 1, rng, plan)  # the log history in one chunk, as the snapshot's
-    entry: dict[str, Any] = {}
-    for name, given in (("taken", taken), ("now", None)):
-        (tmp_path / name).mkdir()
-        path = tmp_path / name / "checkpoint-1"
-        (entry[name],) = express.write(trainer, path, rng, ALGO, plan=plan, taken=given)
-    assert entry["taken"] == entry["now"]
-
-
-@pytest.mark.parametrize("why", ["other_plan", "other_rng", "void_plan"])
-def test_metadata_taken_under_another_plan_or_rng_or_a_void_plan_is_not_used(
-    trainer: Any, tmp_path: Path, why: str
-) -> None:
-    plan = express.make_plan(trainer)
-    assert plan is not None
-    rng = fastsave.capture_rng()
-    taken = boundary.BoundaryMeta()
-    express.take(taken, trainer, 1, rng, plan)
-    given_plan, given_rng = plan, rng
-    if why == "other_plan":
-        given_plan = express.make_plan(trainer)
-    elif why == "other_rng":
-        given_rng = dict(rng)
-    else:
-        first = next(iter(trainer.optimizer.param_groups[0]["params"]))
-        first.data = first.data.clone()  # voids the plan
-        assert not plan.valid()
-    step(trainer, 2)  # what the snapshot finds now
-    path = tmp_path / "checkpoint-2"
-    express.write(trainer, path, given_rng, ALGO, plan=given_plan, taken=taken)
-    model, state = express.load(path)
-    assert_is_now(trainer, model, state)  # param groups included: taken now, not then
-    assert state["scheduler"] == trainer.lr_scheduler.state_dict()
-    assert state["trainer_state"].global_step == 2
-
-
-def test_a_take_that_fails_leaves_nothing_taken(trainer: Any) -> None:
-    plan = express.make_plan(trainer)
-    taken = boundary.BoundaryMeta()
-    express.take(taken, trainer, 1, fastsave.capture_rng(), plan)
-    assert taken.step == 1
-    express.take(taken, trainer, 2, {**fastsave.capture_rng(), "python": lambda: 0}, plan)
-    assert taken.step is None  # a lambda does not pickle: the snapshot will take it itself
+    history = trainer.state.log_history
+    history.extend(entries(5))
+    log = metadata.LogHistory()
+    express.spare_size(trainer, fastsave.capture_rng(), plan, log)  # the keeper's measure
+    assert len(log.chunks) == 1
+    history.extend(entries(3, 5))
+    path = tmp_path / "checkpoint-1"
+    express.write(trainer, path, fastsave.capture_rng(), ALGO, plan=plan, log=log)
+    assert len(log.chunks) == 2 and pickle.loads(log.chunks[1]) == history[5:]
+    _, state = express.load(path)
+    assert state["trainer_state"].log_history == history

@@ -10,8 +10,8 @@ takes on a signal or drain notice (and a step-boundary one taken for the same re
   optimizer's per-parameter state (``optimizer/<index>/<key>``), the RNG states' tensors
   (``rng/<kind>``), ``__log__`` (the trainer state's log history, as pickled chunks),
   ``__meta__`` (a pickle of the rest: param groups, the scheduler's state dict, the other RNG
-  states, the ``TrainerState``; taken at the step boundary when it can be, `tgnb.train.boundary`)
-  and ``__pad__``, zeros up to the file's size;
+  states, the ``TrainerState``; `tgnb.train.metadata`) and ``__pad__``, zeros up to the file's
+  size;
 - written into `SPARE`, a directory that `SpareKeeper` keeps allocated beside training: its file
   written with zeros to the expected size and fsynced, and a blank marker. The snapshot overwrites
   blocks that exist on disk and pages already in the cache, so its flush is a flush of data only,
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import json
 import os
 import pickle
@@ -50,8 +49,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tgnb.train import boundary, fastsave
 from tgnb.train import checkpoint as ck
+from tgnb.train import fastsave, metadata
 from tgnb.train.plan import Plan, unwatch_modules, watch_modules
 
 __all__ = [
@@ -89,7 +88,7 @@ class _State:
     RNG states' (``rng/<kind>``) -- and the rest, pickled by `meta`: the optimizer's param groups
     and non-tensor state, the scheduler's state dict, the other RNG states and the
     ``TrainerState`` without its log history (a tensor left in them is pickled inline;
-    `tgnb.train.boundary`). With a valid `plan`, `tensors` holds the RNG states' only: the
+    `tgnb.train.metadata`). With a valid `plan`, `tensors` holds the RNG states' only: the
     model's and optimizer's are the plan's."""
 
     def __init__(self, trainer: Any, rng: dict[str, Any], plan: Plan | None = None) -> None:
@@ -118,7 +117,7 @@ class _State:
             if isinstance(value, torch.Tensor):
                 tensors[f"rng/{kind}"] = value
             else:
-                self._rng_rest[kind] = boundary.pack_rng(kind, value)
+                self._rng_rest[kind] = metadata.pack_rng(kind, value)
         self._rng_order = list(rng)
         self.tensors = tensors
 
@@ -129,7 +128,7 @@ class _State:
     def meta(self) -> bytes:
         plan = self._plan
         optimizer = plan.optimizer_rest() if plan is not None else self._optimizer
-        return boundary.meta(self._trainer, self._rng_rest, self._rng_order, optimizer)
+        return metadata.meta(self._trainer, self._rng_rest, self._rng_order, optimizer)
 
 
 #: The header entry of a tensor up to its offsets, by (name, dtype, shape): the spare's keeper
@@ -210,23 +209,9 @@ def make_plan(trainer: Any) -> Plan | None:
     return plan
 
 
-def _log_chunks(trainer: Any) -> list[bytes]:
-    """The log history, pickled now (in one chunk: `tgnb.train.boundary.LogHistory`)."""
-    return boundary.LogHistory().update(trainer.state.log_history)
-
-
-def take(
-    taken: boundary.BoundaryMeta, trainer: Any, step: int, rng: dict[str, Any], plan: Plan
-) -> None:
-    """Take the metadata of boundary `step` (RNG states `rng`) under `plan` into `taken`, with
-    the file's layout (`tgnb.train.boundary`; main thread, in the update section)."""
-    import torch
-
-    def layout_of(rng: dict[str, Any]) -> _Layout:
-        tensors = {f"rng/{k}": v for k, v in rng.items() if isinstance(v, torch.Tensor)}
-        return _Layout(tensors, plan.layout)
-
-    taken.take(trainer, step, rng, plan, layout_of)
+def _log_chunks(trainer: Any, log: metadata.LogHistory | None) -> list[bytes]:
+    """`trainer`'s log history pickled: what `log` has not pickled yet, else all of it."""
+    return (log or metadata.LogHistory()).update(trainer.state.log_history)
 
 
 def _layout(trainer: Any, rng: dict[str, Any], plan: Plan | None) -> tuple[_State, _Layout]:
@@ -236,10 +221,15 @@ def _layout(trainer: Any, rng: dict[str, Any], plan: Plan | None) -> tuple[_Stat
     return state, _Layout(state.tensors, plan.layout if plan is not None else None)
 
 
-def spare_size(trainer: Any, rng: dict[str, Any], plan: Plan | None = None) -> tuple[int, int]:
+def spare_size(
+    trainer: Any,
+    rng: dict[str, Any],
+    plan: Plan | None = None,
+    log: metadata.LogHistory | None = None,
+) -> tuple[int, int]:
     """The bytes the express checkpoint of `trainer` takes now, and the size to allocate."""
     state, lay = _layout(trainer, rng, plan)
-    meta = len(state.meta()) + sum(map(len, _log_chunks(trainer)))
+    meta = len(state.meta()) + sum(map(len, _log_chunks(trainer, log)))
     need = lay.width(1 << 50) + lay.data + meta
     room = need + max(_SPARE_SLACK, 2 * meta)
     return need, -(-room // 4096) * 4096
@@ -293,6 +283,7 @@ class SpareKeeper:
         self.lock = threading.Lock()
         self.usable = False  # measured, and small enough for an express checkpoint
         self.plan: Plan | None = None  # remade at each measure; valid until the model changes
+        self.log = metadata.LogHistory()  # brought up to date at each measure
         self._checked: int | None = None
         self._thread: threading.Thread | None = None
         watch_modules()
@@ -309,7 +300,7 @@ class SpareKeeper:
         self._checked = step
         try:
             self.plan = make_plan(trainer)
-            need, room = spare_size(trainer, rng, self.plan)
+            need, room = spare_size(trainer, rng, self.plan, self.log)
         except fastsave.Unsupported:
             need = room = self.MAX_BYTES
         self.usable = need < self.MAX_BYTES
@@ -404,13 +395,13 @@ def write(
     seal: Callable[[list[ck.FileEntry]], bytes] | None = None,
     plan: Plan | None = None,
     durable: Callable[[], None] | None = None,
-    taken: boundary.BoundaryMeta | None = None,
+    log: metadata.LogHistory | None = None,
 ) -> list[ck.FileEntry]:
     """Write `trainer`'s express checkpoint as the new directory `dest` (in the spare next to it
     when there is one, then renamed), its file and name durable. `rng` is the RNG states of the
     step boundary it is of; `plan`, one made at an earlier boundary (`make_plan`), is used when it
-    is still valid, and with it `taken`, the metadata taken at that boundary under that plan
-    (`tgnb.train.boundary`), when given. `seal`, when given, makes the marker's bytes for the
+    is still valid; `log`, the log history pickled so far (`tgnb.train.metadata`), is brought up
+    to date (else all of it is pickled). `seal`, when given, makes the marker's bytes for the
     file's manifest entry; the marker is then written as soon as the data is durable, and
     `durable` called once it is (before the spare's rename). Returns the manifest entry.
 
@@ -424,13 +415,9 @@ def write(
     digest = ck._hasher(algo)
     cloexec = getattr(os, "O_CLOEXEC", 0)
     # what cannot be written raises Unsupported here, before any I/O
-    pickle_meta: Callable[[], bytes]
-    if taken is not None and taken.rng is rng and taken.plan is plan and plan and plan.valid():
-        lay, log, pickle_meta = taken.layout, taken.chunks, functools.partial(bytes, taken.meta)
-    else:  # taken under another plan, or for other RNG states, or the plan is void: take it all
-        state, lay = _layout(trainer, rng, plan)
-        log, pickle_meta = _log_chunks(trainer), state.meta
-    nlog = sum(map(len, log))
+    state, lay = _layout(trainer, rng, plan)
+    chunks = _log_chunks(trainer, log)
+    nlog = sum(map(len, chunks))
     # paths as strings: each pathlib operation costs tens of microseconds in a preemption's save
     spare: str | None = os.path.join(os.path.dirname(dest) or ".", SPARE)
     try:
@@ -445,8 +432,8 @@ def write(
         fd = os.open(dest / STATE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | cloexec, 0o644)
     try:
         width = lay.width(max(room, 1 << 40))
-        _write_early(fd, [*lay.views, *log], width)
-        meta = memoryview(pickle_meta())
+        _write_early(fd, [*lay.views, *chunks], width)
+        meta = memoryview(state.meta())
         end = width + lay.data + nlog + len(meta)
         pad = max(0, room - end)
         head = memoryview(lay.encode(nlog, len(meta), pad, width))
@@ -455,7 +442,7 @@ def write(
         _pwrite_all(fd, [meta] if spare is not None else [meta, *zeros], end - len(meta))
         os.pwrite(fd, head, 0)
         start_writeback(fd, 0, 0)  # the metadata and the header, while the checksum is taken
-        for view in (head, *lay.views, *log, meta, *zeros):
+        for view in (head, *lay.views, *chunks, meta, *zeros):
             digest.update(view)
         entries = [ck.FileEntry(STATE_FILE, end + pad, digest.hexdigest(), algo)]
         raw = seal(entries) if seal is not None else None
@@ -532,7 +519,7 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     state = pickle.loads(tensors.pop(_META).numpy().tobytes())
     log = tensors.pop(_LOG, None)
     if log is not None:
-        state["trainer_state"].log_history = boundary.read_log(log.numpy().tobytes())
+        state["trainer_state"].log_history = metadata.read_log(log.numpy().tobytes())
     model: dict[str, Any] = {}
     rng = state["rng"]
     for name, t in tensors.items():
@@ -544,7 +531,7 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             state["optimizer"]["state"].setdefault(int(index), {})[key] = t
         elif kind == "rng":
             rng[rest] = t
-    state["rng"] = {kind: boundary.unpack_rng(rng[kind]) for kind in state.pop("rng_order")}
+    state["rng"] = {kind: metadata.unpack_rng(rng[kind]) for kind in state.pop("rng_order")}
     return model, state
 
 

@@ -72,7 +72,6 @@ from tgnb.events import (
 )
 from tgnb.train import checkpoint as ck
 from tgnb.train import express, fastsave
-from tgnb.train.boundary import BoundaryMeta
 from tgnb.train.immediate import SIGNALS, ImmediateSaver, Preempted
 from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.record import Recorder
@@ -124,7 +123,6 @@ class CheckpointGuard(GuardSaving):
         self._trainer: Any = None  # set by attach(): the guard writes checkpoints itself
         self._saver: ImmediateSaver | None = None
         self._spare: express.SpareKeeper | None = None  # the express checkpoint's allocated file
-        self._taken = BoundaryMeta()  # the last boundary's metadata, for the express checkpoint
         self._boundary: tuple[int, dict[str, Any]] | None = None  # (step, RNG states) at its end
         self._known: list[ck.FileEntry] = []  # entries the fast writer already hashed and fsynced
         self._sealed: tuple[ck.Checkpoint, float, float] | None = None  # sealed as written
@@ -354,10 +352,6 @@ class CheckpointGuard(GuardSaving):
 
     def on_step_begin(self) -> None:
         if self._saver is not None:
-            spare, boundary = self._spare, self._boundary
-            if spare is not None and spare.plan is not None and boundary is not None:
-                # still in the update section: no snapshot reads it while it is taken
-                express.take(self._taken, self._trainer, *boundary, spare.plan)
             self._saver.step_begin()  # raises Preempted once a mid-step checkpoint is complete
         self._step_began = time.monotonic()
 

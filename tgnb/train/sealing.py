@@ -25,7 +25,6 @@ from typing import Any
 from tgnb.events import CHECKPOINT_SAVED
 from tgnb.train import checkpoint as ck
 from tgnb.train import express, fastsave, hashedio
-from tgnb.train.boundary import BoundaryMeta
 from tgnb.train.immediate import SIGNALS, ImmediateSaver
 from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.record import Recorder
@@ -68,7 +67,6 @@ class GuardSaving:
     _trainer: Any
     _saver: ImmediateSaver | None
     _spare: express.SpareKeeper | None
-    _taken: BoundaryMeta
     _boundary: tuple[int, dict[str, Any]] | None
     _known: list[ck.FileEntry]
     _sealed: tuple[ck.Checkpoint, float, float] | None  # with its time.time(), time.monotonic()
@@ -130,12 +128,12 @@ class GuardSaving:
         self._known = []
         original(model, trial)
 
-    def _write(self, path: Path, rng: dict[str, Any], taken: BoundaryMeta | None = None) -> None:
+    def _write(self, path: Path, rng: dict[str, Any]) -> None:
         """Write checkpoint `path` of the trainer as it is now (`rng`: the boundary's RNG
-        states; `taken`: its metadata, taken then): an express one when stopping and the state
-        is small enough (`tgnb.train.express`, which writes its marker as soon as its data is
-        durable: `_seal` finds it in `_sealed`), else the Trainer's layout
-        (`tgnb.train.fastsave`). Raises `fastsave.Unsupported` when neither can."""
+        states): an express one when stopping and the state is small enough
+        (`tgnb.train.express`, which writes its marker as soon as its data is durable: `_seal`
+        finds it in `_sealed`), else the Trainer's layout (`tgnb.train.fastsave`). Raises
+        `fastsave.Unsupported` when neither can."""
         if (
             self._spare is not None
             and self._spare.usable
@@ -160,7 +158,7 @@ class GuardSaving:
                         seal=seal,
                         plan=self._spare.plan,
                         durable=lambda: at.append((time.time(), time.monotonic())),
-                        taken=taken,
+                        log=self._spare.log,
                     )
             except fastsave.Unsupported:
                 pass
@@ -188,8 +186,7 @@ class GuardSaving:
         path = self.ckpt_dir / f"{ck.PREFIX}{step}"
         if path.exists():
             ck._remove(path)
-        taken = self._taken if self._taken.step == step else None  # the metadata of `rng`'s
-        self._write(path, rng, taken)
+        self._write(path, rng)
         self._seal(step, began, lambda: self._report_notices(step))  # events once it is durable
         return True
 

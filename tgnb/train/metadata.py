@@ -1,17 +1,17 @@
-"""The express checkpoint's metadata, taken at the step boundary it is of (`tgnb.train.express`).
+"""The express checkpoint's metadata (`tgnb.train.express`): what it holds besides tensors.
 
-A preemption's snapshot writes the last step boundary's state. Its tensors are read at the
-snapshot: they do not change outside the update section (`tgnb.train.plan`). Its metadata -- the
-optimizer's param groups and non-tensor state, the scheduler's state dict, the RNG states' other
-parts, the ``TrainerState`` -- is small, and `BoundaryMeta.take` pickles it in the main thread as
-the update section ends, at every step, where it costs tens of microseconds. In the snapshot the
-same pickling took 0.2-0.8 ms (cold caches, a CPU shared with the abandoned step).
+`meta` pickles the optimizer's param groups and non-tensor state, the scheduler's state dict,
+the RNG states' other parts and the ``TrainerState`` without its log history; Python's RNG
+state goes in as one array of words (`pack_rng`), which pickles several times faster than its
+tuple of 625 ints.
 
-The trainer state's log history grows with the run, so it is kept apart (`LogHistory`): each
-entry is pickled once, when it is first seen, into chunks of pickles written one after another
-into the checkpoint and read back in order (`read_log`). The Trainer and TRL append new dicts to
-the history and never change old ones; a history that is not the same list, or no longer holds
-the last entry pickled where it was, is pickled again from the start.
+The log history grows with the run, and pickling all of it at each preemption would make the
+save grow with it. So it is kept apart (`LogHistory`): each entry is pickled once, into chunks
+of pickles written one after another into the checkpoint and read back in order (`read_log`).
+The spare's keeper brings it up to date every few dozen steps; the snapshot pickles only the
+entries logged since. The Trainer and TRL append new dicts to the history and never change old
+ones; a history that is not the same list, or no longer holds the last entry pickled where it
+was, is pickled again from the start.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import array
 import contextlib
 import io
 import pickle
-from collections.abc import Callable
 from typing import Any
 
 from tgnb.train import fastsave
 
-__all__ = ["BoundaryMeta", "LogHistory", "meta", "pack_rng", "read_log", "unpack_rng"]
+__all__ = ["LogHistory", "meta", "pack_rng", "read_log", "unpack_rng"]
 
 
 def pack_rng(kind: str, value: Any) -> Any:
@@ -97,43 +96,3 @@ def read_log(blob: bytes) -> list[Any]:
     while stream.tell() < len(blob):
         out.extend(pickle.load(stream))
     return out
-
-
-class BoundaryMeta:
-    """The metadata of the last step boundary, taken by the main thread as its update section
-    ends: `meta` (pickled) and `chunks` (the log history's), for boundary `step` with RNG states
-    `rng` under `plan` (`tgnb.train.plan.Plan`, whose param groups and optimizer state it holds),
-    and `layout`, what `layout_of(rng)` made of them (the file's layout, `tgnb.train.express`)."""
-
-    def __init__(self) -> None:
-        self.step: int | None = None
-        self.plan: Any = None
-        self.rng: dict[str, Any] = {}
-        self.layout: Any = None
-        self.meta = b""
-        self.chunks: list[bytes] = []
-        self._log = LogHistory()
-
-    def take(
-        self,
-        trainer: Any,
-        step: int,
-        rng: dict[str, Any],
-        plan: Any,
-        layout_of: Callable[[dict[str, Any]], Any],
-    ) -> None:
-        self.step = None
-        try:
-            rest = {k: pack_rng(k, v) for k, v in rng.items() if not _is_tensor(v)}
-            self.meta = meta(trainer, rest, list(rng), plan.optimizer_rest())
-            self.chunks = self._log.update(trainer.state.log_history)
-            self.layout = layout_of(rng)
-        except Exception:  # never fail a step over it: the snapshot takes it all then
-            return
-        self.step, self.plan, self.rng = step, plan, rng
-
-
-def _is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
