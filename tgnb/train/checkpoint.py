@@ -3,18 +3,18 @@ Young/Daly checkpoint interval.
 
 A checkpoint is a directory ``checkpoints/checkpoint-<step>`` in the Hugging Face Trainer's layout
 (model, optimizer, scheduler, RNG states, trainer state) or, when a preemption wrote it, one file
-(`tgnb.train.express`). A preemption's checkpoint is sealed in its staging directory `STAGING`
-first and renamed to ``checkpoint-<step>`` after: between the two (or if the process died there)
-it is listed under its staging name, with the step its marker gives. It *counts* only once tgnb has fsynced every file in it and its directory's
-name, and then written the completion marker `MARKER` last (fsynced, then its directory). A marker
-cut short by a crash is not valid JSON, and neither is a blank one allocated ahead of time: both
-read as torn. The marker holds the step, the time, the total bytes and a manifest of every file
-with its size and checksum (xxh3-128, which runs at memory speed; sha256 when ``xxhash`` is not
-installed; markers of version 1 hold sha256 and are still read). A directory without a valid
-marker, with a file missing, shorter, longer or with another checksum, or with transformers' own
-``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume ignores it and retention removes it.
-The checksums guard against torn and damaged files, not against an adversary: a non-cryptographic
-hash is enough.
+(`tgnb.train.express`). A preemption's checkpoint is sealed in its staging directory `STAGING` first
+and renamed to ``checkpoint-<step>`` after: between the two (or if the process died there) it is
+listed under its staging name, with the step its marker gives. It *counts* only once tgnb has
+fsynced every file in it and its directory's name, and then written the completion marker `MARKER`
+last (fsynced, then its directory). A marker cut short by a crash is not valid JSON, and neither is
+a blank one allocated ahead of time: both read as torn. The marker holds the step, the time, the
+total bytes and a manifest of every file with its size and checksum (xxh3-128, which runs at memory
+speed; sha256 when ``xxhash`` is not installed; markers of version 1 hold sha256 and are still
+read). A directory without a valid marker, with a file missing, shorter, longer or with another
+checksum, or with transformers' own ``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume
+ignores it and retention removes it. The checksums guard against torn and damaged files, not against
+an adversary: a non-cryptographic hash is enough.
 
 This module is light (no torch, no transformers): the notebook side may read checkpoints too.
 """

@@ -121,10 +121,6 @@ class _State:
         self._rng_order = list(rng)
         self.tensors = tensors
 
-    @property
-    def plan(self) -> Plan | None:
-        return self._plan
-
     def meta(self) -> bytes:
         plan = self._plan
         optimizer = plan.optimizer_rest() if plan is not None else self._optimizer

@@ -196,9 +196,10 @@ class CheckpointGuard(GuardSaving):
         the Trainer's layout under ``checkpoints/.resume-rank<R>`` (removed by `close`), and that
         is the path returned.
 
-        Torn checkpoints newer than it are removed by rank 0 (no save is in progress at start-up),
-        which first gives a checkpoint left sealed in the spare its name
-        (`tgnb.train.express.adopt_sealed`). Records ``RunResumed`` with the step and the restart count.
+        Torn checkpoints newer than it are removed by rank 0 (no save is in progress at
+        start-up), which first gives a checkpoint left sealed in the spare its name
+        (`tgnb.train.express.adopt_sealed`). Records ``RunResumed`` with the step and the restart
+        count.
         """
         chosen: ck.Checkpoint | None = None
         if _rank() == 0:
