@@ -67,6 +67,19 @@ def seal(path: Path, step: int) -> Any:
     return make
 
 
+def renames_fail(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the spare's rename fail (a new directory's flush still works); returns the undo."""
+    rename = express._rename_durable
+
+    def fail(src: Path | None, to: Path) -> None:
+        if src is not None:
+            raise OSError(5, "Input/output error")
+        rename(src, to)
+
+    monkeypatch.setattr(express, "_rename_durable", fail)
+    return lambda: monkeypatch.setattr(express, "_rename_durable", rename)
+
+
 def assert_restores(trainer: Any, expanded: Path, states: dict[str, Any]) -> None:
     """The Trainer-layout files hold exactly the trainer's state and `states`."""
     weights = load_file(str(expanded / "model.safetensors"))
@@ -157,17 +170,10 @@ def test_a_sealed_spare_that_was_not_renamed_is_adopted_never_deleted(
     _, room = express.spare_size(trainer, states)
     spare = express.prepare_spare(ckpts, room)
     dest = ckpts / "checkpoint-2"
-    rename = express._rename_durable
-
-    def fail(src: Path | None, to: Path) -> None:
-        if src is not None:
-            raise OSError(5, "Input/output error")
-        rename(src, to)
-
-    monkeypatch.setattr(express, "_rename_durable", fail)
+    undo = renames_fail(monkeypatch)
     with pytest.raises(OSError, match="Input/output"):
         express.write(trainer, dest, states, ALGO, seal=seal(dest, 2))
-    monkeypatch.setattr(express, "_rename_durable", rename)
+    undo()
     staged = ck.latest_complete(ckpts)
     assert staged is not None and staged.path == spare and staged.step == 2
     express.prepare_spare(ckpts, room)  # a new spare: the sealed one is renamed first
@@ -176,10 +182,10 @@ def test_a_sealed_spare_that_was_not_renamed_is_adopted_never_deleted(
     assert_restores(trainer, express.expand(dest, tmp_path / "expanded"), states)
 
     ck._remove(dest)  # and again, for the keeper's close
-    monkeypatch.setattr(express, "_rename_durable", fail)
+    undo = renames_fail(monkeypatch)
     with pytest.raises(OSError):
         express.write(trainer, dest, states, ALGO, seal=seal(dest, 2))
-    monkeypatch.setattr(express, "_rename_durable", rename)
+    undo()
     keeper = express.SpareKeeper(ckpts)
     keeper.close()
     assert not spare.exists() and ck.verify(dest) is not None
@@ -361,14 +367,7 @@ def test_a_guard_whose_spare_could_not_be_renamed_never_writes_into_it_again(
         keeper.step_end(trainer, rng(), step=2)
         assert keeper._thread is not None
         keeper._thread.join()
-        rename = express._rename_durable
-
-        def fail(src: Path | None, to: Path) -> None:
-            if src is not None:
-                raise OSError(5, "Input/output error")
-            rename(src, to)
-
-        monkeypatch.setattr(express, "_rename_durable", fail)
+        undo = renames_fail(monkeypatch)
         guard._boundary = (2, rng())
         with pytest.raises(OSError):
             guard._snapshot("signal")
@@ -383,7 +382,7 @@ def test_a_guard_whose_spare_could_not_be_renamed_never_writes_into_it_again(
         after = ck.latest_complete(guard.ckpt_dir)
         assert after is not None and after.step == 3 and not express.is_express(after.path)
         assert ck.verify(spare) == staged  # untouched
-        monkeypatch.setattr(express, "_rename_durable", rename)
+        undo()
     finally:
         guard.close()
     assert not spare.exists()
