@@ -21,11 +21,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgnb.backends.base import Backend, Resources, RunSpec, SecretRef
 from tgnb.config import Settings
 from tgnb.errors import NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, dedupe, parse_time, utcnow
+from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
+from tgnb.runs.spec import Resources, RunSpec, SecretRef
 from tgnb.runs.store import RunStore
 
 if TYPE_CHECKING:
@@ -329,7 +330,7 @@ class Session:
 
 
 def _failed() -> Any:
-    from tgnb.backends.base import JobState
+    from tgnb.runs.spec import JobState
 
     return JobState.FAILED
 

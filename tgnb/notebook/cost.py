@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from tgnb import events as ev
-from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.events import Event, utcnow
 from tgnb.notebook.timeline import node_class
+from tgnb.runs.spec import EXIT_PREEMPTED
 
 
 @dataclass

@@ -1,6 +1,21 @@
-"""Runs: the durable run store (sqlite under the tgnb home) and the `Run` object."""
+"""Runs: the domain types of a run (`tgnb.runs.spec`), the `Backend` protocol engines implement
+(`tgnb.runs.backend`), the durable run store (sqlite under the tgnb home) and the `Run` object."""
 
+from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
+from tgnb.runs.spec import EXIT_PREEMPTED, JobState, JobStatus, Resources, RunSpec, SecretRef
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
-__all__ = ["Run", "RunRecord", "RunStore", "StatusChange"]
+__all__ = [
+    "EXIT_PREEMPTED",
+    "Backend",
+    "JobState",
+    "JobStatus",
+    "Resources",
+    "Run",
+    "RunRecord",
+    "RunSpec",
+    "RunStore",
+    "SecretRef",
+    "StatusChange",
+]

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgnb.backends.base import Backend, JobState, JobStatus
 from tgnb.events import NODE_ADDED, PREEMPTED, STDOUT_PREFIX, Event, dedupe, read_jsonl
+from tgnb.runs.backend import Backend
+from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tgnb.backends.base import JobState, Resources, RunSpec, SecretRef
 from tgnb.errors import NotFoundError, ValidationError
+from tgnb.runs.spec import JobState, Resources, RunSpec, SecretRef
 
 STORE_FILE = "runs.sqlite"
 

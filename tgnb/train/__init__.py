@@ -4,7 +4,7 @@ This package's ``__init__`` stays light (no torch, TRL or transformers); those a
 the functions that build and run a trainer.
 """
 
-from tgnb.backends.base import EXIT_PREEMPTED
+from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train.policy import CheckpointPolicy
 
 __all__ = ["EXIT_PREEMPTED", "CheckpointPolicy"]

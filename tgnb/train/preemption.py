@@ -59,7 +59,6 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.events import (
     DRAIN_NOTICE,
     RUN_EXITED,
@@ -70,6 +69,7 @@ from tgnb.events import (
     parse_time,
     read_jsonl,
 )
+from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
 from tgnb.train import express, fastsave
 from tgnb.train.immediate import SIGNALS, ImmediateSaver, Preempted
