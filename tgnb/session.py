@@ -26,7 +26,7 @@ from tgnb.errors import NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, dedupe, parse_time, utcnow
 from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
-from tgnb.runs.spec import Resources, RunSpec, SecretRef
+from tgnb.runs.spec import JobState, Resources, RunSpec, SecretRef
 from tgnb.runs.store import RunStore
 
 if TYPE_CHECKING:
@@ -210,17 +210,11 @@ class Session:
         return self._run(self.store.get(name))
 
     def recover(self) -> list[str]:
-        """Local backend: restart the supervisors of unfinished runs whose supervisor is gone
-        (after a machine restart). Returns the names of the runs restarted."""
+        """Start again what keeps this cluster's unfinished runs going where it is gone (the local
+        backend: their supervisors, after a machine restart). The names of the runs restarted."""
         backend = self.backend
-        restart = getattr(backend, "recover", None)
-        if restart is None:
-            return []
-        return [
-            r.name
-            for r in self.store.list(cluster_id=self.cluster.id, active=True)
-            if restart(r.id)
-        ]
+        active = self.store.list(cluster_id=self.cluster.id, active=True)
+        return [r.name for r in active if backend.recover(r.job_id or r.id)]
 
     def _check_capacity(self, res: Resources, state: ClusterState) -> None:
         node_gpus = max((n.gpus for n in state.nodes), default=GPUS_PER_NODE) or GPUS_PER_NODE
@@ -289,8 +283,6 @@ class Session:
             nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node, preemptible=preemptible
         )
         run_env = dict(env or {})
-        if self.is_local:
-            run_env.setdefault("HF_HUB_OFFLINE", "1")
         spec = RunSpec(
             name=name,
             train=train,
@@ -309,30 +301,22 @@ class Session:
             )
         self._check_capacity(res, self.cluster.state())
         backend = self.backend
-        preflight = getattr(backend, "preflight", None)
-        if preflight is not None:  # engine checks (commands, controller, image) before recording
-            preflight(spec)
-        run_dir = getattr(backend, "run_dir_for", None)
+        backend.preflight(spec)  # engine checks (commands, controller, image) before recording
+        run_dir = backend.run_dir_for(name)
         record = self.store.create(
             spec,
             backend=backend.name,
             cluster_id=self.cluster.id,
-            run_dir=run_dir(name) if run_dir else None,
+            run_dir=None if run_dir is None else os.fspath(run_dir),
         )
         try:
             job_id = backend.submit(spec)
         except TgnbError as exc:
-            self.store.set_state(record.id, _failed(), f"submit failed: {exc}")
+            self.store.set_state(record.id, JobState.FAILED, f"submit failed: {exc}")
             raise
-        if backend.name != "local":
+        if not backend.records_state:  # else the backend recorded its job as it submitted
             self.store.add_job(record.id, job_id)
         return self._run(self.store.get(record.id))
-
-
-def _failed() -> Any:
-    from tgnb.runs.spec import JobState
-
-    return JobState.FAILED
 
 
 def attach(

@@ -82,6 +82,7 @@ class LocalBackend:
     """Runs on one emulated cluster: `cluster_id` of type KUBERNETES or SLURM."""
 
     name = "local"
+    records_state = True  # the run's supervisor writes every state change to the run store
 
     def __init__(
         self,
@@ -103,6 +104,10 @@ class LocalBackend:
 
     def __repr__(self) -> str:
         return f"<LocalBackend cluster={self.cluster_id} type={self.cluster_type}>"
+
+    def preflight(self, spec: RunSpec) -> None:
+        """Nothing to check beyond the spec: the emulated nodes run on this machine."""
+        spec.validate()
 
     def run_dir_for(self, name: str) -> Path:
         """Where a run keeps its checkpoints, metrics and events by default."""
@@ -132,6 +137,7 @@ class LocalBackend:
             env["TOGETHER_API_KEY"] = self._key.get()
         env["TGNB_HOME"] = str(self.home)
         env["PYTHONUNBUFFERED"] = "1"
+        env["HF_HUB_OFFLINE"] = "1"  # emulated nodes have no Hub: the run's own env may say else
         cmd = [
             sys.executable,
             "-m",

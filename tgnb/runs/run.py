@@ -78,7 +78,7 @@ class Run:
         rec = self.store.get(self._record.id)
         if (
             self.backend is not None
-            and rec.backend != "local"
+            and not self.backend.records_state
             and rec.job_id
             and not rec.state.finished
         ):
@@ -102,8 +102,8 @@ class Run:
     @property
     def status(self) -> JobStatus:
         rec = self.refresh()
-        if rec.backend == "local" and self.backend is not None and not rec.state.finished:
-            return self.backend.status(rec.id)  # the store's record, unless its supervisor died
+        if self.backend is not None and self.backend.records_state and not rec.state.finished:
+            return self.backend.status(rec.job_id or rec.id)  # the record, unless its writer died
         return JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, rec.detail)
 
     @property
@@ -140,9 +140,11 @@ class Run:
         rec = self.refresh()
         if rec.state.finished:
             return
-        if self.backend is not None and rec.job_id:
+        if self.backend is None:
+            return
+        if rec.job_id:
             self.backend.cancel(rec.job_id)
-        if rec.backend != "local":
+        if not self.backend.records_state:  # else the backend records the stop as it happens
             self.store.set_state(rec.id, JobState.CANCELLED, "stopped by the user")
 
     # -- what the run left ---------------------------------------------------------------------
@@ -279,7 +281,7 @@ class Run:
     def _follow_lines(self, poll: float) -> Iterator[str]:
         path = self._file(TRAIN_LOG)
         rec = self.refresh()
-        if (path is None or rec.backend != "local") and self.backend is not None and rec.job_id:
+        if self.backend is not None and rec.job_id:  # the local backend tails train.log itself
             yield from self.backend.logs(rec.job_id, follow=True)
             return
         if path is None:

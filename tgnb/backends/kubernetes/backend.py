@@ -33,6 +33,7 @@ class KubernetesBackend:
     """Submit, follow and cancel runs in one namespace of a Kubernetes cluster."""
 
     name = "kubernetes"
+    records_state = False  # the Job holds the truth; `Run` copies `status` into the store
 
     def __init__(
         self,
@@ -98,6 +99,14 @@ class KubernetesBackend:
     def preflight(self, spec: RunSpec) -> None:
         """Everything `submit` checks before it sends anything (the objects build and validate)."""
         self.build(spec)
+
+    def run_dir_for(self, name: str) -> None:
+        """None: a run's directory is on the pods' volume, not a path this machine chooses."""
+        return None
+
+    def recover(self, job_id: str) -> bool:
+        """False: the Job controller recreates the pods of a run itself."""
+        return False
 
     def submit(self, spec: RunSpec) -> str:
         """Create the run's ConfigMap, the shared claim (if absent), its Service and its Job."""

@@ -119,6 +119,7 @@ class SlurmBackend:
     """
 
     name = "slurm"
+    records_state = False  # slurmctld holds the truth; `Run` copies `status` into the store
 
     def __init__(
         self,
@@ -259,6 +260,10 @@ class SlurmBackend:
 
     def restart_count(self, job_id: str) -> int:
         return self.status(job_id).restart_count
+
+    def recover(self, job_id: str) -> bool:
+        """False: slurmctld keeps a job going (and requeues it) without tgnb."""
+        return False
 
     def cancel(self, job_id: str) -> None:
         self.runner.run(["scancel", str(job_id)])
