@@ -44,6 +44,12 @@ RUN_REASONS = frozenset(
 # Reasons tgnb itself records (control plane).
 TARGET_CHANGED = "TargetChanged"
 
+# Reasons a workload backend records about a run's job (the local backend's supervisor).
+JOB_PLACED = "JobPlaced"
+SIGNAL_SENT = "SignalSent"  # SIGTERM to the job's processes at a preemption notice
+JOB_KILLED = "JobKilled"  # SIGKILL when the node was removed
+JOB_REASONS = frozenset({JOB_PLACED, SIGNAL_SENT, JOB_KILLED})
+
 #: A line on a training process's stdout that starts with this is one JSON record for a backend.
 STDOUT_PREFIX = "@tgnb "
 

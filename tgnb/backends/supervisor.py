@@ -41,12 +41,8 @@ from typing import Any
 from tgnb.backends.base import EXIT_PREEMPTED, JobState
 from tgnb.backends.nodes import NodeInfo, NodeSource
 from tgnb.backends.warm import ForkedProcess, fork_module, preload
-from tgnb.events import RUN_REQUEUED, Event, utcnow
+from tgnb.events import JOB_KILLED, JOB_PLACED, RUN_REQUEUED, SIGNAL_SENT, Event, utcnow
 from tgnb.runs.store import RunStore
-
-JOB_PLACED = "JobPlaced"
-SIGNAL_SENT = "SignalSent"
-JOB_KILLED = "JobKilled"
 
 TRAIN_LOG = "train.log"
 LAUNCH_CONFIG = "launch.yaml"

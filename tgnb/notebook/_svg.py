@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tgnb import events as ev
-from tgnb.notebook.timeline import _LABEL, _MARKER_STYLE, _SPAN_STYLE, Marker, Span
+from tgnb.notebook._lanes import _LABEL, _MARKER_STYLE, _SPAN_STYLE, Marker, Span
 
 if TYPE_CHECKING:
     from tgnb.notebook.timeline import EventTimeline

@@ -18,12 +18,12 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from tgnb import events as ev
 from tgnb.events import Event, utcnow
+from tgnb.notebook._lanes import _LABEL, Lane, Marker, Span
 
 #: Name prefix of preemptible GPU worker nodes (standard ones are ``gpu-dp...``).
 PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
@@ -34,81 +34,10 @@ _NODE_END = {ev.PREEMPTED, ev.SCALED_DOWN}
 _RUN_OPEN = {ev.RUN_STARTED, ev.RUN_RESUMED}
 _RUN_CLOSE = {ev.RUN_REQUEUED, ev.RUN_EXITED}
 
-#: Fill colours by span kind and marker shapes/colours by reason.
-_SPAN_STYLE = {
-    "standard": "#8da0cb",
-    "preemptible": "#fc8d62",
-    "drain": "url(#tgnb-hatch)",
-    "run": "#66c2a5",
-    "occupied": "#1b9e77",
-}
-_MARKER_STYLE: dict[str, tuple[str, str]] = {
-    ev.RUN_STARTED: ("circle", "#1b9e77"),
-    ev.RUN_RESUMED: ("up", "#1b9e77"),
-    ev.CHECKPOINT_SAVED: ("circle", "#3366cc"),
-    ev.SIGNAL_RECEIVED: ("down", "#d62728"),
-    ev.DRAIN_NOTICE: ("down", "#ff7f0e"),
-    ev.RUN_REQUEUED: ("square", "#ff7f0e"),
-    ev.RUN_EXITED: ("bar", "#222222"),
-    ev.PREEMPTION_NOTIFIED: ("down", "#d62728"),
-    ev.TARGET_CHANGED: ("diamond", "#7570b3"),
-    ev.SCALED_UP: ("up", "#7570b3"),
-    # What a workload backend records about a run's job (tgnb.backends.supervisor).
-    "JobPlaced": ("circle", "#999999"),
-    "SignalSent": ("down", "#e377c2"),
-    "JobKilled": ("bar", "#d62728"),
-}
-_LABEL = {
-    ev.RUN_STARTED: "started",
-    ev.RUN_RESUMED: "resumed",
-    ev.CHECKPOINT_SAVED: "checkpoint",
-    ev.SIGNAL_RECEIVED: "signal",
-    ev.DRAIN_NOTICE: "drain notice",
-    ev.RUN_REQUEUED: "requeued",
-    ev.RUN_EXITED: "exited",
-    ev.PREEMPTION_NOTIFIED: "preemption notice",
-    ev.TARGET_CHANGED: "target changed",
-    ev.SCALED_UP: "scaled up",
-    "JobPlaced": "job placed",
-    "SignalSent": "SIGTERM sent",
-    "JobKilled": "job killed",
-}
-
 
 def node_class(name: str) -> str:
     """``"preemptible"`` for a ``gpu-preemptible-dp...`` node, else ``"standard"``."""
     return "preemptible" if name.startswith(PREEMPTIBLE_PREFIX) else "standard"
-
-
-@dataclass
-class Span:
-    """A stretch of time on a lane: a node's lifetime, a drain window, or a run on a node."""
-
-    start: float
-    end: float
-    kind: str
-    label: str = ""
-    open: bool = False
-
-
-@dataclass
-class Marker:
-    """One event (or several merged ones, `count`) at a point of a lane."""
-
-    time: float
-    reason: str
-    label: str = ""
-    count: int = 1
-
-
-@dataclass
-class Lane:
-    """One row of the timeline: a node (``standard``/``preemptible``), a run, or the cluster."""
-
-    key: str
-    kind: str
-    spans: list[Span] = field(default_factory=list)
-    markers: list[Marker] = field(default_factory=list)
 
 
 def _as_event(item: Event | Mapping[str, Any]) -> Event:

@@ -12,7 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgnb.events import NODE_ADDED, PREEMPTED, STDOUT_PREFIX, Event, dedupe, read_jsonl
+from tgnb.events import (
+    NODE_ADDED,
+    PREEMPTED,
+    RUN_RESUMED,
+    STDOUT_PREFIX,
+    Event,
+    dedupe,
+    read_jsonl,
+)
 from tgnb.runs.backend import Backend
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
@@ -191,7 +199,7 @@ class Run:
         steps = [int(r["step"]) for r in rows if "step" in r]
         lost = 0
         for ev in evs:
-            if ev.reason != "RunResumed" or "step" not in ev.data:
+            if ev.reason != RUN_RESUMED or "step" not in ev.data:
                 continue
             before = [
                 int(r["step"])

@@ -28,7 +28,7 @@ from tgnb.backends.slurm.render import (
 )
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
-from tgnb.events import Event, read_jsonl
+from tgnb.events import RUN_EXITED, Event, read_jsonl
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
@@ -252,7 +252,7 @@ class SlurmBackend:
         if str(job_id) not in self._run_dirs:
             return JobStatus(JobState.UNKNOWN, 0, (), None, FORGOTTEN)
         for ev in reversed(self.events(job_id)):
-            if ev.reason == "RunExited":
+            if ev.reason == RUN_EXITED:
                 code = int(ev.data.get("exit_code", ev.data.get("code", 1)) or 0)
                 state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
                 return JobStatus(state, 0, (), code, "finished (from events.jsonl)")

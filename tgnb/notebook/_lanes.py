@@ -1,0 +1,82 @@
+"""What the preemption timeline draws: lanes of spans and markers, and their styles.
+
+`tgnb.notebook.timeline` lays events out into these; `tgnb.notebook._svg` draws them. Both import
+this module and neither imports the other at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tgnb import events as ev
+
+#: Fill colours by span kind and marker shapes/colours by reason.
+_SPAN_STYLE = {
+    "standard": "#8da0cb",
+    "preemptible": "#fc8d62",
+    "drain": "url(#tgnb-hatch)",
+    "run": "#66c2a5",
+    "occupied": "#1b9e77",
+}
+_MARKER_STYLE: dict[str, tuple[str, str]] = {
+    ev.RUN_STARTED: ("circle", "#1b9e77"),
+    ev.RUN_RESUMED: ("up", "#1b9e77"),
+    ev.CHECKPOINT_SAVED: ("circle", "#3366cc"),
+    ev.SIGNAL_RECEIVED: ("down", "#d62728"),
+    ev.DRAIN_NOTICE: ("down", "#ff7f0e"),
+    ev.RUN_REQUEUED: ("square", "#ff7f0e"),
+    ev.RUN_EXITED: ("bar", "#222222"),
+    ev.PREEMPTION_NOTIFIED: ("down", "#d62728"),
+    ev.TARGET_CHANGED: ("diamond", "#7570b3"),
+    ev.SCALED_UP: ("up", "#7570b3"),
+    # What a workload backend records about a run's job (tgnb.backends.supervisor).
+    ev.JOB_PLACED: ("circle", "#999999"),
+    ev.SIGNAL_SENT: ("down", "#e377c2"),
+    ev.JOB_KILLED: ("bar", "#d62728"),
+}
+_LABEL = {
+    ev.RUN_STARTED: "started",
+    ev.RUN_RESUMED: "resumed",
+    ev.CHECKPOINT_SAVED: "checkpoint",
+    ev.SIGNAL_RECEIVED: "signal",
+    ev.DRAIN_NOTICE: "drain notice",
+    ev.RUN_REQUEUED: "requeued",
+    ev.RUN_EXITED: "exited",
+    ev.PREEMPTION_NOTIFIED: "preemption notice",
+    ev.TARGET_CHANGED: "target changed",
+    ev.SCALED_UP: "scaled up",
+    ev.JOB_PLACED: "job placed",
+    ev.SIGNAL_SENT: "SIGTERM sent",
+    ev.JOB_KILLED: "job killed",
+}
+
+
+@dataclass
+class Span:
+    """A stretch of time on a lane: a node's lifetime, a drain window, or a run on a node."""
+
+    start: float
+    end: float
+    kind: str
+    label: str = ""
+    open: bool = False
+
+
+@dataclass
+class Marker:
+    """One event (or several merged ones, `count`) at a point of a lane."""
+
+    time: float
+    reason: str
+    label: str = ""
+    count: int = 1
+
+
+@dataclass
+class Lane:
+    """One row of the timeline: a node (``standard``/``preemptible``), a run, or the cluster."""
+
+    key: str
+    kind: str
+    spans: list[Span] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
