@@ -1,0 +1,239 @@
+"""Imports go down the planes only, and no two modules of tgnb import each other.
+
+Read from the source with `ast` (nothing is imported, so nothing is faked): every ``import`` and
+``from ... import`` of a ``tgnb`` module anywhere in a file counts, at module level, inside a
+function (a lazy import), or under ``if TYPE_CHECKING`` (a type is a dependency too).
+
+The planes, top first (see /ARCHITECTURE.md: notebook -> session -> cloud/backends/posttraining ->
+runs -> events/errors/config). A unit is a subpackage of ``tgnb`` (``tgnb/notebook/``) or a module
+directly under it (``tgnb/session.py``); ``tgnb`` is the package's own ``__init__``. A unit may
+import units of lower planes, and itself; never a unit of its own plane or of a plane above.
+
+- ``cli``: the console entry point; dispatches by module name and reads ``tgnb.__version__``.
+- ``tgnb`` (the package root: ``%load_ext tgnb``, ``tgnb.attach``) and ``server`` (the Jupyter
+  server extension, which renders the notebook layer's views).
+- ``notebook``: magics, widgets, timeline; typed on `Session` and `Run`.
+- ``batch`` (papermill sweeps) and ``demo``: scripts over a `Session`.
+- ``session``: the attached cluster, its backend and the run store.
+- ``backends`` (workload plane) and ``posttraining`` (managed plane).
+- ``cloud`` (control plane over the ``together`` SDK) and ``emulator`` (the platform's stand-in,
+  served over HTTP; its admin client is used by the planes above).
+- ``train``: the runtime on the node. The emulator's Post-Training engine uses its tiny model.
+- ``runs``: the domain types (`RunSpec`, `JobState`, `EXIT_PREEMPTED`), the `Backend` protocol and
+  the run store; the backends and the training runtime depend on it, never the reverse.
+- ``events`` and ``errors``; then ``config``.
+
+A new subpackage must be added to `LAYERS` before its imports are checked: the test says so. An
+exception to the rule goes in `ALLOWED` with the reason it is sound.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tgnb
+
+PACKAGE = Path(tgnb.__file__).parent
+
+#: The planes, top first. Extend here (a new subpackage goes where its imports say it belongs).
+LAYERS: list[set[str]] = [
+    {"cli"},
+    {"tgnb", "server"},
+    {"notebook"},
+    {"batch", "demo"},
+    {"session"},
+    {"backends", "posttraining"},
+    {"cloud", "emulator"},
+    {"train"},
+    {"runs"},
+    {"events", "errors"},
+    {"config"},
+]
+
+#: (file relative to the package, imported module) -> why this import may go against the planes.
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ["tgnb", *path.relative_to(PACKAGE).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _owner(name: str) -> str:
+    """The longest prefix of `name` that is a tgnb module (``tgnb.events.Event`` -> tgnb.events)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def imports(module: str, source: str | None = None) -> list[tuple[str, int, bool]]:
+    """(imported tgnb module, line, executed at run time) for every import in `module`'s file
+    (or in `source`, read as that module's text)."""
+    path = MODULES[module]
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, typing_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for stmt in child.body:
+                    visit_stmt(stmt, True)
+                for stmt in child.orelse:
+                    visit_stmt(stmt, typing_only)
+            else:
+                visit_stmt(child, typing_only)
+
+    def visit_stmt(node: ast.AST, typing_only: bool) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((_owner(alias.name), node.lineno, not typing_only))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = module.split(".")
+                if path.name != "__init__.py":
+                    pkg = pkg[:-1]
+                pkg = pkg[: len(pkg) - node.level + 1]
+                base = ".".join([*pkg, base] if base else pkg)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.append(
+                    (full if full in MODULES else _owner(base), node.lineno, not typing_only)
+                )
+        visit(node, typing_only)
+
+    text = source if source is not None else path.read_text(encoding="utf-8")
+    visit(ast.parse(text, str(path)), False)
+    return [(m, line, run) for m, line, run in found if m == "tgnb" or m.startswith("tgnb.")]
+
+
+def unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tgnb"
+
+
+def plane(name: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if name in layer), None)
+
+
+def test_every_unit_has_a_plane() -> None:
+    missing = sorted({unit(m) for m in MODULES if plane(unit(m)) is None})
+    assert not missing, (
+        f"tgnb/{missing[0]} is on no plane: add it to LAYERS in tests/test_architecture.py, below "
+        f"what it imports and above what imports it (unplaced: {', '.join(missing)})"
+    )
+
+
+def test_imports_go_down_the_planes() -> None:
+    wrong = []
+    for module, path in MODULES.items():
+        src = unit(module)
+        for target, line, _ in imports(module):
+            dst = unit(target)
+            if dst == src or plane(src) is None or plane(dst) is None:
+                continue
+            rel = str(path.relative_to(PACKAGE))
+            if (rel, target) in ALLOWED:
+                continue
+            if plane(dst) <= plane(src):  # type: ignore[operator]
+                same = plane(dst) == plane(src)
+                why = "of the same plane" if same else "of a plane above"
+                wrong.append(f"tgnb/{rel}:{line} imports {target} ({dst} is {why} {src})")
+    assert not wrong, "imports against the planes (move the code down, or see ALLOWED):\n" + (
+        "\n".join(dict.fromkeys(wrong))
+    )
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(edges.get(nxt, ())))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.append(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_module_imports_back() -> None:
+    """No cycle between modules through imports that run (lazy ones included); an import under
+    ``TYPE_CHECKING`` never runs, so it cannot close a circle."""
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for target, _, runs in imports(module):
+            if runs and target != module and target in MODULES:
+                edges[module].add(target)
+    cycles = _cycles(edges)
+    assert not cycles, "modules that import each other: " + "; ".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_checks_can_fail() -> None:
+    """The rule itself: lazy, relative and type-only imports are seen, and a circle is found."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import timeline\n"
+        "from ..events import Event\n"
+        "if TYPE_CHECKING:\n"
+        "    from tgnb.session import Session\n"
+        "def f():\n"
+        "    from tgnb.backends import local\n"
+        "    import tgnb.cloud.cluster\n"
+    )
+    assert imports("tgnb.notebook._svg", source) == [
+        ("tgnb.notebook.timeline", 2, True),
+        ("tgnb.events", 3, True),
+        ("tgnb.session", 5, False),
+        ("tgnb.backends.local", 7, True),
+        ("tgnb.cloud.cluster", 8, True),
+    ]
+    assert plane("notebook") < plane("session") < plane("backends") < plane("runs")  # type: ignore[operator]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
