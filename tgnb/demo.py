@@ -218,14 +218,11 @@ def _follow(
 def _time_scale(session: Any) -> float | None:
     import httpx
 
-    key = session.cloud.settings.api_key
+    from tgnb.emulator.admin import AdminClient
+
     try:
-        r = httpx.get(
-            f"{session.cloud.base_url}/_emulator/health",
-            headers={"Authorization": f"Bearer {key.get()}"} if key else {},
-            timeout=5.0,
-        )
-        return float(r.json()["time_scale"])
+        with AdminClient(session.cloud.base_url, session.cloud.settings.api_key, 5.0) as admin:
+            return float(admin.health()["time_scale"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
 

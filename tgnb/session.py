@@ -176,16 +176,15 @@ class Session:
             )
         import httpx
 
-        key = self.cloud.settings.api_key
-        r = httpx.post(
-            f"{self.cloud.base_url}/_emulator/clusters/{self.cluster.id}/preempt",
-            json={"node": node} if node else {},
-            headers={"Authorization": f"Bearer {key.get()}"} if key else {},
-            timeout=30.0,
-        )
-        if r.status_code >= 400:
-            raise ValidationError(f"cannot preempt {node or 'a node'}: {r.text[:200]}")
-        return dict(r.json())
+        from tgnb.emulator.admin import AdminClient
+
+        with AdminClient(self.cloud.base_url, self.cloud.settings.api_key) as admin:
+            try:
+                return admin.preempt(self.cluster.id, node)
+            except httpx.HTTPStatusError as exc:
+                raise ValidationError(
+                    f"cannot preempt {node or 'a node'}: {exc.response.text[:200]}"
+                ) from None
 
     def events(self, since: datetime | timedelta | str | None = None) -> list[Event]:
         """The cluster's node events and this cluster's runs' events, by time, since `since`."""

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from tgnb.emulator.admin import AdminClient
+
 NOTICE_FILE = "preemption-notice.json"
 REMOVED_FILE = "removed.json"
 GPUS_PER_NODE = 8
@@ -93,31 +95,22 @@ class NodeSource:
         self.cluster_id = cluster_id
         self._endpoint = endpoint
         self._timeout = timeout
-        self._base: tuple[str, str | None] | None = None
+        self._admin: AdminClient | None = None
 
-    def _root(self) -> tuple[str, str | None]:
-        if self._base is None:
-            self._base = self._endpoint()
-        return self._base
+    def _client(self) -> AdminClient:
+        if self._admin is None:
+            base, key = self._endpoint()
+            self._admin = AdminClient(base, key, timeout=self._timeout)
+        return self._admin
 
     def nodes(self) -> list[NodeInfo]:
-        base, key = self._root()
-        root = base.rstrip("/")
-        if root.endswith("/v1"):
-            root = root[: -len("/v1")]
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        admin = self._client()
         try:
-            resp = httpx.get(
-                f"{root}/_emulator/clusters/{self.cluster_id}/nodes",
-                headers=headers,
-                timeout=self._timeout,
-            )
-            resp.raise_for_status()
+            items = admin.nodes(self.cluster_id)
         except (httpx.TransportError, OSError):
-            self._base = None  # look the daemon up again next time
+            admin.close()
+            self._admin = None  # look the daemon up again next time
             raise
-        body = resp.json()
-        items = body.get("nodes", body) if isinstance(body, dict) else body
         return [NodeInfo.from_api(item) for item in items]
 
 

@@ -40,13 +40,14 @@ def is_emulator(base_url: str | None, api_key: str | None = None) -> bool:
         return False
     import httpx
 
-    root = str(base_url).rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    from tgnb.emulator.admin import AdminClient
+
     try:
-        r = httpx.get(f"{root}/_emulator/health", headers=headers, timeout=5.0)
-    except httpx.HTTPError:
+        with AdminClient(str(base_url), api_key, timeout=5.0) as admin:
+            admin.health()
+    except (httpx.HTTPError, ValueError):
         return False
-    return r.status_code == 200
+    return True
 
 
 def backend_name(state: ClusterState, base_url: str | None, override: str | None = None) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from tgnb.config import Secret, default_home, register_secret
+from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.store import atomic_write_json
 from tgnb.errors import EmulatorError
 
@@ -164,12 +165,8 @@ def status(home: Path | None = None, timeout: float = 3.0) -> EmulatorStatus:
     key = _saved_key(eh)
     port = int(info["port"])
     try:
-        r = httpx.get(
-            f"http://{HOST}:{port}/_emulator/health",
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=timeout,
-        )
-        ok = r.status_code == 200 and r.json().get("pid") == info["pid"]
+        with AdminClient(f"http://{HOST}:{port}", key, timeout=timeout) as admin:
+            ok = admin.health().get("pid") == info["pid"]
     except (httpx.HTTPError, ValueError):
         ok = False
     return EmulatorStatus(

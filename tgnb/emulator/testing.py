@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tgnb.emulator import daemon
+from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.models import DEFAULT_PROJECT_ID
 
 #: Environment variables the `tg` CLI needs to stay offline and quiet in tests.
@@ -31,19 +30,18 @@ QUIET_CLI_ENV = {
 }
 
 
-class EmulatorHandle:
-    """A running emulator: where it answers, its key (a plain str, for tests) and admin calls."""
+class EmulatorHandle(AdminClient):
+    """A running emulator: where it answers, its key (a plain str, for tests) and its admin
+    calls (`tgnb.emulator.admin.AdminClient`: health, nodes, preempt, release, chaos, ...)."""
 
     def __init__(self, home: Path, base_url: str, api_key: str, project_id: str, pid: int) -> None:
+        super().__init__(base_url, api_key)
         self.home = home
         self.base_url = base_url  # http://127.0.0.1:PORT, no /v1: what the SDK and tg expect
         self.api_key = api_key
         self.project_id = project_id
         self.pid = pid
         self.state_dir = daemon.emulator_home(home) / "state"
-        self._http = httpx.Client(
-            base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30
-        )
 
     @property
     def env(self) -> dict[str, str]:
@@ -71,58 +69,6 @@ class EmulatorHandle:
         kwargs.setdefault("api_key", self.api_key)
         return together.Together(**kwargs)
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self._http.request(method, path, **kw)
-        r.raise_for_status()
-        return r.json()
-
-    def health(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/_emulator/health"))
-
-    def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
-        """Every node of a cluster: name, kind, state, deadline, dir, ... (removed ones too)."""
-        return list(self._call("GET", f"/_emulator/clusters/{cluster_id}/nodes")["nodes"])
-
-    def preempt(self, cluster_id: str, node: str | None = None) -> dict[str, Any]:
-        """Preempt `node` (default: the oldest running preemptible node); returns the node."""
-        body = {"node": node} if node else {}
-        return dict(self._call("POST", f"/_emulator/clusters/{cluster_id}/preempt", json=body))
-
-    def release(self, cluster_id: str, node: str) -> dict[str, Any]:
-        """End a draining node's window now (its workload has exited); it is removed at once."""
-        return dict(self._call("POST", f"/_emulator/clusters/{cluster_id}/nodes/{node}/release"))
-
-    def requests(self) -> list[dict[str, Any]]:
-        """The request log: every /v1 and /v3 request (method, path, query, status, body, chaos)."""
-        return list(self._call("GET", "/_emulator/requests")["requests"])
-
-    def clear_requests(self) -> int:
-        return int(self._call("DELETE", "/_emulator/requests")["cleared"])
-
-    def set_chaos(
-        self,
-        fraction: float,
-        seed: int = 0,
-        kinds: tuple[str, ...] | None = None,
-        delay_s: float | None = None,
-        retry_after_ms: int | None = None,
-    ) -> dict[str, Any]:
-        """Answer `fraction` of /v1 requests with 429/503/delay (`kinds`), drawn from `seed`."""
-        body: dict[str, Any] = {"fraction": fraction, "seed": seed}
-        if kinds is not None:
-            body["kinds"] = list(kinds)
-        if delay_s is not None:
-            body["delay_s"] = delay_s
-        if retry_after_ms is not None:
-            body["retry_after_ms"] = retry_after_ms
-        return dict(self._call("POST", "/_emulator/chaos", json=body))
-
-    def set_capacity(self, gpus: int | None, cluster_id: str | None = None) -> dict[str, Any]:
-        """Cap preemptible GPUs (all clusters, or one); None lifts the cap."""
-        return dict(
-            self._call("POST", "/_emulator/capacity", json={"gpus": gpus, "cluster_id": cluster_id})
-        )
-
     def wait_for(
         self, predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05
     ) -> Any:
@@ -135,9 +81,6 @@ class EmulatorHandle:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"condition not met within {timeout}s")
             time.sleep(interval)
-
-    def close(self) -> None:
-        self._http.close()
 
 
 @contextlib.contextmanager
