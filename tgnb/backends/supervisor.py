@@ -35,8 +35,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tgnb.backends.base import EXIT_PREEMPTED, JobState
 from tgnb.backends.nodes import NodeInfo, NodeSource
@@ -71,6 +72,16 @@ def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str)
         f"--rdzv_endpoint={rdzv}",
         *tail,
     ]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended: `kind`, the exit code that decided it, and for a requeue the node
+    whose preemption caused it."""
+
+    kind: Literal["succeeded", "failed", "cancelled", "requeue"]
+    exit_code: int = 0
+    node: str | None = None
 
 
 def _free_port() -> int:
@@ -189,8 +200,8 @@ class Supervisor:
         path.write_text(yaml.safe_dump(train, sort_keys=True), encoding="utf-8")
         return path
 
-    def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> str:
-        """Launch on `nodes` and watch until the processes end: succeeded|failed|cancelled|requeue."""
+    def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> Outcome:
+        """Launch on `nodes` and watch until the processes end."""
         config = self._write_config()
         rdzv = f"127.0.0.1:{_free_port()}"
         names = [n.name for n in nodes]
@@ -225,7 +236,7 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, sig)
 
-    def _watch(self, procs: Sequence[Proc], names: Sequence[str]) -> str:
+    def _watch(self, procs: Sequence[Proc], names: Sequence[str]) -> Outcome:
         preempted: str | None = None
         killed = False
         stop_at: float | None = None
@@ -268,15 +279,13 @@ class Supervisor:
                     self.record.id, JobState.RUNNING, f"{preempted} drained", node=preempted
                 )
         if stop_at is not None:
-            self._last_exit = codes[0]
-            return "cancelled"
+            return Outcome("cancelled", codes[0])
         if all(c == 0 for c in codes):
-            return "succeeded"
-        self._last_exit = next(c for c in codes if c != 0)
+            return Outcome("succeeded")
+        code = next(c for c in codes if c != 0)
         if preempted is not None or killed or EXIT_PREEMPTED in codes:
-            self._last_node = preempted or names[0]
-            return "requeue"
-        return "failed"
+            return Outcome("requeue", code, preempted or names[0])
+        return Outcome("failed", code)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -295,20 +304,19 @@ class Supervisor:
             if nodes is None:
                 self.store.set_state(rid, JobState.CANCELLED, "stopped before it was placed")
                 return 0
-            self._last_exit = 0
             outcome = self.attempt(nodes, restart)
-            code = self._last_exit
-            if outcome == "succeeded":
+            code = outcome.exit_code
+            if outcome.kind == "succeeded":
                 self.store.set_state(rid, JobState.SUCCEEDED, "finished", exit_code=0)
                 return 0
-            if outcome == "cancelled":
+            if outcome.kind == "cancelled":
                 self.store.set_state(rid, JobState.CANCELLED, "stopped", exit_code=code)
                 return 0
-            if outcome == "failed" or restart >= MAX_RESTARTS:
+            if outcome.kind == "failed" or restart >= MAX_RESTARTS:
                 self.store.set_state(rid, JobState.FAILED, f"exit code {code}", exit_code=code)
                 return 1
             restart += 1
-            node = self._last_node
+            node = outcome.node
             what = "requeued" if self.slurm else "pod recreated"
             self.event(
                 RUN_REQUEUED,
