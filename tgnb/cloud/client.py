@@ -243,8 +243,15 @@ class RetryPolicy:
         what: str,
         base_url: str | None = None,
         on_retry: Callable[[BaseException], Any] | None = None,
+        read_back: Callable[[], T | None] | None = None,
     ) -> T:
-        """Run `fn`; retry transient SDK errors; translate the final error to `tgnb.errors`."""
+        """Run `fn`; retry transient SDK errors; translate the final error to `tgnb.errors`.
+
+        `read_back`, for a call that must not be applied twice (sent with the SDK's retries off):
+        after a transient error and the pause, it reads the state back; a result there means an
+        earlier try went through before its answer was lost, so it is returned and nothing is
+        sent again.
+        """
         attempt = 0
         while True:
             attempt += 1
@@ -260,3 +267,7 @@ class RetryPolicy:
                 if on_retry is not None:
                     on_retry(exc)
                 self.sleep(self.pause(attempt))
+                if read_back is not None:
+                    found = read_back()
+                    if found is not None:
+                        return found

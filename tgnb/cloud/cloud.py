@@ -9,17 +9,14 @@ from tgnb.cloud.client import (
     DEFAULT_SDK_RETRIES,
     DEFAULT_TIMEOUT,
     RetryPolicy,
-    is_sdk_error,
-    is_transient,
     make_client,
     normalize_base_url,
-    raise_translated,
 )
 from tgnb.cloud.cluster import Cluster
 from tgnb.cloud.models import ClusterState
 from tgnb.cloud.validate import check_gpus, check_name, check_target
 from tgnb.config import Secret, Settings
-from tgnb.errors import AmbiguousNameError, NotFoundError, TgnbError, ValidationError
+from tgnb.errors import AmbiguousNameError, NotFoundError, ValidationError
 
 if TYPE_CHECKING:
     from together import Together
@@ -169,23 +166,17 @@ class Cloud:
             body.setdefault("project_id", self.project_id)
         before = {s.id for s in self.clusters() if s.name == name}
         once = self.client.with_options(max_retries=0)
-        what = f"create cluster {name!r}"
-        attempts = self.retry.attempts * (self.max_retries + 1)
-        for attempt in range(1, attempts + 1):
-            try:
-                raw = once.clusters.create(**body)
-            except Exception as exc:
-                if isinstance(exc, TgnbError) or not is_sdk_error(exc):
-                    raise
-                if attempt >= attempts or not is_transient(exc):
-                    raise_translated(exc, what, self.base_url)
-                self.retry.sleep(self.retry.pause(attempt))
-                new = [s for s in self.clusters() if s.name == name and s.id not in before]
-                if new:
-                    return Cluster(self, new[0])
-                continue
-            return Cluster(self, ClusterState.from_api(raw))
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def created() -> Cluster | None:
+            new = [s for s in self.clusters() if s.name == name and s.id not in before]
+            return Cluster(self, new[0]) if new else None
+
+        return self.once_policy().call(
+            lambda: Cluster(self, ClusterState.from_api(once.clusters.create(**body))),
+            what=f"create cluster {name!r}",
+            base_url=self.base_url,
+            read_back=created,
+        )
 
     def delete(self, cluster_id: str) -> None:
         """Delete a cluster by id. A retry that finds it already gone counts as done."""
@@ -203,5 +194,11 @@ class Cloud:
                     return None  # an earlier try went through before its answer was lost
                 raise
 
-        policy = replace(self.retry, attempts=self.retry.attempts * (self.max_retries + 1))
-        policy.call(delete_once, what=f"delete cluster {cluster_id}", base_url=self.base_url)
+        self.once_policy().call(
+            delete_once, what=f"delete cluster {cluster_id}", base_url=self.base_url
+        )
+
+    def once_policy(self) -> RetryPolicy:
+        """The retries for a call sent with the SDK's own retries off (it must not be applied
+        twice): as many tries in all as the SDK's and `retry`'s together."""
+        return replace(self.retry, attempts=self.retry.attempts * (self.max_retries + 1))

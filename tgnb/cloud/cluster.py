@@ -122,30 +122,26 @@ class Cluster:
         return state
 
     def _apply_target(self, target: int) -> ClusterState:
-        from tgnb.cloud.client import is_sdk_error, is_transient, raise_translated
-
         cloud = self.cloud
-        what = f"set the preemptible target of cluster {self.id} to {target}"
-        # The SDK's own retries would resend the PUT blindly; this loop reads back first.
+        # The SDK's own retries would resend the PUT blindly; each retry reads back first.
         once = cloud.client.with_options(max_retries=0)
-        attempts = cloud.retry.attempts * (cloud.max_retries + 1)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                raw = once.clusters.update(self.id, num_preemptible_gpus=target)
-            except Exception as exc:
-                if not is_sdk_error(exc):
-                    raise
-                if attempt >= attempts or not is_transient(exc):
-                    raise_translated(exc, what, cloud.base_url)
-                cloud.retry.sleep(cloud.retry.pause(attempt))
-                current = self.state()
-                if current.desired_preemptible_gpus == target:
-                    return current
-                continue
-            self.last = ClusterState.from_api(raw)
+
+        def update() -> ClusterState:
+            self.last = ClusterState.from_api(
+                once.clusters.update(self.id, num_preemptible_gpus=target)
+            )
             return self.last
+
+        def applied() -> ClusterState | None:
+            current = self.state()
+            return current if current.desired_preemptible_gpus == target else None
+
+        return cloud.once_policy().call(
+            update,
+            what=f"set the preemptible target of cluster {self.id} to {target}",
+            base_url=cloud.base_url,
+            read_back=applied,
+        )
 
     def wait_for_capacity(
         self,
