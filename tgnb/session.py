@@ -26,7 +26,7 @@ from tgnb.errors import NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, dedupe, parse_time, utcnow
 from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
-from tgnb.runs.spec import JobState, Resources, RunSpec, SecretRef
+from tgnb.runs.spec import GPUS_PER_NODE, JobState, Resources, RunSpec, SecretRef
 from tgnb.runs.store import RunStore
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 DEMO_CLUSTER = "tgnb-demo"
 #: Platform time runs this many times faster on an emulator `attach()` starts (300 s -> 6 s).
 DEFAULT_TIME_SCALE = 0.02
-GPUS_PER_NODE = 8
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 
 

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 
 from tgnb.emulator.admin import AdminClient
+from tgnb.runs.spec import GPUS_PER_NODE
 
 NOTICE_FILE = "preemption-notice.json"
 REMOVED_FILE = "removed.json"
-GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)

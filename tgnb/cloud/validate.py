@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tgnb.errors import ValidationError
-
-#: Preemptible (and standard) GPU counts come in whole 8-GPU nodes.
-GPUS_PER_NODE = 8
+from tgnb.runs.spec import GPUS_PER_NODE  # preemptible (and standard) GPUs come in whole nodes
 
 
 def nearest_multiples(value: int, step: int = GPUS_PER_NODE) -> tuple[int, int]:

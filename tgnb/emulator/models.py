@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tgnb.events import format_time, parse_time
-
-GPUS_PER_NODE = 8
+from tgnb.runs.spec import GPUS_PER_NODE
 
 GPU_TYPES = (
     "H100_SXM",

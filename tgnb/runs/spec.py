@@ -16,6 +16,10 @@ from typing import Any
 
 from tgnb.errors import ValidationError
 
+#: GPUs on one node of a Together GPU cluster: targets and counts come in whole nodes. Defined here
+#: once; the emulator, the control plane, the backends and `Session` read it from here.
+GPUS_PER_NODE = 8
+
 #: Exit code of a training process that saved a checkpoint because it was preempted and wants to be
 #: started again (BSD EX_TEMPFAIL). 0 means finished, anything else failed.
 EXIT_PREEMPTED = 75
@@ -63,7 +67,7 @@ class SecretRef:
 class Resources:
     nodes: int = 1
     min_nodes: int | None = None  # elastic restarts: start when this many nodes are free
-    gpus_per_node: int = 8
+    gpus_per_node: int = GPUS_PER_NODE
     preemptible: bool = True
     cpus_per_task: int | None = None
     memory_gib: int | None = None
