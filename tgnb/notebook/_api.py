@@ -7,32 +7,35 @@ magics stay a thin parse; everything else is `Session`/`Run`/`Cluster` methods.
 from __future__ import annotations
 
 import html
-import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from tgnb.events import Event, utcnow
 
+if TYPE_CHECKING:
+    from tgnb.cloud import Cloud, ClusterState, WaitResult
+    from tgnb.notebook.cost import CostReport
+    from tgnb.runs import Run
+    from tgnb.session import Session
 
-def attach(target: str | None, local: bool = False) -> Any:
+
+def attach(target: str | None, local: bool = False) -> Session:
     """`tgnb.session.attach(name_or_id, local=)`: the Session the magics work on."""
-    try:
-        from tgnb.session import attach as _attach
-    except ImportError:
-        raise UsageError(
-            "%tg attach: tgnb.session is not installed in this tgnb: update tgnb"
-        ) from None
+    from tgnb.session import attach as _attach
+
     return _attach(target, local=local)
 
 
-def clusters(session: Any) -> Table:
+def clusters(session: Session | None) -> Table:
     """The project's clusters, from the attached session's cloud or from the environment."""
-    cloud = getattr(session, "cloud", None)
-    if cloud is None:
+    cloud: Cloud
+    if session is not None:
+        cloud = session.cloud
+    else:
         from tgnb.cloud import Cloud
 
         cloud = Cloud.from_env()
@@ -52,31 +55,22 @@ def clusters(session: Any) -> Table:
     return Table(head, rows, "no clusters in this project")
 
 
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def scale(
-    session: Any,
+    session: Session,
     preemptible: int,
     wait: bool,
     timeout: float | None = None,
-    callback: Callable[[Any], Any] | None = None,
-) -> Any:
-    """`session.scale(preemptible=N, wait=...)`, passing the progress callback when it takes one."""
-    kwargs: dict[str, Any] = {"preemptible": preemptible, "wait": wait}
-    if wait and timeout is not None and _accepts(session.scale, "timeout"):
-        kwargs["timeout"] = timeout
-    if wait and callback is not None and _accepts(session.scale, "callback"):
-        kwargs["callback"] = callback
-    return session.scale(**kwargs)
+    callback: Callable[[ClusterState], Any] | None = None,
+) -> ClusterState | WaitResult:
+    """`session.scale(preemptible=N, wait=...)`, with the progress callback while it waits."""
+    if not wait:
+        return session.scale(preemptible)
+    if timeout is None:
+        return session.scale(preemptible, wait=True, callback=callback)
+    return session.scale(preemptible, wait=True, timeout=timeout, callback=callback)
 
 
-def find_run(session: Any, name: str) -> Any:
+def find_run(session: Session, name: str) -> Run:
     """`session.run(name)`; a missing run is a UsageError that says how to list them."""
     from tgnb.errors import NotFoundError
 
@@ -86,13 +80,18 @@ def find_run(session: Any, name: str) -> Any:
         raise UsageError(f"no run named {name!r}: %tg runs lists this session's runs") from None
 
 
-def runs_table(runs: Iterable[Any]) -> Table:
+def runs_table(runs: Iterable[Run]) -> Table:
     rows = []
     for run in runs:
-        rec = run.refresh() if hasattr(run, "refresh") else run.record
-        state = getattr(rec.state, "value", str(rec.state))
+        rec = run.refresh()
         rows.append(
-            (rec.name, state, rec.backend, ",".join(rec.nodes) or "-", str(rec.restart_count))
+            (
+                rec.name,
+                rec.state.value,
+                rec.backend,
+                ",".join(rec.nodes) or "-",
+                str(rec.restart_count),
+            )
         )
     return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, "no runs yet: %tg launch")
 
@@ -124,19 +123,21 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
     return "\n".join(lines)
 
 
-def preempt(session: Any, node: str | None) -> Any:
+def preempt(session: Session, node: str | None) -> dict[str, Any]:
     """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
     return session.preempt(node)
 
 
-def cost(session: Any, standard_price: float | None, preemptible_price: float | None) -> Any:
+def cost(
+    session: Session, standard_price: float | None, preemptible_price: float | None
+) -> CostReport:
     """A `CostReport` of this session's runs from their lifecycle events."""
     from tgnb.notebook.cost import session_cost
 
     runs: dict[str, tuple[list[Event], int]] = {}
     for run in session.runs():
         res = run.record.spec.resources
-        events = run.run_events() if hasattr(run, "run_events") else run.events()
+        events = run.run_events()
         runs[run.name] = (events, int(res.gpus_per_node) * int(res.nodes))
     return session_cost(runs, standard_price, preemptible_price)
 

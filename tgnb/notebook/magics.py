@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -23,6 +23,10 @@ from traitlets import Float, TraitError, Unicode, validate
 from tgnb.errors import TgnbError
 from tgnb.notebook import _api
 from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
+
+if TYPE_CHECKING:
+    from tgnb.runs import Run
+    from tgnb.session import Session
 
 
 def _display(obj: Any) -> None:
@@ -73,7 +77,7 @@ class Tg(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self.session: Any = None
+        self.session: Session | None = None
         self._parsers = build()
         self._handlers: dict[str, Callable[[Any, str | None], Any]] = {
             name: getattr(self, f"_do_{name}") for name in self._parsers
@@ -118,21 +122,21 @@ class Tg(Magics):
             raise UsageError(f"%tg {name}: {e}") from None
 
     # -- helpers -------------------------------------------------------------------------------
-    def _session(self) -> Any:
+    def _session(self) -> Session:
         if self.session is None:
             raise UsageError("no cluster attached: run %tg attach NAME (or %tg attach --local)")
         return self.session
 
-    def _run(self, name: str) -> Any:
+    def _run(self, name: str) -> Run:
         return _api.find_run(self._session(), name)
 
     # -- subcommands ---------------------------------------------------------------------------
     def _do_attach(self, args: Any, cell: str | None) -> Any:
         target = args.cluster or self.default_cluster or None
-        self.session = _api.attach(target, local=args.local)
-        if getattr(self.session, "is_local", False):
-            print(f"attached to the local emulator at {self.session.cloud.base_url}")
-        return self.session
+        session = self.session = _api.attach(target, local=args.local)
+        if session.is_local:
+            print(f"attached to the local emulator at {session.cloud.base_url}")
+        return session
 
     def _do_clusters(self, args: Any, cell: str | None) -> Any:
         return _api.clusters(self.session)

@@ -12,12 +12,17 @@ from __future__ import annotations
 import html
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
 from tgnb import events as ev
 from tgnb.notebook._plot import curve_svg
+
+if TYPE_CHECKING:
+    from tgnb.cloud import Cluster, ClusterState
+    from tgnb.runs import Run
+    from tgnb.session import Session
 
 
 class Poller:
@@ -101,7 +106,7 @@ class ClusterPanel(_Panel):
 
     def __init__(
         self,
-        source: Any,
+        source: Session | Cluster,
         poll_interval: float = 2.0,
         start: bool = True,
         max_preemptible: int = 512,
@@ -137,12 +142,12 @@ class ClusterPanel(_Panel):
             self._guard(self.refresh)
             self._poller.start()
 
-    def _read(self) -> Any:
-        if hasattr(self.source, "status"):
-            return self.source.status()
-        if hasattr(self.source, "state"):
+    def _read(self) -> ClusterState:
+        from tgnb.cloud import Cluster
+
+        if isinstance(self.source, Cluster):
             return self.source.state()
-        return self.source
+        return self.source.status()
 
     def refresh(self) -> None:
         """Read the cluster now and show it."""
@@ -165,10 +170,7 @@ class ClusterPanel(_Panel):
 
     def scale_to_target(self) -> Any:
         """Set the preemptible target to the control's value (no waiting)."""
-        kwargs: dict[str, Any] = {"preemptible": int(self.target.value)}
-        if hasattr(self.source, "status"):
-            kwargs["wait"] = False
-        result = self.source.scale(**kwargs)
+        result = self.source.scale(int(self.target.value))  # Session.scale waits only if asked
         self.refresh()
         return result
 
@@ -242,7 +244,7 @@ class RunPanel(_Panel):
     `run` is a `tgnb.runs.Run` (``records("metrics")``, ``run_events()``, ``state``).
     """
 
-    def __init__(self, run: Any, poll_interval: float = 2.0, start: bool = True) -> None:
+    def __init__(self, run: Run, poll_interval: float = 2.0, start: bool = True) -> None:
         self.run = run
         self.header = W.HTML()
         self.progress = W.IntProgress(value=0, min=0, max=1, description="steps")
@@ -276,17 +278,14 @@ class RunPanel(_Panel):
         return not self.finished
 
     def max_steps(self) -> int | None:
-        spec = getattr(getattr(self.run, "record", None), "spec", None)
-        train = getattr(spec, "train", None) or {}
-        value = train.get("max_steps") if hasattr(train, "get") else None
+        value = self.run.record.spec.train.get("max_steps")
         return int(value) if isinstance(value, int) else None
 
     def refresh(self) -> None:
         """Read the run's metrics, events and state now and show them."""
         state = self.run.state
         rows = self.run.records("metrics")
-        events = self.run.run_events() if hasattr(self.run, "run_events") else self.run.events()
-        self.update(rows, events, getattr(state, "value", str(state)))
+        self.update(rows, self.run.run_events(), state.value)
 
     def update(self, rows: list[dict[str, Any]], events: list[ev.Event], state: str) -> None:
         self.rows, self.events, self.state = rows, events, state
@@ -325,7 +324,7 @@ class RunPanel(_Panel):
         ckpts = sum(1 for x in self.events if x.reason == ev.CHECKPOINT_SAVED)
         node = next((x.node for x in reversed(self.events) if x.node), None) or "-"
         return (
-            f"<b>run {e(str(getattr(self.run, 'name', '')))}</b> · {e(self.state)} · node "
+            f"<b>run {e(self.run.name)}</b> · {e(self.state)} · node "
             f"{e(node)} · {ckpts} checkpoints · {restarts} resumes"
         )
 
