@@ -21,10 +21,11 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
 - ``train``: the runtime on the node. The emulator's Post-Training engine uses its tiny model.
 - ``runs``: the domain types (`RunSpec`, `JobState`, `EXIT_PREEMPTED`), the `Backend` protocol and
   the run store; the backends and the training runtime depend on it, never the reverse.
-- ``events`` and ``errors``; then ``config``.
+- ``events``, ``errors`` (and ``progress``, text bars); then ``config``.
 
 A new subpackage must be added to `LAYERS` before its imports are checked: the test says so. An
-exception to the rule goes in `ALLOWED` with the reason it is sound.
+exception to the rule goes in `ALLOWED` (`ALLOWED_CYCLES` for a circle) with the
+reason it is sound.
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ LAYERS: list[set[str]] = [
     {"cloud", "emulator"},
     {"train"},
     {"runs"},
-    {"events", "errors"},
+    {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
     {"config"},
 ]
 
 #: (file relative to the package, imported module) -> why this import may go against the planes.
 ALLOWED: dict[tuple[str, str], str] = {}
+
+#: The modules of a circle (lazy imports that call each other back) -> why it is sound.
+ALLOWED_CYCLES: dict[frozenset[str], str] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -209,7 +213,7 @@ def test_no_module_imports_back() -> None:
         for target, _, runs in imports(module):
             if runs and target != module and target in MODULES:
                 edges[module].add(target)
-    cycles = _cycles(edges)
+    cycles = [c for c in _cycles(edges) if frozenset(c) not in ALLOWED_CYCLES]
     assert not cycles, "modules that import each other: " + "; ".join(
         " <-> ".join(c) for c in cycles
     )
