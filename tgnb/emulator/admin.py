@@ -42,7 +42,7 @@ class AdminClient:
         )
 
     def __repr__(self) -> str:
-        return f"<AdminClient {self.base_url}>"
+        return f"<{type(self).__name__} {self.base_url}>"
 
     def __enter__(self) -> AdminClient:
         return self
@@ -59,38 +59,39 @@ class AdminClient:
         self._http.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self._http.request(method, PREFIX + path, **kw)
+        """`path` from the emulator's root (``/_emulator/...``, or ``/v1/...`` in tests)."""
+        r = self._http.request(method, path, **kw)
         r.raise_for_status()
         return r.json()
 
     def health(self) -> dict[str, Any]:
         """The daemon's pid, version, time scale and the like."""
-        return dict(self._call("GET", "/health"))
+        return dict(self._call("GET", f"{PREFIX}/health"))
 
     def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
         """Every node of a cluster: name, kind, state, deadline, dir, ... (removed ones too)."""
-        body = self._call("GET", f"/clusters/{cluster_id}/nodes")
+        body = self._call("GET", f"{PREFIX}/clusters/{cluster_id}/nodes")
         return list(body.get("nodes", body) if isinstance(body, dict) else body)
 
     def preempt(self, cluster_id: str, node: str | None = None) -> dict[str, Any]:
         """Preempt `node` (default: the oldest running preemptible node); returns the node."""
         body = {"node": node} if node else {}
-        return dict(self._call("POST", f"/clusters/{cluster_id}/preempt", json=body))
+        return dict(self._call("POST", f"{PREFIX}/clusters/{cluster_id}/preempt", json=body))
 
     def release(self, cluster_id: str, node: str) -> dict[str, Any]:
         """End a draining node's window now (its workload has exited); it is removed at once."""
-        return dict(self._call("POST", f"/clusters/{cluster_id}/nodes/{node}/release"))
+        return dict(self._call("POST", f"{PREFIX}/clusters/{cluster_id}/nodes/{node}/release"))
 
     def requests(self) -> list[dict[str, Any]]:
         """The request log: every /v1 and /v3 request (method, path, query, status, body, chaos)."""
-        return list(self._call("GET", "/requests")["requests"])
+        return list(self._call("GET", f"{PREFIX}/requests")["requests"])
 
     def clear_requests(self) -> int:
-        return int(self._call("DELETE", "/requests")["cleared"])
+        return int(self._call("DELETE", f"{PREFIX}/requests")["cleared"])
 
     def chaos(self) -> dict[str, Any]:
         """The chaos settings in force."""
-        return dict(self._call("GET", "/chaos"))
+        return dict(self._call("GET", f"{PREFIX}/chaos"))
 
     def set_chaos(
         self,
@@ -108,12 +109,12 @@ class AdminClient:
             body["delay_s"] = delay_s
         if retry_after_ms is not None:
             body["retry_after_ms"] = retry_after_ms
-        return dict(self._call("POST", "/chaos", json=body))
+        return dict(self._call("POST", f"{PREFIX}/chaos", json=body))
 
     def set_capacity(self, gpus: int | None, cluster_id: str | None = None) -> dict[str, Any]:
         """Cap preemptible GPUs (all clusters, or one); None lifts the cap."""
         body = {"gpus": gpus, "cluster_id": cluster_id}
-        return dict(self._call("POST", "/capacity", json=body))
+        return dict(self._call("POST", f"{PREFIX}/capacity", json=body))
 
 
 __all__ = ["PREFIX", "AdminClient", "admin_root"]
