@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from tgnb.events import Event, utcnow
 
 
-def attach(target: str | None, local: bool = False) -> Any:
+def attach(target: str | None, local: bool = False, time_scale: float | None = None) -> Any:
     """`tgnb.session.attach(name_or_id, local=)`: the Session the magics work on."""
     try:
         from tgnb.session import attach as _attach
@@ -26,7 +26,7 @@ def attach(target: str | None, local: bool = False) -> Any:
         raise UsageError(
             "%tg attach: tgnb.session is not installed in this tgnb: update tgnb"
         ) from None
-    return _attach(target, local=local)
+    return _attach(target, local=local, time_scale=time_scale)
 
 
 def clusters(session: Any) -> Table:

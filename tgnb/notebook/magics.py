@@ -129,7 +129,7 @@ class Tg(Magics):
     # -- subcommands ---------------------------------------------------------------------------
     def _do_attach(self, args: Any, cell: str | None) -> Any:
         target = args.cluster or self.default_cluster or None
-        self.session = _api.attach(target, local=args.local)
+        self.session = _api.attach(target, local=args.local, time_scale=args.time_scale)
         if getattr(self.session, "is_local", False):
             print(f"attached to the local emulator at {self.session.cloud.base_url}")
         return self.session
