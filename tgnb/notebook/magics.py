@@ -144,11 +144,21 @@ class Tg(Magics):
         session = self._session()
         if not args.wait:
             return _api.scale(session, args.preemptible, wait=False)
+        timeout = args.timeout.total_seconds() if args.timeout else None
+        if getattr(self.shell, "kernel", None) is None:  # a terminal IPython: a text bar
+            from tgnb.progress import CapacityBar
+
+            bar = CapacityBar(args.preemptible)
+            try:
+                return _api.scale(
+                    session, args.preemptible, wait=True, timeout=timeout, callback=bar.update
+                )
+            finally:
+                bar.close()
         from tgnb.notebook.widgets import ClusterPanel
 
         panel = ClusterPanel(session, poll_interval=self.poll_interval, start=False)
         _display(panel)
-        timeout = args.timeout.total_seconds() if args.timeout else None
         return _api.scale(
             session, args.preemptible, wait=True, timeout=timeout, callback=panel.update
         )
