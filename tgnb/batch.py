@@ -105,6 +105,7 @@ def export_html(notebook: Path, html: Path | None = None) -> Path:
 
     html = html or notebook.with_suffix(".html")
     nb = nbformat.read(notebook, as_version=4)
+    _static_widgets(nb)
     body, _ = HTMLExporter().from_notebook_node(nb)
     html.write_text(body, encoding="utf-8")
     return html
@@ -123,6 +124,20 @@ def _kernel_manager() -> type:
                 self.curve_publickey, self.curve_secretkey = zmq.curve_keypair()
 
     return EncryptedKernelManager
+
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _static_widgets(nb: Any) -> None:
+    """Outputs that carry a widget view and an HTML rendering keep only the HTML for the export:
+    a page opened without a kernel (or without the CDN's require.js) shows the panel as it was
+    last displayed instead of a blank widget area. The executed notebook keeps both."""
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if _WIDGET_VIEW in data and "text/html" in data:
+                del data[_WIDGET_VIEW]
 
 
 def run_notebook(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,33 @@ class _Panel(W.VBox):
     def close(self) -> None:
         self._poller.stop(join=False)
         super().close()
+
+    def show(self) -> None:
+        """Display the panel under a display id: `refresh_displays` (after each cell) re-sends
+        its bundle when its static rendering changed, so the ``text/html`` fallback that
+        papermill and nbconvert keep holds its latest state, not the first one."""
+        from IPython.display import display
+
+        self._sent = self.to_html()
+        self._handle = display(self, display_id=True)
+        _SHOWN.add(self)
+
+    def refresh_display(self) -> bool:
+        """Re-send the displayed bundle if the panel's static rendering changed; whether it did."""
+        handle = getattr(self, "_handle", None)
+        if handle is None:
+            return False
+        if self._poller.running:  # live: read the latest state now, not at the next poll
+            self._guard(self.refresh)
+        rendered = self.to_html()
+        if rendered == self._sent:
+            return False
+        self._sent = rendered
+        handle.update(self)
+        return True
+
+    def refresh(self) -> None:
+        raise NotImplementedError
 
     def to_html(self) -> str:
         raise NotImplementedError
@@ -208,6 +236,20 @@ class ClusterPanel(_Panel):
             f"preemptible {bar} allocated {allocated} / desired {desired} GPUs"
             f"{self._nodes_html()}</div>"
         )
+
+
+#: Panels shown with `_Panel.show`, whose displays `refresh_displays` keeps current.
+_SHOWN: weakref.WeakSet[_Panel] = weakref.WeakSet()
+
+
+def refresh_displays(*_: Any) -> None:
+    """Bring the displayed bundles of shown panels up to date (an IPython ``post_run_cell`` hook,
+    so the update belongs to the cell that just ran and papermill records it)."""
+    for panel in list(_SHOWN):
+        try:
+            panel.refresh_display()
+        except Exception:  # a display that cannot be updated must not fail the user's cell
+            _SHOWN.discard(panel)
 
 
 #: Metric names tried, in order, for the reward and the loss curves.
@@ -369,4 +411,4 @@ class RunPanel(_Panel):
         )
 
 
-__all__ = ["ClusterPanel", "Poller", "RunPanel"]
+__all__ = ["ClusterPanel", "Poller", "RunPanel", "refresh_displays"]
