@@ -183,8 +183,22 @@ class Session:
             timeout=30.0,
         )
         if r.status_code >= 400:
-            raise ValidationError(f"cannot preempt {node or 'a node'}: {r.text[:200]}")
+            raise ValidationError(self._preempt_refused(node, r))
         return dict(r.json())
+
+    def _preempt_refused(self, node: str | None, response: Any) -> str:
+        """The emulator's refusal in words (its message, not its JSON) and the nodes to choose."""
+        try:
+            message = str(response.json().get("message") or "")
+        except (ValueError, AttributeError):
+            message = ""
+        message = message or f"the emulator answered {response.status_code}"
+        try:
+            running = [n.name for n in self.status().preemptible_nodes if n.status == "Ready"]
+        except TgnbError:
+            running = []
+        choose = ", ".join(running) if running else "none (raise the preemptible target first)"
+        return f"cannot preempt {node or 'a node'}: {message}; running preemptible nodes: {choose}"
 
     def events(self, since: datetime | timedelta | str | None = None) -> list[Event]:
         """The cluster's node events and this cluster's runs' events, by time, since `since`."""

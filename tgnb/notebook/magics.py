@@ -24,6 +24,7 @@ from traitlets import Float, TraitError, Unicode, validate
 from tgnb.errors import TgnbError
 from tgnb.notebook import _api
 from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
+from tgnb.notebook._wording import as_magic
 
 
 @magics_class
@@ -110,7 +111,7 @@ class Tg(Magics):
         try:
             return self._handlers[name](args, cell)
         except TgnbError as e:
-            raise UsageError(f"%tg {name}: {e}") from None
+            raise UsageError(f"%tg {name}: {as_magic(str(e))}") from None
 
     # -- helpers -------------------------------------------------------------------------------
     def _session(self) -> Any:

@@ -206,7 +206,8 @@ class ClusterPanel(_Panel):
         return (
             f"<b>{e(s.name)}</b> <code>{e(s.id)}</code> {e(s.type)} · {e(s.status)} · "
             f"{e(s.gpu_type)} {e(s.region)}<br>standard: {s.num_gpus} GPUs on "
-            f"{len(s.standard_nodes)} nodes · preemptible: {len(s.preemptible_nodes)} nodes"
+            f"{_count(len(s.standard_nodes), 'node')} · preemptible: "
+            f"{_count(len(s.preemptible_nodes), 'node')}"
         )
 
     def _nodes_html(self) -> str:
@@ -261,6 +262,11 @@ _MARK_KINDS = {
     ev.DRAIN_NOTICE: "preemption",
     ev.RUN_RESUMED: "resume",
 }
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 resume``, ``2 resumes``, ``0 checkpoints``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _series(
@@ -368,7 +374,7 @@ class RunPanel(_Panel):
         node = next((x.node for x in reversed(self.events) if x.node), None) or "-"
         return (
             f"<b>run {e(str(getattr(self.run, 'name', '')))}</b> · {e(self.state)} · node "
-            f"{e(node)} · {ckpts} checkpoints · {restarts} resumes"
+            f"{e(node)} · {_count(ckpts, 'checkpoint')} · {_count(restarts, 'resume')}"
         )
 
     def markers(self) -> list[tuple[float, str]]:

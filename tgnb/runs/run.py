@@ -221,7 +221,8 @@ class Run:
             ]
             lost += max(0, max(before, default=0) - int(ev.data["step"]))
         key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
-        rewards = [float(r[key]) for r in rows if key and r.get(key) is not None]
+        # rounded to 4 significant digits: a summary is read, not computed with
+        rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
         return {
             "run": self.name,
             "state": self.refresh().state.value,
