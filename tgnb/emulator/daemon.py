@@ -219,7 +219,7 @@ def differences(
     out = []
     for name in names:
         want = getattr(asked, name)
-        if name == "port" and not want:
+        if want is None or (name == "port" and not want):  # not asked: whatever runs will do
             continue
         if name == "port":
             got: Any = running.port
