@@ -104,8 +104,12 @@ def export_html(notebook: Path, html: Path | None = None) -> Path:
     from nbconvert import HTMLExporter
 
     html = html or notebook.with_suffix(".html")
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
     nb = nbformat.read(notebook, as_version=4)
     _static_widgets(nb)
+    # one block per stream, a progress bar's redraws (``\r``) reduced to its last state
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
     body, _ = HTMLExporter().from_notebook_node(nb)
     html.write_text(body, encoding="utf-8")
     return html

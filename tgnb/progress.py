@@ -23,12 +23,15 @@ class StepBar:
 
     def __init__(self, name: str, total: int | None, step: int = 0) -> None:
         self._bar = _tqdm(desc=f"run {name}", total=total, initial=step, unit="step")
+        self._state = ""
 
     def update(self, step: int, state: str) -> None:
+        """Redraw when the step or the state changed (tqdm redraws at most every 0.1 s)."""
+        if state != self._state:
+            self._state = state
+            self._bar.set_postfix_str(state, refresh=step <= self._bar.n)
         if step > self._bar.n:
             self._bar.update(step - self._bar.n)
-        self._bar.set_postfix_str(state, refresh=False)
-        self._bar.refresh()
 
     def close(self) -> None:
         self._bar.close()

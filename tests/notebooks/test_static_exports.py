@@ -10,6 +10,7 @@ step counter) instead of TRL, since the panels, not the training, are under test
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ CELLS = [
     "%tg scale --preemptible 8 --wait --timeout 60s",
     "run = session.launch('grpo', name='static', max_steps=6)",
     "%tg watch static",
-    "status = run.wait(timeout=120, progress=False)\nstatus.state.value",
+    "status = run.wait(timeout=120)\nstatus.state.value",
 ]
 
 
@@ -69,3 +70,6 @@ def test_panels_fallbacks_show_their_last_state(
     page = result.html.read_text(encoding="utf-8")
     assert "allocated 8 / desired 8 GPUs" in page and "step 6 / 6" in page
     assert "not read yet" not in page
+    # run.wait()'s text bar: its redraws reduced to the last one, in one block
+    bars = re.findall(r"run static: [^<]*", page)
+    assert len(bars) == 1 and "6/6" in bars[0] and "succeeded" in bars[0], bars
