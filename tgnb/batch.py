@@ -186,13 +186,31 @@ def run_notebook(
     except pm.PapermillExecutionError as exc:
         if html:
             export_html(output)
+        why = f"{exc.ename}: {exc.evalue}" if exc.evalue else _stderr_of(output, exc.exec_count)
         raise NotebookError(
-            f"{source.name} failed in cell {exc.exec_count} ({exc.ename}: {exc.evalue}); "
-            f"see {output}",
+            f"{source.name} failed in cell {exc.exec_count} ({why or exc.ename}); see {output}",
             output,
         ) from None
     seconds = time.monotonic() - t0
     return NotebookResult(source, output, export_html(output) if html else None, seconds)
+
+
+def _stderr_of(notebook: Path, exec_count: int | None) -> str:
+    """The last stderr line of a failed cell (a magic's `UsageError` shows only there)."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except (OSError, ValueError):
+        return ""
+    for cell in nb.cells:
+        if cell.get("execution_count") == exec_count:
+            text = "".join(
+                o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stderr"
+            )
+            lines = [line for line in text.splitlines() if line.strip()]
+            return lines[-1] if lines else ""
+    return ""
 
 
 def _progress(name: str) -> dict[str, Any]:

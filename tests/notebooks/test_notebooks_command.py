@@ -1,7 +1,8 @@
 """``tgnb notebooks run`` on small notebooks of the test's own, with a real kernel and real emulator
 daemons: a one-line progress bar per notebook (cell i of N, elapsed), no kernel warning about
-plain-text TCP (the kernel's sockets are CurveZMQ-encrypted), and ``--stop`` stopping only an
-emulator this command started."""
+plain-text TCP (the kernel's sockets are CurveZMQ-encrypted), ``--stop`` stopping only an
+emulator this command started, and a notebook asking another time scale than the running
+emulator's failing with the reason."""
 
 from __future__ import annotations
 
@@ -64,6 +65,16 @@ def test_stop_leaves_an_emulator_the_user_started(
         assert rc == 0, err
         assert f"left the local emulator on {st.base_url} running" in out
         assert "tgnb emulator stop" in out
+        assert daemon.status(home).pid == st.pid
+        # a notebook that asks another time scale fails at once, saying why and what to do
+        asks = notebook(
+            tmp_path / "asks.ipynb", "%load_ext tgnb\n%tg attach --local --time-scale 0.02"
+        )
+        rc = batch.main(["run", str(asks), "--out", str(tmp_path / "out"), "--no-html"])
+        out, err = capfd.readouterr()
+        assert rc == 1
+        assert "asks.ipynb failed in cell 1 (UsageError: %tg attach: the local emulator" in err
+        assert "time scale 0.5 (asked 0.02)" in err and "tgnb emulator stop" in err
         assert daemon.status(home).pid == st.pid
     finally:
         daemon.stop(home)
