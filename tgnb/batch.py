@@ -18,10 +18,12 @@ papermill, nbconvert and ipykernel come with the ``batch`` extra (``pip install 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import secrets
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,10 +104,44 @@ def export_html(notebook: Path, html: Path | None = None) -> Path:
     from nbconvert import HTMLExporter
 
     html = html or notebook.with_suffix(".html")
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
     nb = nbformat.read(notebook, as_version=4)
+    _static_widgets(nb)
+    # one block per stream, a progress bar's redraws (``\r``) reduced to its last state
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
     body, _ = HTMLExporter().from_notebook_node(nb)
     html.write_text(body, encoding="utf-8")
     return html
+
+
+def _kernel_manager() -> type:
+    """papermill's kernel manager with CurveZMQ keys, so the kernel's sockets on loopback are
+    encrypted (and ipykernel does not warn about plain-text TCP)."""
+    import zmq
+    from jupyter_client.manager import AsyncKernelManager
+
+    class EncryptedKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            if zmq.has("curve"):
+                self.curve_publickey, self.curve_secretkey = zmq.curve_keypair()
+
+    return EncryptedKernelManager
+
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _static_widgets(nb: Any) -> None:
+    """Outputs that carry a widget view and an HTML rendering keep only the HTML for the export:
+    a page opened without a kernel (or without the CDN's require.js) shows the panel as it was
+    last displayed instead of a blank widget area. The executed notebook keeps both."""
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if _WIDGET_VIEW in data and "text/html" in data:
+                del data[_WIDGET_VIEW]
 
 
 def run_notebook(
@@ -117,12 +153,14 @@ def run_notebook(
     kernel: str | None = None,
     html: bool = True,
     cell_timeout: float | None = 1800,
+    progress: bool = False,
 ) -> NotebookResult:
     """Execute one notebook with papermill into `out_dir` (same file name) and export it as HTML.
 
     `parameters` are injected after the cell tagged ``parameters``; `home` sets the notebook's
-    ``home`` parameter (the tgnb home of its emulator and run store). Raises `NotebookError` when
-    a cell fails: the executed notebook (and its HTML) are still written, up to that cell.
+    ``home`` parameter (the tgnb home of its emulator and run store). `progress` shows a text
+    progress bar on stderr (cell i of N, elapsed). Raises `NotebookError` when a cell fails: the
+    executed notebook (and its HTML) are still written, up to that cell.
     """
     import papermill as pm
 
@@ -141,19 +179,43 @@ def run_notebook(
             parameters=params,
             kernel_name=kernel,
             cwd=str(source.parent),
-            progress_bar=False,
+            progress_bar=_progress(source.name) if progress else False,
             execution_timeout=cell_timeout,
+            kernel_manager_class=_kernel_manager(),
         )
     except pm.PapermillExecutionError as exc:
         if html:
             export_html(output)
+        why = f"{exc.ename}: {exc.evalue}" if exc.evalue else _stderr_of(output, exc.exec_count)
         raise NotebookError(
-            f"{source.name} failed in cell {exc.exec_count} ({exc.ename}: {exc.evalue}); "
-            f"see {output}",
+            f"{source.name} failed in cell {exc.exec_count} ({why or exc.ename}); see {output}",
             output,
         ) from None
     seconds = time.monotonic() - t0
     return NotebookResult(source, output, export_html(output) if html else None, seconds)
+
+
+def _stderr_of(notebook: Path, exec_count: int | None) -> str:
+    """The last stderr line of a failed cell (a magic's `UsageError` shows only there)."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except (OSError, ValueError):
+        return ""
+    for cell in nb.cells:
+        if cell.get("execution_count") == exec_count:
+            text = "".join(
+                o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stderr"
+            )
+            lines = [line for line in text.splitlines() if line.strip()]
+            return lines[-1] if lines else ""
+    return ""
+
+
+def _progress(name: str) -> dict[str, Any]:
+    """papermill's tqdm bar as one line: ``01-quickstart.ipynb: cell 7 of 25 [00:41]``."""
+    return {"desc": name, "bar_format": "{desc}: cell {n_fmt} of {total_fmt} [{elapsed}]"}
 
 
 def _value(text: str) -> Any:
@@ -203,32 +265,66 @@ def main(argv: Sequence[str] | None = None) -> int:
         sources = [resolve(n) for n in names]  # every name checked before anything runs
         params = {k: _value(v) for k, v in args.parameter}
         failed = 0
-        try:
-            for source in sources:
-                print(f"running {source.name} ...", flush=True)
-                try:
-                    result = run_notebook(
-                        source,
-                        args.out,
-                        params,
-                        home=args.home,
-                        kernel=args.kernel,
-                        html=not args.no_html,
-                    )
-                except NotebookError as exc:
-                    failed += 1
-                    print(f"tgnb notebooks: {exc}", file=sys.stderr)
-                    continue
-                print(result, flush=True)
-        finally:
-            if args.stop:
-                from tgnb.session import shutdown_local
-
-                shutdown_local(args.home)
+        with _owner_token() as owner:
+            try:
+                for source in sources:
+                    try:
+                        result = run_notebook(
+                            source,
+                            args.out,
+                            params,
+                            home=args.home,
+                            kernel=args.kernel,
+                            html=not args.no_html,
+                            progress=True,
+                        )
+                    except NotebookError as exc:
+                        failed += 1
+                        print(f"tgnb notebooks: {exc}", file=sys.stderr)
+                        continue
+                    print(result, flush=True)
+            finally:
+                if args.stop:
+                    _stop_own(args.home, owner)
         return 1 if failed else 0
     except TgnbError as exc:
         print(f"tgnb notebooks: {exc}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _owner_token() -> Iterator[str]:
+    """``$TGNB_EMULATOR_OWNER`` for the notebooks' kernels: an emulator they start is this
+    command's, which it may restart (other options asked) and stop (``--stop``)."""
+    from tgnb.emulator.daemon import OWNER_ENV
+
+    before = os.environ.get(OWNER_ENV)
+    os.environ[OWNER_ENV] = before or secrets.token_hex(8)
+    try:
+        yield os.environ[OWNER_ENV]
+    finally:
+        if before is None:
+            os.environ.pop(OWNER_ENV, None)
+
+
+def _stop_own(home: Path | None, owner: str) -> None:
+    """``--stop``: stop the emulator (and its runs) if this command started it, else say why not."""
+    from tgnb.emulator import daemon
+
+    st = daemon.status(home)
+    if not st.running:
+        return
+    if st.owner != owner:
+        print(
+            f"left the local emulator on {st.base_url} running: this command did not start it "
+            "(`tgnb emulator stop` stops it)",
+            flush=True,
+        )
+        return
+    from tgnb.session import shutdown_local
+
+    shutdown_local(home)
+    print(f"stopped the local emulator on {st.base_url}", flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

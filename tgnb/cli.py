@@ -31,7 +31,10 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        print(_usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
         print(_usage())
         return 0
     if args[0] in ("-V", "--version"):

@@ -97,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out = Printer()
     ctype = "SLURM" if args.slurm else "KUBERNETES"
+    from tgnb.emulator import daemon
+
+    ours = not daemon.status(args.home).running  # --stop stops only an emulator started here
     try:
         session = attach(local=True, home=args.home, cluster_type=ctype, time_scale=args.time_scale)
     except TgnbError as exc:
@@ -108,10 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tgnb demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        if args.stop:
+        if args.stop and ours:
             from tgnb.session import shutdown_local
 
             shutdown_local(session.home)
+        elif args.stop:
+            print("left the local emulator running: this command did not start it", flush=True)
 
 
 def _demo(session: Any, args: argparse.Namespace, out: Printer, feed_cls: Any) -> int:

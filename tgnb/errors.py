@@ -52,6 +52,10 @@ class EmulatorError(TgnbError):
     """The local emulator daemon could not be started, reached or stopped."""
 
 
+class EmulatorMismatchError(EmulatorError):
+    """A running emulator has other options than asked, and another command started it."""
+
+
 class TrainConfigError(ValidationError):
     """A training configuration is invalid (unknown key, algorithm, reward, dataset, ...)."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.config import Settings
-from tgnb.errors import NotFoundError, TgnbError, ValidationError
+from tgnb.errors import EmulatorError, NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, dedupe, parse_time, utcnow
 from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
@@ -181,9 +181,21 @@ class Session:
             try:
                 return admin.preempt(self.cluster.id, node)
             except httpx.HTTPStatusError as exc:
-                raise ValidationError(
-                    f"cannot preempt {node or 'a node'}: {exc.response.text[:200]}"
-                ) from None
+                raise ValidationError(self._preempt_refused(node, exc.response)) from None
+
+    def _preempt_refused(self, node: str | None, response: Any) -> str:
+        """The emulator's refusal in words (its message, not its JSON) and the nodes to choose."""
+        try:
+            message = str(response.json().get("message") or "")
+        except (ValueError, AttributeError):
+            message = ""
+        message = message or f"the emulator answered {response.status_code}"
+        try:
+            running = [n.name for n in self.status().preemptible_nodes if n.status == "Ready"]
+        except TgnbError:
+            running = []
+        choose = ", ".join(running) if running else "none (raise the preemptible target first)"
+        return f"cannot preempt {node or 'a node'}: {message}; running preemptible nodes: {choose}"
 
     def events(self, since: datetime | timedelta | str | None = None) -> list[Event]:
         """The cluster's node events and this cluster's runs' events, by time, since `since`."""
@@ -324,8 +336,9 @@ def attach(
     home: str | os.PathLike[str] | None = None,
     create: bool | None = None,
     cluster_type: str = "KUBERNETES",
-    time_scale: float = DEFAULT_TIME_SCALE,
+    time_scale: float | None = None,
     backend: str | Backend | None = None,
+    start: bool = True,
     **backend_options: Any,
 ) -> Session:
     """Attach to a cluster by name or id and return a `Session`.
@@ -334,6 +347,10 @@ def attach(
     running one reused, under the tgnb home) and the session attaches to `name_or_id` there; with
     no name, to the demo cluster ``tgnb-demo`` (``tgnb-demo-slurm`` for a SLURM `cluster_type`),
     created if it does not exist. `create=True` creates a missing named cluster on the emulator.
+    A daemon started here runs with `time_scale` (default 0.02) and is announced once on stdout;
+    a running one is reused when `time_scale` is None or matches it (else `EmulatorMismatchError`,
+    unless the current command started it: then it is restarted). `start=False` starts nothing:
+    `EmulatorError` when no emulator runs.
     """
     from tgnb.cloud import Cloud
 
@@ -356,7 +373,24 @@ def attach(
     from tgnb.emulator import daemon
     from tgnb.emulator.models import DEFAULT_PROJECT_ID
 
-    st, _ = daemon.start(settings.home, daemon.ServeOptions(time_scale=time_scale))
+    st = daemon.status(settings.home)
+    if not start and not st.running:
+        raise EmulatorError(
+            f"no local emulator runs for {st.home}: start it with `tgnb emulator start` "
+            "(or attach from a notebook: `%tg attach --local`)"
+        )
+    if time_scale is not None or not st.running:
+        was = st
+        asked = daemon.ServeOptions(
+            time_scale=DEFAULT_TIME_SCALE if time_scale is None else time_scale
+        )
+        st, started = daemon.start(settings.home, asked, asked=["time_scale"])
+        if started:
+            again = "restarted" if was.running else "started"
+            print(
+                f"{again} the local emulator on {st.base_url} (time scale {asked.time_scale:g}); "
+                "`tgnb emulator stop` stops it"
+            )
     key = st.api_key.get() if st.api_key else None
     cloud = Cloud(
         Settings(None, settings.project_id or DEFAULT_PROJECT_ID, st.base_url, settings.home),

@@ -3,8 +3,8 @@ extension and the tgnb server extension) on 127.0.0.1 with a temporary root and 
 Debian's Chromium driven by Playwright. Screenshots go to ``out/lab/`` (git-ignored) or to
 ``$TGNB_LAB_ARTIFACTS``.
 
-Outside CI a missing Chromium, Playwright or built extension skips these tests; with ``CI=true``
-it fails them (run ``.ci/extension-build`` first).
+A missing built extension fails these tests (the README's ``pip install -e '.[all]'`` builds it);
+outside CI a missing Chromium or Playwright skips them, with ``CI=true`` it fails them.
 """
 
 from __future__ import annotations
@@ -93,7 +93,10 @@ def _write_lab_settings(settings_dir: Path) -> None:
 def lab(tmp_path: Path) -> Iterator[Lab]:
     """JupyterLab with tgnb on a free loopback port; its Session attaches to the emulator."""
     if not (LABEXTENSION / "package.json").exists():
-        missing("the labextension is not built: run .ci/extension-build")
+        pytest.fail(
+            "the labextension is not built: `pip install -e '.[all]'` builds it (Node.js >= 18 "
+            "and npm on the PATH), or run .ci/extension-build"
+        )
     home = tmp_path / "tgnb-home"
     root = tmp_path / "root"
     labext = tmp_path / "labextensions"

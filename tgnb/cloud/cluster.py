@@ -39,7 +39,16 @@ class WaitResult:
         verdict = "reached" if self.reached else "still short"
         return (
             f"capacity {verdict}: allocated {s.allocated_preemptible_gpus} of target "
-            f"{s.desired_preemptible_gpus} preemptible GPUs after {self.waited:.1f}s ({self.polls} polls)"
+            f"{s.desired_preemptible_gpus} preemptible GPUs after {self.waited:.1f} s "
+            f"({self.polls} polls)"
+        )
+
+    def __repr__(self) -> str:
+        s = self.state
+        return (
+            f"WaitResult(reached={self.reached}, cluster={s.name!r}, "
+            f"allocated={s.allocated_preemptible_gpus}, desired={s.desired_preemptible_gpus}, "
+            f"waited={self.waited:.1f}, polls={self.polls})"
         )
 
 

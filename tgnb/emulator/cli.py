@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -103,13 +104,26 @@ def _options(ns: argparse.Namespace) -> daemon.ServeOptions:
     )
 
 
+def _asked(argv: list[str]) -> list[str]:
+    """The `ServeOptions` fields given on the command line (parsed again with no defaults)."""
+    parser = _parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for knob in sub._actions:
+                    knob.default = argparse.SUPPRESS
+    given = vars(parser.parse_args(argv))
+    return [f.name for f in dataclasses.fields(daemon.ServeOptions) if f.name in given]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = _parser().parse_args(argv)
     try:
         if ns.command == "serve":
             return daemon.serve(ns.home, _options(ns), ns.api_key)
         if ns.command == "start":
-            st, started = daemon.start(ns.home, _options(ns), ns.api_key)
+            st, started = daemon.start(ns.home, _options(ns), ns.api_key, asked=_asked(argv))
             print(("started" if started else "already running") + "\n" + st.describe())
             return 0
         if ns.command == "stop":

@@ -2,7 +2,9 @@
 
 Everything lives under ``$TGNB_HOME/emulator/`` (default ``~/.tgnb/emulator``):
 
-- ``server.json``: ``{pid, host, port, started_at}`` of the running server (written once it listens);
+- ``server.json``: ``{pid, host, port, started_at, options, owner}`` of the running server (written
+  once it listens): the `ServeOptions` it runs with, and the ``$TGNB_EMULATOR_OWNER`` of the command
+  that started it (`start` restarts, and ``tgnb notebooks run --stop`` stops, only its own);
 - ``emulator.log``: the server's output; ``state/``: its persisted fleet (`tgnb.emulator.store`);
 - ``api_key`` (mode 0600): the key clients must send, generated once unless ``--api-key`` or
   ``TGNB_EMULATOR_API_KEY`` gives one; ``lock``: held by the running server, so two never share a home.
@@ -24,8 +26,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,27 @@ import httpx
 from tgnb.config import Secret, default_home, register_secret
 from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.store import atomic_write_json
-from tgnb.errors import EmulatorError
+from tgnb.errors import EmulatorError, EmulatorMismatchError
 
 KEY_ENV = "TGNB_EMULATOR_API_KEY"
+#: A token naming the command that starts the daemon (``tgnb notebooks run`` sets one for its
+#: kernels): a daemon whose owner is the caller's may be restarted or stopped by it.
+OWNER_ENV = "TGNB_EMULATOR_OWNER"
 HOST = "127.0.0.1"
+#: How `differences` names the options a running emulator was asked for, with the fix's flag.
+_LABELS = {
+    "time_scale": "time scale",
+    "drain_window_s": "drain window",
+    "provision_delay_s": "provision delay",
+    "preemption_rate": "preemption rate",
+    "seed": "seed",
+    "capacity_gpus": "capacity",
+    "chaos": "chaos",
+    "chaos_seed": "chaos seed",
+    "chaos_delay_s": "chaos delay",
+    "project_id": "project",
+    "port": "port",
+}
 
 
 @dataclass
@@ -74,6 +93,8 @@ class EmulatorStatus:
     pid: int | None = None
     port: int | None = None
     api_key: Secret | None = None
+    options: dict[str, Any] | None = None  # the ServeOptions it runs with (None: not recorded)
+    owner: str | None = None  # the $TGNB_EMULATOR_OWNER of the command that started it
 
     @property
     def base_url(self) -> str | None:
@@ -90,8 +111,10 @@ class EmulatorStatus:
     def describe(self) -> str:
         if not self.running:
             return f"emulator: not running (home {self.home})"
+        scale = (self.options or {}).get("time_scale")
+        scaled = f", time scale {scale:g}" if isinstance(scale, int | float) else ""
         return (
-            f"emulator: running, pid {self.pid}, {self.base_url}\n"
+            f"emulator: running, pid {self.pid}, {self.base_url}{scaled}\n"
             f"  key file {self.home / 'api_key'}, log {self.log_path}, state {self.state_dir}\n"
             f"  export TOGETHER_BASE_URL={self.base_url}"
         )
@@ -169,13 +192,55 @@ def status(home: Path | None = None, timeout: float = 3.0) -> EmulatorStatus:
             ok = admin.health().get("pid") == info["pid"]
     except (httpx.HTTPError, ValueError):
         ok = False
+    options = info.get("options")
     return EmulatorStatus(
         running=ok,
         home=eh,
         pid=int(info["pid"]),
         port=port,
         api_key=Secret(key) if key else None,
+        options=options if isinstance(options, dict) else None,
+        owner=info.get("owner") or None,
     )
+
+
+def differences(
+    running: EmulatorStatus, asked: ServeOptions, fields_asked: Iterable[str] | None = None
+) -> list[str]:
+    """What `running` does not match of `asked` (only `fields_asked`, by default every option but
+    a port of 0), as ``"time scale 1 (asked 0.02)"``; empty when it matches or recorded nothing."""
+    have = running.options
+    if have is None:
+        return []
+    names = list(fields_asked) if fields_asked is not None else [f.name for f in fields(asked)]
+    out = []
+    for name in names:
+        want = getattr(asked, name)
+        if want is None or (name == "port" and not want):  # not asked: whatever runs will do
+            continue
+        if name == "port":
+            got: Any = running.port
+        elif name in have:
+            got = have[name]
+        else:
+            continue
+        if got != want:
+            label = _LABELS.get(name, name)
+            out.append(f"{label} {_shown(got)} (asked {_shown(want)})")
+    return out
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _owner() -> str | None:
+    return os.environ.get(OWNER_ENV) or None
+
+
+def owned(st: EmulatorStatus) -> bool:
+    """Did the current command start this emulator (the same ``$TGNB_EMULATOR_OWNER``)?"""
+    return st.owner is not None and st.owner == _owner()
 
 
 def start(
@@ -183,15 +248,31 @@ def start(
     options: ServeOptions | None = None,
     key: str | None = None,
     timeout: float = 30.0,
+    *,
+    asked: Iterable[str] | None = None,
 ) -> tuple[EmulatorStatus, bool]:
-    """Start the daemon unless one runs for this home; return (status, started_now)."""
+    """Start the daemon unless one runs for this home; return (status, started_now).
+
+    A running one is reused when it matches `options` (the fields in `asked`; by default all of
+    them). When it does not: restarted with `options` if the current command started it (`owned`),
+    else `EmulatorMismatchError`, which names what differs and the fix.
+    """
     eh = emulator_home(home)
     current = status(home)
+    options = options or ServeOptions()
     if current.running:
-        return current, False
+        diff = differences(current, options, asked)
+        if not diff:
+            return current, False
+        if not owned(current):
+            raise EmulatorMismatchError(
+                f"the local emulator running for {eh} (pid {current.pid}) has "
+                f"{', '.join(diff)}: stop it first with `tgnb emulator stop`, ask for what it "
+                "runs with, or use another tgnb home (TGNB_HOME)"
+            )
+        stop(home)
     eh.mkdir(parents=True, exist_ok=True)
     secret = api_key(eh, key)
-    options = options or ServeOptions()
     cmd = [sys.executable, "-m", "tgnb.emulator.cli", "serve", "--home", str(eh.parent)]
     cmd += options.to_argv()
     log = eh / "emulator.log"
@@ -310,7 +391,14 @@ def serve(
         fleet.start()
         atomic_write_json(
             eh / "server.json",
-            {"pid": os.getpid(), "host": HOST, "port": port, "started_at": time.time()},
+            {
+                "pid": os.getpid(),
+                "host": HOST,
+                "port": port,
+                "started_at": time.time(),
+                "options": asdict(options),
+                "owner": _owner(),
+            },
         )
         print(f"tgnb emulator: serving http://{HOST}:{port} (pid {os.getpid()})", flush=True)
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal with the

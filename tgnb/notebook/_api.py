@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from tgnb.events import Event, utcnow
+from tgnb.events import Event, parse_time, utcnow
 
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, ClusterState, WaitResult
@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     from tgnb.session import Session
 
 
-def attach(target: str | None, local: bool = False) -> Session:
-    """`tgnb.session.attach(name_or_id, local=)`: the Session the magics work on."""
+def attach(target: str | None, local: bool = False, time_scale: float | None = None) -> Session:
+    """`tgnb.session.attach(name_or_id, local=, time_scale=)`: the Session the magics work on."""
     from tgnb.session import attach as _attach
 
-    return _attach(target, local=local)
+    return _attach(target, local=local, time_scale=time_scale)
 
 
 def clusters(session: Session | None) -> Table:
@@ -108,24 +108,58 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
     from tgnb.notebook.timeline import _zone
 
     zone = _zone(tz)
+    # columns as wide as their longest value (node names run to 30 characters and more)
+    rw = max([27, *(len(e.reason) for e in events)])
+    nw = max([26, *(len(e.node or "-") for e in events)])
+    uw = max([16, *(len(e.run or "-") for e in events)])
     lines = (
-        [f"{'TIME (' + tz + ')':<22} {'REASON':<27} {'NODE':<26} {'RUN':<16} MESSAGE"]
+        [f"{'TIME (' + tz + ')':<22} {'REASON':<{rw}} {'NODE':<{nw}} {'RUN':<{uw}} MESSAGE"]
         if header
         else []
     )
     for e in events:
         when = e.time.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
-        lines.append(
-            f"{when:<22} {e.reason:<27} {e.node or '-':<26} {e.run or '-':<16} {e.message}".rstrip()
-        )
+        row = f"{when:<22} {e.reason:<{rw}} {e.node or '-':<{nw}} {e.run or '-':<{uw}} {e.message}"
+        lines.append(row.rstrip())
     if header and not events:
         lines.append("(no events)")
     return "\n".join(lines)
 
 
-def preempt(session: Session, node: str | None) -> dict[str, Any]:
+def preempt(session: Session, node: str | None) -> Preempted:
     """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
-    return session.preempt(node)
+    return Preempted.from_view(session.preempt(node))
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """What ``%tg preempt`` did: the node, when the notice came, when the node goes away."""
+
+    node: str
+    notified_at: str | None
+    deadline: str | None
+
+    @classmethod
+    def from_view(cls, view: dict[str, Any]) -> Preempted:
+        return cls(str(view.get("name", "?")), view.get("notified_at"), view.get("deadline"))
+
+    def __repr__(self) -> str:
+        notice = _clock(self.notified_at)
+        gone = _clock(self.deadline)
+        return f"preempted {self.node}: notice at {notice}, removed at {gone} (end of drain window)"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
+
+def _clock(stamp: str | None) -> str:
+    """``2026-11-30T21:30:17.133Z`` as ``21:30:17Z``."""
+    if not stamp:
+        return "-"
+    try:
+        return parse_time(stamp).strftime("%H:%M:%SZ")
+    except (TypeError, ValueError):
+        return stamp
 
 
 def cost(

@@ -74,6 +74,12 @@ def build() -> dict[str, _Parser]:
     a.add_argument(
         "--local", action="store_true", help="use the local emulator, start it if needed"
     )
+    a.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="the local emulator's time scale (default: the running one's, else 0.02)",
+    )
 
     sub("clusters", "List the clusters of the project.")
     sub("status", "Show the attached cluster: target against allocated, and its nodes.")

@@ -17,6 +17,34 @@ def _fmt(v: float) -> str:
     return f"{v:.2e}"
 
 
+def _nice_axis(lo: float, hi: float, ticks: int = 4) -> tuple[float, float, int]:
+    """Round axis ends around [lo, hi] on a 1-2-2.5-5 step, and the decimals its labels need.
+
+    A range too narrow to tell from its values (a GRPO loss of ±1e-8) is drawn around 0 or its
+    value, so the axis reads ``0`` and not ``-1.86e-08``.
+    """
+    if hi - lo <= 1e-6 * max(1.0, abs(lo), abs(hi)):
+        mid = (lo + hi) / 2
+        mid = 0.0 if abs(mid) < 1e-6 else mid
+        half = abs(mid) * 0.1 if mid else 0.5
+        lo, hi = mid - half, mid + half
+    raw = (hi - lo) / ticks
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(k * mag for k in (1, 2, 2.5, 5, 10) if k * mag >= raw * (1 - 1e-9))
+    lo_n, hi_n = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9)) + (1 if step / mag == 2.5 else 0)
+    return lo_n, hi_n, decimals
+
+
+def _tick(v: float, decimals: int) -> str:
+    if abs(v) >= 1e5 or decimals > 6:
+        return _fmt(v)
+    text = f"{v:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if float(text) == 0 else text
+
+
 def curve_svg(
     title: str,
     points: Sequence[tuple[float, float]],
@@ -50,8 +78,7 @@ def curve_svg(
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
     if x1 == x0:
         x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
+    y0, y1, decimals = _nice_axis(y0, y1)
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * w
@@ -62,8 +89,8 @@ def curve_svg(
     out.append(
         f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_fmt(y1)}</text>'
-        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_fmt(y0)}</text>'
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_tick(y1, decimals)}</text>'
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_tick(y0, decimals)}</text>'
         f'<text x="{left}" y="{height - 6}">step {_fmt(x0)}</text>'
         f'<text x="{left + w}" y="{height - 6}" text-anchor="end">{_fmt(x1)}</text>'
     )

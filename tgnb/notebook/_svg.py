@@ -95,6 +95,39 @@ def _all_markers(
         px *= 2
 
 
+#: Lane labels up to this many characters are shown whole (the left margin holds about 32).
+_LABEL_CHARS = 31
+#: Horizontal room of one marker (pixels): markers closer than this on a lane are set apart.
+_MARKER_W = 10.0
+
+
+def _lane_label(key: str) -> str:
+    """A lane's label: the whole name when it fits, else its first and last dash-separated parts
+    around an ellipsis (``gpu-…-dp-daacfafa-0``), never cut inside a part that is kept."""
+    if len(key) <= _LABEL_CHARS:
+        return key
+    parts = key.split("-")
+    head, tail = parts[0], parts[1:]
+    kept: list[str] = []
+    while tail and len(head) + 3 + len("-".join([tail[-1], *kept])) <= _LABEL_CHARS:
+        kept.insert(0, tail.pop())
+    if not kept:  # no dashes to cut at: keep both ends
+        return key[:12] + "…" + key[-(_LABEL_CHARS - 13) :]
+    return f"{head}-…-{'-'.join(kept)}"
+
+
+def _dodge(placed: list[tuple[float, Marker]]) -> list[tuple[float, Marker]]:
+    """Markers (sorted by x) moved right just enough not to overlap the previous one on their
+    lane (events a second apart: signal, checkpoint, exit), by at most three markers' width."""
+    out: list[tuple[float, Marker]] = []
+    last = float("-inf")
+    for x, m in placed:
+        drawn = min(max(x, last + _MARKER_W), x + 3 * _MARKER_W)
+        out.append((drawn, m))
+        last = drawn
+    return out
+
+
 def _ticks(lo: float, hi: float, target: int) -> tuple[list[float], int]:
     span = max(hi - lo, 1.0)
     step = next((s for s in _STEPS if span / s <= target), _STEPS[-1])
@@ -176,7 +209,7 @@ def render(tl: EventTimeline) -> str:
     for i, lane in enumerate(lanes):
         y_lane: float = top + i * (_LANE_H + _GAP)
         mid = y_lane + _LANE_H / 2
-        name = lane.key if len(lane.key) <= 24 else lane.key[:10] + "…" + lane.key[-12:]
+        name = _lane_label(lane.key)
         tag = {"standard": "standard node", "preemptible": "preemptible node"}.get(
             lane.kind, lane.kind
         )
@@ -184,7 +217,8 @@ def render(tl: EventTimeline) -> str:
         out.append(
             f'<g class="lane lane-{lane.kind}" data-key="{html.escape(lane.key, quote=True)}">'
             f'<rect x="6" y="{mid - 5:.1f}" width="10" height="10" fill="{swatch}"><title>{tag}</title></rect>'
-            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">{html.escape(name)}</text>'
+            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">{html.escape(name)}'
+            f"<title>{html.escape(lane.key)}</title></text>"
         )
         for s in _merge_spans(lane.spans, scale):
             x0, x1 = x_of(s.start), x_of(s.end)
@@ -198,7 +232,7 @@ def render(tl: EventTimeline) -> str:
                 f'<rect class="span {s.kind}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
                 f'fill="{_SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
             )
-        for x, m in sorted(bucketed[i], key=lambda p: p[0]):
+        for x, m in _dodge(sorted(bucketed[i], key=lambda p: p[0])):
             count = f" ×{m.count}" if m.count > 1 else ""
             ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
             out.append(

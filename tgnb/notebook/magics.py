@@ -12,6 +12,7 @@ kubernetes or pandas at import time.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from traitlets import Float, TraitError, Unicode, validate
 from tgnb.errors import TgnbError
 from tgnb.notebook import _api
 from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
+from tgnb.notebook._wording import as_magic
 
 if TYPE_CHECKING:
     from tgnb.runs import Run
@@ -119,7 +121,7 @@ class Tg(Magics):
         try:
             return self._handlers[name](args, cell)
         except TgnbError as e:
-            raise UsageError(f"%tg {name}: {e}") from None
+            raise UsageError(f"%tg {name}: {as_magic(str(e))}") from None
 
     # -- helpers -------------------------------------------------------------------------------
     def _session(self) -> Session:
@@ -133,7 +135,7 @@ class Tg(Magics):
     # -- subcommands ---------------------------------------------------------------------------
     def _do_attach(self, args: Any, cell: str | None) -> Any:
         target = args.cluster or self.default_cluster or None
-        session = self.session = _api.attach(target, local=args.local)
+        session = self.session = _api.attach(target, local=args.local, time_scale=args.time_scale)
         if session.is_local:
             print(f"attached to the local emulator at {session.cloud.base_url}")
         return session
@@ -148,11 +150,21 @@ class Tg(Magics):
         session = self._session()
         if not args.wait:
             return _api.scale(session, args.preemptible, wait=False)
+        timeout = args.timeout.total_seconds() if args.timeout else None
+        if getattr(self.shell, "kernel", None) is None:  # a terminal IPython: a text bar
+            from tgnb.progress import CapacityBar
+
+            bar = CapacityBar(args.preemptible)
+            try:
+                return _api.scale(
+                    session, args.preemptible, wait=True, timeout=timeout, callback=bar.update
+                )
+            finally:
+                bar.close()
         from tgnb.notebook.widgets import ClusterPanel
 
         panel = ClusterPanel(session, poll_interval=self.poll_interval, start=False)
-        _display(panel)
-        timeout = args.timeout.total_seconds() if args.timeout else None
+        panel.show()  # its static fallback is brought up to date after the cell (post_run_cell)
         return _api.scale(
             session, args.preemptible, wait=True, timeout=timeout, callback=panel.update
         )
@@ -174,7 +186,11 @@ class Tg(Magics):
     def _do_watch(self, args: Any, cell: str | None) -> Any:
         from tgnb.notebook.widgets import RunPanel
 
-        return RunPanel(self._run(args.run), poll_interval=self.poll_interval)
+        panel = RunPanel(self._run(args.run), poll_interval=self.poll_interval)
+        if getattr(self.shell, "kernel", None) is None:
+            return panel  # no front end to update: the caller shows it
+        panel.show()  # displayed, not returned: its fallback is kept current after each cell
+        return None
 
     def _do_logs(self, args: Any, cell: str | None) -> None:
         run = self._run(args.run)
@@ -225,12 +241,22 @@ class Tg(Magics):
         return _api.cost(self._session(), self.standard_price, self.preemptible_price)
 
 
+def _refresh_panels(*_: Any) -> None:
+    """After each cell: re-send the displays of shown panels whose state changed (only once a
+    panel was made: widgets are not imported for this)."""
+    widgets = sys.modules.get("tgnb.notebook.widgets")
+    if widgets is not None:
+        widgets.refresh_displays()
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%tg``/``%%tg`` and make ``%config Tg.*`` reach them."""
     magics = Tg(shell=ipython)
     ipython.register_magics(magics)
     if magics not in ipython.configurables:
         ipython.configurables.append(magics)
+    if _refresh_panels not in ipython.events.callbacks["post_run_cell"]:
+        ipython.events.register("post_run_cell", _refresh_panels)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -238,6 +264,8 @@ def unload_ipython_extension(ipython: Any) -> None:
     ipython.magics_manager.magics["line"].pop("tg", None)
     ipython.magics_manager.magics["cell"].pop("tg", None)
     ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, Tg)]
+    if _refresh_panels in ipython.events.callbacks["post_run_cell"]:
+        ipython.events.unregister("post_run_cell", _refresh_panels)
 
 
 __all__ = ["Tg", "load_ipython_extension", "unload_ipython_extension"]

@@ -189,9 +189,10 @@ class EventTimeline:
         n_nodes = sum(1 for ln in self.lanes if ln.kind in ("standard", "preemptible"))
         n_nodes += sum(self.hidden.values())
         n_runs = sum(1 for ln in self.lanes if ln.kind == "run")
+        counts = [(len(self.events), "event"), (n_nodes, "node"), (n_runs, "run")]
+        counts.append((self.preemptions, "preemption"))
         return (
-            f"EventTimeline({len(self.events)} events, {n_nodes} nodes, {n_runs} runs, "
-            f"{self.preemptions} preemptions)"
+            "EventTimeline(" + ", ".join(f"{n} {w}{'' if n == 1 else 's'}" for n, w in counts) + ")"
         )
 
     # -- rendering -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,33 @@ class _Panel(W.VBox):
     def close(self) -> None:
         self._poller.stop(join=False)
         super().close()
+
+    def show(self) -> None:
+        """Display the panel under a display id: `refresh_displays` (after each cell) re-sends
+        its bundle when its static rendering changed, so the ``text/html`` fallback that
+        papermill and nbconvert keep holds its latest state, not the first one."""
+        from IPython.display import display
+
+        self._sent = self.to_html()
+        self._handle = display(self, display_id=True)
+        _SHOWN.add(self)
+
+    def refresh_display(self) -> bool:
+        """Re-send the displayed bundle if the panel's static rendering changed; whether it did."""
+        handle = getattr(self, "_handle", None)
+        if handle is None:
+            return False
+        if self._poller.running:  # live: read the latest state now, not at the next poll
+            self._guard(self.refresh)
+        rendered = self.to_html()
+        if rendered == self._sent:
+            return False
+        self._sent = rendered
+        handle.update(self)
+        return True
+
+    def refresh(self) -> None:
+        raise NotImplementedError
 
     def to_html(self) -> str:
         raise NotImplementedError
@@ -180,7 +208,8 @@ class ClusterPanel(_Panel):
         return (
             f"<b>{e(s.name)}</b> <code>{e(s.id)}</code> {e(s.type)} · {e(s.status)} · "
             f"{e(s.gpu_type)} {e(s.region)}<br>standard: {s.num_gpus} GPUs on "
-            f"{len(s.standard_nodes)} nodes · preemptible: {len(s.preemptible_nodes)} nodes"
+            f"{_count(len(s.standard_nodes), 'node')} · preemptible: "
+            f"{_count(len(s.preemptible_nodes), 'node')}"
         )
 
     def _nodes_html(self) -> str:
@@ -212,6 +241,20 @@ class ClusterPanel(_Panel):
         )
 
 
+#: Panels shown with `_Panel.show`, whose displays `refresh_displays` keeps current.
+_SHOWN: weakref.WeakSet[_Panel] = weakref.WeakSet()
+
+
+def refresh_displays(*_: Any) -> None:
+    """Bring the displayed bundles of shown panels up to date (an IPython ``post_run_cell`` hook,
+    so the update belongs to the cell that just ran and papermill records it)."""
+    for panel in list(_SHOWN):
+        try:
+            panel.refresh_display()
+        except Exception:  # a display that cannot be updated must not fail the user's cell
+            _SHOWN.discard(panel)
+
+
 #: Metric names tried, in order, for the reward and the loss curves.
 REWARD_KEYS = ("reward", "rewards/margins", "rewards/chosen", "train/reward")
 LOSS_KEYS = ("loss", "train/loss")
@@ -221,6 +264,11 @@ _MARK_KINDS = {
     ev.DRAIN_NOTICE: "preemption",
     ev.RUN_RESUMED: "resume",
 }
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 resume``, ``2 resumes``, ``0 checkpoints``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _series(
@@ -325,7 +373,7 @@ class RunPanel(_Panel):
         node = next((x.node for x in reversed(self.events) if x.node), None) or "-"
         return (
             f"<b>run {e(self.run.name)}</b> · {e(self.state)} · node "
-            f"{e(node)} · {ckpts} checkpoints · {restarts} resumes"
+            f"{e(node)} · {_count(ckpts, 'checkpoint')} · {_count(restarts, 'resume')}"
         )
 
     def markers(self) -> list[tuple[float, str]]:
@@ -368,4 +416,4 @@ class RunPanel(_Panel):
         )
 
 
-__all__ = ["ClusterPanel", "Poller", "RunPanel"]
+__all__ = ["ClusterPanel", "Poller", "RunPanel", "refresh_displays"]

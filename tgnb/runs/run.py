@@ -127,21 +127,45 @@ class Run:
         """The run's status changes, oldest first."""
         return self.store.history(self.id)
 
-    def wait(self, timeout: float | None = None, poll: float = 0.5) -> JobStatus:
+    def wait(
+        self, timeout: float | None = None, poll: float = 0.5, progress: bool = True
+    ) -> JobStatus:
         """Block until the run has finished (succeeded, failed or cancelled); its final status.
 
+        `progress` shows a text bar on stderr: steps done of max_steps, elapsed, ETA, state.
         Raises `TimeoutError` after `timeout` seconds with the run still going.
         """
+        from tgnb.progress import StepBar
+
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            st = self.status
-            if st.state.finished:
-                return st
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"run {self.name!r} is still {st.state.value} after {timeout:g} s ({st.detail})"
-                )
-            time.sleep(poll)
+        bar: StepBar | None = None
+        read_at = -float("inf")  # the metrics are read at most every 2 s (remote ones are logs)
+        step = 0
+        try:
+            while True:
+                st = self.status
+                if progress:
+                    if st.state.finished or time.monotonic() - read_at >= 2.0:
+                        step, read_at = self._last_step(), time.monotonic()
+                    if bar is None:
+                        total = self._record.spec.train.get("max_steps")
+                        bar = StepBar(self.name, total if isinstance(total, int) else None, step)
+                    bar.update(step, st.state.value)
+                if st.state.finished:
+                    return st
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"run {self.name!r} is still {st.state.value} after {timeout:g} s "
+                        f"({st.detail})"
+                    )
+                time.sleep(poll)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _last_step(self) -> int:
+        """The highest optimizer step in the run's metrics so far (0 before the first)."""
+        return max((int(r["step"]) for r in self.records("metrics") if "step" in r), default=0)
 
     def stop(self) -> None:
         """Stop the run: its processes get SIGTERM (they checkpoint), then it is cancelled."""
@@ -208,7 +232,8 @@ class Run:
             ]
             lost += max(0, max(before, default=0) - int(ev.data["step"]))
         key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
-        rewards = [float(r[key]) for r in rows if key and r.get(key) is not None]
+        # rounded to 4 significant digits: a summary is read, not computed with
+        rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
         return {
             "run": self.name,
             "state": self.refresh().state.value,

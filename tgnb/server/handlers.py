@@ -5,7 +5,8 @@ every non-GET request. Errors are JSON ``{"message": "..."}`` (one line, secrets
 input 400, unknown run or cluster 404, the clusters API unreachable or refusing the key 502/503.
 
 - ``GET  /tgnb/status``            whether a session is attached (never attaches)
-- ``GET  /tgnb/cluster``           the attached cluster (attaches on first use)
+- ``GET  /tgnb/cluster``           the attached cluster (attaches on first use; a read starts no
+  local emulator: 503 naming the fix when none runs, while ``POST /tgnb/attach`` may start one)
 - ``POST /tgnb/attach``            ``{"cluster": "name or id", "local": false}``
 - ``POST /tgnb/scale``             ``{"preemptible": 16}`` (a multiple of 8, >= 0)
 - ``GET  /tgnb/runs``              the runs on the attached cluster
@@ -32,6 +33,7 @@ from tgnb.config import scrub
 from tgnb.errors import (
     AmbiguousNameError,
     AuthenticationError,
+    EmulatorError,
     NotFoundError,
     TgnbError,
     TransientApiError,
@@ -49,7 +51,7 @@ def _status_of(exc: TgnbError) -> int:
         return 400
     if isinstance(exc, NotFoundError):
         return 404
-    if isinstance(exc, TransientApiError):
+    if isinstance(exc, TransientApiError | EmulatorError):
         return 503
     if isinstance(exc, AuthenticationError):
         return 502  # the clusters API refused the key; 401 would ask the browser to log in
@@ -156,7 +158,7 @@ class ScaleHandler(TgnbHandler):
         cockpit = self.cockpit
 
         def scale() -> dict[str, Any]:
-            s = cockpit.session()
+            s = cockpit.session(start=True)  # a write: may start the local emulator
             state = s.cluster.scale(target)  # checked before any request (ValidationError)
             return cluster_json(state, s)
 

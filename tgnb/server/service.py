@@ -71,19 +71,20 @@ class Cockpit:
         """The session when one is attached already (no attach, no request)."""
         return self._session
 
-    def session(self) -> Session:
-        """The attached `Session`, attached now when there is none yet (blocking)."""
+    def session(self, start: bool = False) -> Session:
+        """The attached `Session`, attached now when there is none yet (blocking). A read
+        (`start` False) starts no local emulator: it attaches only to one that runs."""
         with self._lock:
             if self._session is None:
-                self._session = self._connect(self.cluster, self.local)
+                self._session = self._connect(self.cluster, self.local, start=start)
             return self._session
 
-    def _connect(self, cluster: str | None, local: bool) -> Session:
+    def _connect(self, cluster: str | None, local: bool, start: bool = True) -> Session:
         if self._attach is not None:
-            return self._attach(cluster, local=local)
+            return self._attach(cluster, local=local, start=start)
         from tgnb.session import attach
 
-        return attach(cluster, local=local)
+        return attach(cluster, local=local, start=start)
 
     def attach(self, cluster: str | None, local: bool | None = None) -> Session:
         """Attach to another cluster (by name or id); the feed starts again from its history."""

@@ -1,0 +1,27 @@
+"""``Run.wait()`` shows a text bar on stderr (steps done of max_steps, ETA, state); the run is a
+real local-backend run of the stand-in trainer on the real emulator (no TRL: the bar is the point)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tgnb.session import Session
+
+pytestmark = pytest.mark.usefixtures("standin")
+
+
+def test_wait_shows_steps_eta_and_the_final_state(
+    session: Session, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = session.launch("grpo", name="bar", max_steps=12, env={"STANDIN_STEP_SECONDS": "0.2"})
+    capsys.readouterr()
+    status = run.wait(timeout=120)
+    err = capsys.readouterr().err
+    assert status.state.value == "succeeded"
+    lines = [x for x in re.split(r"[\r\n]", err) if x.strip()]
+    assert lines and lines[0].startswith("run bar: ")
+    assert re.search(r"^run bar: 100%.*\| 12/12 \[\d\d:\d\d<00:00.*succeeded\]$", lines[-1]), lines
+    assert run.wait(progress=False).state.value == "succeeded"
+    assert capsys.readouterr().err == ""
