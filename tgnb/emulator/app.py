@@ -30,8 +30,10 @@ import hmac
 import json
 import os
 import random
+import re
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +48,13 @@ from tgnb.emulator.fleet import Fleet
 from tgnb.emulator.models import project_to_api, regions_to_api, whoami_to_api
 from tgnb.emulator.validation import (
     INVALID_ARGUMENT,
+    MAX_GPUS,
     NOT_FOUND,
     UNAUTHENTICATED,
     RequestError,
+    finite_number,
+    integer,
+    optional_name,
     require_object,
     validate_create,
     validate_update,
@@ -58,6 +64,12 @@ from tgnb.events import format_time, parse_time
 CHAOS_KINDS = ("429", "503", "delay")
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
 MAX_LOG = 10_000
+#: Largest request body read (bytes); beyond it the answer is 413 and the rest is not read.
+MAX_BODY = 1 << 20
+#: Deepest JSON nesting accepted in a body.
+MAX_DEPTH = 32
+#: Longest chaos delay (seconds): past the SDK's 60 s timeout, short of holding a request forever.
+MAX_DELAY_S = 600.0
 
 
 @dataclass
@@ -102,6 +114,52 @@ def _scrub_body(value: Any) -> Any:
     return value
 
 
+#: ``word=value``, ``word: value`` and ``"word": "value"`` in a body that is not JSON (a form, text)
+_SECRET_TEXT = re.compile(
+    r"""(?i)([\w.-]*(?:key|token|secret|password|authorization|credential)[\w.-]*["']?\s*[=:]\s*)"""
+    r"""("[^"]*"|'[^']*'|bearer\s+\S+|[^\s&,;}]+)"""
+)
+
+
+def _scrub_text(text: str, key: str) -> str:
+    """A non-JSON body as the log keeps it: secret-looking values and the key masked, then cut."""
+    if key:
+        text = text.replace(key, "***")
+    text = _SECRET_TEXT.sub(lambda m: m.group(1) + "***", text)
+    return text[:200]
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    """Whether `value` nests at most `limit` containers deep (iterative: no recursion to blow)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children)
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON; NaN/Infinity, nesting deeper than `MAX_DEPTH` and invalid UTF-8
+    are `RequestError` 400s."""
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise RequestError(
+            400, INVALID_ARGUMENT, "request body is not valid JSON (NaN and Infinity are refused)"
+        ) from None
+    if not _depth_ok(value, MAX_DEPTH):
+        raise RequestError(400, INVALID_ARGUMENT, f"request body nests deeper than {MAX_DEPTH}")
+    return value
+
+
 def _error(status: int, code: int, message: str) -> JSONResponse:
     return JSONResponse(RequestError(status, code, message).body(), status)
 
@@ -142,11 +200,13 @@ class EmulatorApp:
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
 
     def _log(self, request: Request, status: int, body: Any, chaos: str | None) -> None:
+        if isinstance(body, str):
+            body = _scrub_text(body, self._key.decode())
         entry = {
             "time": format_time(parse_time(time.time())),
             "method": request.method,
-            "path": request.url.path,
-            "query": str(request.url.query),
+            "path": request.url.path[:500],
+            "query": _scrub_text(str(request.url.query), self._key.decode())[:500],
             "status": status,
             "body": _scrub_body(body),
             "chaos": chaos,
@@ -155,30 +215,51 @@ class EmulatorApp:
             self.requests.append(entry)
             del self.requests[:-MAX_LOG]
 
+    async def _read(self, request: Request) -> bytes:
+        """The body, at most `MAX_BODY` bytes (a 413 beyond, without reading the rest)."""
+        length = request.headers.get("content-length")
+        too_big = RequestError(
+            413, INVALID_ARGUMENT, f"request body is larger than {MAX_BODY} bytes"
+        )
+        if length is not None:
+            if not length.isdigit():
+                raise RequestError(400, INVALID_ARGUMENT, "bad Content-Length header")
+            if int(length) > MAX_BODY:
+                raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _unauthorized(self) -> RequestError:
+        return RequestError(
+            401,
+            UNAUTHENTICATED,
+            "invalid or missing API key: send 'Authorization: Bearer <key>' with the "
+            "emulator's key (tgnb emulator status shows where it is)",
+        )
+
     def api(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """Wrap a /v1 or /v3 handler: parse the body, check the key, apply chaos, log."""
+        """Wrap a /v1 or /v3 handler: check the key, read and parse the body (bounded), apply
+        chaos, log."""
 
         async def endpoint(request: Request) -> Response:
-            raw = await request.body()
             body: Any = None
             response: Response
             chaos: str | None = None
             try:
+                if not self._authorized(request):
+                    raise self._unauthorized()  # before the body is read
+                raw = await self._read(request)
                 if raw:
                     try:
-                        body = json.loads(raw)
-                    except ValueError:
-                        body = raw.decode("utf-8", "replace")[:200]
-                        raise RequestError(
-                            400, INVALID_ARGUMENT, "request body is not valid JSON"
-                        ) from None
-                if not self._authorized(request):
-                    raise RequestError(
-                        401,
-                        UNAUTHENTICATED,
-                        "invalid or missing API key: send 'Authorization: Bearer <key>' with the "
-                        "emulator's key (tgnb emulator status shows where it is)",
-                    )
+                        body = parse_json(raw)
+                    except RequestError:
+                        body = raw[:4096].decode("utf-8", "replace")  # logged masked, cut
+                        raise
                 if request.url.path.startswith("/v1/"):
                     chaos = self.chaos.draw()
                 if chaos == "429":
@@ -194,6 +275,9 @@ class EmulatorApp:
                     response = JSONResponse(result)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
+            except Exception:  # a bug: say so in the log, answer without internals
+                traceback.print_exc()
+                response = _error(500, 13, "internal error in the emulator (see its log)")
             self._log(request, response.status_code, body, chaos)
             return response
 
@@ -204,13 +288,14 @@ class EmulatorApp:
             try:
                 if not self._authorized(request):
                     raise RequestError(401, UNAUTHENTICATED, "invalid or missing API key")
-                raw = await request.body()
-                body = json.loads(raw) if raw else {}
+                raw = await self._read(request)
+                body = require_object(parse_json(raw)) if raw else {}
                 return JSONResponse(await handler(request, body))
             except RequestError as e:
                 return JSONResponse(e.body(), e.status)
-            except (ValueError, TypeError, KeyError) as e:
-                return _error(400, INVALID_ARGUMENT, f"bad admin request: {e}")
+            except Exception:
+                traceback.print_exc()
+                return _error(500, 13, "internal error in the emulator (see its log)")
 
         return endpoint
 
@@ -265,7 +350,7 @@ class EmulatorApp:
         return {"nodes": self.fleet.nodes(request.path_params["cluster_id"])}
 
     async def preempt(self, request: Request, body: Any) -> Any:
-        node = (body or {}).get("node")
+        node = optional_name(body.get("node"), "node")
         return self.fleet.preempt(request.path_params["cluster_id"], node)
 
     async def release(self, request: Request, body: Any) -> Any:
@@ -276,29 +361,39 @@ class EmulatorApp:
         return self.chaos.to_dict()
 
     async def chaos_set(self, request: Request, body: Any) -> Any:
-        fraction = float(body.get("fraction", 0.0))
-        if not 0.0 <= fraction <= 1.0:
-            raise RequestError(400, INVALID_ARGUMENT, "fraction must be between 0 and 1")
-        kinds = tuple(str(k) for k in body.get("kinds") or CHAOS_KINDS)
-        bad = [k for k in kinds if k not in CHAOS_KINDS]
+        unknown = sorted(set(body) - {"fraction", "seed", "kinds", "delay_s", "retry_after_ms"})
+        if unknown:
+            raise RequestError(400, INVALID_ARGUMENT, f"unknown chaos fields {unknown[:5]}")
+        fraction = finite_number(body.get("fraction", 0.0), "fraction", 0.0, 1.0)
+        raw_kinds = body.get("kinds") or list(CHAOS_KINDS)
+        if not isinstance(raw_kinds, list) or not all(isinstance(k, str) for k in raw_kinds):
+            raise RequestError(400, INVALID_ARGUMENT, f"kinds must be a list of {CHAOS_KINDS}")
+        bad = [k[:20] for k in raw_kinds if k not in CHAOS_KINDS]
         if bad:
             raise RequestError(
-                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad}; known: {CHAOS_KINDS}"
+                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad[:5]}; known: {CHAOS_KINDS}"
             )
         self.chaos = Chaos(
             fraction=fraction,
-            seed=int(body.get("seed", 0)),
-            kinds=kinds,
-            delay_s=float(body.get("delay_s", self.chaos.delay_s)),
-            retry_after_ms=int(body.get("retry_after_ms", self.chaos.retry_after_ms)),
+            seed=integer(body.get("seed", 0), "seed", 0, 2**63 - 1),
+            kinds=tuple(raw_kinds),
+            delay_s=finite_number(
+                body.get("delay_s", self.chaos.delay_s), "delay_s", 0.0, MAX_DELAY_S
+            ),
+            retry_after_ms=integer(
+                body.get("retry_after_ms", self.chaos.retry_after_ms), "retry_after_ms", 0, 60_000
+            ),
         )
         return self.chaos.to_dict()
 
     async def capacity(self, request: Request, body: Any) -> Any:
+        unknown = sorted(set(body) - {"gpus", "cluster_id"})
+        if unknown:
+            raise RequestError(400, INVALID_ARGUMENT, f"unknown capacity fields {unknown[:5]}")
         gpus = body.get("gpus")
-        if gpus is not None and (not isinstance(gpus, int) or gpus < 0):
-            raise RequestError(400, INVALID_ARGUMENT, "gpus must be a non-negative integer or null")
-        return self.fleet.set_capacity(gpus, body.get("cluster_id"))
+        if gpus is not None:
+            gpus = integer(gpus, "gpus (or null)", 0, 100 * MAX_GPUS)
+        return self.fleet.set_capacity(gpus, optional_name(body.get("cluster_id"), "cluster_id"))
 
     async def requests_get(self, request: Request, body: Any) -> Any:
         with self._log_lock:
