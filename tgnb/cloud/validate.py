@@ -8,6 +8,11 @@ from tgnb.errors import ValidationError
 
 #: Preemptible (and standard) GPU counts come in whole 8-GPU nodes.
 GPUS_PER_NODE = 8
+#: Most GPUs tgnb asks for in one count (256 nodes). The platform publishes no limit; the
+#: emulator refuses more too (`tgnb.emulator.validation.MAX_GPUS`).
+MAX_GPUS = 2048
+#: Longest cluster name or id accepted.
+MAX_NAME = 256
 
 
 def nearest_multiples(value: int, step: int = GPUS_PER_NODE) -> tuple[int, int]:
@@ -31,6 +36,10 @@ def check_target(
         )
     if value < 0:
         raise ValidationError(f"the {what} must be >= 0, got {value}: try 0 to release all, or 8")
+    if value > MAX_GPUS:
+        raise ValidationError(
+            f"the {what} must be at most {MAX_GPUS} GPUs, got {value}: ask for fewer nodes"
+        )
     if value % GPUS_PER_NODE:
         lo, hi = nearest_multiples(value)
         raise ValidationError(
@@ -48,6 +57,8 @@ def check_gpus(value: Any, what: str = "number of standard GPUs") -> int:
     """A standard GPU count for create: an int >= 8 and a multiple of 8."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(f"the {what} must be an integer, got {value!r}: pass e.g. 8")
+    if value > MAX_GPUS:
+        raise ValidationError(f"the {what} must be at most {MAX_GPUS}, got {value}")
     if value < GPUS_PER_NODE or value % GPUS_PER_NODE:
         lo, hi = nearest_multiples(max(value, GPUS_PER_NODE))
         raise ValidationError(
@@ -59,5 +70,10 @@ def check_gpus(value: Any, what: str = "number of standard GPUs") -> int:
 
 def check_name(value: Any, what: str = "cluster name or id") -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValidationError(f"the {what} must be a non-empty string, got {value!r}")
-    return value.strip()
+        raise ValidationError(f"the {what} must be a non-empty string, got {value!r:.60}")
+    value = value.strip()
+    if len(value) > MAX_NAME or not value.isprintable():
+        raise ValidationError(
+            f"the {what} must be printable and at most {MAX_NAME} characters, got {value!r:.60}"
+        )
+    return value

@@ -48,12 +48,12 @@ class RenderOptions:
 
 
 def _check_name(kind: str, name: str) -> None:
-    if not _ENV_NAME.match(name):
+    if not _ENV_NAME.fullmatch(name):
         raise ValidationError(f"{kind} name {name!r} is not a valid environment variable name")
 
 
 def _check_word(kind: str, value: str) -> None:
-    if not _SLURM_WORD.match(value):
+    if not _SLURM_WORD.fullmatch(value):
         raise ValidationError(f"Slurm {kind} {value!r} has characters sbatch does not accept")
 
 
@@ -97,7 +97,7 @@ def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]
         _check_word("account", spec.account)
         out.append(f"--account={spec.account}")
     if spec.time_limit:
-        if not _TIME.match(spec.time_limit):
+        if not _TIME.fullmatch(spec.time_limit):
             raise ValidationError(
                 f"time limit {spec.time_limit!r} is not a Slurm time: use e.g. 04:00:00 or 1-00:00:00"
             )
