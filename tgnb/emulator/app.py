@@ -327,7 +327,7 @@ class EmulatorApp:
         return {"data": [project_to_api(p) for p in self.fleet.project_ids()], "next_cursor": None}
 
     async def not_found(self, request: Request, body: Any) -> Any:
-        raise RequestError(404, NOT_FOUND, f"no route {request.method} {request.url.path}")
+        raise RequestError(404, NOT_FOUND, f"no route {request.method} {request.url.path[:200]}")
 
     # ---- /_emulator --------------------------------------------------------------------------
     async def health(self, request: Request, body: Any) -> Any:

@@ -366,7 +366,7 @@ class Fleet:
     def _get(self, cluster_id: str) -> ClusterState:
         c = self.clusters.get(cluster_id)
         if c is None:
-            raise RequestError(404, NOT_FOUND, f"cluster {cluster_id!r} not found")
+            raise RequestError(404, NOT_FOUND, f"cluster {cluster_id[:80]!r} not found")
         return c
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -233,10 +233,12 @@ _REWARD_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z
 
 
 def _bounded(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise TrainConfigError(
-            f"{name} must be an integer from {low} to {high}, not {value!r:.40}."
-        )
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainConfigError(f"'{name}' must be an integer, not {value!r:.40}.")
+    if value < low:
+        raise TrainConfigError(f"{name} must be at least {low}, not {value}.")
+    if value > high:
+        raise TrainConfigError(f"{name} must be at most {high}, not {value:.3g}.")
 
 
 def _text(name: str, value: Any) -> None:
@@ -260,10 +262,8 @@ def _check_reward(name: Any) -> None:
         raise TrainConfigError(f"reward {name!r:.60} is not 'package.module:function'.")
     module = name.partition(":")[0]
     top = module.split(".")[0]
-    if top in sys.modules:
-        rewards.resolve(name)
-    elif importlib.util.find_spec(top) is None:
-        raise TrainConfigError(f"reward '{name}': no module '{top}' is installed; check the path.")
+    if top in sys.modules or importlib.util.find_spec(top) is None:
+        rewards.resolve(name)  # cheap here: imported already, or the import error at once
 
 
 def check_light(cfg: TrainConfig) -> None:
