@@ -284,6 +284,8 @@ class Session:
         Everything is checked first (the config, the name, what the cluster can hold); on bad
         input nothing is recorded or submitted.
         """
+        if name is not None and not isinstance(name, str):
+            raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
         train = _merge(train_config(algorithm_or_config), train_overrides)
         algorithm = str(train.get("algorithm", "grpo"))
         name = name or f"{algorithm}-{uuid.uuid4().hex[:6]}"

@@ -147,7 +147,11 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
     """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
     options = options or RenderOptions()
     spec.validate()
-    if not run_dir.startswith("/") or any(c in run_dir for c in " \t\n'\"$`\\"):
+    if (
+        not run_dir.startswith("/")
+        or not run_dir.isprintable()
+        or any(c in run_dir for c in " \t\n'\"$`\\")
+    ):
         raise ValidationError(f"run directory {run_dir!r} must be an absolute path without spaces")
     head = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives(spec, run_dir, options)]
     body = [
