@@ -4,7 +4,10 @@ Together-compatible routes (``Authorization: Bearer <key>`` required, 401 otherw
 ``GET/POST /v1/compute/clusters`` (``?projectId=`` filters the list),
 ``GET/PUT/DELETE /v1/compute/clusters/{cluster_id}``, ``GET /v1/compute/regions``,
 ``GET /v3/whoami``, ``GET /v1/projects``. Errors answer ``{"code", "message", "details"}``
-(gRPC-gateway style): 400 bad input, 401 missing or wrong key, 404 unknown cluster or path.
+(gRPC-gateway style): 400 bad input, 401 missing or wrong key, 404 unknown cluster or path, 413 a
+body over `MAX_BODY` bytes. The key is checked before the body is read; a body must be JSON without
+NaN or Infinity, nested at most `MAX_DEPTH` deep; every field is typed and bounded
+(`tgnb.emulator.validation`) before anything is stored.
 
 Base URL: the SDK's paths already start with ``/v1`` (or ``/v3``), so point ``TOGETHER_BASE_URL`` (the
 SDK's ``base_url`` and the ``tg`` CLI alike) at ``http://127.0.0.1:<port>`` with no ``/v1``. A base URL
@@ -16,7 +19,8 @@ optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early
 ``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
 (``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log: every
 /v1 and /v3 request with method, path, query, status, JSON body with secret-looking keys masked, and
-the chaos applied; kept in memory, the last 10 000, gone after a restart).
+the chaos applied; a body that is not JSON is kept cut to 200 characters with ``word=value``
+secrets and the key masked; kept in memory, the last 10 000, gone after a restart).
 
 Chaos: a seeded fraction of ``/v1`` requests is answered with 429 or 503 (with a short
 ``retry-after-ms``), or held for ``delay_s`` (default 65 s, past the SDK's 60 s timeout) before being
