@@ -27,6 +27,8 @@ MAX_NODES, MAX_GPUS_PER_NODE, MAX_CPUS_PER_TASK, MAX_MEMORY_GIB = 1024, 16, 4096
 def _count(name: str, value: object, low: int, high: int, optional: bool = False) -> None:
     if optional and value is None:
         return
+    if isinstance(value, int) and not isinstance(value, bool) and value < low:
+        raise ValidationError(f"{name} must be at least {low}, got {value}: try {name}={low}")
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValidationError(
             f"{name} must be an integer from {low} to {high}, got {value!r:.60}: e.g. {name}={low}"
@@ -133,7 +135,7 @@ def check_no_secrets(spec: RunSpec) -> None:
             raise ValidationError(f"env {name!r:.40} must map a name to a string value")
         if holds_secret(value):
             raise ValidationError(
-                f"env {name} holds a secret value: pass it by reference, "
+                f"env {name} looks like a secret (it holds one): pass it by reference, "
                 f"secrets={{{name!r}: SecretRef(name=..., env=...)}}, never by value"
             )
     if holds_secret(dict(spec.train)):
