@@ -305,10 +305,12 @@ class EmulatorApp:
 
     # ---- /v1 and /v3 -------------------------------------------------------------------------
     async def list_clusters(self, request: Request, body: Any) -> Any:
-        return self.fleet.list_clusters(request.query_params.get("projectId") or None)
+        project = request.query_params.get("projectId") or None
+        return await asyncio.to_thread(self.fleet.list_clusters, project)
 
     async def create_cluster(self, request: Request, body: Any) -> Any:
-        return self.fleet.create(validate_create(require_object(body)))
+        # node building runs off the event loop: health and reads answer meanwhile
+        return await asyncio.to_thread(self.fleet.create, validate_create(require_object(body)))
 
     async def retrieve_cluster(self, request: Request, body: Any) -> Any:
         return self.fleet.retrieve(request.path_params["cluster_id"])
@@ -316,7 +318,7 @@ class EmulatorApp:
     async def update_cluster(self, request: Request, body: Any) -> Any:
         cluster_id = request.path_params["cluster_id"]
         checked = validate_update(require_object(body if body is not None else {}))
-        return self.fleet.update(cluster_id, checked)
+        return await asyncio.to_thread(self.fleet.update, cluster_id, checked)
 
     async def delete_cluster(self, request: Request, body: Any) -> Any:
         return self.fleet.delete(request.path_params["cluster_id"])
