@@ -26,6 +26,8 @@ LINES = [
     "launch grpo --name 'x\u2028'",
     "launch grpo --name UPPER",
     "launch grpo --seed -1",
+    "launch grpo --lr nan",
+    "launch grpo --lr inf",
     "launch grpo --nodes 0",
     "launch grpo --nodes 1000000000",
     "launch grpo --gpus-per-node 1000",

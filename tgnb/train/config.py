@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -297,6 +298,9 @@ def check_light(cfg: TrainConfig) -> None:
     for key in ("max_steps", "seed"):
         if key in cfg.trl:
             raise TrainConfigError(f"set {key} at the top level of the config, not under trl.")
+    for key, value in cfg.trl.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TrainConfigError(f"trl.{key} must be a finite number, not {value}.")
 
 
 def validate(cfg: TrainConfig) -> None:
