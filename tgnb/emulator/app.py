@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import os
 import random
-import re
 import threading
 import time
 import traceback
@@ -63,15 +61,11 @@ from tgnb.emulator.validation import (
     validate_create,
     validate_update,
 )
+from tgnb.emulator.wire import MAX_BODY, parse_json, scrub_body, scrub_text
 from tgnb.events import format_time, parse_time
 
 CHAOS_KINDS = ("429", "503", "delay")
-_SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
 MAX_LOG = 10_000
-#: Largest request body read (bytes); beyond it the answer is 413 and the rest is not read.
-MAX_BODY = 1 << 20
-#: Deepest JSON nesting accepted in a body.
-MAX_DEPTH = 32
 #: Longest chaos delay (seconds): past the SDK's 60 s timeout, short of holding a request forever.
 MAX_DELAY_S = 600.0
 
@@ -105,63 +99,6 @@ class Chaos:
             "delay_s": self.delay_s,
             "retry_after_ms": self.retry_after_ms,
         }
-
-
-def _scrub_body(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) else _scrub_body(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_scrub_body(v) for v in value]
-    return value
-
-
-#: ``word=value``, ``word: value`` and ``"word": "value"`` in a body that is not JSON (a form, text)
-_SECRET_TEXT = re.compile(
-    r"""(?i)([\w.-]*(?:key|token|secret|password|authorization|credential)[\w.-]*["']?\s*[=:]\s*)"""
-    r"""("[^"]*"|'[^']*'|bearer\s+\S+|[^\s&,;}]+)"""
-)
-
-
-def _scrub_text(text: str, key: str) -> str:
-    """A non-JSON body as the log keeps it: secret-looking values and the key masked, then cut."""
-    if key:
-        text = text.replace(key, "***")
-    text = _SECRET_TEXT.sub(lambda m: m.group(1) + "***", text[:1024])  # bounded regex work
-    return text[:200]
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    """Whether `value` nests at most `limit` containers deep (iterative: no recursion to blow)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                return False
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((c, depth + 1) for c in children)
-    return True
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json(raw: bytes) -> Any:
-    """A request body as JSON; NaN/Infinity, nesting deeper than `MAX_DEPTH` and invalid UTF-8
-    are `RequestError` 400s."""
-    try:
-        value = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        raise RequestError(
-            400, INVALID_ARGUMENT, "request body is not valid JSON (NaN and Infinity are refused)"
-        ) from None
-    if not _depth_ok(value, MAX_DEPTH):
-        raise RequestError(400, INVALID_ARGUMENT, f"request body nests deeper than {MAX_DEPTH}")
-    return value
 
 
 def _error(status: int, code: int, message: str) -> JSONResponse:
@@ -205,14 +142,14 @@ class EmulatorApp:
 
     def _log(self, request: Request, status: int, body: Any, chaos: str | None) -> None:
         if isinstance(body, str):
-            body = _scrub_text(body, self._key.decode())
+            body = scrub_text(body, self._key.decode())
         entry = {
             "time": format_time(parse_time(time.time())),
             "method": request.method,
             "path": request.url.path[:500],
-            "query": _scrub_text(str(request.url.query), self._key.decode())[:500],
+            "query": scrub_text(str(request.url.query), self._key.decode())[:500],
             "status": status,
-            "body": _scrub_body(body),
+            "body": scrub_body(body),
             "chaos": chaos,
         }
         with self._log_lock:
