@@ -22,12 +22,54 @@ def register_secret(value: str | None) -> None:
         _SECRETS.add(value)
 
 
+#: A run of this many leading characters of a secret is masked too (a cut message keeps a prefix).
+PREFIX_CHARS = 12
+
+
 def scrub(text: str) -> str:
-    """Replace every registered secret in `text` with ``***``."""
-    for secret in _SECRETS:
+    """Replace every registered secret in `text`, and any run of its first `PREFIX_CHARS` or more
+    characters, with ``***``."""
+    text = str(text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, "***")
+        head = secret[:PREFIX_CHARS]
+        if len(secret) > PREFIX_CHARS and head in text:
+            text = _mask_prefixes(text, secret)
     return text
+
+
+def _mask_prefixes(text: str, secret: str) -> str:
+    head, out, i = secret[:PREFIX_CHARS], [], 0
+    while (j := text.find(head, i)) >= 0:
+        n = PREFIX_CHARS
+        while n < len(secret) and j + n < len(text) and text[j + n] == secret[n]:
+            n += 1
+        out.append(text[i:j] + "***")
+        i = j + n
+    return "".join(out) + text[i:]
+
+
+def holds_secret(value: object) -> bool:
+    """Whether `value` (a string, or a mapping or list of them) holds a registered secret or a
+    long prefix of one."""
+    if isinstance(value, str):
+        return scrub(value) != value
+    if isinstance(value, dict):
+        return any(holds_secret(k) or holds_secret(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(holds_secret(v) for v in value)
+    return False
+
+
+#: Environment variables whose values are secrets wherever they appear.
+SECRET_ENV = ("TOGETHER_API_KEY", "TGNB_EMULATOR_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def register_env_secrets() -> None:
+    """Register the values of `SECRET_ENV` set in this process's environment."""
+    for name in SECRET_ENV:
+        register_secret(os.environ.get(name))
 
 
 class Secret:

@@ -46,7 +46,7 @@ def parse_since(since: datetime | timedelta | str | float | None) -> datetime | 
     if isinstance(since, timedelta):
         return utcnow() - since
     if isinstance(since, str):
-        m = _DURATION.match(since)
+        m = _DURATION.fullmatch(since)
         if m:
             unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
             return utcnow() - timedelta(seconds=float(m.group(1)) * unit)
@@ -81,7 +81,14 @@ def train_config(algorithm_or_config: str | os.PathLike[str] | Mapping[str, Any]
         )
     import yaml
 
-    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise ValidationError(
+            f"config file {str(path)!r} is not plain YAML ({first}): python tags and other "
+            "custom tags are refused; write plain keys and values"
+        ) from None
     if not isinstance(loaded, dict):
         raise ValidationError(f"config file {str(path)!r} must hold a mapping of keys to values")
     return loaded
@@ -282,13 +289,17 @@ class Session:
         Everything is checked first (the config, the name, what the cluster can hold); on bad
         input nothing is recorded or submitted.
         """
+        if name is not None and not isinstance(name, str):
+            raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
         train = _merge(train_config(algorithm_or_config), train_overrides)
         algorithm = str(train.get("algorithm", "grpo"))
         name = name or f"{algorithm}-{uuid.uuid4().hex[:6]}"
         train["name"] = name
         from tgnb.train import config as train_cfg
 
-        train_cfg.from_dict({k: v for k, v in train.items() if k != "run_dir"})
+        train_cfg.check_light(
+            train_cfg.from_dict({k: v for k, v in train.items() if k != "run_dir"})
+        )
         res = Resources(
             nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node, preemptible=preemptible
         )

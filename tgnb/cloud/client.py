@@ -82,7 +82,7 @@ def make_client(
 
 
 def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
+    text = scrub(" ".join(str(text).split()))  # mask first, then cut: no prefix of a key survives
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -192,16 +192,15 @@ def translate(
             f"the API{where} sent an answer tgnb does not understand while trying to {what}: "
             "check TOGETHER_BASE_URL points at a Together API",
         )
-    return _make(ApiError, f"the SDK failed while trying to {what}: {exc}")
+    return _make(ApiError, f"the SDK failed while trying to {what}: {scrub(str(exc))}")
 
 
 def raise_translated(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
-    """Raise `translate(exc)`; an authentication error drops the SDK exception from its chain
-    (its text may quote the server's answer)."""
+    """Raise `translate(exc)` without the SDK exception in its chain: the SDK's text quotes the
+    server's raw answer, which may echo the key. `err.sdk_error` keeps the SDK class's name."""
     err = translate(exc, what, base_url)
-    if isinstance(err, AuthenticationError):
-        raise err from None
-    raise err from exc
+    err.sdk_error = type(exc).__name__  # type: ignore[attr-defined]
+    raise err from None
 
 
 def is_sdk_error(exc: BaseException) -> bool:

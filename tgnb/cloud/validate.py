@@ -7,6 +7,12 @@ from typing import Any
 from tgnb.errors import ValidationError
 from tgnb.runs.spec import GPUS_PER_NODE  # preemptible (and standard) GPUs come in whole nodes
 
+#: Most GPUs tgnb asks for in one count (256 nodes). The platform publishes no limit; the
+#: emulator refuses more too (`tgnb.emulator.validation.MAX_GPUS`).
+MAX_GPUS = 2048
+#: Longest cluster name or id accepted.
+MAX_NAME = 256
+
 
 def nearest_multiples(value: int, step: int = GPUS_PER_NODE) -> tuple[int, int]:
     """The two multiples of `step` around `value` (never below 0), lower first."""
@@ -29,6 +35,10 @@ def check_target(
         )
     if value < 0:
         raise ValidationError(f"the {what} must be >= 0, got {value}: try 0 to release all, or 8")
+    if value > MAX_GPUS:
+        raise ValidationError(
+            f"the {what} must be at most {MAX_GPUS} GPUs, got {value}: ask for fewer nodes"
+        )
     if value % GPUS_PER_NODE:
         lo, hi = nearest_multiples(value)
         raise ValidationError(
@@ -46,6 +56,8 @@ def check_gpus(value: Any, what: str = "number of standard GPUs") -> int:
     """A standard GPU count for create: an int >= 8 and a multiple of 8."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(f"the {what} must be an integer, got {value!r}: pass e.g. 8")
+    if value > MAX_GPUS:
+        raise ValidationError(f"the {what} must be at most {MAX_GPUS}, got {value}")
     if value < GPUS_PER_NODE or value % GPUS_PER_NODE:
         lo, hi = nearest_multiples(max(value, GPUS_PER_NODE))
         raise ValidationError(
@@ -57,5 +69,10 @@ def check_gpus(value: Any, what: str = "number of standard GPUs") -> int:
 
 def check_name(value: Any, what: str = "cluster name or id") -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValidationError(f"the {what} must be a non-empty string, got {value!r}")
-    return value.strip()
+        raise ValidationError(f"the {what} must be a non-empty string, got {value!r:.60}")
+    value = value.strip()
+    if len(value) > MAX_NAME or not value.isprintable():
+        raise ValidationError(
+            f"the {what} must be printable and at most {MAX_NAME} characters, got {value!r:.60}"
+        )
+    return value

@@ -4,7 +4,10 @@ Together-compatible routes (``Authorization: Bearer <key>`` required, 401 otherw
 ``GET/POST /v1/compute/clusters`` (``?projectId=`` filters the list),
 ``GET/PUT/DELETE /v1/compute/clusters/{cluster_id}``, ``GET /v1/compute/regions``,
 ``GET /v3/whoami``, ``GET /v1/projects``. Errors answer ``{"code", "message", "details"}``
-(gRPC-gateway style): 400 bad input, 401 missing or wrong key, 404 unknown cluster or path.
+(gRPC-gateway style): 400 bad input, 401 missing or wrong key, 404 unknown cluster or path, 413 a
+body over `MAX_BODY` bytes. The key is checked before the body is read; a body must be JSON without
+NaN or Infinity, nested at most `MAX_DEPTH` deep; every field is typed and bounded
+(`tgnb.emulator.validation`) before anything is stored.
 
 Base URL: the SDK's paths already start with ``/v1`` (or ``/v3``), so point ``TOGETHER_BASE_URL`` (the
 SDK's ``base_url`` and the ``tg`` CLI alike) at ``http://127.0.0.1:<port>`` with no ``/v1``. A base URL
@@ -16,7 +19,8 @@ optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early
 ``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
 (``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log: every
 /v1 and /v3 request with method, path, query, status, JSON body with secret-looking keys masked, and
-the chaos applied; kept in memory, the last 10 000, gone after a restart).
+the chaos applied; a body that is not JSON is kept cut to 200 characters with ``word=value``
+secrets and the key masked; kept in memory, the last 10 000, gone after a restart).
 
 Chaos: a seeded fraction of ``/v1`` requests is answered with 429 or 503 (with a short
 ``retry-after-ms``), or held for ``delay_s`` (default 65 s, past the SDK's 60 s timeout) before being
@@ -27,11 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import os
 import random
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,18 +50,24 @@ from tgnb.emulator.fleet import Fleet
 from tgnb.emulator.models import project_to_api, regions_to_api, whoami_to_api
 from tgnb.emulator.validation import (
     INVALID_ARGUMENT,
+    MAX_GPUS,
     NOT_FOUND,
     UNAUTHENTICATED,
     RequestError,
+    finite_number,
+    integer,
+    optional_name,
     require_object,
     validate_create,
     validate_update,
 )
+from tgnb.emulator.wire import MAX_BODY, parse_json, scrub_body, scrub_text
 from tgnb.events import format_time, parse_time
 
 CHAOS_KINDS = ("429", "503", "delay")
-_SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
 MAX_LOG = 10_000
+#: Longest chaos delay (seconds): past the SDK's 60 s timeout, short of holding a request forever.
+MAX_DELAY_S = 600.0
 
 
 @dataclass
@@ -89,17 +99,6 @@ class Chaos:
             "delay_s": self.delay_s,
             "retry_after_ms": self.retry_after_ms,
         }
-
-
-def _scrub_body(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) else _scrub_body(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_scrub_body(v) for v in value]
-    return value
 
 
 def _error(status: int, code: int, message: str) -> JSONResponse:
@@ -142,43 +141,66 @@ class EmulatorApp:
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
 
     def _log(self, request: Request, status: int, body: Any, chaos: str | None) -> None:
+        if isinstance(body, str):
+            body = scrub_text(body, self._key.decode())
         entry = {
             "time": format_time(parse_time(time.time())),
             "method": request.method,
-            "path": request.url.path,
-            "query": str(request.url.query),
+            "path": request.url.path[:500],
+            "query": scrub_text(str(request.url.query), self._key.decode())[:500],
             "status": status,
-            "body": _scrub_body(body),
+            "body": scrub_body(body),
             "chaos": chaos,
         }
         with self._log_lock:
             self.requests.append(entry)
             del self.requests[:-MAX_LOG]
 
+    async def _read(self, request: Request) -> bytes:
+        """The body, at most `MAX_BODY` bytes (a 413 beyond, without reading the rest)."""
+        length = request.headers.get("content-length")
+        too_big = RequestError(
+            413, INVALID_ARGUMENT, f"request body is larger than {MAX_BODY} bytes"
+        )
+        if length is not None:
+            if not length.isdigit():
+                raise RequestError(400, INVALID_ARGUMENT, "bad Content-Length header")
+            if int(length) > MAX_BODY:
+                raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _unauthorized(self) -> RequestError:
+        return RequestError(
+            401,
+            UNAUTHENTICATED,
+            "invalid or missing API key: send 'Authorization: Bearer <key>' with the "
+            "emulator's key (tgnb emulator status shows where it is)",
+        )
+
     def api(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """Wrap a /v1 or /v3 handler: parse the body, check the key, apply chaos, log."""
+        """Wrap a /v1 or /v3 handler: check the key, read and parse the body (bounded), apply
+        chaos, log."""
 
         async def endpoint(request: Request) -> Response:
-            raw = await request.body()
             body: Any = None
             response: Response
             chaos: str | None = None
             try:
+                if not self._authorized(request):
+                    raise self._unauthorized()  # before the body is read
+                raw = await self._read(request)
                 if raw:
                     try:
-                        body = json.loads(raw)
-                    except ValueError:
-                        body = raw.decode("utf-8", "replace")[:200]
-                        raise RequestError(
-                            400, INVALID_ARGUMENT, "request body is not valid JSON"
-                        ) from None
-                if not self._authorized(request):
-                    raise RequestError(
-                        401,
-                        UNAUTHENTICATED,
-                        "invalid or missing API key: send 'Authorization: Bearer <key>' with the "
-                        "emulator's key (tgnb emulator status shows where it is)",
-                    )
+                        body = parse_json(raw)
+                    except RequestError:
+                        body = raw[:1024].decode("utf-8", "replace")  # logged masked, cut
+                        raise
                 if request.url.path.startswith("/v1/"):
                     chaos = self.chaos.draw()
                 if chaos == "429":
@@ -194,6 +216,9 @@ class EmulatorApp:
                     response = JSONResponse(result)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
+            except Exception:  # a bug: say so in the log, answer without internals
+                traceback.print_exc()
+                response = _error(500, 13, "internal error in the emulator (see its log)")
             self._log(request, response.status_code, body, chaos)
             return response
 
@@ -204,22 +229,25 @@ class EmulatorApp:
             try:
                 if not self._authorized(request):
                     raise RequestError(401, UNAUTHENTICATED, "invalid or missing API key")
-                raw = await request.body()
-                body = json.loads(raw) if raw else {}
+                raw = await self._read(request)
+                body = require_object(parse_json(raw)) if raw else {}
                 return JSONResponse(await handler(request, body))
             except RequestError as e:
                 return JSONResponse(e.body(), e.status)
-            except (ValueError, TypeError, KeyError) as e:
-                return _error(400, INVALID_ARGUMENT, f"bad admin request: {e}")
+            except Exception:
+                traceback.print_exc()
+                return _error(500, 13, "internal error in the emulator (see its log)")
 
         return endpoint
 
     # ---- /v1 and /v3 -------------------------------------------------------------------------
     async def list_clusters(self, request: Request, body: Any) -> Any:
-        return self.fleet.list_clusters(request.query_params.get("projectId") or None)
+        project = request.query_params.get("projectId") or None
+        return await asyncio.to_thread(self.fleet.list_clusters, project)
 
     async def create_cluster(self, request: Request, body: Any) -> Any:
-        return self.fleet.create(validate_create(require_object(body)))
+        # node building runs off the event loop: health and reads answer meanwhile
+        return await asyncio.to_thread(self.fleet.create, validate_create(require_object(body)))
 
     async def retrieve_cluster(self, request: Request, body: Any) -> Any:
         return self.fleet.retrieve(request.path_params["cluster_id"])
@@ -227,7 +255,7 @@ class EmulatorApp:
     async def update_cluster(self, request: Request, body: Any) -> Any:
         cluster_id = request.path_params["cluster_id"]
         checked = validate_update(require_object(body if body is not None else {}))
-        return self.fleet.update(cluster_id, checked)
+        return await asyncio.to_thread(self.fleet.update, cluster_id, checked)
 
     async def delete_cluster(self, request: Request, body: Any) -> Any:
         return self.fleet.delete(request.path_params["cluster_id"])
@@ -242,7 +270,7 @@ class EmulatorApp:
         return {"data": [project_to_api(p) for p in self.fleet.project_ids()], "next_cursor": None}
 
     async def not_found(self, request: Request, body: Any) -> Any:
-        raise RequestError(404, NOT_FOUND, f"no route {request.method} {request.url.path}")
+        raise RequestError(404, NOT_FOUND, f"no route {request.method} {request.url.path[:200]}")
 
     # ---- /_emulator --------------------------------------------------------------------------
     async def health(self, request: Request, body: Any) -> Any:
@@ -265,7 +293,7 @@ class EmulatorApp:
         return {"nodes": self.fleet.nodes(request.path_params["cluster_id"])}
 
     async def preempt(self, request: Request, body: Any) -> Any:
-        node = (body or {}).get("node")
+        node = optional_name(body.get("node"), "node")
         return self.fleet.preempt(request.path_params["cluster_id"], node)
 
     async def release(self, request: Request, body: Any) -> Any:
@@ -276,29 +304,39 @@ class EmulatorApp:
         return self.chaos.to_dict()
 
     async def chaos_set(self, request: Request, body: Any) -> Any:
-        fraction = float(body.get("fraction", 0.0))
-        if not 0.0 <= fraction <= 1.0:
-            raise RequestError(400, INVALID_ARGUMENT, "fraction must be between 0 and 1")
-        kinds = tuple(str(k) for k in body.get("kinds") or CHAOS_KINDS)
-        bad = [k for k in kinds if k not in CHAOS_KINDS]
+        unknown = sorted(set(body) - {"fraction", "seed", "kinds", "delay_s", "retry_after_ms"})
+        if unknown:
+            raise RequestError(400, INVALID_ARGUMENT, f"unknown chaos fields {unknown[:5]}")
+        fraction = finite_number(body.get("fraction", 0.0), "fraction", 0.0, 1.0)
+        raw_kinds = body.get("kinds") or list(CHAOS_KINDS)
+        if not isinstance(raw_kinds, list) or not all(isinstance(k, str) for k in raw_kinds):
+            raise RequestError(400, INVALID_ARGUMENT, f"kinds must be a list of {CHAOS_KINDS}")
+        bad = [k[:20] for k in raw_kinds if k not in CHAOS_KINDS]
         if bad:
             raise RequestError(
-                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad}; known: {CHAOS_KINDS}"
+                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad[:5]}; known: {CHAOS_KINDS}"
             )
         self.chaos = Chaos(
             fraction=fraction,
-            seed=int(body.get("seed", 0)),
-            kinds=kinds,
-            delay_s=float(body.get("delay_s", self.chaos.delay_s)),
-            retry_after_ms=int(body.get("retry_after_ms", self.chaos.retry_after_ms)),
+            seed=integer(body.get("seed", 0), "seed", 0, 2**63 - 1),
+            kinds=tuple(raw_kinds),
+            delay_s=finite_number(
+                body.get("delay_s", self.chaos.delay_s), "delay_s", 0.0, MAX_DELAY_S
+            ),
+            retry_after_ms=integer(
+                body.get("retry_after_ms", self.chaos.retry_after_ms), "retry_after_ms", 0, 60_000
+            ),
         )
         return self.chaos.to_dict()
 
     async def capacity(self, request: Request, body: Any) -> Any:
+        unknown = sorted(set(body) - {"gpus", "cluster_id"})
+        if unknown:
+            raise RequestError(400, INVALID_ARGUMENT, f"unknown capacity fields {unknown[:5]}")
         gpus = body.get("gpus")
-        if gpus is not None and (not isinstance(gpus, int) or gpus < 0):
-            raise RequestError(400, INVALID_ARGUMENT, "gpus must be a non-negative integer or null")
-        return self.fleet.set_capacity(gpus, body.get("cluster_id"))
+        if gpus is not None:
+            gpus = integer(gpus, "gpus (or null)", 0, 100 * MAX_GPUS)
+        return self.fleet.set_capacity(gpus, optional_name(body.get("cluster_id"), "cluster_id"))
 
     async def requests_get(self, request: Request, body: Any) -> Any:
         with self._log_lock:

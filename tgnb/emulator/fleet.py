@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sys
 import threading
 import time
 import traceback
@@ -63,6 +64,7 @@ from tgnb.emulator.models import (
     LifecycleEvent,
     NodeState,
     _ts,
+    check_record,
     cluster_to_api,
 )
 from tgnb.emulator.store import StateStore
@@ -90,6 +92,23 @@ class FleetConfig:
         return platform_seconds * self.time_scale
 
 
+def _log(message: str) -> None:
+    print(f"tgnb emulator: {message}", file=sys.stderr, flush=True)
+
+
+def _loaded_cluster(raw: Any) -> ClusterState | None:
+    """A stored cluster record, or None (with a log line) when it cannot be served: a record
+    written by an older version, or by hand, never takes the list down."""
+    try:
+        c = ClusterState.from_dict(raw)
+        check_record(c)
+    except Exception as exc:  # any shape of broken record: skipped, the rest is served
+        ident = raw.get("cluster_id") if isinstance(raw, dict) else None
+        _log(f"skipping stored cluster {str(ident)[:80]!r}: {type(exc).__name__}: {exc}"[:300])
+        return None
+    return c
+
+
 class Fleet:
     """All clusters of the emulator, the clock that moves them, and their persistence."""
 
@@ -108,14 +127,23 @@ class Fleet:
 
     # ---- persistence -------------------------------------------------------------------------
     def _load(self) -> None:
-        data = self.store.load()
+        try:
+            data = self.store.load()
+        except ValueError as exc:  # a torn or foreign state.json: start empty, say why
+            _log(f"state file {self.store.state_file} is not JSON ({exc}); starting empty")
+            return
         if not data:
             return
-        for raw in data.get("clusters", []):
-            c = ClusterState.from_dict(raw)
-            self.clusters[c.cluster_id] = c
-        if "capacity_gpus" in data:
-            self.config.capacity_gpus = data["capacity_gpus"]
+        raw_clusters = data.get("clusters")
+        for raw in raw_clusters if isinstance(raw_clusters, list) else []:
+            c = _loaded_cluster(raw)
+            if c is not None:
+                self.clusters[c.cluster_id] = c
+        cap = data.get("capacity_gpus")
+        if "capacity_gpus" in data and (
+            cap is None or (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0)
+        ):
+            self.config.capacity_gpus = cap
 
     def _save(self) -> None:
         self.store.save(
@@ -338,7 +366,7 @@ class Fleet:
     def _get(self, cluster_id: str) -> ClusterState:
         c = self.clusters.get(cluster_id)
         if c is None:
-            raise RequestError(404, NOT_FOUND, f"cluster {cluster_id!r} not found")
+            raise RequestError(404, NOT_FOUND, f"cluster {cluster_id[:80]!r} not found")
         return c
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -390,7 +418,13 @@ class Fleet:
         self.advance()
         with self._lock:
             cs = [c for c in self.clusters.values() if project_id in (None, c.project_id)]
-            return {"clusters": [cluster_to_api(c) for c in sorted(cs, key=lambda c: c.created_at)]}
+            out = []
+            for c in sorted(cs, key=lambda c: c.created_at):
+                try:
+                    out.append(cluster_to_api(c))
+                except Exception as exc:  # one broken record never takes the list down
+                    _log(f"cluster {c.cluster_id[:80]!r} cannot be listed: {exc!r}"[:300])
+            return {"clusters": out}
 
     def project_ids(self) -> list[str]:
         with self._lock:

@@ -320,15 +320,24 @@ def kubeconfig(cluster: ClusterState) -> str:
     """A base64 kubeconfig for a KUBERNETES cluster; no API server answers at its address."""
     if cluster.cluster_type != "KUBERNETES":
         return ""
-    name = cluster.cluster_name
-    text = (
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: {name}\n  cluster:\n    server: https://127.0.0.1:6443\n"
-        "    insecure-skip-tls-verify: true\n"
-        f"users:\n- name: {name}-admin\n  user:\n    token: tgnb-emulator-no-api-server\n"
-        f"contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}-admin\n"
-        f"current-context: {name}\n"
-    )
+    import yaml
+
+    name = str(cluster.cluster_name)
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": name,
+                "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True},
+            }
+        ],
+        "users": [{"name": f"{name}-admin", "user": {"token": "tgnb-emulator-no-api-server"}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
+        "current-context": name,
+    }
+    # a YAML library, never string insertion: no name can add a server or a user
+    text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
     return base64.b64encode(text.encode()).decode()
 
 
@@ -390,6 +399,38 @@ def cluster_to_api(cluster: ClusterState, include_events: bool = True) -> dict[s
         ]
     out.update({k: v for k, v in cluster.extra.items() if k not in out})
     return out
+
+
+_RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "cluster_id": str,
+    "cluster_name": str,
+    "cluster_type": str,
+    "region": str,
+    "gpu_type": str,
+    "billing_type": str,
+    "project_id": str,
+    "num_gpus": int,
+    "desired_preemptible_gpus": int,
+    "cuda_version": str,
+    "nvidia_driver_version": str,
+    "nvidia_version_id": str,
+    "created_at": (int, float),
+    "num_reserved_gpus": int,
+    "num_capacity_pool_gpus": int,
+    "duration_days": (int, type(None)),
+    "capacity_gpus": (int, type(None)),
+}
+
+
+def check_record(cluster: ClusterState) -> None:
+    """Raise ValueError unless a (stored) cluster has the types the API renders it with."""
+    import json
+
+    for name, kind in _RECORD_TYPES.items():
+        value = getattr(cluster, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{name} is a {type(value).__name__}")
+    json.dumps(cluster_to_api(cluster), allow_nan=False)
 
 
 def regions_to_api() -> dict[str, Any]:

@@ -42,7 +42,7 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def duration(text: str) -> timedelta:
     """``90s``, ``15m``, ``2h``, ``1d`` (or plain seconds) as a timedelta."""
-    m = _DURATION.match(text)
+    m = _DURATION.fullmatch(text)
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write e.g. 30m, 2h or 1d")
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])

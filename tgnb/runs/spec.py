@@ -24,7 +24,20 @@ GPUS_PER_NODE = 8
 #: started again (BSD EX_TEMPFAIL). 0 means finished, anything else failed.
 EXIT_PREEMPTED = 75
 
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?$")
+_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")  # fullmatch: no trailing newline
+#: Upper bounds of what one run may ask for (a script or manifest never holds more).
+MAX_NODES, MAX_GPUS_PER_NODE, MAX_CPUS_PER_TASK, MAX_MEMORY_GIB = 1024, 16, 4096, 65536
+
+
+def _count(name: str, value: object, low: int, high: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value < low:
+        raise ValidationError(f"{name} must be at least {low}, got {value}: try {name}={low}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationError(
+            f"{name} must be an integer from {low} to {high}, got {value!r:.60}: e.g. {name}={low}"
+        )
 
 
 class JobState(str, enum.Enum):
@@ -73,8 +86,16 @@ class Resources:
     memory_gib: int | None = None
 
     def validate(self) -> None:
-        if self.nodes < 1:
-            raise ValidationError(f"nodes must be at least 1, got {self.nodes}: try nodes=1")
+        """Every field typed and bounded: each one reaches a script or a manifest."""
+        _count("nodes", self.nodes, 1, MAX_NODES)
+        _count("min_nodes", self.min_nodes, 1, MAX_NODES, optional=True)
+        _count("gpus_per_node", self.gpus_per_node, 0, MAX_GPUS_PER_NODE)
+        _count("cpus_per_task", self.cpus_per_task, 1, MAX_CPUS_PER_TASK, optional=True)
+        _count("memory_gib", self.memory_gib, 1, MAX_MEMORY_GIB, optional=True)
+        if not isinstance(self.preemptible, bool):
+            raise ValidationError(
+                f"preemptible must be True or False, got {self.preemptible!r:.60}"
+            )
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
             raise ValidationError(
                 f"min_nodes must be between 1 and nodes ({self.nodes}), got {self.min_nodes}"
@@ -99,9 +120,31 @@ class RunSpec:
     run_dir: str | None = None  # on shared storage; stable across restarts
 
     def validate(self) -> None:
-        if not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ValidationError(
-                f"run name {self.name!r} is not valid: use lowercase letters, digits and '-', "
+                f"run name {self.name!r:.60} is not valid: use lowercase letters, digits and '-', "
                 "starting and ending with a letter or digit (at most 50 characters)"
             )
         self.resources.validate()
+        check_no_secrets(self)
+
+
+def check_no_secrets(spec: RunSpec) -> None:
+    """Refuse a known secret value (the API key, the emulator key, an HF token) in env or in the
+    training config: they would be written into a script, a manifest, config.yaml or the store."""
+    from tgnb.config import holds_secret, register_env_secrets
+
+    register_env_secrets()
+    for name, value in spec.env.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValidationError(f"env {name!r:.40} must map a name to a string value")
+        if holds_secret(value):
+            raise ValidationError(
+                f"env {name} looks like a secret (it holds one): pass it by reference, "
+                f"secrets={{{name!r}: SecretRef(name=..., env=...)}}, never by value"
+            )
+    if holds_secret(dict(spec.train)):
+        raise ValidationError(
+            "the training config holds a secret value (e.g. trl.hub_token): drop it and pass the "
+            "secret by reference, secrets={'HF_TOKEN': SecretRef(name='hf', env='HF_TOKEN')}"
+        )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from tgnb.cloud.validate import MAX_NAME
 from tgnb.config import scrub
 from tgnb.errors import (
     AmbiguousNameError,
@@ -44,6 +46,8 @@ from tgnb.server.service import Cockpit
 
 #: A comment line sent on an idle event stream so proxies keep it open (seconds).
 KEEPALIVE_S = 15.0
+#: Longest ``?timeout=`` of an event stream (seconds).
+MAX_TIMEOUT_S = 3600.0
 
 
 def _status_of(exc: TgnbError) -> int:
@@ -76,6 +80,16 @@ class TgnbHandler(APIHandler):
             return await self.cockpit.run(fn)
         except TgnbError as exc:
             self.fail(_status_of(exc), str(exc))
+            return None
+        except Exception as exc:  # an SDK or library error the session did not translate
+            from tgnb.cloud.client import is_sdk_error, translate
+
+            if is_sdk_error(exc):
+                err = translate(exc, "answer the sidebar")
+                self.fail(_status_of(err), str(err))
+            else:
+                self.log.error("tgnb: %s", one_line(f"{type(exc).__name__}: {exc}"))
+                self.fail(500, f"tgnb failed ({type(exc).__name__}); see the Jupyter server log")
             return None
 
     def fail(self, status: int, message: str) -> None:
@@ -131,8 +145,17 @@ class AttachHandler(TgnbHandler):
         if body is None:
             return
         target, local = body.get("cluster"), body.get("local", False)
-        if target is not None and (not isinstance(target, str) or not target.strip()):
-            return self.fail(400, "cluster must be a cluster name or id (a string), or null")
+        if target is not None and (
+            not isinstance(target, str)
+            or not target.strip()
+            or len(target) > MAX_NAME
+            or not target.isprintable()
+        ):
+            return self.fail(
+                400,
+                f"cluster must be a cluster name or id (a printable string of at most {MAX_NAME} "
+                "characters), or null",
+            )
         if not isinstance(local, bool):
             return self.fail(400, "local must be true or false")
         cockpit = self.cockpit
@@ -204,20 +227,27 @@ class TimelineHandler(TgnbHandler):
 class EventsHandler(TgnbHandler):
     """Server-sent events: every message of the feed numbered as its ``id``.
 
-    ``?since=N`` (or the ``Last-Event-ID`` header) resumes after message N; ``?timeout=S`` ends
-    the stream after S seconds (tests, and clients that prefer to reconnect).
+    A new client gets the latest cluster and runs snapshots and the recent events
+    (`Cockpit.replay`); ``?since=N`` (or the ``Last-Event-ID`` header) resumes after message N,
+    at most `tgnb.server.service.REPLAY` messages. ``?timeout=S`` (0 < S <= `MAX_TIMEOUT_S`; 0 or
+    absent: no end) ends the stream after S seconds (tests, clients that prefer to reconnect).
     """
 
     @web.authenticated
     async def get(self) -> None:
         try:
-            since = int(self.get_argument("since", self.request.headers.get("Last-Event-ID", "0")))
+            raw_since = self.get_argument("since", self.request.headers.get("Last-Event-ID", ""))
+            since = int(raw_since) if raw_since.strip() else None
             timeout = float(self.get_argument("timeout", "0"))
         except ValueError:
             return self.fail(400, "since must be an integer and timeout a number of seconds")
+        if since is not None and not 0 <= since < 2**63:
+            return self.fail(400, "since must be a message id >= 0")
+        if not math.isfinite(timeout) or not 0 <= timeout <= MAX_TIMEOUT_S:
+            return self.fail(
+                400, f"timeout must be a number of seconds from 0 to {MAX_TIMEOUT_S:g} (0: no end)"
+            )
         cockpit = self.cockpit
-        if since > cockpit.seq:
-            since = 0  # the server restarted since the client's last message
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
@@ -229,9 +259,11 @@ class EventsHandler(TgnbHandler):
             await self.flush()
             while deadline is None or time.monotonic() < deadline:
                 changed = cockpit.changed()
-                for seq, message in cockpit.since(since):
+                for seq, message in cockpit.replay(since):
                     self.write(f"id: {seq}\ndata: {json.dumps(message)}\n\n")
                     since = seq
+                if since is None:  # nothing to replay yet: from now on, what comes next
+                    since = cockpit.seq
                 await self.flush()
                 wait = KEEPALIVE_S
                 if deadline is not None:

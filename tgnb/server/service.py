@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 #: How many messages the feed keeps for listeners that reconnect.
 BUFFER = 2000
+#: Most messages one (re)connection replays: the latest snapshots plus the newest events.
+REPLAY = 200
 
 
 class Cockpit:
@@ -157,6 +159,25 @@ class Cockpit:
     def since(self, seq: int) -> list[tuple[int, dict[str, Any]]]:
         """Messages numbered above `seq`, oldest first."""
         return [(n, m) for n, m in self.messages if n > seq]
+
+    def replay(self, seq: int | None) -> list[tuple[int, dict[str, Any]]]:
+        """What a listener that has seen message `seq` (None: nothing) needs, oldest first, at
+        most `REPLAY` messages: the messages after `seq` when they fit; else the latest cluster
+        and runs snapshots and the newest other messages."""
+        messages = list(self.messages)
+        if seq is not None and seq <= self.seq:
+            after = [(n, m) for n, m in messages if n > seq]
+            if len(after) <= REPLAY and (not messages or messages[0][0] <= seq + 1):
+                return after
+        latest: dict[str, tuple[int, dict[str, Any]]] = {}
+        rest: list[tuple[int, dict[str, Any]]] = []
+        for n, m in messages:
+            if m.get("type") in ("cluster", "runs"):
+                latest[m["type"]] = (n, m)
+            else:
+                rest.append((n, m))
+        keep = list(latest.values()) + rest[-(REPLAY - len(latest)) :]
+        return sorted(keep, key=lambda item: item[0])
 
     def changed(self) -> asyncio.Event:
         if self._changed is None:

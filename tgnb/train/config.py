@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -221,26 +222,93 @@ def check_model(model: str) -> None:
                 "a Hugging Face id, or 'tiny'."
             )
         return
-    if not _HF_ID.match(model):
+    if not _HF_ID.fullmatch(model):
         raise TrainConfigError(
             f"model '{model}' is neither 'tiny', an existing directory, nor a Hugging Face id."
         )
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
-    from tgnb.train import data, rewards
+#: Upper bounds of the integer settings (a step count past them is a typo, not a plan).
+MAX_STEPS, MAX_SEED, MAX_DATASET_SIZE = 10_000_000, 2**32 - 1, 100_000_000
+_REWARD_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
-    if cfg.algorithm not in ALGORITHMS:
-        raise _unknown("algorithm", cfg.algorithm, ALGORITHMS)
-    if cfg.max_steps < 1:
-        raise TrainConfigError(f"max_steps must be at least 1, not {cfg.max_steps}.")
+
+def _bounded(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainConfigError(f"'{name}' must be an integer, not {value!r:.40}.")
+    if value < low:
+        raise TrainConfigError(f"{name} must be at least {low}, not {value}.")
+    if value > high:
+        raise TrainConfigError(f"{name} must be at most {high}, not {value:.3g}.")
+
+
+def _text(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or not value.isprintable() or len(value) > 512:
+        raise TrainConfigError(f"{name} must be a printable string, not {value!r:.60}.")
+
+
+def _check_reward(name: Any) -> None:
+    """A built-in reward, or ``package.module:function`` whose module exists; a module already
+    imported (the standard library, the reward's own) is resolved and its signature checked."""
+    import importlib.util
+    import sys
+
+    from tgnb.train import rewards
+
+    _text("a reward", name)
+    if name in rewards.BUILTIN or ":" not in name:
+        rewards.resolve(name)  # a built-in, or the unknown-name error with its close matches
+        return
+    if not _REWARD_PATH.fullmatch(name):
+        raise TrainConfigError(f"reward {name!r:.60} is not 'package.module:function'.")
+    module = name.partition(":")[0]
+    top = module.split(".")[0]
+    if top in sys.modules or importlib.util.find_spec(top) is None:
+        rewards.resolve(name)  # cheap here: imported already, or the import error at once
+
+
+def check_light(cfg: TrainConfig) -> None:
+    """The checks that need neither torch nor TRL: types, ranges, model, dataset and rewards.
+    `Session.launch` runs them before it records anything; `validate` runs them first."""
+    from tgnb.train import data
+
+    if not isinstance(cfg.algorithm, str) or cfg.algorithm not in ALGORITHMS:
+        raise _unknown("algorithm", str(cfg.algorithm)[:40], ALGORITHMS)
+    _bounded("max_steps", cfg.max_steps, 1, MAX_STEPS)
+    _bounded("seed", cfg.seed, 0, MAX_SEED)
+    _bounded("dataset_size", cfg.dataset_size, 1, MAX_DATASET_SIZE)
+    _text("model", cfg.model)
     check_model(cfg.model)
+    _text("dataset", cfg.dataset)
     assert cfg.dataset is not None
     data.check(cfg.dataset)
+    _text("dataset_split", cfg.dataset_split)
+    for key in ("name", "run_dir", "dataset_config"):
+        if getattr(cfg, key) is not None:
+            _text(key, getattr(cfg, key))
+    if not isinstance(cfg.rewards, list):
+        raise TrainConfigError("rewards must be a list such as [correctness, format].")
     if cfg.algorithm == "grpo":
         if not cfg.rewards:
             raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
+        for reward in cfg.rewards:
+            _check_reward(reward)
+    if cfg.lora is not None and not isinstance(cfg.lora, Mapping):
+        raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")
+    for key in ("max_steps", "seed"):
+        if key in cfg.trl:
+            raise TrainConfigError(f"set {key} at the top level of the config, not under trl.")
+    for key, value in cfg.trl.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TrainConfigError(f"trl.{key} must be a finite number, not {value}.")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
+    from tgnb.train import rewards
+
+    check_light(cfg)
+    if cfg.algorithm == "grpo":
         rewards.resolve_all(cfg.rewards)
     known = set(_field_names(trl_config_class(cfg.algorithm)))
     for key in cfg.trl:

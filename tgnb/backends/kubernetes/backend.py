@@ -349,7 +349,7 @@ class KubernetesBackend:
         own_pod = re.compile(rf"^{re.escape(job_id)}-\d+-[a-z0-9]+$")
         for item in found.items or []:
             obj = item.involved_object
-            if obj is None or obj.kind != "Pod" or not own_pod.match(obj.name or ""):
+            if obj is None or obj.kind != "Pod" or not own_pod.fullmatch(obj.name or ""):
                 continue
             match = _ASSIGNED.search(item.message or "")
             if match:

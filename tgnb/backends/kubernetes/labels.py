@@ -87,7 +87,7 @@ def run_dir_for(spec: RunSpec) -> str:
 
 
 def check_name(kind: str, value: str, pattern: re.Pattern[str] = _DNS1123_SUBDOMAIN) -> None:
-    if not value or len(value) > 253 or not pattern.match(value):
+    if not value or len(value) > 253 or not pattern.fullmatch(value):
         raise ValidationError(
             f"{kind} {value!r} is not a valid Kubernetes name: use lowercase letters, digits and '-'"
         )
@@ -107,7 +107,7 @@ def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> 
         raise ValidationError(
             f"image {spec.image!r} contains whitespace: pass a plain image reference"
         )
-    if not _DNS1035.match(spec.name):
+    if not _DNS1035.fullmatch(spec.name):
         raise ValidationError(
             f"run name {spec.name!r} is not valid on Kubernetes: start it with a letter "
             "(its Service and pod host names must)"
@@ -122,7 +122,7 @@ def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> 
             f"run_dir {run_dir!r} cannot be mounted: pass an absolute path such as {RUNS_ROOT}/NAME"
         )
     for name, value in spec.env.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise ValidationError(
                 f"environment variable name {name!r} is not valid: use [A-Za-z_0-9]"
             )
@@ -136,7 +136,7 @@ def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> 
                 "key=...)}} so only a secretKeyRef reaches the cluster"
             )
     for name, ref in spec.secrets.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise ValidationError(
                 f"environment variable name {name!r} is not valid: use [A-Za-z_0-9]"
             )
@@ -146,7 +146,7 @@ def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> 
             )
         check_name(f"secret for {name}", ref.name)
         key = ref.key or name
-        if not _SECRET_KEY.match(key):
+        if not _SECRET_KEY.fullmatch(key):
             raise ValidationError(f"secret key {key!r} for {name} is not valid: use [-._a-zA-Z0-9]")
 
 

@@ -48,12 +48,12 @@ class RenderOptions:
 
 
 def _check_name(kind: str, name: str) -> None:
-    if not _ENV_NAME.match(name):
+    if not _ENV_NAME.fullmatch(name):
         raise ValidationError(f"{kind} name {name!r} is not a valid environment variable name")
 
 
 def _check_word(kind: str, value: str) -> None:
-    if not _SLURM_WORD.match(value):
+    if not _SLURM_WORD.fullmatch(value):
         raise ValidationError(f"Slurm {kind} {value!r} has characters sbatch does not accept")
 
 
@@ -97,7 +97,7 @@ def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]
         _check_word("account", spec.account)
         out.append(f"--account={spec.account}")
     if spec.time_limit:
-        if not _TIME.match(spec.time_limit):
+        if not _TIME.fullmatch(spec.time_limit):
             raise ValidationError(
                 f"time limit {spec.time_limit!r} is not a Slurm time: use e.g. 04:00:00 or 1-00:00:00"
             )
@@ -147,7 +147,11 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
     """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
     options = options or RenderOptions()
     spec.validate()
-    if not run_dir.startswith("/") or any(c in run_dir for c in " \t\n'\"$`\\"):
+    if (
+        not run_dir.startswith("/")
+        or not run_dir.isprintable()
+        or any(c in run_dir for c in " \t\n'\"$`\\")
+    ):
         raise ValidationError(f"run directory {run_dir!r} must be an absolute path without spaces")
     head = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives(spec, run_dir, options)]
     body = [
