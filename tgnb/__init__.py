@@ -27,11 +27,16 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """`attach` and `Session` are imported on first use, so ``import tgnb`` stays light."""
+    """`attach`, `Session` and `post_training` are imported on first use, so ``import tgnb``
+    stays light."""
     if name in ("attach", "Session"):
         from tgnb import session
 
         return getattr(session, name)
+    if name == "post_training":
+        from tgnb.posttraining import post_training
+
+        return post_training
     raise AttributeError(f"module 'tgnb' has no attribute {name!r}")
 
 
@@ -53,6 +58,7 @@ __all__ = [
     "ValidationError",
     "__version__",
     "attach",
+    "post_training",
 ]
 
 
