@@ -5,7 +5,9 @@ lifecycle events from runs) and draws one lane per node (standard and preemptibl
 the ``gpu-preemptible-dp`` name prefix), each node's lifetime (added -> preempted / scaled down, or
 now), each preemption notice with its drain window shaded (notice -> removal, or notice + the drain
 window while the removal is not seen yet), and one lane per run with its segments on nodes and
-markers for start, checkpoints, signals, drain notices, requeues, resumes and exit.
+markers for start, checkpoints, signals, drain notices, requeues, resumes and exit. Post-Training
+events (``source="posttraining"``) add one lane per model resource (provisioning, then READY until
+stopped) and one per training session (running until stopped, expired or failed, with checkpoints).
 
 The rendering is a self-contained SVG string (`to_svg`, `_repr_svg_`, `_repr_html_`) so papermill and
 nbconvert outputs show it without a kernel. Markers that fall on the same few pixels of a lane are
@@ -41,6 +43,10 @@ _SPAN_STYLE = {
     "drain": "url(#tgnb-hatch)",
     "run": "#66c2a5",
     "occupied": "#1b9e77",
+    # Post-Training: a model resource waiting for GPUs, then READY; its training sessions.
+    "provisioning": "#d9d9d9",
+    "resource": "#b3a2c7",
+    "session": "#a6d854",
 }
 _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.RUN_STARTED: ("circle", "#1b9e77"),
@@ -57,6 +63,16 @@ _MARKER_STYLE: dict[str, tuple[str, str]] = {
     "JobPlaced": ("circle", "#999999"),
     "SignalSent": ("down", "#e377c2"),
     "JobKilled": ("bar", "#d62728"),
+    ev.RESOURCE_CREATED: ("circle", "#7570b3"),
+    ev.RESOURCE_QUEUED: ("square", "#bbbbbb"),
+    ev.RESOURCE_READY: ("up", "#7570b3"),
+    ev.RESOURCE_STOPPED: ("bar", "#222222"),
+    ev.RESOURCE_ERROR: ("bar", "#d62728"),
+    ev.SESSION_STARTED: ("circle", "#66a61e"),
+    ev.SESSION_STOPPED: ("bar", "#222222"),
+    ev.SESSION_EXPIRED: ("bar", "#ff7f0e"),
+    ev.SESSION_ERROR: ("down", "#d62728"),
+    ev.SESSION_CHECKPOINT: ("circle", "#3366cc"),
 }
 _LABEL = {
     ev.RUN_STARTED: "started",
@@ -72,6 +88,29 @@ _LABEL = {
     "JobPlaced": "job placed",
     "SignalSent": "SIGTERM sent",
     "JobKilled": "job killed",
+    ev.RESOURCE_CREATED: "resource created",
+    ev.RESOURCE_QUEUED: "queued for GPUs",
+    ev.RESOURCE_READY: "resource ready",
+    ev.RESOURCE_STOPPED: "resource stopped",
+    ev.RESOURCE_ERROR: "resource error",
+    ev.SESSION_STARTED: "session started",
+    ev.SESSION_STOPPED: "session stopped",
+    ev.SESSION_EXPIRED: "session expired",
+    ev.SESSION_ERROR: "session error",
+    ev.SESSION_CHECKPOINT: "checkpoint",
+}
+
+_PT_OPEN = {
+    ev.RESOURCE_CREATED: "provisioning",
+    ev.RESOURCE_READY: "resource",
+    ev.SESSION_STARTED: "session",
+}
+_PT_CLOSE = {
+    ev.RESOURCE_STOPPED,
+    ev.RESOURCE_ERROR,
+    ev.SESSION_STOPPED,
+    ev.SESSION_EXPIRED,
+    ev.SESSION_ERROR,
 }
 
 
@@ -162,6 +201,8 @@ class EventTimeline:
         alive: dict[str, float] = {}
         notice: dict[str, float] = {}
         running: dict[str, tuple[float, str | None]] = {}
+        pt: dict[str, Lane] = {}
+        pt_open: dict[str, tuple[float, str]] = {}
 
         def node_lane(name: str) -> Lane:
             lane = nodes.get(name)
@@ -171,6 +212,9 @@ class EventTimeline:
 
         for e in self.events:
             t = e.time.timestamp()
+            if e.source == "posttraining":
+                self._pt_event(e, t, pt, pt_open)
+                continue
             if e.source == "run" or (e.run is not None and e.reason in ev.RUN_REASONS):
                 name = e.run or "run"
                 lane = runs.get(name) or runs.setdefault(name, Lane(name, "run"))
@@ -212,6 +256,8 @@ class EventTimeline:
             )
         for name, seg in running.items():
             self._close_run(runs[name], node_lane, seg, max(self.now, seg[0]), True)
+        for key, (start, kind) in pt_open.items():
+            pt[key].spans.append(Span(start, max(self.now, start), kind, kind, True))
 
         kept = list(nodes.values())
         hidden: dict[str, int] = {}
@@ -238,8 +284,30 @@ class EventTimeline:
             runs.values(),
             key=lambda ln: (min((s.start for s in ln.spans), default=self.now), _natural(ln.key)),
         )
-        lanes = ([cluster] if cluster.markers else []) + ordered + run_lanes
+        lanes = ([cluster] if cluster.markers else []) + ordered + run_lanes + list(pt.values())
         return lanes, hidden
+
+    @staticmethod
+    def _pt_event(
+        e: Event, t: float, lanes: dict[str, Lane], opened: dict[str, tuple[float, str]]
+    ) -> None:
+        """A Post-Training event: one lane per model resource (provisioning, then READY), one per
+        training session (its run, its checkpoints); a session's lane follows its resource's."""
+        data = e.data or {}
+        session = data.get("session")
+        key = str(session or data.get("resource") or e.run or "post-training")
+        if key not in lanes:
+            name = data.get("name")
+            label = f"{name} · {key[-6:]}" if name else key
+            lanes[key] = Lane(label, "session" if session else "resource")
+        lane = lanes[key]
+        if e.reason in _PT_OPEN or e.reason in _PT_CLOSE:
+            if key in opened:
+                start, kind = opened.pop(key)
+                lane.spans.append(Span(start, t, kind, _LABEL.get(e.reason, e.reason)))
+            if e.reason in _PT_OPEN:
+                opened[key] = (t, _PT_OPEN[e.reason])
+        lane.markers.append(Marker(t, e.reason, _describe(e)))
 
     @staticmethod
     def _close_run(
@@ -311,6 +379,8 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 def _describe(e: Event) -> str:
     parts = [_LABEL.get(e.reason, e.reason)]
+    if e.source == "posttraining" and e.data and e.data.get("name"):
+        parts.append(str(e.data["name"]))
     if e.run:
         parts.append(e.run)
     if e.node:
