@@ -176,7 +176,7 @@ class TrainingSession:
             if kind == "training"
             else self.client.create_inference_checkpoint
         )
-        ck = self.conn.call(fn, f"save a {kind} checkpoint of session {self.id}")
+        ck = self.conn.call(fn, f"save a checkpoint ({kind}) of session {self.id}")
         self.log.operation(f"{kind}-checkpoint")
         return CheckpointInfo.from_sdk(ck, kind, self.id)
 

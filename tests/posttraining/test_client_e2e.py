@@ -1,0 +1,179 @@
+"""The Post-Training Python API end to end against a real emulator daemon over loopback HTTP, with
+the unmodified SDK underneath and real torch/peft computation on the built-in tiny model: start a
+resource, two LoRA sessions, a few forward-backward/optim steps each, client metrics, checkpoints,
+an adapter download, the cost, a refused then forced stop; and bad input refused with nothing sent
+(checked in the emulator's request log)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tgnb
+from tgnb import events as ev
+from tgnb.emulator.testing import EmulatorHandle, running_emulator
+from tgnb.errors import ApiError, ValidationError
+
+MODEL = "tgnb/tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with running_emulator(tmp_path_factory.mktemp("pt-client")) as handle:
+        yield handle
+
+
+def _sample(offset: int) -> Any:
+    from together.post_training import Sample
+
+    toks = [5 + (offset + i) % 20 for i in range(12)]
+    return Sample(
+        model_input={"chunks": [{"encoded_text": {"tokens": toks[:-1]}}]},
+        loss_fn_inputs={"target_tokens": toks[1:], "weights": [1.0] * 11},
+    )
+
+
+def _posts(emu: EmulatorHandle) -> list[str]:
+    return [r["path"] for r in emu.requests() if r["method"] != "GET"]
+
+
+@pytest.mark.slow
+def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_path: Path) -> None:
+    from together.post_training import AdamParams
+
+    pt = tgnb.post_training(local=True, home=emu.home)
+    assert pt.conn.local and pt.base_url == emu.base_url
+    assert MODEL in [m.name for m in pt.models()]
+
+    res = pt.start(MODEL, generators=1, inactive_timeout=900)
+    assert res.info().status == "READY"
+    assert res.id in [r.id for r in pt.resources()]
+
+    sessions = [
+        res.open_session(lora={"rank": 4, "alpha": 8}, name="r4"),
+        res.open_session(lora={"rank": 8, "alpha": 16}, name="r8"),
+    ]
+    assert [(s.name, s.lora_rank, s.status) for s in res.sessions()] == [
+        ("r4", 4, "RUNNING"),
+        ("r8", 8, "RUNNING"),
+    ]
+    losses: dict[str, list[float]] = {}
+    for sess in sessions:
+        for k in range(3):
+            fb = sess.trainer.forward_backward(samples=[_sample(k)], loss={"type": "cross_entropy"})
+            losses.setdefault(sess.id, []).append(fb.loss)
+            sess.trainer.optim_step(adam_params=AdamParams(learning_rate=5e-2))
+            sess.record(reward_mean=0.1 * (k + 1))
+        assert sess.trainer.weights_sync().weights_version is not None
+        # the SDK's own objects, recorded on the side
+        from together.post_training import Generator, Trainer
+
+        assert isinstance(sess.trainer, Trainer) and isinstance(sess.generator, Generator)
+        out = sess.generator.sample(
+            {"chunks": [{"encoded_text": {"tokens": [5, 6, 7]}}]},
+            num_samples=1,
+            sampling_params={"max_tokens": 4, "temperature": 1.0},
+        )
+        assert out.sequences
+
+    for sess in sessions:
+        assert [y for _, y in sess.log.series("loss")] == losses[sess.id]  # the SDK's answers
+        assert [x for x, _ in sess.log.series("loss")] == [0.0, 1.0, 2.0]
+        assert [y for _, y in sess.log.series("reward_mean")] == pytest.approx([0.1, 0.2, 0.3])
+        assert sess.step == 3 and sess.info().step == 3
+        assert sess.info().policy_version >= 1
+        assert sess.log.operations() >= 8  # 3 x (fwd-bwd + optim) + weights-sync + sample
+
+    ck = sessions[0].save("inference")
+    tck = sessions[1].save("training")
+    assert (ck.kind, ck.step, tck.kind) == ("inference", 3, "training")
+    listed = {c.id: c for c in res.checkpoints()}
+    assert {ck.id, tck.id} <= set(listed)
+    files = sessions[0].download(variant="adapter", out=tmp_path / "adapter")
+    names = sorted(p.name for p in files)
+    assert "adapter_config.json" in names and all(p.stat().st_size > 0 for p in files)
+    assert [p.name for p in pt.download(ck.id, "adapter", tmp_path / "again")] == [
+        p.name for p in files
+    ]
+
+    cost = res.cost()
+    usage = res.usage()
+    assert usage is not None and not cost.estimated
+    assert cost.gpu_minutes > 0 and cost.amount > 0
+    assert cost.amount == pytest.approx(usage["cost"], rel=0.2)  # price x minutes, a bit later
+
+    # The panel shows both sessions, their curves and the cost (static HTML, no kernel).
+    panel = res.panel(start=False)
+    panel.refresh()
+    page = panel.to_html()
+    assert "r4" in page and "r8" in page and page.count('class="series"') == 4
+    assert "GPU-min" in page
+    panel.close()
+
+    # Stop is refused while sessions run (the server's 400), nothing changes; force stops all.
+    with pytest.raises(ApiError, match=r"2 active session\(s\) \(r4, r8\).*force=True"):
+        res.stop()
+    assert res.info().status == "READY"
+    assert [s.status for s in res.sessions()] == ["RUNNING", "RUNNING"]
+    assert sessions[1].stop().status == "STOPPED"
+    assert res.stop(force=True).status in ("STOPPING", "STOPPED")
+    assert {s.status for s in res.sessions()} <= {"STOPPED", "STOPPING"}
+    final = res.cost()
+    assert final.stopped_at is not None
+
+    reasons = [e.reason for e in res.events()]
+    for reason in (
+        ev.RESOURCE_CREATED,
+        ev.RESOURCE_READY,
+        ev.SESSION_STARTED,
+        ev.SESSION_CHECKPOINT,
+        ev.SESSION_STOPPED,
+        ev.RESOURCE_STOPPED,
+    ):
+        assert reason in reasons, reason
+    assert tgnb.timeline(res).lanes[0].kind == "resource"
+
+
+@pytest.mark.slow
+def test_bad_input_is_refused_before_anything_is_sent(emu: EmulatorHandle) -> None:
+    pt = tgnb.post_training(local=True, home=emu.home)
+    res = pt.start(MODEL, generators=0, inactive_timeout=300)
+    emu.clear_requests()
+    bad: list[Any] = [
+        lambda: pt.start(MODEL, generators=-1),
+        lambda: pt.start("", generators=1),
+        lambda: pt.start(MODEL, inactive_timeout=5),
+        lambda: res.open_session(lora={"rank": 0}),
+        lambda: res.open_session(lora={"rnak": 8}),
+        lambda: res.open_session(name="two words"),
+        lambda: pt.download("ck-1", variant="lora"),
+        lambda: pt.attach("../etc"),
+        lambda: res.extend(5),
+    ]
+    for call in bad:
+        with pytest.raises(ValidationError):
+            call()
+    assert emu.requests() == []
+
+    # A generator-less resource's session says how to get one; a sixth LoRA session is refused
+    # before the create is sent.
+    sessions = [res.open_session(lora={"rank": 2}, name=f"s{i}") for i in range(5)]
+    with pytest.raises(ValidationError, match="no generator"):
+        sessions[0].generator  # noqa: B018
+    emu.clear_requests()
+    with pytest.raises(ValidationError, match=r"already holds 5 session\(s\).*stop one first"):
+        res.open_session(lora={"rank": 2}, name="s5")
+    assert _posts(emu) == []
+    sessions[4].stop()
+    assert res.open_session(lora={"rank": 2}, name="s5").name == "s5"
+    assert res.stop(force=True).status in ("STOPPING", "STOPPED")
+
+    # An unknown resource is a NotFoundError naming what lists them; the key is never shown.
+    with pytest.raises(tgnb.NotFoundError, match=r"pt.resources\(\)") as info:
+        pt.attach("no-such-resource")
+    assert emu.api_key not in str(info.value)
