@@ -142,3 +142,22 @@ def test_start_open_panel_cost_stop(
     out = capsys.readouterr().out
     assert "STOPPED" in out and f"model resource {res.id}" in out
     assert emu.api_key not in out
+
+
+def test_pt_magics_stay_light() -> None:
+    """``%tg pt --help`` (and the parsing of any line) imports neither the SDK's Post-Training
+    clients nor torch, transformers, TRL or peft."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "from IPython.testing.globalipapp import start_ipython\n"
+        "ip = start_ipython(); ip.run_line_magic('load_ext', 'tgnb')\n"
+        "ip.run_line_magic('tg', 'pt --help'); ip.run_line_magic('tg', 'pt open --help')\n"
+        "import sys, json; print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    heavy = {"torch", "transformers", "trl", "peft", "together"}
+    assert sorted(m for m in loaded if m.split(".")[0] in heavy) == []
