@@ -177,3 +177,34 @@ def test_bad_input_is_refused_before_anything_is_sent(emu: EmulatorHandle) -> No
     with pytest.raises(tgnb.NotFoundError, match=r"pt.resources\(\)") as info:
         pt.attach("no-such-resource")
     assert emu.api_key not in str(info.value)
+
+
+@pytest.mark.slow
+def test_native_clients_tracked_and_the_remote_mode(
+    emu: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe written against the SDK's own clients gets the panel's curves through track();
+    local=False reads TOGETHER_API_KEY / TOGETHER_BASE_URL as the SDK does (here: the emulator)."""
+    from together.post_training import ModelResourcesClient
+
+    for key, value in emu.env.items():
+        monkeypatch.setenv(key, value)
+    pt = tgnb.post_training(local=False)
+    assert not pt.conn.local and pt.base_url == emu.base_url
+    with ModelResourcesClient.create(
+        base_model=MODEL, compute_config={"num_generator_replicas": 0}, interval=0.2
+    ) as mr:
+        res = pt.track(mr)
+        sess = pt.track(mr.create_session(lora_config={"rank": 2}, interval=0.2))
+        fb = sess.trainer.forward_backward(samples=[_sample(0)], loss={"type": "cross_entropy"})
+        sess.record(reward_mean=0.5)
+        assert sess.log.series("loss") == [(0.0, fb.loss)]
+        cost = res.cost()
+        assert cost.estimated  # remote mode: no emulator usage report is asked for
+        assert res.sessions()[0].id == sess.id
+        sess.stop()
+    with pytest.raises(ValidationError, match="track"):
+        pt.track(object())
+    monkeypatch.delenv("TOGETHER_API_KEY")
+    with pytest.raises(tgnb.ConfigError, match="no TOGETHER_API_KEY"):
+        tgnb.post_training(local=False)

@@ -142,6 +142,26 @@ class PostTraining:
         )
         return Resource(self.conn, client)
 
+    def track(self, client: Any) -> Any:
+        """tgnb's view of a native SDK client, for recipes written against the SDK: a
+        `ModelResourcesClient` becomes a `Resource` (panel, cost, events), a `SessionClient` a
+        `TrainingSession` whose ``trainer``/``generator`` note losses and steps for the panel and
+        whose ``record()`` adds rewards. Nothing is created; the client is shared, not copied."""
+        from together.post_training import ModelResourcesClient, SessionClient
+
+        if isinstance(client, ModelResourcesClient):
+            return Resource(self.conn, client)
+        if isinstance(client, SessionClient):
+            s = self.conn.call(
+                lambda: self.conn.sdk().post_training.sessions.retrieve(client.session_id),
+                f"read session {client.session_id}",
+            )
+            return TrainingSession(self.conn, client, SessionInfo.from_sdk(s))
+        raise ValidationError(
+            f"track() takes a together.post_training ModelResourcesClient or SessionClient, "
+            f"not {type(client).__name__}"
+        )
+
     def checkpoints(self, session_id: str | None = None) -> list[CheckpointInfo]:
         """Checkpoints of this project (of one session with `session_id`), newest first."""
         kw: dict[str, Any] = {"limit": 100}
