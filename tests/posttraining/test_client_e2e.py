@@ -202,7 +202,13 @@ def test_native_clients_tracked_and_the_remote_mode(
         cost = res.cost()
         assert cost.estimated  # remote mode: no emulator usage report is asked for
         assert res.sessions()[0].id == sess.id
-        sess.stop()
+        # Idle expiry (the emulator's admin knob): the resource stops, its session EXPIRED, and
+        # both show in the events.
+        emu._call("POST", f"/_emulator/rl/resources/{res.id}/expire")
+        assert res.info().status in ("STOPPING", "STOPPED")
+        assert sess.info().status == "EXPIRED"
+        reasons = {e.reason for e in res.events()}
+        assert {ev.SESSION_EXPIRED, ev.RESOURCE_STOPPED} <= reasons
     with pytest.raises(ValidationError, match="track"):
         pt.track(object())
     monkeypatch.delenv("TOGETHER_API_KEY")
