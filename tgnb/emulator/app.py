@@ -13,7 +13,8 @@ that ends in ``/v1`` also works: the app drops a doubled leading ``/v1`` (``/v1/
 Emulator-only admin routes under ``/_emulator/`` (same key; never subject to chaos, never logged):
 ``GET health``, ``GET clusters/{id}/nodes``, ``POST clusters/{id}/preempt`` (``{"node": name}``,
 optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early),
-``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
+``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``; kinds 429, 503, delay, and the
+opt-in "lost": applied, then answered 503), ``POST capacity``
 (``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log: every
 /v1 and /v3 request with method, path, query, status, JSON body with secret-looking keys masked, and
 the chaos applied; kept in memory, the last 10 000, gone after a restart).
@@ -56,6 +57,9 @@ from tgnb.emulator.validation import (
 from tgnb.events import format_time, parse_time
 
 CHAOS_KINDS = ("429", "503", "delay")
+#: Opt-in kinds (never drawn unless named): "lost" applies the request, then answers 503, as a
+#: response lost on the way back would (retries must then be de-duplicated: Idempotency-Key).
+EXTRA_CHAOS_KINDS = ("lost",)
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
 MAX_LOG = 10_000
 
@@ -128,8 +132,11 @@ Handler = Callable[[Request, Any], Awaitable[Any]]
 class EmulatorApp:
     """The routes, the key check, the chaos knob and the request log around one `Fleet`."""
 
-    def __init__(self, fleet: Fleet, api_key: str, chaos: Chaos | None = None) -> None:
+    def __init__(
+        self, fleet: Fleet, api_key: str, chaos: Chaos | None = None, rl: Any = None
+    ) -> None:
         self.fleet = fleet
+        self.rl = rl  # tgnb.emulator.rl.lifecycle.Platform: the /v1/rl routes (Post-Training)
         self._key = api_key.encode()
         self.chaos = chaos or Chaos()
         self.requests: list[dict[str, Any]] = []
@@ -192,6 +199,9 @@ class EmulatorApp:
                         await asyncio.sleep(self.chaos.delay_s)
                     result = await handler(request, body)
                     response = JSONResponse(result)
+                    if chaos == "lost":
+                        response = _error(503, 14, "service unavailable (emulator chaos)")
+                        response.headers["retry-after-ms"] = str(self.chaos.retry_after_ms)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
             self._log(request, response.status_code, body, chaos)
@@ -258,6 +268,7 @@ class EmulatorApp:
             "capacity_gpus": cfg.capacity_gpus,
             "state_dir": str(self.fleet.store.root),
             "clusters": len(self.fleet.clusters),
+            "rl_resources": 0 if self.rl is None else len(self.rl.resources),
             "chaos": self.chaos.to_dict(),
         }
 
@@ -280,11 +291,10 @@ class EmulatorApp:
         if not 0.0 <= fraction <= 1.0:
             raise RequestError(400, INVALID_ARGUMENT, "fraction must be between 0 and 1")
         kinds = tuple(str(k) for k in body.get("kinds") or CHAOS_KINDS)
-        bad = [k for k in kinds if k not in CHAOS_KINDS]
+        known = CHAOS_KINDS + EXTRA_CHAOS_KINDS
+        bad = [k for k in kinds if k not in known]
         if bad:
-            raise RequestError(
-                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad}; known: {CHAOS_KINDS}"
-            )
+            raise RequestError(400, INVALID_ARGUMENT, f"unknown chaos kinds {bad}; known: {known}")
         self.chaos = Chaos(
             fraction=fraction,
             seed=int(body.get("seed", 0)),
@@ -309,6 +319,13 @@ class EmulatorApp:
             n = len(self.requests)
             self.requests.clear()
         return {"cleared": n}
+
+    def _rl_routes(self) -> list[Route]:
+        if self.rl is None:
+            return []
+        from tgnb.emulator.rl.app import RLApi
+
+        return RLApi(self.rl, self).routes()
 
     def build(self) -> ASGIApp:
         api, admin = self.api, self.admin
@@ -337,6 +354,7 @@ class EmulatorApp:
             Route("/_emulator/capacity", admin(self.capacity), methods=["POST"]),
             Route("/_emulator/requests", admin(self.requests_get), methods=["GET"]),
             Route("/_emulator/requests", admin(self.requests_clear), methods=["DELETE"]),
+            *self._rl_routes(),
             Route(
                 "/{path:path}",
                 api(self.not_found),

@@ -5,6 +5,7 @@
         subprocess.run(["tg", "clusters", "list"], env={**os.environ, **emu.env})
         emu.preempt(cluster_id)            # notice now, removal after the (scaled) drain window
         emu.requests()                     # what reached the API (method, path, status, body)
+        emu.rl_usage(resource_id)          # Post-Training: GPU-minutes and cost of a resource
 
 `home` is used as the tgnb home: the daemon's files go to ``home/emulator/``. The daemon is
 stopped (and waited for) when the block exits.
@@ -123,6 +124,18 @@ class EmulatorHandle:
             self._call("POST", "/_emulator/capacity", json={"gpus": gpus, "cluster_id": cluster_id})
         )
 
+    def rl_usage(self, resource_id: str) -> dict[str, Any]:
+        """A Post-Training resource's GPU-seconds/minutes (platform time), cost and price."""
+        return dict(self._call("GET", f"/_emulator/rl/resources/{resource_id}/usage"))
+
+    def rl_memory(self, resource_id: str) -> int | None:
+        """Bytes the resource's engine holds in tensors (None while its model is not loaded)."""
+        return self._call("GET", f"/_emulator/rl/resources/{resource_id}/memory")["memory_bytes"]
+
+    def rl_expire(self, resource_id: str) -> dict[str, Any]:
+        """Make a resource idle-expired now (it stops, its sessions EXPIRED, unless one is busy)."""
+        return dict(self._call("POST", f"/_emulator/rl/resources/{resource_id}/expire"))
+
     def wait_for(
         self, predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05
     ) -> Any:
@@ -152,7 +165,8 @@ def running_emulator(
     """Start a real emulator daemon for `home` on a free port; stop it on exit.
 
     `knobs` are `tgnb.emulator.daemon.ServeOptions` fields: drain_window_s, provision_delay_s,
-    preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port.
+    preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port,
+    rl_price_per_gpu_hour, rl_models.
     """
     home = Path(home)
     key = api_key or "tgnb-test-" + secrets.token_hex(8)
