@@ -114,6 +114,8 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     assert "r4" in page and "r8" in page and page.count('class="series"') == 4
     assert "GPU-min" in page
     panel.close()
+    live = res.panel(poll_interval=0.2)  # polls on a thread until the resource stops
+    assert live._poller.running and "r8" in live.table.value
 
     # Stop is refused while sessions run (the server's 400), nothing changes; force stops all.
     with pytest.raises(ApiError, match=r"2 active session\(s\) \(r4, r8\).*force=True"):
@@ -125,6 +127,9 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     assert {s.status for s in res.sessions()} <= {"STOPPED", "STOPPING"}
     final = res.cost()
     assert final.stopped_at is not None
+    emu.wait_for(lambda: not live._poller.running, timeout=30)
+    assert live.finished and "STOPP" in live.header.value
+    live.close()
 
     reasons = [e.reason for e in res.events()]
     for reason in (
