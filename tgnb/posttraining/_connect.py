@@ -29,6 +29,9 @@ T = TypeVar("T")
 
 #: Seconds between the SDK's status polls while a resource or session comes up (local: short).
 LOCAL_INTERVAL = 0.25
+#: Platform time scale of an emulator started here (as `tgnb.attach(local=True)`'s): provisioning
+#: and inactivity timeouts run 50x faster than on the service; `res.extend()` keeps a resource up.
+LOCAL_TIME_SCALE = 0.02
 REMOTE_INTERVAL = 10.0
 
 
@@ -94,7 +97,8 @@ def connect(
         return Connection(base, settings.api_key, False, settings.home)
     from tgnb.emulator import daemon
 
-    options = daemon.ServeOptions(time_scale=time_scale) if time_scale is not None else None
+    # A daemon already running for this home keeps its own time scale.
+    options = daemon.ServeOptions(time_scale=LOCAL_TIME_SCALE if time_scale is None else time_scale)
     st, _ = daemon.start(settings.home, options)
     if not (st.base_url and st.api_key):
         raise ConfigError(f"the local emulator under {st.home} did not say where it answers")
