@@ -219,3 +219,18 @@ def test_native_clients_tracked_and_the_remote_mode(
     monkeypatch.delenv("TOGETHER_API_KEY")
     with pytest.raises(tgnb.ConfigError, match="no TOGETHER_API_KEY"):
         tgnb.post_training(local=False)
+
+
+def test_local_starts_the_emulator_when_none_runs(tmp_path: Path) -> None:
+    from tgnb.emulator import daemon
+
+    assert not daemon.status(tmp_path).running
+    try:
+        pt = tgnb.post_training(local=True, home=tmp_path)
+        st = daemon.status(tmp_path)
+        assert st.running and pt.base_url == st.base_url
+        assert MODEL in [m.name for m in pt.models()]
+        # a second handle reuses the running daemon
+        assert tgnb.post_training(local=True, home=tmp_path).base_url == pt.base_url
+    finally:
+        daemon.stop(tmp_path)
