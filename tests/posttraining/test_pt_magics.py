@@ -130,8 +130,19 @@ def test_start_open_panel_cost_stop(
         assert "m1" in bundle["text/html"] and "m1" in bundle["text/plain"]
     finally:
         panel.close()
+    ip.run_line_magic("tg", "pt save m1")
+    assert "inference checkpoint" in capsys.readouterr().out
+    ckpts = ip.run_line_magic("tg", "pt checkpoints")
+    assert [r[1] for r in ckpts.rows] == ["inference"]
+    out_dir = emu.home / "dl"
+    ip.run_line_magic("tg", f"pt download {ckpts.rows[0][0]} --variant adapter --out {out_dir}")
+    assert "adapter_config.json" in capsys.readouterr().out
+    assert (out_dir / "adapter_config.json").exists()
     ip.run_line_magic("tg", "pt events")
-    assert "TrainingSessionStarted" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TrainingSessionStarted" in out and "TrainingSessionCheckpoint" in out
+    timeline = ip.run_line_magic("tg", "pt events --timeline")
+    assert [lane.kind for lane in timeline.lanes] == ["resource", "session"]
 
     # Stop refused while the session runs (the server's 400, as one line), then in order.
     with pytest.raises(UsageError, match=r"still has 1 active session\(s\) \(m1\)"):

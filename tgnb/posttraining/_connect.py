@@ -54,12 +54,13 @@ class Connection:
         return {"api_key": self.api_key.get(), "base_url": self.base_url}
 
     def sdk(self) -> Together:
-        """A plain ``together.Together`` client (lists, checkpoints, estimate-cost, download)."""
+        """A plain ``together.Together`` client (lists, checkpoints, estimate-cost, download);
+        5 SDK retries on 408/409/429/5xx, as reads are safe to repeat."""
         if self._client is None:
             from together import Together
 
             self._client = Together(
-                api_key=self.api_key.get(), base_url=self.base_url, timeout=60.0, max_retries=2
+                api_key=self.api_key.get(), base_url=self.base_url, timeout=60.0, max_retries=5
             )
         return self._client
 
