@@ -102,12 +102,13 @@ def table_html(state: PanelState) -> str:
     rows = session_rows(state)
     if not rows:
         return "<div>no sessions yet: res.open_session(lora={'rank': 8})</div>"
-    head = "".join(f"<th>{e(h.lower())}</th>" for h in HEAD)
+    pad = "style='padding:2px 10px 2px 0;text-align:left'"
+    head = "".join(f"<th {pad}>{e(h.lower())}</th>" for h in HEAD)
     body = ""
     for i, row in enumerate(rows):
         swatch = f"<span style='color:{colour(i)}'>■</span> "
-        cells = "".join(f"<td>{e(v)}</td>" for v in row[1:])
-        body += f"<tr><td>{swatch}{e(row[0])}</td>{cells}</tr>"
+        cells = "".join(f"<td {pad}>{e(v)}</td>" for v in row[1:])
+        body += f"<tr><td {pad}>{swatch}{e(row[0])}</td>{cells}</tr>"
     return (
         f"<table class='tgnb-table tgnb-pt-sessions'><thead><tr>{head}</tr></thead>"
         f"<tbody>{body}</tbody></table>"
