@@ -234,3 +234,31 @@ def test_local_starts_the_emulator_when_none_runs(tmp_path: Path) -> None:
         assert tgnb.post_training(local=True, home=tmp_path).base_url == pt.base_url
     finally:
         daemon.stop(tmp_path)
+
+
+@pytest.mark.slow
+def test_server_refusals_and_a_wrong_key_read_as_one_line(
+    emu: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What only the server can check (a model's own LoRA rank limit, an unknown model) comes back
+    as an ApiError quoting the server's reason; a wrong key is an AuthenticationError that never
+    shows the key."""
+    pt = tgnb.post_training(local=True, home=emu.home)
+    with pytest.raises(ApiError, match=r"refused to start a model resource.*\(400\)") as info:
+        pt.start("no-such/model")
+    assert "base_model" in str(info.value)
+    res = pt.start(MODEL, generators=0)
+    max_rank = next(m.max_lora_rank for m in pt.models() if m.name == MODEL)
+    assert max_rank is not None
+    with pytest.raises(ApiError, match="rank") as info:
+        res.open_session(lora={"rank": max_rank + 1})
+    assert info.value.status_code == 400
+    assert res.sessions() == []  # nothing was opened
+    res.stop()
+
+    wrong = "tgnb-wrong-key-0123456789"
+    monkeypatch.setenv("TOGETHER_API_KEY", wrong)
+    monkeypatch.setenv("TOGETHER_BASE_URL", emu.base_url)
+    with pytest.raises(tgnb.AuthenticationError, match="401") as auth:
+        tgnb.post_training(local=False).models()
+    assert wrong not in str(auth.value) and emu.api_key not in str(auth.value)
