@@ -126,7 +126,12 @@ def fail(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn
     import together
 
     if isinstance(exc, together.APIStatusError) and exc.status_code in (400, 404, 409, 422):
-        detail = server_message(exc.body) or f"HTTP {exc.status_code}"
+        body = exc.body
+        said = body.get("message") if isinstance(body, dict) else None
+        # the emulator repeats its message in `details`: say it once
+        detail = (
+            " ".join(str(said).split()) if said else server_message(body)
+        ) or f"HTTP {exc.status_code}"
         if exc.status_code == 404:
             err: TgnbError = NotFoundError(
                 scrub(
