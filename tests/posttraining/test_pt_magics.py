@@ -37,9 +37,10 @@ SUBCOMMANDS = [
 
 @pytest.fixture(scope="module")
 def ip() -> Any:
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    shell = start_ipython()
+    globalipapp.start_ipython()  # once per process: another test module may have started it
+    shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "tgnb")
     return shell
 
