@@ -108,8 +108,8 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     assert cost.amount == pytest.approx(usage["cost"], rel=0.2)  # price x minutes, a bit later
 
     # The panel shows both sessions, their curves and the cost (static HTML, no kernel).
-    panel = res.panel(start=False)
-    panel.refresh()
+    panel = res.panel(start=False)  # drawn once, no polling thread
+    assert not panel._poller.running
     page = panel.to_html()
     assert "r4" in page and "r8" in page and page.count('class="series"') == 4
     assert "GPU-min" in page

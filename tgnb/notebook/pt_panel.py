@@ -164,7 +164,8 @@ def read_state(resource: Any) -> PanelState:
 
 class ResourcePanel(_Panel):
     """Sessions, shared-axes curves and cost of one model resource, refreshed every
-    `poll_interval` seconds until it stops. `resource` is a `tgnb.posttraining.Resource`."""
+    `poll_interval` seconds until it stops (``start=False``: drawn once, not refreshed, e.g. to
+    leave the final state in an exported notebook). `resource` is a `tgnb.posttraining.Resource`."""
 
     def __init__(self, resource: Any, poll_interval: float = 2.0, start: bool = True) -> None:
         self.resource = resource
@@ -178,10 +179,9 @@ class ResourcePanel(_Panel):
             [self.header, self.table, W.HBox([self.loss_plot, self.reward_plot]), self.error]
         )
         self._poller = Poller(self._tick, poll_interval, "tgnb-pt-panel")
-        if start:
-            self._guard(self.refresh)
-            if not self.finished:
-                self._poller.start()
+        self._guard(self.refresh)  # shown at once; `start=False` only keeps it from polling
+        if start and not self.finished:
+            self._poller.start()
 
     @property
     def finished(self) -> bool:
