@@ -73,7 +73,7 @@ def session_rows(state: PanelState) -> list[tuple[str, ...]]:
                 _latest(rows, "loss"),
                 _latest(rows, reward),
                 str(s.policy_version),
-                str(ops),
+                str(ops) if ops else "-",  # "-": not sent through tgnb's trainer, not known
                 str(len(s.checkpoints)),
                 lora,
             )
