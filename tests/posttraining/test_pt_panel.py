@@ -135,3 +135,9 @@ def test_timeline_draws_resource_and_session_lanes() -> None:
     svg = tl.to_svg()
     assert "model resource" in svg and "training session" in svg
     assert len(re.findall(r'class="marker TrainingSessionCheckpoint"', svg)) >= 1
+
+
+def test_a_session_driven_outside_tgnb_shows_unknown_operations() -> None:
+    state = PanelState(_resource(), [_session("ts-c", "native", "RUNNING", 5)], {"ts-c": []}, None)
+    row = session_rows(state)[0]
+    assert (row[2], row[3], row[6]) == ("5", "-", "-")  # step from the API; loss, ops unknown
