@@ -141,3 +141,13 @@ def test_a_session_driven_outside_tgnb_shows_unknown_operations() -> None:
     state = PanelState(_resource(), [_session("ts-c", "native", "RUNNING", 5)], {"ts-c": []}, None)
     row = session_rows(state)[0]
     assert (row[2], row[3], row[6]) == ("5", "-", "-")  # step from the API; loss, ops unknown
+
+
+def test_metrics_survive_an_unwritable_home(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    log = MetricLog(blocker / "metrics" / "s.jsonl")
+    log.record(loss=1.0)  # no exception: the training loop goes on
+    log.record(loss=0.5)
+    assert log.series("loss") == [(0.0, 1.0), (0.0, 0.5)]
+    assert log.write_error is not None and log.path is None

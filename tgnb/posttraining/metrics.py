@@ -23,6 +23,7 @@ class MetricLog:
         self.path = path
         self.step = step
         self.rows: list[dict[str, Any]] = []
+        self.write_error: str | None = None  # why the file could not be written (kept in memory)
         self._lock = threading.Lock()
         if path is not None:
             self.rows = read(path)
@@ -33,9 +34,14 @@ class MetricLog:
         with self._lock:
             self.rows.append(row)
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(row, sort_keys=True) + "\n")
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(self.path, "a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(row, sort_keys=True) + "\n")
+                except OSError as e:
+                    # Bookkeeping must never break the training loop: keep the rows in memory.
+                    self.write_error = f"{self.path}: {e}"
+                    self.path = None
         return row
 
     def record(self, step: int | None = None, **values: float) -> dict[str, Any]:
