@@ -16,7 +16,10 @@ model's own (temperature 1), so they match `forward`'s for the same weights.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,6 +93,14 @@ class ResourceHost:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.sessions: dict[str, _Session] = {}
         self._counter = 0
+        self._active = ""  # the adapter computing now (PeftModel.active_adapter can be stale)
+        # read before any adapter is injected (peft adds Linear layers of its own)
+        head = model.get_output_embeddings()
+        self._head = next(n for n, m in model.named_modules() if m is head).rsplit(".", 1)[-1]
+        linears = {
+            n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+        }
+        self._linears = sorted(linears - {self._head})
 
     # ---- sessions ------------------------------------------------------------------------------
     def _session(self, sid: str) -> _Session:
@@ -138,17 +149,8 @@ class ResourceHost:
                 "train_unembed": unembed}  # fmt: skip
 
     def _target_modules(self, train_unembed: bool) -> list[str]:
-        import torch
-
-        names = {
-            name.rsplit(".", 1)[-1]
-            for name, mod in self.base.named_modules()
-            if isinstance(mod, torch.nn.Linear)
-        }
-        head = self.base.get_output_embeddings()
-        head_name = next(n for n, m in self.base.named_modules() if m is head).rsplit(".", 1)[-1]
-        names.discard(head_name)
-        return sorted(names) + ([head_name] if train_unembed else [])
+        """Every linear layer of the base (by its last name), the unembedding when asked."""
+        return self._linears + ([self._head] if train_unembed else [])
 
     def open_session(self, sid: str, lora_config: dict[str, Any] | None) -> None:
         """Open `sid`: a trainer + published adapter pair (LoRA) or the full-weight pair."""
@@ -200,7 +202,7 @@ class ResourceHost:
             target_modules=self._target_modules(cfg["train_unembed"]),
         )
         seed = cfg["seed"] if cfg["seed"] is not None else torch.seed() % 2**31
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _quiet_peft():
             torch.manual_seed(seed)
             if self.model is self.base:
                 self.model = get_peft_model(self.base, peft_cfg, adapter_name=train)
@@ -208,6 +210,7 @@ class ResourceHost:
                 self.model.add_adapter(train, peft_cfg)
             self.model.add_adapter(pub, peft_cfg)
         self.model.to(self.device)
+        self._active = ""  # force the next _activate to set the adapter explicitly
         tag_t, tag_p = f".{train}.", f".{pub}."
         named = dict(self.model.named_parameters())
         params, pairs = [], []
@@ -229,8 +232,10 @@ class ResourceHost:
             sess = self._session(sid)
             del self.sessions[sid]
             if sess.train:
-                self.model.delete_adapter(sess.train)
-                self.model.delete_adapter(sess.published)
+                with _quiet_peft():
+                    self.model.delete_adapter(sess.train)
+                    self.model.delete_adapter(sess.published)
+                self._active = ""
             else:
                 self.published_model = None
                 self.base.requires_grad_(False)
@@ -241,9 +246,11 @@ class ResourceHost:
         if not sess.train:
             return self.published_model if publish else self.base
         name = sess.published if publish else sess.train
-        if self.model.active_adapter != name:
-            self.model.base_model.set_adapter(name)
-            for p in sess.params:  # peft freezes all but the active adapter; keep ours trainable
+        if self._active != name:
+            self.model.base_model.set_adapter(name, inference_mode=publish)
+            self._active = name
+        if not publish:  # peft freezes adapters it is not activating (add_adapter too)
+            for p in sess.params:
                 p.requires_grad_(True)
         return self.model
 
@@ -312,9 +319,9 @@ class ResourceHost:
         body = _body(body)
         with self.lock:
             sess = self._session(sid)
-            batch = self._batch(
-                body.get("samples"), frozenset({"target_tokens"}), frozenset({"weights", "mask"})
-            )
+            # the gradients define the loss: any other known input rides along unused
+            others = frozenset(losses.INPUT_DTYPES) - {"target_tokens"}
+            batch = self._batch(body.get("samples"), frozenset({"target_tokens"}), others)
             grads = inputs.gradients(body.get("gradients"), batch.lengths)
             g = torch.nn.utils.rnn.pad_sequence(grads, batch_first=True).to(self.device)
             model = self._activate(sess, publish=False)
@@ -447,6 +454,20 @@ def export_checkpoint(directory: Path, variant: str, out: Path) -> list[Path]:
     from tgnb.emulator.rl import checkpoints
 
     return checkpoints.export(Path(directory), variant, Path(out))
+
+
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
+    """peft's notices that do not apply here: the LoRA on a tied unembedding (merged exports untie
+    it first), the active adapter moving on deletion (we set it on every call), and a
+    transformers deprecation peft triggers."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Adapter .* was active", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+        )
+        yield
 
 
 def _body(body: Any) -> dict[str, Any]:
