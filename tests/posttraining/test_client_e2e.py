@@ -6,8 +6,6 @@ an adapter download, the cost, a refused then forced stop; and bad input refused
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +13,16 @@ import pytest
 
 import tgnb
 from tgnb import events as ev
-from tgnb.emulator.testing import EmulatorHandle, running_emulator
+from tgnb.emulator.testing import EmulatorHandle
 from tgnb.errors import ApiError, ValidationError
 
 MODEL = "tgnb/tiny-llama"
 
 
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    with running_emulator(tmp_path_factory.mktemp("pt-client")) as handle:
-        yield handle
+@pytest.fixture
+def emu(rl_emulator: EmulatorHandle) -> EmulatorHandle:
+    """B's shared daemon (tests/posttraining/conftest.py), the SDK's variables set."""
+    return rl_emulator
 
 
 def _sample(offset: int) -> Any:
@@ -104,6 +101,7 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     cost = res.cost()
     usage = res.usage()
     assert usage is not None and not cost.estimated
+    assert usage["gpu_minutes"] == pytest.approx(emu.rl_usage(res.id)["gpu_minutes"], rel=0.5)
     assert cost.gpu_minutes > 0 and cost.amount > 0
     assert cost.amount == pytest.approx(usage["cost"], rel=0.2)  # price x minutes, a bit later
 
@@ -209,7 +207,7 @@ def test_native_clients_tracked_and_the_remote_mode(
         assert res.sessions()[0].id == sess.id
         # Idle expiry (the emulator's admin knob): the resource stops, its session EXPIRED, and
         # both show in the events.
-        emu._call("POST", f"/_emulator/rl/resources/{res.id}/expire")
+        emu.rl_expire(res.id)
         assert res.info().status in ("STOPPING", "STOPPED")
         assert sess.info().status == "EXPIRED"
         reasons = {e.reason for e in res.events()}

@@ -4,15 +4,13 @@ refused as one-line UsageErrors with nothing sent (the emulator's request log st
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
 
-from tgnb.emulator.testing import EmulatorHandle, running_emulator
+from tgnb.emulator.testing import EmulatorHandle
 from tgnb.notebook._api import Table
 from tgnb.notebook._pt_magics import build
 
@@ -53,18 +51,12 @@ def pt(ip: Any) -> Iterator[Any]:
     magics._pt = None
 
 
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    home: Path = tmp_path_factory.mktemp("pt-magics")
-    saved = dict(os.environ)
-    with running_emulator(home) as handle:
-        os.environ.update(handle.env)
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        try:
-            yield handle
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+@pytest.fixture
+def emu(rl_emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch) -> EmulatorHandle:
+    """B's shared daemon (tests/posttraining/conftest.py); %tg pt's local connection finds it
+    through TGNB_HOME (its home), so no other daemon is started."""
+    monkeypatch.setenv("TGNB_HOME", str(rl_emulator.home))
+    return rl_emulator
 
 
 def test_help_everywhere(ip: Any, pt: Any, capsys: pytest.CaptureFixture[str]) -> None:
