@@ -216,6 +216,9 @@ def _export_merged(directory: Path, meta: dict[str, Any], out: Path) -> None:
             # an adapter on a tied unembedding must not change the embedding when merged
             head.weight = torch.nn.Parameter(head.weight.detach().clone())
             model.config.tie_word_embeddings = False
-        model = PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+        from tgnb.emulator.rl.engine import _quiet_peft
+
+        with _quiet_peft():
+            model = PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
     model.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(meta["base_path"]).save_pretrained(str(out))
