@@ -321,3 +321,20 @@ def test_bad_inputs_are_refused_naming_the_field(host: ResourceHost) -> None:
         "gradients[0]",
         "custom_forward_backward",
     )
+
+
+def test_a_non_finite_loss_applies_no_gradient(host: ResourceHost) -> None:
+    from tgnb.emulator.rl.engine import NonFiniteLoss
+
+    zero(host)
+    samples = policy_batch(sel=None)
+    for s in samples:  # finite float32 inputs whose sum overflows
+        n = len(s["loss_fn_inputs"]["advantages"]["data"])
+        s["loss_fn_inputs"]["advantages"] = f32([3e38] * n)
+        s["loss_fn_inputs"]["logprobs"] = f32([-30.0] * n)
+    with pytest.raises(NonFiniteLoss):
+        host.forward_backward("s", {"loss": {"type": "importance_sampling"}, "samples": samples})
+    assert all(p.grad is None for p in host.sessions["s"].params)
+    with pytest.raises(RLInputError) as err:
+        host.forward_backward("nope", {"loss": {"type": "ppo"}, "samples": samples})
+    assert err.value.field == "session_id"

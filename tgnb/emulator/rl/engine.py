@@ -300,12 +300,12 @@ class ResourceHost:
                 loss, metrics, counted = losses.compute(spec, logp, dev, valid)
                 if not bool(torch.isfinite(loss)):
                     raise NonFiniteLoss(
-                        f"the {spec.type} loss is {float(loss)}; no gradient applied"
+                        f"the {spec.type} loss is {float(loss.detach())}; no gradient applied"
                     )
                 loss.backward()
                 model.eval()
             if not bool(torch.isfinite(loss)):
-                raise NonFiniteLoss(f"the {spec.type} loss is {float(loss)}")
+                raise NonFiniteLoss(f"the {spec.type} loss is {float(loss.detach())}")
             out: dict[str, Any] = {"loss": float(loss.detach()), "metrics": metrics}
             if want_outputs:
                 out["loss_fn_outputs"] = _logprob_outputs(logp.detach() * counted, batch.lengths)

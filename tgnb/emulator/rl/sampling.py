@@ -150,12 +150,12 @@ def generate(model: Any, tokenizer: Any, req: Request, version: int, device: str
     batch, width = len(rows), max(len(p) for p in req.prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.full((batch, width), int(pad), dtype=torch.long)
-    attn = torch.zeros((batch, width), dtype=torch.long)
+    attn = torch.zeros((batch, width + req.max_tokens), dtype=torch.long)
     for i, p in enumerate(rows):
         ids[i, width - len(p) :] = torch.tensor(p)
-        attn[i, width - len(p) :] = 1
+        attn[i, width - len(p) :] = 1  # generated slots too: step t attends to a prefix of it
     ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    pos = (attn[:, :width].cumsum(-1) - 1).clamp(min=0)
     context = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
     limit = torch.tensor([min(req.max_tokens, context - len(p)) for p in rows], device=device)
     steps = int(limit.max())
@@ -174,7 +174,7 @@ def generate(model: Any, tokenizer: Any, req: Request, version: int, device: str
     with torch.no_grad():
         want_prompt = req.prompt_logprobs or req.topk_prompt > 0
         keep = 0 if want_prompt else 1
-        result = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+        result = model(input_ids=ids, attention_mask=attn[:, :width], position_ids=pos, use_cache=True,
                        logits_to_keep=keep)  # fmt: skip
         if want_prompt:
             prompt_info = _prompt_logprobs(result.logits, rows, width, req)
@@ -195,11 +195,10 @@ def generate(model: Any, tokenizer: Any, req: Request, version: int, device: str
             done |= ended
             if bool(done.all()) or t + 1 == steps:
                 break
-            attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], -1)
             pos = pos[:, -1:] + 1
             result = model(
                 input_ids=tok[:, None],
-                attention_mask=attn,
+                attention_mask=attn[:, : width + t + 1],
                 position_ids=pos,
                 use_cache=True,
                 **{cache_arg: cache},
