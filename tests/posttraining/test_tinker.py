@@ -66,7 +66,7 @@ def test_tinker_rl_loop_learns_on_the_emulator(tmp_path: Path) -> None:
         rewards = [h["reward"] for h in result["history"]]
         assert len(rewards) == steps
         first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
-        assert last >= 1.5 * first and last - first > 0.2, f"reward {first:.3f} -> {last:.3f}"
+        assert last >= 1.5 * first and last - first > 0.15, f"reward {first:.3f} -> {last:.3f}"
         # save_state made a training checkpoint the API knows
         ckpt = models.post_training.checkpoints.retrieve(result["checkpoint"])
         assert str(ckpt.type).endswith("TRAINING")
