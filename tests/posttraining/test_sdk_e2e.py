@@ -31,54 +31,56 @@ def group_normalise(rewards: list[float]) -> list[float]:
 def test_native_flow_end_to_end(rl_emulator: EmulatorHandle, tmp_path: Path) -> None:
     prompts = [[1, 10, 11, 12], [1, 20, 21]]
     losses = []
-    with ModelResourcesClient.create(
-        base_model=TINY,
-        compute_config={"num_generator_replicas": 1},
-        inactive_timeout=900,
-        interval=0.2,
-    ) as mr:
-        with mr.create_session(lora_config={"rank": 16, "alpha": 32}, interval=0.2) as sess:
-            gen, tr = sess.generator, sess.trainer
-            for _ in range(2):
-                results = gen.sample_batch(
-                    [{"chunks": [{"encoded_text": {"tokens": p}}]} for p in prompts],
-                    num_samples=4,
-                    sampling_params=SamplingParams(max_tokens=8, temperature=1.0),
-                )
-                batch = []
-                for p, res in zip(prompts, results):
-                    comps = [[int(t) for t in s.tokens] for s in res.sequences]
-                    adv = group_normalise([float(sum(t % 2 for t in c)) for c in comps])
-                    for c, s, a in zip(comps, res.sequences, adv):
-                        full, pad = p + c, [0.0] * (len(p) - 1)
-                        batch.append(
-                            Sample(
-                                model_input={"chunks": [{"encoded_text": {"tokens": full[:-1]}}]},
-                                loss_fn_inputs={
-                                    "target_tokens": full[1:],
-                                    "logprobs": pad + list(s.logprobs),
-                                    "advantages": pad + [a] * len(c),
-                                    "mask": [0] * len(pad) + [1] * len(c),
-                                },
-                            )
+    with (
+        ModelResourcesClient.create(
+            base_model=TINY,
+            compute_config={"num_generator_replicas": 1},
+            inactive_timeout=900,
+            interval=0.2,
+        ) as mr,
+        mr.create_session(lora_config={"rank": 16, "alpha": 32}, interval=0.2) as sess,
+    ):
+        gen, tr = sess.generator, sess.trainer
+        for _ in range(2):
+            results = gen.sample_batch(
+                [{"chunks": [{"encoded_text": {"tokens": p}}]} for p in prompts],
+                num_samples=4,
+                sampling_params=SamplingParams(max_tokens=8, temperature=1.0),
+            )
+            batch = []
+            for p, res in zip(prompts, results, strict=False):
+                comps = [[int(t) for t in s.tokens] for s in res.sequences]
+                adv = group_normalise([float(sum(t % 2 for t in c)) for c in comps])
+                for c, s, a in zip(comps, res.sequences, adv, strict=False):
+                    full, pad = p + c, [0.0] * (len(p) - 1)
+                    batch.append(
+                        Sample(
+                            model_input={"chunks": [{"encoded_text": {"tokens": full[:-1]}}]},
+                            loss_fn_inputs={
+                                "target_tokens": full[1:],
+                                "logprobs": pad + list(s.logprobs),
+                                "advantages": pad + [a] * len(c),
+                                "mask": [0] * len(pad) + [1] * len(c),
+                            },
                         )
-                fb = tr.forward_backward(
-                    samples=batch,
-                    loss={
-                        "type": "grpo",
-                        "grpo_params": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-                    },
-                )
-                losses.append(fb.loss)
-                tr.optim_step(adam_params=AdamParams(learning_rate=1e-3))
-                tr.weights_sync()
-            tck = sess.create_training_checkpoint()
-            ick = sess.create_inference_checkpoint()
-            state = sess.retrieve()
-            assert str(state.step) == "2"
-            assert str(state.policy_state.applied_weights_version) == "2"
-            assert [c.id for c in state.training_checkpoints] == [tck.id]
-            assert [c.id for c in state.inference_checkpoints] == [ick.id]
+                    )
+            fb = tr.forward_backward(
+                samples=batch,
+                loss={
+                    "type": "grpo",
+                    "grpo_params": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+                },
+            )
+            losses.append(fb.loss)
+            tr.optim_step(adam_params=AdamParams(learning_rate=1e-3))
+            tr.weights_sync()
+        tck = sess.create_training_checkpoint()
+        ick = sess.create_inference_checkpoint()
+        state = sess.retrieve()
+        assert str(state.step) == "2"
+        assert str(state.policy_state.applied_weights_version) == "2"
+        assert [c.id for c in state.training_checkpoints] == [tck.id]
+        assert [c.id for c in state.inference_checkpoints] == [ick.id]
     assert len(losses) == 2
     client = Together()
     info = client.post_training.checkpoints.retrieve(tck.id)

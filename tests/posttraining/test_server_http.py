@@ -180,8 +180,8 @@ def test_retried_key_applies_once(rl_emulator: EmulatorHandle) -> None:
 
         la, lb, ld = (logprobs(c, s, probe) for s in (a, b, d))
         flat = lambda rows: [x for row in rows for x in row]  # noqa: E731
-        assert max(abs(x - y) for x, y in zip(flat(la), flat(lb))) < 1e-5
-        assert max(abs(x - y) for x, y in zip(flat(la), flat(ld))) > 1e-4
+        assert max(abs(x - y) for x, y in zip(flat(la), flat(lb), strict=False)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(flat(la), flat(ld), strict=False)) > 1e-4
         assert c.get(f"{TS}/{a}").json()["step"] == "1"
         c.post(f"{MR}/{rid}/stop?force=true")
 
@@ -200,9 +200,10 @@ def test_health_answers_while_a_forward_backward_runs(rl_emulator: EmulatorHandl
 
         worker = threading.Thread(target=run)
         worker.start()
-        while not any(
-            e["path"].endswith("/forward-backward") for e in rl_emulator.requests()
-        ) and not done.is_set():
+        while (
+            not any(e["path"].endswith("/forward-backward") for e in rl_emulator.requests())
+            and not done.is_set()
+        ):
             time.sleep(0.01)
         latencies = []
         while not done.is_set():
@@ -239,7 +240,7 @@ def test_five_lora_sessions_share_one_resource_sixth_waits(rl_emulator: Emulator
         c.post(f"{TS}/{sids[0]}/stop")
         fresh = open_session(c, rid, lora_config={"rank": 8, "seed": 0})["id"]
         assert logprobs(c, fresh, probe) == base  # the base weights did not change
-        for sid in sids[1:] + [fresh]:
+        for sid in [*sids[1:], fresh]:
             c.post(f"{TS}/{sid}/stop")
         c.post(f"{MR}/{rid}/stop")
         rid1 = ready_resource(c)["id"]
@@ -293,8 +294,9 @@ def test_queue_position_under_the_shared_gpu_cap(rl_emulator: EmulatorHandle) ->
             assert [g["status_details"]["queue_position"] for g in got] == [1, 2]
             c.post(f"{MR}/{first['id']}/stop")
             rl_emulator.wait_for(
-                lambda: c.get(f"{MR}/{second['id']}").json()["status"]
-                == "MODEL_RESOURCES_STATUS_READY"
+                lambda: (
+                    c.get(f"{MR}/{second['id']}").json()["status"] == "MODEL_RESOURCES_STATUS_READY"
+                )
             )
             assert c.get(f"{MR}/{third['id']}").json()["status_details"]["queue_position"] == 1
             for x in (second, third):

@@ -89,9 +89,11 @@ def test_sigkill_and_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             pt.checkpoints.retrieve(ckpt.id)
         with pytest.raises(together.NotFoundError):
             pt.model_resources.retrieve(mr.model_resources_id)
-        with ModelResourcesClient.create(base_model=TINY, interval=0.1) as other:
-            with pytest.raises(together.BadRequestError, match="resume_from_checkpoint_id"):
-                pt.sessions.create(
-                    model_resources_id=other.model_resources_id,
-                    resume_from_checkpoint_id=ckpt.id,
-                )
+        with (
+            ModelResourcesClient.create(base_model=TINY, interval=0.1) as other,
+            pytest.raises(together.BadRequestError, match="resume_from_checkpoint_id"),
+        ):
+            pt.sessions.create(
+                model_resources_id=other.model_resources_id,
+                resume_from_checkpoint_id=ckpt.id,
+            )
