@@ -166,9 +166,19 @@ class Operations:
 
     # ---- submitting and finding --------------------------------------------------------------
     def submit(
-        self, session_id: str, kind: str, key: str | None, work: Work, now: float
+        self,
+        session_id: str,
+        kind: str,
+        key: str | None,
+        work: Work,
+        now: float,
+        *,
+        inline: bool = False,
     ) -> tuple[Operation, bool]:
-        """Queue `work` on the session's FIFO; (operation, created). A known key: the original."""
+        """Queue `work` on the session's FIFO; (operation, created). A known key: the original.
+
+        `inline`: run `work` now in the caller (it only refuses: an ended session has no worker).
+        """
         with self._lock:
             if key:
                 known = self._keys.get((session_id, kind, key))
@@ -187,10 +197,13 @@ class Operations:
             if key:
                 self._keys[(session_id, kind, key)] = rec.id
             self.store.save_operation(rec)
-            worker = self._workers.get(session_id)
-            if worker is None:
-                worker = self._workers[session_id] = _Worker(session_id, self._execute)
-            worker.queue.put((op, work))
+            if not inline:
+                worker = self._workers.get(session_id)
+                if worker is None:
+                    worker = self._workers[session_id] = _Worker(session_id, self._execute)
+                worker.queue.put((op, work))
+        if inline:
+            self._execute(op, work)
         return op, True
 
     def enqueue_internal(self, session_id: str, work: Work, now: float) -> Operation:

@@ -20,6 +20,7 @@ from tgnb.emulator.rl.state import (
     CKPT_INFERENCE,
     CKPT_TRAINING,
     R_READY,
+    S_ACTIVE,
     S_CREATING,
     S_RUNNING,
     CheckpointRecord,
@@ -120,7 +121,8 @@ def submit(p: Platform, sid: str, kind: str, key: str | None, body: Any) -> tupl
     with p.lock:
         s = p.session(sid)
         body = checks.require_object(body)
-        return p.ops.submit(sid, kind, key, lambda: _run(p, s, kind, body), p.clock())
+        ended = s.status not in S_ACTIVE
+        return p.ops.submit(sid, kind, key, lambda: _run(p, s, kind, body), p.clock(), inline=ended)
 
 
 def _run(p: Platform, s: SessionRecord, kind: str, body: dict[str, Any]) -> Any:
