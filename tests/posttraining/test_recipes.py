@@ -141,6 +141,7 @@ def test_multi_lora_five_sessions_on_one_resource(executed: Executed) -> None:
     assert len(curves) > 1
     assert result["shared_gpu_minutes"] > 0
     assert result["separate_gpu_minutes"] == pytest.approx(5 * result["shared_gpu_minutes"])
+    assert 0 < result["compute_only_gpu_minutes"] < result["separate_gpu_minutes"]
     assert _has_png(executed.notebooks["multi-lora"], "plot")
 
 
