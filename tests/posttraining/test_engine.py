@@ -160,6 +160,9 @@ def test_full_weight_trains_a_copy_and_publishes_on_sync() -> None:
     assert greedy(host, "f") == first
     host.weights_sync("f", {})
     assert greedy(host, "f")["prompt_logprobs"] != first["prompt_logprobs"]
+    host.close_session("f")
+    host.open_session("g", None)  # a new full-weight session starts from the base again
+    assert greedy(host, "g") == first
 
 
 def test_sampling_seed_stop_logprobs_and_batching() -> None:

@@ -17,6 +17,7 @@ model's own (temperature 1), so they match `forward`'s for the same weights.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 import warnings
 from collections.abc import Iterator
@@ -94,6 +95,7 @@ class ResourceHost:
         self.sessions: dict[str, _Session] = {}
         self._counter = 0
         self._active = ""  # the adapter computing now (PeftModel.active_adapter can be stale)
+        self._trained_in_place = False
         # read before any adapter is injected (peft adds Linear layers of its own)
         head = model.get_output_embeddings()
         self._head = next(n for n, m in model.named_modules() if m is head).rsplit(".", 1)[-1]
@@ -176,6 +178,12 @@ class ResourceHost:
     def _open_full(self, sid: str) -> _Session:
         import copy
 
+        if self._trained_in_place:  # a previous full-weight session trained the loaded weights
+            from transformers import AutoModelForCausalLM
+
+            fresh = AutoModelForCausalLM.from_pretrained(self.spec.path, dtype=self.base.dtype)
+            self.base.load_state_dict(fresh.state_dict())
+        self._trained_in_place = True
         self.published_model = copy.deepcopy(self.base).eval()
         self.published_model.requires_grad_(False)
         self.base.requires_grad_(True)
@@ -184,7 +192,7 @@ class ResourceHost:
             zip(
                 self.base.state_dict().values(),
                 self.published_model.state_dict().values(),
-                strict=False,
+                strict=True,
             )
         )
         return _Session(sid, "", "", None, params, pairs)
@@ -201,7 +209,7 @@ class ResourceHost:
             lora_dropout=cfg["dropout"],
             target_modules=self._target_modules(cfg["train_unembed"]),
         )
-        seed = cfg["seed"] if cfg["seed"] is not None else torch.seed() % 2**31
+        seed = cfg["seed"] if cfg["seed"] is not None else secrets.randbits(31)
         with torch.random.fork_rng(devices=[]), _quiet_peft():
             torch.manual_seed(seed)
             if self.model is self.base:
