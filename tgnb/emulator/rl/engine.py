@@ -21,7 +21,7 @@ import secrets
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 MAX_LORA_SESSIONS = 5
-DEFAULT_LORA: dict[str, Any] = {"rank": 32, "alpha": 32, "dropout": 0.0, "train_unembed": True}
 SYNC_TYPES = (
     "WEIGHT_SYNC_TYPE_SYNCHRONOUS",
     "WEIGHT_SYNC_TYPE_BACKGROUND_PUBLISH",
@@ -60,7 +59,6 @@ class _Session:
     optimizer: Any = None
     step: int = 0
     version: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def default_device() -> str:
@@ -114,41 +112,7 @@ class ResourceHost:
     def lora_config(self, config: dict[str, Any] | None) -> dict[str, Any]:
         """`config` checked and completed with the defaults (rank 32, alpha 32, dropout 0,
         train_unembed true); RLInputError("lora_config.<key>", ...) when out of range."""
-        cfg = dict(DEFAULT_LORA)
-        given = dict(config or {})
-        unknown = sorted(set(given) - {"rank", "alpha", "dropout", "seed", "train_unembed"})
-        if unknown:
-            raise RLInputError(f"lora_config.{unknown[0]}", "unknown LoRA setting")
-        given = {k: v for k, v in given.items() if v is not None}
-        rank = given.get("rank", cfg["rank"])
-        limit = self.spec.max_lora_rank
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
-            raise RLInputError(
-                "lora_config.rank", f"must be an integer in 1..{limit}, got {rank!r}"
-            )
-        alpha = given.get("alpha", cfg["alpha"])
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-            raise RLInputError("lora_config.alpha", f"must be a positive number, got {alpha!r}")
-        dropout = given.get("dropout", cfg["dropout"])
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not 0 <= dropout < 1
-        ):
-            raise RLInputError("lora_config.dropout", f"must be in [0, 1), got {dropout!r}")
-        unembed = given.get("train_unembed", cfg["train_unembed"])
-        if not isinstance(unembed, bool):
-            raise RLInputError("lora_config.train_unembed", "must be true or false")
-        seed = given.get("seed")
-        if seed is not None:
-            try:
-                seed = int(seed)
-            except (TypeError, ValueError):
-                raise RLInputError(
-                    "lora_config.seed", f"must be an integer, got {seed!r}"
-                ) from None
-        return {"rank": rank, "alpha": alpha, "dropout": float(dropout), "seed": seed,
-                "train_unembed": unembed}  # fmt: skip
+        return inputs.lora_config(config, self.spec.max_lora_rank)
 
     def _target_modules(self, train_unembed: bool) -> list[str]:
         """Every linear layer of the base (by its last name), the unembedding when asked."""

@@ -25,6 +25,10 @@ class RLInputError(ValidationError):
         self.message = message
 
 
+#: A session's LoRA settings when the request leaves them out (train_unembed: a LoRA on the head).
+DEFAULT_LORA: dict[str, Any] = {"rank": 32, "alpha": 32, "dropout": 0.0, "train_unembed": True}
+
+
 class NonFiniteLoss(TgnbError, RuntimeError):
     """The loss was NaN or infinite; no gradient was accumulated (-> FAILED NON_FINITE_LOSS)."""
 
@@ -189,3 +193,37 @@ def gradients(value: Any, lengths: Sequence[int], field: str = "gradients") -> l
         tensor(g, f"{field}[{i}]", accepted, n)
         for i, (g, n) in enumerate(zip(value, lengths, strict=False))
     ]
+
+
+def lora_config(config: Any, max_rank: int) -> dict[str, Any]:
+    """`config` checked and completed with `DEFAULT_LORA`; RLInputError("lora_config.<key>", ...)."""
+    if config is not None and not isinstance(config, Mapping):
+        raise RLInputError("lora_config", "must be an object")
+
+    cfg = dict(DEFAULT_LORA)
+    given = dict(config or {})
+    unknown = sorted(set(given) - {"rank", "alpha", "dropout", "seed", "train_unembed"})
+    if unknown:
+        raise RLInputError(f"lora_config.{unknown[0]}", "unknown LoRA setting")
+    given = {k: v for k, v in given.items() if v is not None}
+    rank = given.get("rank", cfg["rank"])
+    limit = max_rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
+        raise RLInputError("lora_config.rank", f"must be an integer in 1..{limit}, got {rank!r}")
+    alpha = given.get("alpha", cfg["alpha"])
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise RLInputError("lora_config.alpha", f"must be a positive number, got {alpha!r}")
+    dropout = given.get("dropout", cfg["dropout"])
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise RLInputError("lora_config.dropout", f"must be in [0, 1), got {dropout!r}")
+    unembed = given.get("train_unembed", cfg["train_unembed"])
+    if not isinstance(unembed, bool):
+        raise RLInputError("lora_config.train_unembed", "must be true or false")
+    seed = given.get("seed")
+    if seed is not None:
+        try:
+            seed = int(seed)
+        except (TypeError, ValueError):
+            raise RLInputError("lora_config.seed", f"must be an integer, got {seed!r}") from None
+    return {"rank": rank, "alpha": alpha, "dropout": float(dropout), "seed": seed,
+            "train_unembed": unembed}  # fmt: skip
