@@ -18,7 +18,7 @@ pause, since the other process's OpenMP threads keep spinning a while after a co
   (whose rank-8 adapters are not small beside its ~90k base parameters: the target cannot hold
   there) and for a ~100M-parameter Llama with random weights built locally (``--no-100m`` skips it).
 
-Usage: ``python bench/post_training.py [--rounds 7] [--no-100m]``
+Usage: ``python bench/post_training.py [--rounds 7] [--no-100m] [--threads 1]``
 """
 
 from __future__ import annotations
@@ -179,7 +179,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-100m", action="store_true")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads on both sides (default 1: on a small shared machine a 2-thread "
+        "OpenMP team spins whenever one of its threads is descheduled)",
+    )
     ns = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(ns.threads)  # this process and the daemon alike
+    import torch
+
+    torch.set_num_threads(ns.threads)
     sys.path.insert(0, str(HERE))
     from tgnb.emulator.testing import running_emulator
 

@@ -17,7 +17,7 @@ on its FIFO (`tgnb.emulator.rl.operations`); opening the adapter (and loading
 
 After a daemon restart (the trainer state lived in memory). Records, checkpoints and operations are
 on disk; each resource that held GPUs loads its base model again (billing continues, it was never
-stopped). A session that was active resumes from its newest training checkpoint (weights, optimizer
+stopped; its inactivity count restarts). A session that was active resumes from its newest training checkpoint (weights, optimizer
 and step as saved then; operations after it are lost): ``metadata.emulator_restart`` says so, and
 the session is RUNNING again. A session with no training checkpoint goes to ``ERROR`` with
 ``TRAINING_SESSION_ERROR_CODE_SESSION_FAILED`` and a message to start a new session (from a
@@ -103,6 +103,7 @@ class Platform:
         self.hosts: dict[str, Any] = {}
         self._loaded: dict[str, threading.Event] = {}
         self.held_gpus = 0  # read without the lock by the fleet
+        self.dirty = False  # a session's step/policy state changed since the last save
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._recover()
@@ -110,6 +111,7 @@ class Platform:
     # ---- persistence and clock ---------------------------------------------------------------
     def save(self, durable: bool = True) -> None:
         with self.lock:
+            self.dirty = False
             self.held_gpus = sum(
                 r.gpus for r in self.resources.values() if r.status in R_HOLDS_GPUS
             )
@@ -125,6 +127,8 @@ class Platform:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.ops.shutdown()
+        if self.dirty:
+            self.save()
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
@@ -173,6 +177,8 @@ class Platform:
                         changed = True
             if changed:
                 self.save()
+            elif self.dirty:
+                self.save(durable=False)
 
     def expires_at(self, r: ResourceRecord) -> float:
         idle = (r.last_activity or r.ready_at or r.created_at) + self.config.real(
@@ -415,6 +421,7 @@ class Platform:
             if r.status == R_STOPPING:
                 r.status, r.stopped_at, r.updated_at = R_STOPPED, now, now
             elif r.status in (R_CREATING, R_READY):
+                r.last_activity = now  # the emulator's downtime does not eat the idle budget
                 self._load_host(r)
         for s in self.sessions.values():
             if s.status not in S_ACTIVE:

@@ -156,7 +156,7 @@ def _run(p: Platform, s: SessionRecord, kind: str, body: dict[str, Any]) -> Any:
         s.step = int(host.step(s.id))
         s.policy_state = dict(host.policy_state(s.id))
         s.updated_at = p.clock()
-        p.save(durable=False)
+        p.dirty = True  # written by the next tick (a restart resumes from checkpoints anyway)
     return out
 
 
