@@ -6,6 +6,7 @@ Real computation throughout: the built-in tiny Llama, peft LoRA, torch on the CP
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -277,3 +278,35 @@ def test_grad_clip_norm_bounds_the_applied_gradient() -> None:
     finally:
         torch.nn.utils.clip_grad_norm_ = original  # type: ignore[assignment]
     assert len(seen) == 1 and seen[0] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_a_local_causal_lm_directory_is_a_base_model(tmp_path: Path) -> None:
+    """A GPT-2 (Conv1D layers, untied head) saved to a directory: resolved by its path, trained
+    with LoRA, sampled, and exported merged."""
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    from tgnb.emulator.rl.engine import export_checkpoint
+    from tgnb.train.assets import build_tokenizer
+
+    tok = build_tokenizer()
+    config = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2,
+                        tie_word_embeddings=False, eos_token_id=tok.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    spec = resolve(str(tmp_path / "gpt2"))
+    assert spec.name == str(tmp_path / "gpt2") and spec.context_length == 64
+    host = ResourceHost(spec, lora_enabled=True, device="cpu")
+    host.open_session("s", {"rank": 4, "train_unembed": False})
+    train_step(host, "s", lr=0.05)
+    host.weights_sync("s", {})
+    res = greedy(host, "s")
+    assert len(res["sequences"][0]["tokens"]) >= 1
+    host.save_inference_checkpoint("s", tmp_path / "inf")
+    export_checkpoint(tmp_path / "inf", "CHECKPOINT_VARIANT_MERGED", tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    prompt = torch.tensor([tok.encode("12+7=", add_special_tokens=False)])
+    with torch.no_grad():
+        lsm = torch.log_softmax(merged(input_ids=prompt).logits[0, :-1], -1)
+    want = lsm.gather(-1, prompt[0, 1:, None]).squeeze(-1).tolist()
+    assert res["prompt_logprobs"][1:] == pytest.approx(want, abs=1e-5)

@@ -97,8 +97,12 @@ class ResourceHost:
         # read before any adapter is injected (peft adds Linear layers of its own)
         head = model.get_output_embeddings()
         self._head = next(n for n, m in model.named_modules() if m is head).rsplit(".", 1)[-1]
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
         linears = {
-            n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+            n.rsplit(".", 1)[-1]
+            for n, m in model.named_modules()
+            if isinstance(m, (torch.nn.Linear, Conv1D))
         }
         self._linears = sorted(linears - {self._head})
 
@@ -431,11 +435,13 @@ def export_checkpoint(directory: Path, variant: str, out: Path) -> list[Path]:
 @contextlib.contextmanager
 def _quiet_peft() -> Iterator[None]:
     """peft's notices that do not apply here: the LoRA on a tied unembedding (merged exports untie
-    it first), the active adapter moving on deletion (we set it on every call), and a
+    it first), the active adapter moving on deletion (we set it on every call), GPT-2's Conv1D
+    layers (peft transposes them itself), and a
     transformers deprecation peft triggers."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*", category=UserWarning)
         warnings.filterwarnings("ignore", message="Adapter .* was active", category=UserWarning)
+        warnings.filterwarnings("ignore", message="fan_in_fan_out", category=UserWarning)
         warnings.filterwarnings(
             "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
         )
