@@ -120,7 +120,12 @@ class ResourceHost:
 
     def _target_modules(self, train_unembed: bool) -> list[str]:
         """Every linear layer of the base (by its last name), the unembedding when asked."""
-        return self._linears + ([self._head] if train_unembed else [])
+        targets = self._linears + ([self._head] if train_unembed else [])
+        if not targets:
+            raise RLInputError(
+                "lora_config.train_unembed", "this model has no other linear layer to adapt"
+            )
+        return targets
 
     def open_session(self, sid: str, lora_config: dict[str, Any] | None) -> None:
         """Open `sid`: a trainer + published adapter pair (LoRA) or the full-weight pair."""
