@@ -269,6 +269,7 @@ class EmulatorApp:
             "state_dir": str(self.fleet.store.root),
             "clusters": len(self.fleet.clusters),
             "rl_resources": 0 if self.rl is None else len(self.rl.resources),
+            "rl_operations_running": 0 if self.rl is None else self.rl.ops.running,
             "chaos": self.chaos.to_dict(),
         }
 

@@ -145,6 +145,7 @@ class Operations:
         self._keys: dict[tuple[str, str, str], str] = {}
         self._workers: dict[str, _Worker] = {}
         self._recent: collections.deque[str] = collections.deque()
+        self.running = 0  # operations computing now (the health route reports it)
         self._lock = threading.Lock()
 
     # ---- loading -----------------------------------------------------------------------------
@@ -251,6 +252,8 @@ class Operations:
         rec.status, rec.updated_at = O_RUNNING, time.time()
         if not op.internal:
             self.on_activity(rec.session_id)
+        with self._lock:
+            self.running += 1
         try:
             output = work()
         except BaseException as exc:
@@ -260,6 +263,9 @@ class Operations:
         else:
             rec.output = output if output is not None else {}
             rec.status = "TRAINING_OPERATION_STATUS_COMPLETED"
+        finally:
+            with self._lock:
+                self.running -= 1
         rec.updated_at = time.time()
         if op.internal:
             op.finish()
