@@ -16,6 +16,7 @@ import httpx
 import pytest
 import together
 
+from tgnb.emulator.models import REMOVED
 from tgnb.emulator.testing import EmulatorHandle
 
 from .conftest import TINY, ce_sample, seq
@@ -331,3 +332,48 @@ def test_large_payload_upload_path(rl_emulator: EmulatorHandle) -> None:
         assert bad.status_code == 400 and "payload_id" in bad.json()["message"]
         assert httpx.put(rl_emulator.base_url + "/rl-blobs/guess", content=b"{}").status_code == 404
         c.post(f"{MR}/{rid}/stop?force=true")
+
+
+def test_resources_and_preemptible_nodes_share_the_gpu_cap(rl_emulator: EmulatorHandle) -> None:
+    """A cluster's preemptible nodes hold the cap: a resource queues; when they go, it starts.
+    And a READY resource's GPUs keep a cluster's preemptible node from being provisioned."""
+    sdk = rl_emulator.client(max_retries=0)
+    rl_emulator.set_capacity(8)
+    try:
+        cluster = sdk.clusters.create(
+            cluster_name="pt-cap",
+            region="us-central-2",
+            gpu_type="RTX_6000_PCI",
+            cluster_type="KUBERNETES",
+            num_gpus=8,
+            billing_type="ON_DEMAND",
+            nvidia_driver_version="570",
+            cuda_version="12.8",
+            num_preemptible_gpus=8,
+            project_id=rl_emulator.project_id,
+        )
+        cid = cluster.cluster_id
+
+        def preemptible_live() -> int:
+            nodes = rl_emulator.nodes(cid)
+            return sum(n["kind"] == "preemptible" and n["state"] == "running" for n in nodes)
+
+        rl_emulator.wait_for(preemptible_live)
+        with http(rl_emulator) as c:
+            rid = c.post(MR, json={"base_model": TINY}).json()["id"]
+            got = c.get(f"{MR}/{rid}").json()
+            assert got["status"] == "MODEL_RESOURCES_STATUS_PENDING"
+            assert got["status_details"]["queue_position"] == 1
+            sdk.clusters.update(cid, num_preemptible_gpus=0)
+            rl_emulator.wait_for(
+                lambda: c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_READY"
+            )
+            sdk.clusters.update(cid, num_preemptible_gpus=8)
+            time.sleep(1.5)  # 2.5 scaled provisioning delays: a node would have joined by now
+            nodes = rl_emulator.nodes(cid)
+            assert not [n for n in nodes if n["kind"] == "preemptible" and n["state"] != REMOVED]
+            c.post(f"{MR}/{rid}/stop")
+            rl_emulator.wait_for(preemptible_live)
+        sdk.clusters.delete(cid)
+    finally:
+        rl_emulator.set_capacity(None)
