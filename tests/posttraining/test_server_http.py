@@ -18,6 +18,7 @@ import together
 
 from tgnb.emulator.models import REMOVED
 from tgnb.emulator.testing import EmulatorHandle
+from tgnb.events import parse_time
 
 from .conftest import TINY, ce_sample, seq
 
@@ -304,13 +305,20 @@ def test_queue_position_under_the_shared_gpu_cap(rl_emulator: EmulatorHandle) ->
 
 def test_inactivity_expiry_stops_the_resource(rl_emulator: EmulatorHandle) -> None:
     with http(rl_emulator) as c:
-        rid = ready_resource(c, inactive_timeout=300)["id"]  # 3 s at time scale 0.01
-        sid = open_session(c, rid)["id"]
+        res = ready_resource(c, inactive_timeout=300)  # 3 s at time scale 0.01
+        rid = res["id"]
+        sid = open_session(c, rid, display_name="a")["id"]
+        later = c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": 400}).json()["expires_at"]
+        assert parse_time(later) > parse_time(res["expires_at"])
+        assert c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": -1}).status_code == 400
+        renamed = together.Together().post_training.sessions.update(sid, display_name="b")
+        assert renamed.display_name == "b"
         rl_emulator.wait_for(
             lambda: c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_STOPPED",
             timeout=60,
         )
         assert c.get(f"{TS}/{sid}").json()["status"] == "TRAINING_SESSION_STATUS_EXPIRED"
+        assert c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": 400}).status_code == 400
         r = op(c, sid, "forward-backward", {"loss": CE, "samples": [ce_sample([4, 5, 6])]})
         assert r.json()["error"]["code"] == "TRAINING_OPERATION_ERROR_CODE_SESSION_NOT_ACTIVE"
 
