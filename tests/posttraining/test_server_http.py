@@ -271,7 +271,9 @@ def test_stop_refused_while_sessions_run_then_usage_and_cost(
         u1 = rl_emulator.rl_usage(rid)
         time.sleep(0.2)
         assert rl_emulator.rl_usage(rid) == u1  # nothing counted after STOPPED
-        assert u1["gpus"] == 3 and u1["gpu_seconds"] > 0
+        assert u1["gpus"] == 3 and u1["gpu_seconds"] > 0 and u1["resource_id"] == rid
+        assert u1["gpu_minutes"] == pytest.approx(u1["gpu_seconds"] / 60)
+        assert u1["ready_at"] and u1["stopped_at"] and u1["created_at"] and u1["queued_s"] >= 0
         assert u1["cost"] == pytest.approx(u1["gpu_seconds"] / 3600 * 9.0)
     est = client.post_training.model_resources.estimate_cost(
         base_model=TINY, compute_config={"num_generator_replicas": 1}

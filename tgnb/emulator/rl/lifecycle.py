@@ -313,16 +313,20 @@ class Platform:
             return r
 
     def usage(self, resource_id: str) -> dict[str, Any]:
-        """GPU-seconds (platform time) from READY to STOPPED (or now), and their price."""
+        """GPU-seconds (platform time) from READY to STOPPED (or now), their price, the times."""
         with self.lock:
             r = self.resource(resource_id)
             end = r.stopped_at if r.stopped_at is not None else self.clock()
             wall = max(0.0, end - r.ready_at) if r.ready_at is not None else 0.0
             gpu_seconds = r.gpus * wall / (self.config.time_scale or 1.0)
             price = self.config.price_per_gpu_hour
+            granted = r.creating_at if r.creating_at is not None else (r.stopped_at or self.clock())
             return {
                 "model_resources_id": r.id,
+                "resource_id": r.id,
                 "status": r.status,
+                "created_at": views.ts(r.created_at),
+                "queued_s": max(0.0, granted - r.created_at),  # real seconds spent PENDING
                 "gpus": r.gpus,
                 "gpu_type": r.gpu_type,
                 "gpu_seconds": gpu_seconds,
