@@ -6,6 +6,10 @@ Together-compatible routes (``Authorization: Bearer <key>`` required, 401 otherw
 ``GET /v3/whoami``, ``GET /v1/projects``. Errors answer ``{"code", "message", "details"}``
 (gRPC-gateway style): 400 bad input, 401 missing or wrong key, 404 unknown cluster or path.
 
+Post-Training (``/v1/rl/...``, unauthenticated ``/rl-blobs`` and ``/rl-files`` URLs, admin
+``/_emulator/rl/...``): `tgnb.emulator.rl.app`, mounted when the daemon passes an `rl` platform;
+``health`` then also reports ``rl_resources`` and ``rl_operations_running``.
+
 Base URL: the SDK's paths already start with ``/v1`` (or ``/v3``), so point ``TOGETHER_BASE_URL`` (the
 SDK's ``base_url`` and the ``tg`` CLI alike) at ``http://127.0.0.1:<port>`` with no ``/v1``. A base URL
 that ends in ``/v1`` also works: the app drops a doubled leading ``/v1`` (``/v1/v1/...``, ``/v1/v3/...``).
