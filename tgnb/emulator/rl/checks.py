@@ -1,8 +1,10 @@
-"""Validation of resource and session bodies: a 400 whose message names the field, nothing stored."""
+"""Validation of resource and session bodies: a 400 whose message names the field, nothing stored.
+
+LoRA settings are checked by the engine's own `tgnb.emulator.rl.inputs.lora_config`.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,12 +13,6 @@ from tgnb.emulator.validation import INVALID_ARGUMENT, RequestError
 GPU_TYPES = ("B200-SXM",)
 MAX_GENERATOR_REPLICAS = 8
 INACTIVE_RANGE = (300, 86400)
-DEFAULT_LORA: dict[str, Any] = {
-    "rank": 32,
-    "alpha": 32,
-    "dropout": 0.0,
-    "train_unembed": True,
-}  # the engine's
 
 
 def bad(field: str, message: str) -> RequestError:
@@ -84,27 +80,6 @@ def resource_create(body: Any, extra: Sequence[str]) -> dict[str, Any]:
         "inactive_timeout": timeout,
         "gpus": 1 + replicas,
     }
-
-
-def lora_config(raw: Any, max_rank: int) -> dict[str, Any]:
-    cfg = require_object(raw, "lora_config") if raw is not None else dict(DEFAULT_LORA)
-    out = dict(cfg)
-    out["rank"] = _int(cfg, "rank", 1, max_rank, DEFAULT_LORA["rank"], "lora_config.")
-    alpha = cfg.get("alpha", DEFAULT_LORA["alpha"])
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise bad("lora_config.alpha", f"must be a positive number, got {alpha!r}")
-    out["alpha"] = alpha
-    dropout = cfg.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-        raise bad("lora_config.dropout", f"must be a number in [0, 1), got {dropout!r}")
-    if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
-        raise bad("lora_config.dropout", f"must be in [0, 1), got {dropout}")
-    for name in ("seed",):
-        if name in cfg and (isinstance(cfg[name], bool) or not isinstance(cfg[name], int)):
-            raise bad(f"lora_config.{name}", f"must be an integer, got {cfg[name]!r}")
-    if "train_unembed" in cfg and not isinstance(cfg["train_unembed"], bool):
-        raise bad("lora_config.train_unembed", "must be true or false")
-    return out
 
 
 def session_create(body: Any) -> dict[str, Any]:

@@ -71,17 +71,13 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
                 )
     lora = None
     if r.lora_enabled:
-        host = p.hosts.get(r.id)
-        if host is not None:  # the engine's own check and defaults
-            from tgnb.emulator.rl.engine import RLInputError
+        from tgnb.emulator.rl.inputs import RLInputError, lora_config
 
-            try:
-                lora = host.lora_config(c["lora_config"])
-            except RLInputError as e:
-                raise checks.bad(e.field, e.message) from None
-        else:
-            spec = resolve(r.base_model, p.config.extra_models)
-            lora = checks.lora_config(c["lora_config"], spec.max_lora_rank)
+        spec = resolve(r.base_model, p.config.extra_models)
+        try:  # the engine's own check and defaults
+            lora = lora_config(c["lora_config"], spec.max_lora_rank)
+        except RLInputError as e:
+            raise checks.bad(e.field, e.message) from None
     elif c["lora_config"] is not None:
         raise checks.bad(
             "lora_config", f"model resource {r.id} is full-weight (lora_enabled=false)"
