@@ -27,11 +27,16 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """`attach` and `Session` are imported on first use, so ``import tgnb`` stays light."""
+    """`attach`, `Session` and `post_training` are imported on first use, so ``import tgnb``
+    stays light."""
     if name in ("attach", "Session"):
         from tgnb import session
 
         return getattr(session, name)
+    if name == "post_training":
+        from tgnb.posttraining import post_training
+
+        return post_training
     raise AttributeError(f"module 'tgnb' has no attribute {name!r}")
 
 
@@ -53,6 +58,9 @@ __all__ = [
     "ValidationError",
     "__version__",
     "attach",
+    "panel",
+    "post_training",
+    "timeline",
 ]
 
 
@@ -74,3 +82,12 @@ def timeline(events: object, **options: object) -> object:
     from tgnb.notebook.timeline import timeline as build
 
     return build(events, **options)
+
+
+def panel(resource: object, poll_interval: float = 2.0, start: bool = True) -> object:
+    """A live `tgnb.notebook.pt_panel.ResourcePanel` of a Post-Training resource: one line per
+    session, their curves on shared axes, GPU-minutes and cost (static HTML where widgets don't
+    run; ``start=False`` draws it once without polling)."""
+    from tgnb.notebook.pt_panel import ResourcePanel
+
+    return ResourcePanel(resource, poll_interval=poll_interval, start=start)

@@ -35,6 +35,9 @@ NOTEBOOKS: dict[str, str] = {
     "quickstart": "01-quickstart.ipynb",
     "grpo-sweep": "02-grpo-sweep.ipynb",
     "dpo": "03-dpo.ipynb",
+    "pt-grpo": "04-post-training-grpo.ipynb",
+    "multi-lora": "05-multi-lora.ipynb",
+    "pt-dpo": "06-post-training-dpo.ipynb",
 }
 #: Environment variable naming the folder that holds the example notebooks.
 NOTEBOOKS_ENV = "TGNB_NOTEBOOKS"

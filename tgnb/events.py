@@ -50,6 +50,34 @@ SIGNAL_SENT = "SignalSent"  # SIGTERM to the job's processes at a preemption not
 JOB_KILLED = "JobKilled"  # SIGKILL when the node was removed
 JOB_REASONS = frozenset({JOB_PLACED, SIGNAL_SENT, JOB_KILLED})
 
+# Reasons of the Post-Training API's objects (source "posttraining"): a model resource's lifecycle,
+# its training sessions' and their checkpoints. `Event.data` holds "resource" (its id), "session"
+# (id) and "name" (the session's display name) where they apply.
+RESOURCE_CREATED = "ModelResourceCreated"
+RESOURCE_QUEUED = "ModelResourceQueued"  # waiting for GPUs (data["queue_position"])
+RESOURCE_READY = "ModelResourceReady"
+RESOURCE_STOPPED = "ModelResourceStopped"
+RESOURCE_ERROR = "ModelResourceError"
+SESSION_STARTED = "TrainingSessionStarted"
+SESSION_STOPPED = "TrainingSessionStopped"
+SESSION_EXPIRED = "TrainingSessionExpired"
+SESSION_ERROR = "TrainingSessionError"
+SESSION_CHECKPOINT = "TrainingSessionCheckpoint"  # data["kind"]: "training" | "inference"
+POST_TRAINING_REASONS = frozenset(
+    {
+        RESOURCE_CREATED,
+        RESOURCE_QUEUED,
+        RESOURCE_READY,
+        RESOURCE_STOPPED,
+        RESOURCE_ERROR,
+        SESSION_STARTED,
+        SESSION_STOPPED,
+        SESSION_EXPIRED,
+        SESSION_ERROR,
+        SESSION_CHECKPOINT,
+    }
+)
+
 #: A line on a training process's stdout that starts with this is one JSON record for a backend.
 STDOUT_PREFIX = "@tgnb "
 
@@ -84,7 +112,8 @@ class Event:
     """Something that happened at `time` to a node and/or a run.
 
     `source` is ``"cluster"`` for node lifecycle events, ``"run"`` for a training process's own
-    records, ``"tgnb"`` for what tgnb did (a target change). `data` holds details such as the
+    records, ``"tgnb"`` for what tgnb did (a target change), ``"posttraining"`` for model
+    resources and training sessions of the Post-Training API. `data` holds details such as the
     step, the checkpoint's bytes and duration, or the exit code.
     """
 

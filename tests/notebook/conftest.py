@@ -14,9 +14,10 @@ from tgnb.emulator.testing import EmulatorHandle
 @pytest.fixture(scope="session")
 def ip() -> Any:
     """The test IPython shell (a real `InteractiveShell`) with the tgnb extension loaded."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    shell = start_ipython()
+    globalipapp.start_ipython()  # once per process: another test module may have started it
+    shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "tgnb")
     return shell
 

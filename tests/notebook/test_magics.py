@@ -23,6 +23,7 @@ SUBCOMMANDS = [
     "events",
     "preempt",
     "cost",
+    "pt",
 ]
 
 

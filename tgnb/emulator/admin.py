@@ -116,5 +116,19 @@ class AdminClient:
         body = {"gpus": gpus, "cluster_id": cluster_id}
         return dict(self._call("POST", f"{PREFIX}/capacity", json=body))
 
+    # -- Post-Training resources ---------------------------------------------------------------
+    def rl_usage(self, resource_id: str) -> dict[str, Any]:
+        """A Post-Training resource's GPU-seconds/minutes (platform time), cost and price."""
+        return dict(self._call("GET", f"{PREFIX}/rl/resources/{resource_id}/usage"))
+
+    def rl_memory(self, resource_id: str) -> int | None:
+        """Bytes the resource's engine holds in tensors (None while its model is not loaded)."""
+        value = self._call("GET", f"{PREFIX}/rl/resources/{resource_id}/memory")["memory_bytes"]
+        return None if value is None else int(value)
+
+    def rl_expire(self, resource_id: str) -> dict[str, Any]:
+        """Make a resource idle-expired now (it stops, its sessions EXPIRED, unless one is busy)."""
+        return dict(self._call("POST", f"{PREFIX}/rl/resources/{resource_id}/expire"))
+
 
 __all__ = ["PREFIX", "AdminClient", "admin_root"]

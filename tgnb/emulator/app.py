@@ -9,6 +9,10 @@ body over `MAX_BODY` bytes. The key is checked before the body is read; a body m
 NaN or Infinity, nested at most `MAX_DEPTH` deep; every field is typed and bounded
 (`tgnb.emulator.validation`) before anything is stored.
 
+Post-Training (``/v1/rl/...``, unauthenticated ``/rl-blobs`` and ``/rl-files`` URLs, admin
+``/_emulator/rl/...``): `tgnb.emulator.rl.app`, mounted when the daemon passes an `rl` platform;
+``health`` then also reports ``rl_resources`` and ``rl_operations_running``.
+
 Base URL: the SDK's paths already start with ``/v1`` (or ``/v3``), so point ``TOGETHER_BASE_URL`` (the
 SDK's ``base_url`` and the ``tg`` CLI alike) at ``http://127.0.0.1:<port>`` with no ``/v1``. A base URL
 that ends in ``/v1`` also works: the app drops a doubled leading ``/v1`` (``/v1/v1/...``, ``/v1/v3/...``).
@@ -16,7 +20,8 @@ that ends in ``/v1`` also works: the app drops a doubled leading ``/v1`` (``/v1/
 Emulator-only admin routes under ``/_emulator/`` (same key; never subject to chaos, never logged):
 ``GET health``, ``GET clusters/{id}/nodes``, ``POST clusters/{id}/preempt`` (``{"node": name}``,
 optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early),
-``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``), ``POST capacity``
+``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``; kinds 429, 503, delay, and the
+opt-in "lost": applied, then answered 503), ``POST capacity``
 (``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log: every
 /v1 and /v3 request with method, path, query, status, JSON body with secret-looking keys masked, and
 the chaos applied; a body that is not JSON is kept cut to 200 characters with ``word=value``
@@ -65,6 +70,10 @@ from tgnb.emulator.wire import MAX_BODY, parse_json, scrub_body, scrub_text
 from tgnb.events import format_time, parse_time
 
 CHAOS_KINDS = ("429", "503", "delay")
+#: Opt-in kinds (never drawn unless named): "lost" applies the request, then answers 503, as a
+#: response lost on the way back would (retries must then be de-duplicated: Idempotency-Key).
+EXTRA_CHAOS_KINDS = ("lost",)
+_SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential")
 MAX_LOG = 10_000
 #: Longest chaos delay (seconds): past the SDK's 60 s timeout, short of holding a request forever.
 MAX_DELAY_S = 600.0
@@ -127,8 +136,11 @@ Handler = Callable[[Request, Any], Awaitable[Any]]
 class EmulatorApp:
     """The routes, the key check, the chaos knob and the request log around one `Fleet`."""
 
-    def __init__(self, fleet: Fleet, api_key: str, chaos: Chaos | None = None) -> None:
+    def __init__(
+        self, fleet: Fleet, api_key: str, chaos: Chaos | None = None, rl: Any = None
+    ) -> None:
         self.fleet = fleet
+        self.rl = rl  # tgnb.emulator.rl.lifecycle.Platform: the /v1/rl routes (Post-Training)
         self._key = api_key.encode()
         self.chaos = chaos or Chaos()
         self.requests: list[dict[str, Any]] = []
@@ -214,6 +226,9 @@ class EmulatorApp:
                         await asyncio.sleep(self.chaos.delay_s)
                     result = await handler(request, body)
                     response = JSONResponse(result)
+                    if chaos == "lost":
+                        response = _error(503, 14, "service unavailable (emulator chaos)")
+                        response.headers["retry-after-ms"] = str(self.chaos.retry_after_ms)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
             except Exception:  # a bug: say so in the log, answer without internals
@@ -286,6 +301,8 @@ class EmulatorApp:
             "capacity_gpus": cfg.capacity_gpus,
             "state_dir": str(self.fleet.store.root),
             "clusters": len(self.fleet.clusters),
+            "rl_resources": 0 if self.rl is None else len(self.rl.resources),
+            "rl_operations_running": 0 if self.rl is None else self.rl.ops.running,
             "chaos": self.chaos.to_dict(),
         }
 
@@ -311,10 +328,11 @@ class EmulatorApp:
         raw_kinds = body.get("kinds") or list(CHAOS_KINDS)
         if not isinstance(raw_kinds, list) or not all(isinstance(k, str) for k in raw_kinds):
             raise RequestError(400, INVALID_ARGUMENT, f"kinds must be a list of {CHAOS_KINDS}")
-        bad = [k[:20] for k in raw_kinds if k not in CHAOS_KINDS]
+        known = CHAOS_KINDS + EXTRA_CHAOS_KINDS
+        bad = [k[:20] for k in raw_kinds if k not in known]
         if bad:
             raise RequestError(
-                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad[:5]}; known: {CHAOS_KINDS}"
+                400, INVALID_ARGUMENT, f"unknown chaos kinds {bad[:5]}; known: {known}"
             )
         self.chaos = Chaos(
             fraction=fraction,
@@ -348,6 +366,13 @@ class EmulatorApp:
             self.requests.clear()
         return {"cleared": n}
 
+    def _rl_routes(self) -> list[Route]:
+        if self.rl is None:
+            return []
+        from tgnb.emulator.rl.app import RLApi
+
+        return RLApi(self.rl, self).routes()
+
     def build(self) -> ASGIApp:
         api, admin = self.api, self.admin
         c = "/v1/compute/clusters"
@@ -375,6 +400,7 @@ class EmulatorApp:
             Route("/_emulator/capacity", admin(self.capacity), methods=["POST"]),
             Route("/_emulator/requests", admin(self.requests_get), methods=["GET"]),
             Route("/_emulator/requests", admin(self.requests_clear), methods=["DELETE"]),
+            *self._rl_routes(),
             Route(
                 "/{path:path}",
                 api(self.not_found),

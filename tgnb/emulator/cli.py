@@ -76,6 +76,17 @@ def _parser() -> argparse.ArgumentParser:
         "--chaos-delay-s", type=float, default=65.0, help="how long a delayed request is held"
     )
     knobs.add_argument("--project-id", default=None, help="the project the key belongs to")
+    knobs.add_argument(
+        "--rl-price-per-gpu-hour",
+        type=float,
+        default=None,
+        help="Post-Training price in $ per GPU-hour (default $TGNB_EMULATOR_RL_PRICE or 9)",
+    )
+    knobs.add_argument(
+        "--rl-models",
+        default=None,
+        help="extra local Hugging Face model directories served by /v1/rl (':'-separated)",
+    )
     sub.add_parser(
         "start", parents=[common, knobs], help="start the daemon (or report the running one)"
     )
@@ -101,6 +112,8 @@ def _options(ns: argparse.Namespace) -> daemon.ServeOptions:
         chaos_seed=ns.chaos_seed,
         chaos_delay_s=ns.chaos_delay_s,
         project_id=ns.project_id,
+        rl_price_per_gpu_hour=ns.rl_price_per_gpu_hour,
+        rl_models=ns.rl_models,
     )
 
 

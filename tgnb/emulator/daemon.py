@@ -42,6 +42,7 @@ KEY_ENV = "TGNB_EMULATOR_API_KEY"
 #: A token naming the command that starts the daemon (``tgnb notebooks run`` sets one for its
 #: kernels): a daemon whose owner is the caller's may be restarted or stopped by it.
 OWNER_ENV = "TGNB_EMULATOR_OWNER"
+RL_PRICE_ENV = "TGNB_EMULATOR_RL_PRICE"  # $ per GPU-hour of Post-Training resources (default 9)
 HOST = "127.0.0.1"
 #: How `differences` names the options a running emulator was asked for, with the fix's flag.
 _LABELS = {
@@ -74,6 +75,8 @@ class ServeOptions:
     chaos_seed: int = 0
     chaos_delay_s: float = 65.0
     project_id: str | None = None
+    rl_price_per_gpu_hour: float | None = None  # None: $TGNB_EMULATOR_RL_PRICE, else 9.0
+    rl_models: str | None = None  # extra local model dirs for /v1/rl (os.pathsep-separated)
 
     def to_argv(self) -> list[str]:
         argv = []
@@ -347,6 +350,30 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def _rl_platform(options: ServeOptions, fleet: Any, state_dir: Path) -> Any:
+    """The Post-Training side: its records under ``state/rl``, GPUs under the fleet's cap."""
+    from tgnb.emulator.rl.lifecycle import Platform, RLConfig
+    from tgnb.emulator.rl.state import RLStore
+
+    price = options.rl_price_per_gpu_hour
+    if price is None:
+        price = float(os.environ.get(RL_PRICE_ENV) or 9.0)
+    extra = tuple(p for p in (options.rl_models or "").split(os.pathsep) if p)
+    platform = Platform(
+        RLConfig(
+            time_scale=fleet.config.time_scale,
+            provision_delay_s=fleet.config.provision_delay_s,
+            price_per_gpu_hour=price,
+            project_id=fleet.config.default_project_id,
+            extra_models=extra,
+        ),
+        RLStore(state_dir / "rl"),
+        capacity_left=fleet.capacity_left_for_others,
+    )
+    fleet.external_gpus = lambda: platform.held_gpus
+    return platform
+
+
 def serve(
     home: Path | None = None, options: ServeOptions | None = None, key: str | None = None
 ) -> int:
@@ -379,9 +406,13 @@ def serve(
         chaos = Chaos(
             fraction=options.chaos, seed=options.chaos_seed, delay_s=options.chaos_delay_s
         )
-        app = EmulatorApp(fleet, secret, chaos).build()
+        rl = _rl_platform(options, fleet, eh / "state")
+        app = EmulatorApp(fleet, secret, chaos, rl=rl).build()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: without, a response written in two parts (headers,
+        # body) waits for the client's delayed ACK, 40 ms per request on a kept-alive connection
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, options.port))
         port = sock.getsockname()[1]
         config = uvicorn.Config(
@@ -389,6 +420,7 @@ def serve(
         )
         server = uvicorn.Server(config)
         fleet.start()
+        rl.start()
         atomic_write_json(
             eh / "server.json",
             {
@@ -408,6 +440,7 @@ def serve(
         try:
             server.run(sockets=[sock])
         finally:
+            rl.stop()
             fleet.stop()
             info = _read_server(eh)
             if info and info.get("pid") == os.getpid():

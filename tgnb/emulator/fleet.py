@@ -123,6 +123,8 @@ class Fleet:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: GPUs held elsewhere under the same cap (Post-Training resources); read without a lock
+        self.external_gpus: Callable[[], int] = lambda: 0
         self._load()
 
     # ---- persistence -------------------------------------------------------------------------
@@ -316,6 +318,7 @@ class Fleet:
         left = math.inf
         if self.config.capacity_gpus is not None:
             left = self.config.capacity_gpus - used(list(self.clusters.values()))
+            left -= self.external_gpus()
         if c.capacity_gpus is not None:
             left = min(left, c.capacity_gpus - used([c]))
         return left
@@ -425,6 +428,14 @@ class Fleet:
                 except Exception as exc:  # one broken record never takes the list down
                     _log(f"cluster {c.cluster_id[:80]!r} cannot be listed: {exc!r}"[:300])
             return {"clusters": out}
+
+    def capacity_left_for_others(self) -> float:
+        """GPUs the global cap leaves after the clusters' live and provisioning preemptible nodes."""
+        with self._lock:
+            if self.config.capacity_gpus is None:
+                return math.inf
+            used = sum(len(c.live_nodes(PREEMPTIBLE)) for c in self.clusters.values())
+            return float(self.config.capacity_gpus - GPUS_PER_NODE * used)
 
     def project_ids(self) -> list[str]:
         with self._lock:

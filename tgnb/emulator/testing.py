@@ -5,6 +5,7 @@
         subprocess.run(["tg", "clusters", "list"], env={**os.environ, **emu.env})
         emu.preempt(cluster_id)            # notice now, removal after the (scaled) drain window
         emu.requests()                     # what reached the API (method, path, status, body)
+        emu.rl_usage(resource_id)          # Post-Training: GPU-minutes and cost of a resource
 
 `home` is used as the tgnb home: the daemon's files go to ``home/emulator/``. The daemon is
 stopped (and waited for) when the block exits.
@@ -95,7 +96,8 @@ def running_emulator(
     """Start a real emulator daemon for `home` on a free port; stop it on exit.
 
     `knobs` are `tgnb.emulator.daemon.ServeOptions` fields: drain_window_s, provision_delay_s,
-    preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port.
+    preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port,
+    rl_price_per_gpu_hour, rl_models.
     """
     home = Path(home)
     key = api_key or "tgnb-test-" + secrets.token_hex(8)

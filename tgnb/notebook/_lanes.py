@@ -17,6 +17,10 @@ _SPAN_STYLE = {
     "drain": "url(#tgnb-hatch)",
     "run": "#66c2a5",
     "occupied": "#1b9e77",
+    # Post-Training: a model resource waiting for GPUs, then READY; its training sessions.
+    "provisioning": "#d9d9d9",
+    "resource": "#b3a2c7",
+    "session": "#a6d854",
 }
 _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.RUN_STARTED: ("circle", "#1b9e77"),
@@ -33,6 +37,16 @@ _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.JOB_PLACED: ("circle", "#999999"),
     ev.SIGNAL_SENT: ("down", "#e377c2"),
     ev.JOB_KILLED: ("bar", "#d62728"),
+    ev.RESOURCE_CREATED: ("circle", "#7570b3"),
+    ev.RESOURCE_QUEUED: ("square", "#bbbbbb"),
+    ev.RESOURCE_READY: ("up", "#7570b3"),
+    ev.RESOURCE_STOPPED: ("bar", "#222222"),
+    ev.RESOURCE_ERROR: ("bar", "#d62728"),
+    ev.SESSION_STARTED: ("circle", "#66a61e"),
+    ev.SESSION_STOPPED: ("bar", "#222222"),
+    ev.SESSION_EXPIRED: ("bar", "#ff7f0e"),
+    ev.SESSION_ERROR: ("down", "#d62728"),
+    ev.SESSION_CHECKPOINT: ("circle", "#3366cc"),
 }
 _LABEL = {
     ev.RUN_STARTED: "started",
@@ -48,6 +62,16 @@ _LABEL = {
     ev.JOB_PLACED: "job placed",
     ev.SIGNAL_SENT: "SIGTERM sent",
     ev.JOB_KILLED: "job killed",
+    ev.RESOURCE_CREATED: "resource created",
+    ev.RESOURCE_QUEUED: "queued for GPUs",
+    ev.RESOURCE_READY: "resource ready",
+    ev.RESOURCE_STOPPED: "resource stopped",
+    ev.RESOURCE_ERROR: "resource error",
+    ev.SESSION_STARTED: "session started",
+    ev.SESSION_STOPPED: "session stopped",
+    ev.SESSION_EXPIRED: "session expired",
+    ev.SESSION_ERROR: "session error",
+    ev.SESSION_CHECKPOINT: "checkpoint",
 }
 
 

@@ -150,6 +150,8 @@ def build() -> dict[str, _Parser]:
         "cost",
         "GPU-hours on standard and preemptible nodes for this session's runs, and work lost.",
     )
+    # Routed to tgnb.notebook._pt_magics, which has its own subcommands (%tg pt --help).
+    sub("pt", "Post-Training: models, resources, sessions, checkpoints, cost, panel.")
     return p
 
 

@@ -263,6 +263,8 @@ def render(tl: EventTimeline) -> str:
         ("drain", "drain window"),
         ("run", "run"),
     ]
+    if any(ln.kind in ("resource", "session") for ln in lanes):
+        items += [("resource", "model resource"), ("session", "training session")]
     for kind, label in items:
         out.append(
             f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{_SPAN_STYLE[kind]}"/>'

@@ -82,8 +82,9 @@ class Tg(Magics):
         self.session: Session | None = None
         self._parsers = build()
         self._handlers: dict[str, Callable[[Any, str | None], Any]] = {
-            name: getattr(self, f"_do_{name}") for name in self._parsers
+            name: getattr(self, f"_do_{name}") for name in self._parsers if name != "pt"
         }
+        self._pt: Any = None  # tgnb.notebook._pt_magics.PtCommands, made on the first %tg pt
 
     # -- routing -------------------------------------------------------------------------------
     def usage(self) -> str:
@@ -105,6 +106,8 @@ class Tg(Magics):
             print(self.usage())
             return None
         name, rest = words[0], words[1:]
+        if name == "pt":
+            return self._do_pt(rest, cell)
         parser = self._parsers.get(name)
         if parser is None:
             hint = nearest(name, list(self._parsers))
@@ -122,6 +125,19 @@ class Tg(Magics):
             return self._handlers[name](args, cell)
         except TgnbError as e:
             raise UsageError(f"%tg {name}: {as_magic(str(e))}") from None
+
+    def _do_pt(self, words: list[str], cell: str | None) -> Any:
+        """``%tg pt ...``: the Post-Training subcommands (tgnb.notebook._pt_magics)."""
+        if cell is not None:
+            raise UsageError("%%tg pt takes no cell body: write %tg pt ... on one line")
+        from tgnb.notebook._pt_magics import PtCommands
+
+        if self._pt is None:
+            self._pt = PtCommands(self)
+        try:
+            return self._pt(words)
+        except TgnbError as e:
+            raise UsageError(f"%tg pt {words[0] if words else ''}: {e}") from None
 
     # -- helpers -------------------------------------------------------------------------------
     def _session(self) -> Session:

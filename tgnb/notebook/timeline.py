@@ -5,7 +5,9 @@ lifecycle events from runs) and draws one lane per node (standard and preemptibl
 the ``gpu-preemptible-dp`` name prefix), each node's lifetime (added -> preempted / scaled down, or
 now), each preemption notice with its drain window shaded (notice -> removal, or notice + the drain
 window while the removal is not seen yet), and one lane per run with its segments on nodes and
-markers for start, checkpoints, signals, drain notices, requeues, resumes and exit.
+markers for start, checkpoints, signals, drain notices, requeues, resumes and exit. Post-Training
+events (``source="posttraining"``) add one lane per model resource (provisioning, then READY until
+stopped) and one per training session (running until stopped, expired or failed, with checkpoints).
 
 The rendering is a self-contained SVG string (`to_svg`, `_repr_svg_`, `_repr_html_`) so papermill and
 nbconvert outputs show it without a kernel. Markers that fall on the same few pixels of a lane are
@@ -33,6 +35,20 @@ DRAIN_WINDOW_S = 300.0
 _NODE_END = {ev.PREEMPTED, ev.SCALED_DOWN}
 _RUN_OPEN = {ev.RUN_STARTED, ev.RUN_RESUMED}
 _RUN_CLOSE = {ev.RUN_REQUEUED, ev.RUN_EXITED}
+
+
+_PT_OPEN = {
+    ev.RESOURCE_CREATED: "provisioning",
+    ev.RESOURCE_READY: "resource",
+    ev.SESSION_STARTED: "session",
+}
+_PT_CLOSE = {
+    ev.RESOURCE_STOPPED,
+    ev.RESOURCE_ERROR,
+    ev.SESSION_STOPPED,
+    ev.SESSION_EXPIRED,
+    ev.SESSION_ERROR,
+}
 
 
 def node_class(name: str) -> str:
@@ -91,6 +107,8 @@ class EventTimeline:
         alive: dict[str, float] = {}
         notice: dict[str, float] = {}
         running: dict[str, tuple[float, str | None]] = {}
+        pt: dict[str, Lane] = {}
+        pt_open: dict[str, tuple[float, str]] = {}
 
         def node_lane(name: str) -> Lane:
             lane = nodes.get(name)
@@ -100,6 +118,9 @@ class EventTimeline:
 
         for e in self.events:
             t = e.time.timestamp()
+            if e.source == "posttraining":
+                self._pt_event(e, t, pt, pt_open)
+                continue
             if e.source == "run" or (e.run is not None and e.reason in ev.RUN_REASONS):
                 name = e.run or "run"
                 lane = runs.get(name) or runs.setdefault(name, Lane(name, "run"))
@@ -141,6 +162,8 @@ class EventTimeline:
             )
         for name, seg in running.items():
             self._close_run(runs[name], node_lane, seg, max(self.now, seg[0]), True)
+        for key, (start, kind) in pt_open.items():
+            pt[key].spans.append(Span(start, max(self.now, start), kind, kind, True))
 
         kept = list(nodes.values())
         hidden: dict[str, int] = {}
@@ -167,8 +190,30 @@ class EventTimeline:
             runs.values(),
             key=lambda ln: (min((s.start for s in ln.spans), default=self.now), _natural(ln.key)),
         )
-        lanes = ([cluster] if cluster.markers else []) + ordered + run_lanes
+        lanes = ([cluster] if cluster.markers else []) + ordered + run_lanes + list(pt.values())
         return lanes, hidden
+
+    @staticmethod
+    def _pt_event(
+        e: Event, t: float, lanes: dict[str, Lane], opened: dict[str, tuple[float, str]]
+    ) -> None:
+        """A Post-Training event: one lane per model resource (provisioning, then READY), one per
+        training session (its run, its checkpoints); a session's lane follows its resource's."""
+        data = e.data or {}
+        session = data.get("session")
+        key = str(session or data.get("resource") or e.run or "post-training")
+        if key not in lanes:
+            name = data.get("name")
+            label = f"{name} · {key[-6:]}" if name else key
+            lanes[key] = Lane(label, "session" if session else "resource")
+        lane = lanes[key]
+        if e.reason in _PT_OPEN or e.reason in _PT_CLOSE:
+            if key in opened:
+                start, kind = opened.pop(key)
+                lane.spans.append(Span(start, t, kind, _LABEL.get(e.reason, e.reason)))
+            if e.reason in _PT_OPEN:
+                opened[key] = (t, _PT_OPEN[e.reason])
+        lane.markers.append(Marker(t, e.reason, _describe(e)))
 
     @staticmethod
     def _close_run(
@@ -241,6 +286,8 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 def _describe(e: Event) -> str:
     parts = [_LABEL.get(e.reason, e.reason)]
+    if e.source == "posttraining" and e.data and e.data.get("name"):
+        parts.append(str(e.data["name"]))
     if e.run:
         parts.append(e.run)
     if e.node:

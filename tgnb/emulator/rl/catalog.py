@@ -1,0 +1,208 @@
+"""What the Post-Training emulator can serve: the built-in tiny model and local causal-LM directories.
+
+The built-in model (`tgnb.train.assets`, a tiny Llama with a character tokenizer) is listed under the
+hub-style name ``tgnb/tiny-llama``. `materialize_tiny` writes it into the local Hugging Face cache
+(``$HF_HUB_CACHE``, default ``$HF_HOME/hub``) in the hub's own layout
+(``models--tgnb--tiny-llama/{refs/main,snapshots/<rev>/...}``), so users and Tinker scripts load its
+tokenizer by name, offline, exactly as they would a real model:
+``AutoTokenizer.from_pretrained("tgnb/tiny-llama")`` with ``HF_HUB_OFFLINE=1``.
+
+A local directory holding a Hugging Face causal LM (``config.json`` + weights + tokenizer) is also a
+valid ``base_model``: its name is its path. Directories listed by the daemon (``extra``) or in
+``$TGNB_RL_MODELS`` (``os.pathsep``-separated) appear in `supported_models`; any other existing
+directory with a ``config.json`` still resolves, and so does a hub id already in the local cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TINY_NAME = "tgnb/tiny-llama"
+EXTRA_ENV = "TGNB_RL_MODELS"
+GPU_TYPE = "B200-SXM"
+DEFAULT_MAX_LORA_RANK = 64
+MAX_BATCH_SIZE = 512
+#: What a sample request gets when it omits num_samples / max_tokens (listed in supported-models).
+SAMPLING_DEFAULTS: dict[str, Any] = {"logprobs": 1, "max_tokens": 64, "n": 1, "temperature": 1.0}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One servable base model: `name` is what the API shows, `path` the local directory loaded."""
+
+    name: str
+    path: str
+    max_lora_rank: int
+    full_weight: bool
+    context_length: int
+
+
+def _error(field: str, message: str) -> Exception:
+    from tgnb.emulator.rl.inputs import RLInputError
+
+    return RLInputError(field, message)
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache this process reads (honours HF_HUB_CACHE and HF_HOME)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = (
+        os.environ.get("HF_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def materialize_tiny(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Write the built-in tiny model into the HF cache under `TINY_NAME`; return its snapshot dir.
+
+    Idempotent and atomic: the snapshot is written beside its final name and renamed into place,
+    then ``refs/main`` is replaced, so a concurrent reader sees either nothing or a whole model.
+    The revision is derived from the assets' fingerprint (a new shape or vocab is a new revision).
+    """
+    from tgnb.train import assets
+
+    root = Path(cache) if cache is not None else hf_hub_cache()
+    repo = root / ("models--" + TINY_NAME.replace("/", "--"))
+    revision = hashlib.sha1(f"tgnb-tiny-{assets.fingerprint()}".encode()).hexdigest()
+    snapshot = repo / "snapshots" / revision
+    if not (snapshot / "config.json").is_file():
+        source = assets.tiny_path()
+        (repo / "snapshots").mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{revision}.", dir=repo / "snapshots"))
+        try:
+            for item in source.iterdir():
+                if item.is_file():
+                    shutil.copy2(item, tmp / item.name)
+            try:
+                os.rename(tmp, snapshot)
+            except OSError:
+                if not (snapshot / "config.json").is_file():
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    ref = repo / "refs" / "main"
+    if not ref.is_file() or ref.read_text().strip() != revision:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_ref = tempfile.mkstemp(prefix=".main.", dir=ref.parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(revision)
+        os.replace(tmp_ref, ref)
+    return snapshot
+
+
+def _context_length(path: Path) -> int:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return 2048
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return 2048
+
+
+def _spec_for_dir(name: str, path: Path) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        path=str(path),
+        max_lora_rank=DEFAULT_MAX_LORA_RANK,
+        full_weight=True,
+        context_length=_context_length(path),
+    )
+
+
+def tiny_spec() -> ModelSpec:
+    return _spec_for_dir(TINY_NAME, materialize_tiny())
+
+
+def _extra_dirs(extra: Sequence[str]) -> list[str]:
+    env = [p for p in os.environ.get(EXTRA_ENV, "").split(os.pathsep) if p.strip()]
+    return list(dict.fromkeys([*extra, *env]))
+
+
+def supported_models(extra: Sequence[str] = ()) -> list[ModelSpec]:
+    """The built-in tiny model, then each listed local directory that holds a ``config.json``."""
+    specs = [tiny_spec()]
+    for item in _extra_dirs(extra):
+        path = Path(item).expanduser()
+        if (path / "config.json").is_file():
+            specs.append(_spec_for_dir(item, path))
+    return specs
+
+
+def resolve(name: str, extra: Sequence[str] = ()) -> ModelSpec:
+    """The spec of `name`: the tiny model, a local directory, or a hub id in the local HF cache.
+
+    Raises RLInputError("base_model", ...) naming what is served when nothing matches.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise _error("base_model", "base_model must be a non-empty string, e.g. 'tgnb/tiny-llama'")
+    if name == TINY_NAME:
+        return tiny_spec()
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return _spec_for_dir(name, path)
+    if "/" in name and not name.startswith(("/", ".", "~")):
+        cached = _cached_hub_snapshot(name)
+        if cached is not None:
+            return _spec_for_dir(name, cached)
+    served = ", ".join(s.name for s in supported_models(extra))
+    raise _error(
+        "base_model",
+        f"unknown base_model {name!r}: the emulator serves {served} "
+        "(or a local Hugging Face causal-LM directory path)",
+    )
+
+
+def _cached_hub_snapshot(name: str) -> Path | None:
+    """A hub model already in the local HF cache (weights included), without any network call."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        found = Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not cached (or not a valid repo id): not servable
+        return None
+    has_weights = any(found.glob("*.safetensors")) or any(found.glob("*.bin"))
+    return found if (found / "config.json").is_file() and has_weights else None
+
+
+def _api_entry(spec: ModelSpec) -> dict[str, Any]:
+    trainer: dict[str, Any] = {
+        "lora": {
+            "max_batch_size": MAX_BATCH_SIZE,
+            "max_rank": spec.max_lora_rank,
+            "max_seq_length": spec.context_length,
+        }
+    }
+    if spec.full_weight:
+        trainer["full"] = {"max_batch_size": MAX_BATCH_SIZE, "max_seq_length": spec.context_length}
+    return {
+        "base_model": spec.name,
+        "default_gpu_type": GPU_TYPE,
+        "compute_configs": [
+            {
+                "gpu_type": GPU_TYPE,
+                "generator_config": {
+                    "context_length": spec.context_length,
+                    "sampling_defaults": dict(SAMPLING_DEFAULTS),
+                },
+                "trainer_config": trainer,
+            }
+        ],
+    }
+
+
+def supported_models_to_api(extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The body of ``GET /v1/rl/supported-models``: ``{"data": [RlSupportedModel, ...]}``."""
+    return {"data": [_api_entry(spec) for spec in supported_models(extra)]}

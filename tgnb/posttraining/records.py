@@ -1,0 +1,223 @@
+"""Plain, read-only views of what the Post-Training API returns (models, resources, sessions,
+checkpoints, cost), built from the SDK's response models. Statuses lose their long prefixes
+(``MODEL_RESOURCES_STATUS_READY`` -> ``READY``); int64 fields sent as strings become ints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tgnb.events import parse_time
+from tgnb.posttraining._connect import _status_label
+
+ACTIVE_SESSION = ("CREATING", "RUNNING", "STOPPING")
+ENDED_SESSION = ("STOPPED", "ERROR", "EXPIRED")
+ENDED_RESOURCE = ("STOPPING", "STOPPED", "ERROR")
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A base model the service can host: its LoRA and full-weight limits."""
+
+    name: str
+    gpu_type: str
+    lora: bool
+    full: bool
+    max_lora_rank: int | None
+    max_seq_length: int | None
+    context_length: int | None
+
+    @classmethod
+    def from_sdk(cls, m: Any) -> ModelInfo:
+        configs = list(getattr(m, "compute_configs", None) or [])
+        cfg = next((c for c in configs if c.gpu_type == m.default_gpu_type), None) or (
+            configs[0] if configs else None
+        )
+        trainer = getattr(cfg, "trainer_config", None)
+        lora = getattr(trainer, "lora", None)
+        full = getattr(trainer, "full", None)
+        gen = getattr(cfg, "generator_config", None)
+        limits: Any = lora or full
+        return cls(
+            name=str(m.base_model),
+            gpu_type=str(m.default_gpu_type),
+            lora=lora is not None,
+            full=full is not None,
+            max_lora_rank=_int(lora.max_rank) if lora is not None else None,
+            max_seq_length=_int(limits.max_seq_length) if limits is not None else None,
+            context_length=_int(gen.context_length) if gen is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class ResourceInfo:
+    """One model resource as the API last described it."""
+
+    id: str
+    base_model: str
+    status: str
+    lora_enabled: bool
+    generators: int
+    gpu_type: str | None
+    inactive_timeout: int
+    created_at: datetime | None
+    updated_at: datetime | None
+    expires_at: datetime | None
+    queue_position: int | None
+    error: str | None
+
+    @property
+    def active(self) -> bool:
+        return self.status not in ENDED_RESOURCE
+
+    @classmethod
+    def from_sdk(cls, r: Any) -> ResourceInfo:
+        compute = getattr(r, "compute_config", None)
+        details = getattr(r, "status_details", None)
+        err = getattr(r, "error", None)
+        return cls(
+            id=str(r.id),
+            base_model=str(r.base_model),
+            status=_status_label(r.status),
+            lora_enabled=bool(getattr(r, "lora_enabled", True)),
+            generators=_int(getattr(compute, "num_generator_replicas", 0)),
+            gpu_type=getattr(compute, "gpu_type", None),
+            inactive_timeout=_int(getattr(r, "inactive_timeout", 0)),
+            created_at=_time(getattr(r, "created_at", None)),
+            updated_at=_time(getattr(r, "updated_at", None)),
+            expires_at=_time(getattr(r, "expires_at", None)),
+            queue_position=getattr(details, "queue_position", None),
+            error=(f"{err.code}: {err.message}" if err is not None else None),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A training (weights + optimizer, for resume) or inference (servable) checkpoint."""
+
+    id: str
+    kind: str  # "training" | "inference"
+    session_id: str
+    step: int
+    created_at: datetime | None
+
+    @classmethod
+    def from_sdk(cls, c: Any, kind: str, session_id: str) -> CheckpointInfo:
+        return cls(
+            id=str(c.id),
+            kind=kind,
+            session_id=session_id,
+            step=_int(getattr(c, "step", 0)),
+            created_at=_time(getattr(c, "created_at", None)),
+        )
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One training session: status, step, policy versions, checkpoints, LoRA config."""
+
+    id: str
+    resource_id: str
+    name: str | None
+    status: str
+    step: int
+    policy_version: int
+    target_version: int
+    lora_rank: int | None
+    lora_alpha: int | None
+    checkpoints: tuple[CheckpointInfo, ...]
+    created_at: datetime | None
+    updated_at: datetime | None
+    error: str | None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_SESSION
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
+
+    @classmethod
+    def from_sdk(cls, s: Any) -> SessionInfo:
+        policy = getattr(s, "policy_state", None)
+        lora = getattr(s, "lora_config", None)
+        err = getattr(s, "error", None)
+        ckpts = [
+            CheckpointInfo.from_sdk(c, "training", str(s.id))
+            for c in (getattr(s, "training_checkpoints", None) or [])
+        ] + [
+            CheckpointInfo.from_sdk(c, "inference", str(s.id))
+            for c in (getattr(s, "inference_checkpoints", None) or [])
+        ]
+        ckpts.sort(key=lambda c: (c.created_at is None, c.created_at, c.step))
+        return cls(
+            id=str(s.id),
+            resource_id=str(getattr(s, "resources_id", "") or ""),
+            name=getattr(s, "display_name", None) or None,
+            status=_status_label(s.status),
+            step=_int(getattr(s, "step", 0)),
+            policy_version=_int(getattr(policy, "applied_weights_version", 0)),
+            target_version=_int(getattr(policy, "target_weights_version", 0)),
+            lora_rank=getattr(lora, "rank", None),
+            lora_alpha=getattr(lora, "alpha", None),
+            checkpoints=tuple(ckpts),
+            created_at=_time(getattr(s, "created_at", None)),
+            updated_at=_time(getattr(s, "updated_at", None)),
+            error=(f"{err.code}: {err.message}" if err is not None else None),
+        )
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a resource has cost so far: minutes READY (to STOPPED or now), GPU-minutes, dollars.
+
+    `estimated` is True when the READY time was not reported by the service (the real API does not
+    expose it; the local emulator does) and was taken from what this client saw instead.
+    """
+
+    resource_id: str
+    minutes: float
+    gpus: int
+    price_per_hour: float
+    currency: str
+    ready_at: datetime | None
+    stopped_at: datetime | None
+    estimated: bool
+
+    @property
+    def gpu_minutes(self) -> float:
+        return self.minutes * self.gpus
+
+    @property
+    def amount(self) -> float:
+        """Cost so far in `currency`: the resource's hourly price times the hours READY."""
+        return self.price_per_hour * self.minutes / 60.0
+
+    def __str__(self) -> str:
+        tail = " (estimated: READY time not reported)" if self.estimated else ""
+        return (
+            f"{self.resource_id}: {self.minutes:.1f} min READY x {self.gpus} GPU = "
+            f"{self.gpu_minutes:.1f} GPU-min, {self.amount:.2f} {self.currency} "
+            f"at {self.price_per_hour:.2f} {self.currency}/h{tail}"
+        )
+
+
+__all__ = ["CheckpointInfo", "Cost", "ModelInfo", "ResourceInfo", "SessionInfo"]

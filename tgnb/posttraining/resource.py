@@ -1,0 +1,411 @@
+"""`PostTraining` (the service: models, resources, start, attach, download) and `Resource` (one
+model resource: sessions, checkpoints, cost, events, panel, stop), over the SDK's
+``together.post_training`` clients. Every input is checked before anything is sent
+(`tgnb.posttraining.validate`); SDK failures become `tgnb.errors` with the key scrubbed.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tgnb.errors import ApiError, NotFoundError, ValidationError
+from tgnb.events import Event, utcnow
+from tgnb.posttraining import validate as v
+from tgnb.posttraining._connect import Connection, connect, download
+from tgnb.posttraining.lifecycle import all_events
+from tgnb.posttraining.records import (
+    CheckpointInfo,
+    Cost,
+    ModelInfo,
+    ResourceInfo,
+    SessionInfo,
+    _time,
+)
+from tgnb.posttraining.session import TrainingSession
+
+if TYPE_CHECKING:
+    from together.post_training import ModelResourcesClient
+
+#: When this process saw each resource become READY (the real API does not report it).
+_SEEN_READY: dict[str, datetime] = {}
+
+
+class PostTraining:
+    """The Post-Training API of one connection: ``tgnb.post_training(local=True)``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __repr__(self) -> str:
+        where = "local emulator" if self.conn.local else "Together"
+        return f"<PostTraining {where} at {self.conn.base_url}>"
+
+    @property
+    def base_url(self) -> str:
+        return self.conn.base_url
+
+    def models(self) -> list[ModelInfo]:
+        """The base models the service can host."""
+        r = self.conn.call(
+            lambda: self.conn.sdk().post_training.supported_models.get(), "list supported models"
+        )
+        return [ModelInfo.from_sdk(m) for m in (r.data or [])]
+
+    def resources(self, all: bool = False) -> list[ResourceInfo]:
+        """This project's model resources (active ones unless `all`), newest first."""
+        items: list[Any] = []
+        after: str | None = None
+        sdk = self.conn.sdk()
+        for _ in range(20):
+            kw: dict[str, Any] = {"limit": 100}
+            if after:
+                kw["after"] = after
+            page: Any = self.conn.call(
+                lambda kw=kw: sdk.post_training.model_resources.list(**kw),  # type: ignore[misc]
+                "list model resources",
+            )
+            items += list(page.data or [])
+            after = getattr(getattr(page, "meta", None), "next_cursor", None)
+            if not after:
+                break
+        out = [ResourceInfo.from_sdk(r) for r in items]
+        out.sort(key=lambda r: r.created_at or datetime.min.replace(tzinfo=timezone.utc))
+        out.reverse()
+        return out if all else [r for r in out if r.active]
+
+    def start(
+        self,
+        base_model: str,
+        generators: int = 1,
+        inactive_timeout: int | None = None,
+        lora: bool = True,
+        ready_timeout: float | None = None,
+    ) -> Resource:
+        """Create a model resource for `base_model` and wait until it is READY.
+
+        `generators`: generator replicas (0: a trainer-only resource, no sampling). `lora`: host up
+        to 5 LoRA sessions (False: one full-weight session). `inactive_timeout`: seconds (300-86400)
+        without operations before the service stops it (default 3600).
+        """
+        v.check_base_model(base_model)
+        n = v.check_generators(generators)
+        timeout = v.check_inactive_timeout(inactive_timeout)
+        if not isinstance(lora, bool):
+            raise ValidationError(
+                f"lora={lora!r} must be True (LoRA sessions) or False (full weight)"
+            )
+        from together.post_training import ModelResourcesClient
+
+        client = self.conn.call(
+            lambda: ModelResourcesClient.create(
+                **self.conn.native(),
+                base_model=base_model,
+                lora_enabled=lora,
+                compute_config={"num_generator_replicas": n},
+                inactive_timeout=timeout,
+                ready_timeout=ready_timeout,
+                interval=self.conn.interval,
+            ),
+            f"start a model resource for {base_model}",
+        )
+        _SEEN_READY.setdefault(client.model_resources_id, utcnow())
+        return Resource(self.conn, client)
+
+    def attach(self, resource_id: str) -> Resource:
+        """A handle on an existing model resource (nothing is provisioned)."""
+        v.check_id(resource_id, "resource id", "pt.resources() lists them")
+        from together.post_training import ModelResourcesClient
+
+        client = self.conn.call(
+            lambda: ModelResourcesClient.attach(
+                model_resources_id=resource_id, **self.conn.native()
+            ),
+            f"attach model resource {resource_id}",
+        )
+        return Resource(self.conn, client)
+
+    def track(self, client: Any) -> Any:
+        """tgnb's view of a native SDK client, for recipes written against the SDK: a
+        `ModelResourcesClient` becomes a `Resource` (panel, cost, events), a `SessionClient` a
+        `TrainingSession` whose ``trainer``/``generator`` note losses and steps for the panel and
+        whose ``record()`` adds rewards. Nothing is created; the client is shared, not copied."""
+        from together.post_training import ModelResourcesClient, SessionClient
+
+        if isinstance(client, ModelResourcesClient):
+            return Resource(self.conn, client)
+        if isinstance(client, SessionClient):
+            s = self.conn.call(
+                lambda: self.conn.sdk().post_training.sessions.retrieve(client.session_id),
+                f"read session {client.session_id}",
+            )
+            return TrainingSession(self.conn, client, SessionInfo.from_sdk(s))
+        raise ValidationError(
+            f"track() takes a together.post_training ModelResourcesClient or SessionClient, "
+            f"not {type(client).__name__}"
+        )
+
+    def checkpoints(self, session_id: str | None = None) -> list[CheckpointInfo]:
+        """Checkpoints of this project (of one session with `session_id`), newest first."""
+        kw: dict[str, Any] = {"limit": 100}
+        if session_id is not None:
+            kw["session_id"] = v.check_id(session_id, "session id", "res.sessions() lists them")
+        page = self.conn.call(
+            lambda: self.conn.sdk().post_training.checkpoints.list(**kw), "list checkpoints"
+        )
+        out = []
+        for c in getattr(page, "data", None) or []:
+            kind = "training" if str(c.type).endswith("TRAINING") else "inference"
+            out.append(CheckpointInfo.from_sdk(c, kind, str(c.session_id)))
+        return out
+
+    def download(
+        self, checkpoint_id: str, variant: str = "adapter", out: str | Path = "."
+    ) -> list[Path]:
+        """Download an inference checkpoint's files: ``"adapter"`` (LoRA weights, for peft) or
+        ``"merged"`` (full weights) into the directory `out`."""
+        v.check_id(checkpoint_id, "checkpoint id", "res.checkpoints() lists them")
+        return download(self.conn, checkpoint_id, v.check_variant(variant), v.check_out_dir(out))
+
+    def price(self, base_model: str, generators: int = 1, lora: bool = True) -> tuple[float, str]:
+        """(price per hour, currency) of a resource, from the API's estimate-cost."""
+        v.check_base_model(base_model)
+        n = v.check_generators(generators)
+        r = self.conn.call(
+            lambda: self.conn.sdk().post_training.model_resources.estimate_cost(
+                base_model=base_model,
+                compute_config={"num_generator_replicas": n},
+                lora_enabled=lora,
+            ),
+            f"estimate the cost of {base_model}",
+        )
+        return float(r.price_per_hour), str(r.currency)
+
+
+class Resource:
+    """One model resource: ``open_session()``, ``sessions()``, ``checkpoints()``, ``cost()``,
+    ``events()``, ``panel()``, ``stop()``. ``client`` is the SDK's `ModelResourcesClient`."""
+
+    def __init__(self, conn: Connection, client: ModelResourcesClient) -> None:
+        self.conn = conn
+        self.client = client
+        self.id = client.model_resources_id
+        self._price: tuple[float, str] | None = None
+        self._last: ResourceInfo | None = None
+
+    def __repr__(self) -> str:
+        status = self._last.status if self._last else "?"
+        return f"<Resource {self.id}: {status}>"
+
+    # -- state ---------------------------------------------------------------------------------
+    def info(self) -> ResourceInfo:
+        r = self.conn.call(
+            lambda: self.conn.sdk().post_training.model_resources.retrieve(self.id),
+            f"read model resource {self.id}",
+        )
+        self._last = ResourceInfo.from_sdk(r)
+        if self._last.status == "READY":
+            _SEEN_READY.setdefault(self.id, utcnow())
+        return self._last
+
+    @property
+    def status(self) -> str:
+        return self.info().status
+
+    def sessions(self, active: bool = False) -> list[SessionInfo]:
+        """This resource's training sessions, oldest first (only running ones with `active`)."""
+        sdk = self.conn.sdk()
+        page = self.conn.call(
+            lambda: sdk.post_training.sessions.list(model_resources_id=self.id, limit=100),
+            f"list the sessions of {self.id}",
+        )
+        out = [SessionInfo.from_sdk(s) for s in (page.data or [])]
+        out = [s for s in out if s.resource_id in ("", self.id)]
+        out.sort(key=lambda s: s.created_at or datetime.min.replace(tzinfo=timezone.utc))
+        return [s for s in out if s.active] if active else out
+
+    def open_session(
+        self,
+        lora: dict[str, Any] | None = None,
+        name: str | None = None,
+        resume_from: str | None = None,
+        load_optimizer: bool | None = None,
+    ) -> TrainingSession:
+        """Open a training session: `lora` = ``{"rank": 8, "alpha": 16, ...}`` (LoRA resources),
+        `name` a display name, `resume_from` a training checkpoint id to start from."""
+        config = v.check_lora(lora)
+        v.check_name(name)
+        if resume_from is not None:
+            v.check_id(resume_from, "resume_from", "res.checkpoints() lists training checkpoints")
+        if load_optimizer is not None and not isinstance(load_optimizer, bool):
+            raise ValidationError(f"load_optimizer={load_optimizer!r} must be True or False")
+        info = self.info()
+        if not info.active:
+            raise ValidationError(
+                f"resource {self.id} is {info.status}: start a new one with pt.start(...)"
+            )
+        if config and not info.lora_enabled:
+            raise ValidationError(
+                f"resource {self.id} trains full weights: open its session without lora=, "
+                "or start a LoRA resource (pt.start(..., lora=True))"
+            )
+        active = self.sessions(active=True)
+        cap = v.MAX_LORA_SESSIONS if info.lora_enabled else 1
+        if len(active) >= cap:
+            names = ", ".join(s.label for s in active)
+            raise ValidationError(
+                f"resource {self.id} already holds {len(active)} session(s) ({names}), its limit: "
+                "stop one first (sess.stop() or %tg pt stop --session ID)"
+            )
+        if name is not None and any(s.name == name for s in active):
+            raise ValidationError(f"a running session of {self.id} is already named {name!r}")
+        client = self.conn.call(
+            lambda: self.client.create_session(
+                display_name=name,
+                lora_config=config,  # type: ignore[arg-type]
+                resume_from_checkpoint_id=resume_from,
+                load_optimizer=load_optimizer,
+                interval=self.conn.interval,
+            ),
+            f"open a session on {self.id}",
+        )
+        sess = TrainingSession(self.conn, client, SessionInfo.from_sdk(client.retrieve()))
+        return sess
+
+    def session(self, id_or_name: str) -> TrainingSession:
+        """A handle on one of this resource's sessions, by id or display name."""
+        v.check_id(id_or_name, "session", "res.sessions() lists them")
+        found = [s for s in self.sessions() if id_or_name in (s.id, s.name)]
+        running = [s for s in found if s.active] or found
+        if not running:
+            raise NotFoundError(
+                f"no session {id_or_name!r} on resource {self.id}: res.sessions() lists them"
+            )
+        target = running[-1]
+        from together.post_training import SessionClient
+
+        client = self.conn.call(
+            lambda: SessionClient.attach(session_id=target.id, **self.conn.native()),
+            f"attach session {target.id}",
+        )
+        return TrainingSession(self.conn, client, target)
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Every checkpoint of this resource's sessions, oldest first."""
+        out = [c for s in self.sessions() for c in s.checkpoints]
+        out.sort(key=lambda c: (c.created_at is None, c.created_at))
+        return out
+
+    def extend(self, seconds: int) -> ResourceInfo:
+        """Keep the resource from stopping for inactivity for `seconds` (60-86400) from now."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or not 60 <= seconds <= 86400:
+            raise ValidationError(f"seconds={seconds!r} must be 60 to 86400, e.g. 3600")
+        r = self.conn.call(
+            lambda: self.client.extend_expiry(seconds=seconds), f"extend {self.id}'s expiry"
+        )
+        self._last = ResourceInfo.from_sdk(r)
+        return self._last
+
+    # -- cost and events -----------------------------------------------------------------------
+    def usage(self) -> dict[str, Any] | None:
+        """The local emulator's usage report (READY/STOPPED times, GPUs, GPU-minutes); None on
+        the real service, which does not report it."""
+        if not self.conn.local:
+            return None
+        import httpx
+
+        from tgnb.emulator.admin import AdminClient
+
+        try:
+            with AdminClient(self.conn.base_url, self.conn.api_key) as admin:
+                body: Any = admin.rl_usage(self.id)
+        except httpx.HTTPError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def price(self) -> tuple[float, str]:
+        if self._price is None:
+            info = self._last or self.info()
+            self._price = PostTraining(self.conn).price(
+                info.base_model, info.generators, info.lora_enabled
+            )
+        return self._price
+
+    def cost(self) -> Cost:
+        """GPU-minutes from READY to STOPPED (or now) and their price (the API's estimate-cost)."""
+        info = self.info()
+        price, currency = self.price()
+        usage = self.usage() or {}
+        ready = _time(usage.get("ready_at"))
+        estimated = ready is None
+        if ready is None:
+            ready = _SEEN_READY.get(self.id) or info.created_at
+        stopped = _time(usage.get("stopped_at"))
+        if stopped is None and not info.active:
+            stopped = info.updated_at
+        gpus = int(usage.get("gpus") or 0) or 1 + info.generators
+        if ready is None:
+            minutes = 0.0
+        elif isinstance(usage.get("gpu_minutes"), (int, float)) and gpus:
+            minutes = float(usage["gpu_minutes"]) / gpus
+        else:
+            end = stopped or utcnow()
+            minutes = max((end - ready).total_seconds(), 0.0) / 60.0
+        return Cost(self.id, minutes, gpus, price, currency, ready, stopped, estimated)
+
+    def events(self) -> list[Event]:
+        """The resource's and its sessions' lifecycle events (created, queued, ready, session
+        started/stopped/expired/error, checkpoints), for ``tgnb.timeline``."""
+        info = self.info()
+        return all_events(info, self.sessions(), self.usage(), _SEEN_READY.get(self.id))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def stop(self, force: bool = False) -> ResourceInfo:
+        """Stop the resource (billing stops). Refused while sessions are active unless `force`
+        (which stops them too)."""
+        if not isinstance(force, bool):
+            raise ValidationError(f"force={force!r} must be True or False")
+        try:
+            self.conn.call(lambda: self.client.stop(force=force), f"stop {self.id}")
+        except ApiError as e:
+            if e.status_code == 400 and not force:
+                active = [s.label for s in self.sessions(active=True)]
+                if active:
+                    raise ApiError(
+                        f"resource {self.id} still has {len(active)} active session(s) "
+                        f"({', '.join(active)}): stop them first, or res.stop(force=True)",
+                        status_code=400,
+                    ) from None
+            raise
+        return self.info()
+
+    def detach(self) -> None:
+        """Release this handle; the resource keeps running (and billing) on the service."""
+        self.client.detach()
+
+    def wait(self, status: str, timeout: float = 60.0, interval: float = 0.5) -> ResourceInfo:
+        """Poll until the resource's status is `status` (e.g. ``"STOPPED"``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if info.status == status:
+                return info
+            if time.monotonic() > deadline:
+                raise ApiError(
+                    f"resource {self.id} is {info.status}, not {status}, after {timeout}s"
+                )
+            time.sleep(interval)
+
+
+def post_training(
+    local: bool = True, *, home: str | Path | None = None, time_scale: float | None = None
+) -> PostTraining:
+    """The Post-Training API: ``local=True`` starts (or reuses) the local emulator of the tgnb home
+    and points the SDK at it; ``local=False`` uses ``TOGETHER_API_KEY`` and
+    ``TOGETHER_BASE_URL`` as the SDK does."""
+    return PostTraining(connect(local, home=home, time_scale=time_scale))
+
+
+__all__ = ["PostTraining", "Resource", "download", "post_training"]
