@@ -76,7 +76,8 @@ def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(
     latest = ck.latest_complete(run_dir / "checkpoints")
     assert latest is not None and latest.step == step
     names = {f.path for f in latest.files}
-    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= names
+    assert {"rng-0.safetensors", "rng-1.safetensors", "dcp/.metadata", "optimizer.json"} <= names
+    assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= names  # every rank wrote its shard
 
     again = launcher.start(run_dir, f"max_steps={step + 2}", *common, argv=argv)
     assert again.wait(600) == 0, again.tail()
