@@ -32,7 +32,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-from transformers import TrainerState
 
 from tgnb.train import dcpio
 from tgnb.train.policy import CheckpointPolicy
@@ -41,6 +40,17 @@ from tgnb.train.record import Recorder
 
 torch.set_num_threads(1)
 GLOBAL_BATCH, MICRO = 8, 2
+
+
+class TrainerState:
+    """The part of transformers' ``TrainerState`` the saver uses (importing transformers would
+    cost each rank process seconds)."""
+
+    def __init__(self) -> None:
+        self.global_step = 0
+
+    def save_to_json(self, path: str) -> None:
+        Path(path).write_text(json.dumps({"global_step": self.global_step}))
 
 
 def consolidated(model: Any, opt: Any) -> dict[str, torch.Tensor]:
@@ -114,6 +124,8 @@ def reshard(rank: int, world: int, store: str, run_dir: Path, steps: int, out: P
     guard.close()
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown (gloo's and DCP's threads make it take seconds)
 
 
 def kill_rank(rank: int, store: str, run_dir: Path, seed: int, ready: Any) -> None:
@@ -200,7 +212,10 @@ def main() -> None:
         import torch.multiprocessing as mp
 
         store = tempfile.mktemp(prefix="store-", dir=run_dir.parent)
-        mp.spawn(reshard, args=(world, store, run_dir, steps, out), nprocs=world)
+        # forked: the ranks inherit this process's imports instead of paying them again
+        mp.start_processes(
+            reshard, args=(world, store, run_dir, steps, out), nprocs=world, start_method="fork"
+        )
     else:
         for seed in map(int, sys.argv[3].split(",")):
             out = run_dir.parent / f"trial-{seed}.json"

@@ -41,8 +41,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.errors import CheckpointError, TrainConfigError
 from tgnb.events import (
@@ -63,7 +61,7 @@ from tgnb.train.record import Recorder
 from tgnb.train.saving import EXIT_NO_SPACE, Saver
 from tgnb.train.watcher import DrainWatcher
 
-__all__ = ["EXIT_NO_SPACE", "EXIT_PREEMPTED", "CheckpointGuard", "GuardCallback", "resumable"]
+__all__ = ["EXIT_NO_SPACE", "EXIT_PREEMPTED", "CheckpointGuard", "resumable"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Training arguments the guard owns; values given for them are replaced.
@@ -175,13 +173,16 @@ class CheckpointGuard:
             )
         return {**kwargs, "gradient_accumulation_steps": total // (per_device * world)}
 
-    def callbacks(self) -> list[TrainerCallback]:
+    def callbacks(self) -> list[Any]:
+        """The trainer callbacks that implement the guard (`tgnb.train.callback.GuardCallback`)."""
+        from tgnb.train.callback import GuardCallback
+
         return [GuardCallback(self)]
 
     def attach(self, trainer: Any) -> None:
         """Bind the trainer (every rank, at the same point: it makes the save process group)."""
         self._trainer = trainer
-        with contextlib.suppress(ImportError):
+        if "peft" in sys.modules:  # a PEFT model cannot exist unless peft was imported
             from peft import PeftModel
 
             self._adapter_only = isinstance(trainer.model, PeftModel)
@@ -436,29 +437,3 @@ class CheckpointGuard:
         if saver.failure is not None:
             self.stop_reason = "no-space"
             control.should_training_stop = True
-
-
-class GuardCallback(TrainerCallback):
-    """The trainer callback of a `CheckpointGuard` (all decisions are the guard's)."""
-
-    def __init__(self, guard: CheckpointGuard) -> None:
-        self.guard = guard
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.guard.on_train_begin(args, state, kwargs.get("train_dataloader"))
-
-    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.guard.on_epoch_begin()
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.guard.on_step_begin()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.guard.on_step_end(args, state, control)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.guard.saver is not None:
-            self.guard.saver.wait()
-        if self.guard._watcher is not None:
-            self.guard._watcher.stop()
-            self.guard._watcher = None
