@@ -259,3 +259,19 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_names_the_disk(
     err = capfd.readouterr().err
     assert f"disk full on {small_disk / 'checkpoints'}" in err
     assert ck.checkpoint_dirs(small_disk / "checkpoints")[0].name == latest.name
+
+
+def test_another_world_size_keeps_the_global_batch(make_guard: Any, tmp_path: Path) -> None:
+    from tgnb.errors import TrainConfigError
+
+    path = tmp_path / "checkpoints" / "checkpoint-6"
+    path.mkdir(parents=True)
+    (path / "optimizer.json").write_text("{}")
+    ck.write_marker(path, 6, world_size=4, global_batch=32, samples=192)
+    guard, _ = make_guard()
+    kwargs = {"per_device_train_batch_size": 8}
+    assert guard.batch_args(kwargs, 4) == kwargs  # the same world size: nothing changes
+    assert guard.batch_args(kwargs, 2)["gradient_accumulation_steps"] == 2
+    assert guard.batch_args(kwargs, 1)["gradient_accumulation_steps"] == 4
+    with pytest.raises(TrainConfigError, match="per_device_train_batch_size"):
+        guard.batch_args({"per_device_train_batch_size": 3}, 2)

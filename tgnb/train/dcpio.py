@@ -43,6 +43,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from tgnb.errors import CheckpointError
+
 STATE_DIR = "dcp"
 _ALLOWED = {
     ("pathlib", "PosixPath"),
@@ -107,15 +109,25 @@ def _quiet() -> Iterator[None]:
 
 
 def _options(adapter_only: bool) -> StateDictOptions:
-    return StateDictOptions(ignore_frozen_params=adapter_only, flatten_optimizer_state_dict=True)
+    # an adapter's checkpoint holds the trainable parameters only: the frozen base is not loaded
+    return StateDictOptions(ignore_frozen_params=adapter_only, strict=not adapter_only)
 
 
 def split_state(model: Any, optimizer: Any, adapter_only: bool) -> tuple[dict[str, Any], dict]:
-    """``({"model": tensors, "optim": tensors}, plain)``: what DCP writes, and the optimizer's
-    non-tensor entries (param groups) that go to JSON."""
+    """``({"model": tensors, "optim": tensors}, plain)``: what DCP writes (the model's tensors and
+    the optimizer's per-parameter tensors, by parameter name), and what goes to JSON (the param
+    groups, and any per-parameter value that is not a tensor)."""
     msd, osd = get_state_dict(model, optimizer, options=_options(adapter_only))
-    tensors = {k: v for k, v in osd.items() if isinstance(v, torch.Tensor)}
-    plain = {k: v for k, v in osd.items() if not isinstance(v, torch.Tensor)}
+    if adapter_only:  # a frozen weight tied to another (lm_head) is listed too: leave it out
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        msd = {k: v for k, v in msd.items() if k in trainable}
+    tensors: dict[str, dict[str, Any]] = {}
+    other: dict[str, dict[str, Any]] = {}
+    state: dict[str, Any] = osd["state"]  # type: ignore[assignment]
+    for fqn, entry in state.items():
+        tensors[fqn] = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
+        other[fqn] = {k: v for k, v in entry.items() if not isinstance(v, torch.Tensor)}
+    plain = {"param_groups": osd["param_groups"], "state": other}
     return {"model": msd, "optim": tensors}, plain
 
 
@@ -186,8 +198,20 @@ class Writer:
     (created once, by every rank, in `__init__`), so they never interleave with training's."""
 
     def __init__(self) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
         self.group = dist.new_group(backend="gloo") if dist_up() else None
         self.inflight: Future[Any] | None = None
+        cuda = torch.cuda.is_available()
+        # one stager for the run: its CPU copy (pinned on a GPU machine) is allocated by the first
+        # save and reused by the next ones, so a later stall is a copy, not an allocation
+        options = StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+        self.stager = DefaultStager(options)
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
         with _quiet():
@@ -195,19 +219,26 @@ class Writer:
                 state, storage_writer=FileSystemWriter(path / STATE_DIR), process_group=self.group
             )
 
+    def close(self) -> None:
+        self.stager.close()
+
     def save_async(self, path: Path, state: dict[str, Any]) -> Future[Any]:
         """Stage `state` to CPU memory now (the stall), write it in a background thread."""
         assert self.inflight is None or self.inflight.done(), "one asynchronous save at a time"
         with _quiet():
             fut = dcp.async_save(
-                state, storage_writer=FileSystemWriter(path / STATE_DIR), process_group=self.group
+                state,
+                storage_writer=FileSystemWriter(path / STATE_DIR),
+                process_group=self.group,
+                async_stager=self.stager,
             )
         assert isinstance(fut, Future)
         self.inflight = fut
         return fut
 
     def wait(self) -> BaseException | None:
-        """Wait for the save in flight; its error, if it failed."""
+        """Wait for the save in flight; its error, if it failed. (The staging buffer is reused:
+        a save waits for the one before it.)"""
         fut, self.inflight = self.inflight, None
         if fut is None:
             return None
@@ -226,14 +257,24 @@ def load(path: Path, trainer: Any, adapter_only: bool) -> None:
     with _quiet():
         dcp.load(state, storage_reader=SafeReader(path / STATE_DIR))
     saved = json.loads((path / "optimizer.json").read_text(encoding="utf-8"))
-    for key, value in saved.items():
-        if key in plain:
-            plain[key] = tuple(value) if isinstance(plain[key], tuple) else value
+    groups = plain["param_groups"]
+    if len(saved["param_groups"]) != len(groups):
+        raise CheckpointError(
+            f"{path} holds {len(saved['param_groups'])} optimizer param groups; this run has "
+            f"{len(groups)}: resume with the same optimizer settings"
+        )
+    for group, kept in zip(groups, saved["param_groups"], strict=True):
+        for key, value in kept.items():
+            if key != "params":
+                group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    optim: dict[str, Any] = {
+        fqn: {**tensors, **saved["state"].get(fqn, {})} for fqn, tensors in state["optim"].items()
+    }
     set_state_dict(
         model,
         optimizer,
         model_state_dict=state["model"],
-        optim_state_dict={**state["optim"], **plain},
+        optim_state_dict={"state": optim, "param_groups": groups},
         options=_options(adapter_only),
     )
     sched = getattr(trainer, "lr_scheduler", None)

@@ -288,7 +288,10 @@ class CheckpointGuard:
         return code
 
     def close(self) -> None:
-        """Stop the drain watcher, give the signal handlers back."""
+        """Stop the drain watcher, give the signal handlers back, free the staging memory (after
+        the save in flight, if any)."""
+        if self.saver is not None and not self.saver.busy:
+            self.saver.writer.close()
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
