@@ -18,6 +18,18 @@ they share the machine's load alike. X is `--per` times the measured cost of one
 next node, load), calibrated first with one preempted short run; C alone (the save) is printed too.
 The emulator's platform time is compressed (`--time-scale`, the 300 s drain window lasts 6 s at
 0.02). Target for tgnb: a ratio of at least 0.9 at one preemption per 20 checkpoint costs.
+
+``--gpu-regime`` instead simulates the GPU regime no CPU machine can run, driven by the same policy
+code (`tgnb.train.checkpoint.young_daly_seconds`, the interval the runtime uses): a checkpoint write
+C (default 90 s, a 10B model), a training stall of an asynchronous save S (default C x 6.3/148.8,
+PyTorch's async DCP figure for a 7B model), a 300 s drain window, steps of 10 s, one preemption an
+hour (exponential, seeded), a restart of 180 s. tgnb: asynchronous periodic saves every
+sqrt(2 S M) stalling S each; at a notice the step in progress ends, the save in flight finishes, a
+synchronous save (C) is made and the run exits; it restarts R after its exit (`--restart-after
+removal`: after the node is removed at the end of the window). Baseline: synchronous saves every
+sqrt(2 C M), the notice ignored, killed at the end of the window, restarted R later. Printed:
+goodput of each, tgnb / baseline (target >= 1.2) and tgnb / the ideal bound 1 - (C + R) / M
+(target >= 0.95).
 """
 
 from __future__ import annotations
@@ -128,8 +140,64 @@ def calibrate(run: Run) -> tuple[float, float]:
     return step, max(0.0, after - notice - step)
 
 
+def simulate(args: argparse.Namespace) -> dict[str, float]:
+    """Goodput of tgnb and of the periodic baseline in the GPU regime (see the module docstring)."""
+    import random
+
+    from tgnb.train.checkpoint import young_daly_seconds
+
+    c, w, step, r = args.ckpt_s, args.window_s, args.step_s, args.restart_s
+    stall = args.stall_s if args.stall_s is not None else c * 6.3 / 148.8
+    mtbf = 3600.0 / args.per_hour
+    tau_t = young_daly_seconds(stall, args.per_hour)  # tgnb: C is the measured stall
+    tau_b = young_daly_seconds(c, args.per_hour)  # the baseline's optimum: C is the whole write
+    rng = random.Random(args.seed)
+    useful = {"tgnb": 0.0, "baseline": 0.0}
+    wall = {"tgnb": 0.0, "baseline": 0.0}
+    for _ in range(args.cycles):
+        life = rng.expovariate(1.0 / mtbf)  # from the (re)start to the notice
+        # tgnb: progress between async saves; at the notice the step ends, the save in flight
+        # finishes, a synchronous save; restart after exit (or after the node's removal)
+        saves = math.floor(life / (tau_t + stall))
+        done = life - saves * stall
+        since = life - saves * (tau_t + stall)  # time since the last periodic save began
+        in_flight = max(0.0, c - since) if saves else 0.0
+        finish_step = step - (done % step)
+        stop = finish_step + in_flight + c
+        useful["tgnb"] += done + finish_step
+        after = max(stop, w) if args.restart_after == "removal" else stop
+        wall["tgnb"] += life + after + r
+        # baseline: synchronous saves every tau_b of progress, killed at the end of the window
+        alive = life + w
+        k = math.floor(alive / (tau_b + c))
+        useful["baseline"] += k * tau_b
+        wall["baseline"] += alive + r
+    g = {k: useful[k] / wall[k] for k in useful}
+    ideal = 1.0 - (c + r) / mtbf
+    return {
+        "tgnb": g["tgnb"],
+        "baseline": g["baseline"],
+        "ideal": ideal,
+        "tgnb_over_baseline": g["tgnb"] / g["baseline"],
+        "tgnb_over_ideal": g["tgnb"] / ideal,
+        "interval_tgnb_s": tau_t,
+        "interval_baseline_s": tau_b,
+        "stall_s": stall,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpu-regime", action="store_true", help="simulate the GPU regime instead")
+    p.add_argument("--ckpt-s", type=float, default=90.0, help="C: one checkpoint's write (s)")
+    p.add_argument("--stall-s", type=float, default=None, help="S: an async save's stall (s)")
+    p.add_argument("--window-s", type=float, default=300.0, help="drain window (s)")
+    p.add_argument("--step-s", type=float, default=10.0, help="one optimizer step (s)")
+    p.add_argument("--per-hour", type=float, default=1.0, help="preemptions per hour")
+    p.add_argument("--restart-s", type=float, default=180.0, help="R: restart to training (s)")
+    p.add_argument("--restart-after", choices=("exit", "removal"), default="exit")
+    p.add_argument("--cycles", type=int, default=20000)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--algorithm", choices=("dpo", "grpo"), default="dpo")
     p.add_argument("--kubernetes", action="store_true", help="KUBERNETES-type cluster (SIGTERM)")
     p.add_argument("--per", type=float, default=20.0, help="preempt every PER checkpoint costs")
@@ -138,6 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every-steps", type=int, default=None, help="baseline checkpoint period")
     p.add_argument("--time-scale", type=float, default=0.02)
     args = p.parse_args(argv)
+    if args.gpu_regime:
+        res = simulate(args)
+        print(
+            f"GPU regime (C {args.ckpt_s:.0f} s, stall {res['stall_s']:.1f} s, window "
+            f"{args.window_s:.0f} s, step {args.step_s:.0f} s, {args.per_hour:g}/h, R "
+            f"{args.restart_s:.0f} s, restart after {args.restart_after}): goodput tgnb "
+            f"{res['tgnb']:.3f} (every {res['interval_tgnb_s']:.0f} s), baseline "
+            f"{res['baseline']:.3f} (every {res['interval_baseline_s']:.0f} s); tgnb/baseline "
+            f"{res['tgnb_over_baseline']:.2f} (target >= 1.2), tgnb/ideal {res['tgnb_over_ideal']:.3f} "
+            f"(ideal {res['ideal']:.3f}; target >= 0.95)"
+        )
+        return 0
     ctype = "KUBERNETES" if args.kubernetes else "SLURM"
     with tempfile.TemporaryDirectory(prefix="tgnb-goodput-") as tmp:
         home = Path(tmp)

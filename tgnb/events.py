@@ -27,6 +27,10 @@ RUN_RESUMED = "RunResumed"
 SIGNAL_RECEIVED = "SignalReceived"
 DRAIN_NOTICE = "DrainNoticeReceived"
 CHECKPOINT_SAVED = "CheckpointSaved"
+CHECKPOINT_FAILED = (
+    "CheckpointFailed"  # a save failed (disk full...); the last complete one is kept
+)
+CHECKPOINT_REJECTED = "CheckpointRejected"  # failed verification at resume; moved aside
 RUN_REQUEUED = "RunRequeued"
 RUN_EXITED = "RunExited"
 RUN_REASONS = frozenset(
@@ -36,6 +40,8 @@ RUN_REASONS = frozenset(
         SIGNAL_RECEIVED,
         DRAIN_NOTICE,
         CHECKPOINT_SAVED,
+        CHECKPOINT_FAILED,
+        CHECKPOINT_REJECTED,
         RUN_REQUEUED,
         RUN_EXITED,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+#: The size of the `small_disk` tmpfs.
+SMALL_DISK = "2m"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -133,3 +137,19 @@ def load_weights(checkpoint: Path) -> dict[str, Any]:
 
 Launcher.weights = staticmethod(load_weights)  # type: ignore[attr-defined]
 Launcher.read_jsonl = staticmethod(read_jsonl)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A small tmpfs (`SMALL_DISK`) (root may mount one here; otherwise the test is skipped, saying why)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    got = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "tmpfs", str(mnt)], check=False
+    )
+    if got.returncode != 0:
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -5,7 +5,6 @@ No torch here: checkpoints are directories of plain files, as the Trainer leaves
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -40,12 +39,25 @@ def test_marker_is_written_last_with_a_full_manifest(tmp_path: Path) -> None:
     assert record["version"] == ck.MARKER_VERSION
     assert record["bytes"] == sum(f["size"] for f in record["files"]) == sealed.bytes
     assert not list(path.glob(".*tmp")), "the temporary marker was renamed into place"
+    assert record["format"] == ck.FORMAT
     assert ck.verify(path) == sealed
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "missing", "no-marker", "sentinel", "bad"])
-def test_a_torn_checkpoint_is_not_complete(tmp_path: Path, damage: str) -> None:
-    path = make_ckpt(tmp_path, 3)
+DAMAGE = {
+    "truncate": "model.safetensors: 4098 bytes, the manifest says 4099",
+    "flip": "model.safetensors: checksum mismatch",
+    "missing": "sub/rng_state_1.pth: missing",
+    "no-marker": "tgnb-complete.json: missing",
+    "bad": "tgnb-complete.json: unreadable",
+    "wrong-sum": "trainer_state.json: checksum mismatch",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_torn_checkpoint_is_not_complete_and_check_names_the_file(
+    tmp_path: Path, damage: str
+) -> None:
+    path = make_ckpt(tmp_path, 3, payload=os.urandom(4099))
     model = path / "model.safetensors"
     if damage == "truncate":
         model.write_bytes(model.read_bytes()[:-1])
@@ -57,39 +69,17 @@ def test_a_torn_checkpoint_is_not_complete(tmp_path: Path, damage: str) -> None:
         (path / "sub" / "rng_state_1.pth").unlink()
     elif damage == "no-marker":
         (path / ck.MARKER).unlink()
-    elif damage == "sentinel":
-        (path / ck.HF_INCOMPLETE_SENTINEL).write_text("in progress")
+    elif damage == "wrong-sum":  # the marker itself altered: a checksum that is not the file's
+        record = json.loads((path / ck.MARKER).read_text())
+        entry = next(f for f in record["files"] if f["path"] == "trainer_state.json")
+        entry["xxh3_128"] = "0" * 32
+        (path / ck.MARKER).write_text(json.dumps(record))
     else:
         (path / ck.MARKER).write_text('{"step": 3, "files": [')
     assert ck.verify(path) is None
+    assert DAMAGE[damage] in ck.check(path)[1]
     if damage == "flip":  # same size: only the checksum tells
         assert ck.verify(path, checksums=False) is not None
-
-
-def test_large_files_are_sealed_in_worker_threads(tmp_path: Path) -> None:
-    big = os.urandom(1 << 20) * 17  # several 8 MiB read chunks
-    path = make_ckpt(tmp_path, 2, seal=False, payload=big)
-    (path / "optimizer.pt").write_bytes(big + big[: 3 << 20])
-    sealed = ck.write_marker(path, 2)
-    by_name = {f.path: f for f in sealed.files}
-    assert by_name["model.safetensors"].digest == xxhash.xxh3_128(big).hexdigest()
-    assert by_name["optimizer.pt"].size == 20 << 20
-    assert ck.verify(path) == sealed
-
-
-def test_sha256_manifests_are_written_on_request_and_still_verified(tmp_path: Path) -> None:
-    """Markers of version 1 (sha256 only) stay readable, and their checksums are still checked."""
-    path = make_ckpt(tmp_path, 6, seal=False, payload=b"y" * 5000)
-    ck.write_marker(path, 6, algorithm="sha256")
-    record = json.loads((path / ck.MARKER).read_text())
-    files = {f["path"]: f for f in record["files"]}
-    assert files["model.safetensors"]["sha256"] == hashlib.sha256(b"y" * 5000).hexdigest()
-    record["version"] = 1
-    (path / ck.MARKER).write_text(json.dumps(record))
-    assert ck.verify(path) is not None
-    (path / "model.safetensors").write_bytes(b"z" * 5000)  # same size, other content
-    assert ck.verify(path) is None
-    assert ck.verify(path, checksums=False) is not None
 
 
 def test_an_unknown_algorithm_is_refused_before_any_work(tmp_path: Path) -> None:
@@ -116,56 +106,6 @@ def test_latest_complete_skips_newer_torn_ones(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("model card")
     best = ck.latest_complete(tmp_path)
     assert best is not None and best.step == 10 and best.path == tmp_path / "checkpoint-10"
-
-
-def test_rotate_keeps_the_last_k_and_clears_older_torn(tmp_path: Path) -> None:
-    for step in (1, 2, 3, 4):
-        make_ckpt(tmp_path, step)
-    make_ckpt(tmp_path, 0, seal=False)  # torn, older: removed
-    make_ckpt(tmp_path, 9, seal=False)  # torn, newer: may be in progress, kept
-    removed = ck.rotate(tmp_path, keep_last=2)
-    assert sorted(p.name for p in removed) == ["checkpoint-0", "checkpoint-1", "checkpoint-2"]
-    assert sorted(p.name for p in ck.checkpoint_dirs(tmp_path)) == [
-        "checkpoint-3",
-        "checkpoint-4",
-        "checkpoint-9",
-    ]
-    assert ck.remove_torn(tmp_path) == [tmp_path / "checkpoint-9"]
-    assert [c.name for c in ck.checkpoint_dirs(tmp_path)] == ["checkpoint-4", "checkpoint-3"]
-
-
-def test_rotate_never_removes_the_newest_complete(tmp_path: Path) -> None:
-    make_ckpt(tmp_path, 5)
-    make_ckpt(tmp_path, 6, seal=False)
-    assert ck.rotate(tmp_path, keep_last=0) == []
-    assert ck.latest_complete(tmp_path) is not None
-    assert ck.rotate(tmp_path / "empty", keep_last=1) == []
-
-
-def test_a_checkpoint_sealed_in_staging_is_listed_with_its_markers_step(tmp_path: Path) -> None:
-    """A checkpoint sealed in `STAGING` and not renamed yet (a preemption's, between its seal and
-    its rename) is complete: listed, verified and rotated under its staging name."""
-    for step in (3, 5):
-        make_ckpt(tmp_path, step)
-    staging = make_ckpt(tmp_path, 8).rename(tmp_path / ck.STAGING)
-    make_ckpt(tmp_path, 9, seal=False)  # torn, newer
-    assert [p.name for p in ck.checkpoint_dirs(tmp_path)] == [
-        "checkpoint-9",
-        ck.STAGING,
-        "checkpoint-5",
-        "checkpoint-3",
-    ]
-    best = ck.latest_complete(tmp_path)
-    assert best is not None and best.step == 8 and best.path == staging
-    assert ck.listed_step(staging) == 8
-    assert [p.name for p in ck.rotate(tmp_path, keep_last=2)] == ["checkpoint-3"]
-    make_ckpt(tmp_path, 8)  # the same step under its name: listed first
-    assert [p.name for p in ck.checkpoint_dirs(tmp_path)][1:3] == ["checkpoint-8", ck.STAGING]
-    ck._remove(tmp_path / "checkpoint-8")
-    (staging / ck.MARKER).write_bytes(b" " * ck.BLANK_MARKER_BYTES)  # blank: a spare, not listed
-    assert ck.STAGING not in [p.name for p in ck.checkpoint_dirs(tmp_path)]
-    assert ck.remove_torn(tmp_path) == [tmp_path / "checkpoint-9"]
-    assert staging.is_dir()  # a blank spare is never removed as torn
 
 
 def test_young_daly_interval() -> None:
@@ -196,3 +136,33 @@ def test_a_missing_xxhash_is_an_error_not_a_torn_checkpoint(
         ck.verify(path)
     assert ck.verify(path, checksums=False) is not None
     assert ck.default_algorithm() == "sha256"
+
+
+def test_rotate_keeps_the_last_k_and_clears_older_torn(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4):
+        make_ckpt(tmp_path, step)
+    make_ckpt(tmp_path, 0, seal=False)  # torn, older: removed
+    make_ckpt(tmp_path, 9, seal=False)  # torn, newer: may be in progress, kept
+    newest = ck.verify(tmp_path / "checkpoint-4")
+    assert newest is not None
+    removed = ck.rotate(tmp_path, 2, newest)
+    assert sorted(p.name for p in removed) == ["checkpoint-0", "checkpoint-1", "checkpoint-2"]
+    assert sorted(p.name for p in ck.checkpoint_dirs(tmp_path)) == [
+        "checkpoint-3",
+        "checkpoint-4",
+        "checkpoint-9",
+    ]
+    assert ck.rotate(tmp_path, 0, newest) == [tmp_path / "checkpoint-3"]  # never the newest
+    assert ck.latest_complete(tmp_path) == newest
+
+
+def test_quarantine_moves_aside_with_the_reason(tmp_path: Path) -> None:
+    path = make_ckpt(tmp_path, 5)
+    (path / "model.safetensors").write_bytes(b"short")
+    ckpt, reason = ck.check(path)
+    assert ckpt is None and reason.startswith("model.safetensors:")
+    moved = ck.quarantine(path, reason)
+    assert not path.exists() and moved.parent == tmp_path / ck.QUARANTINE
+    assert (moved / "REASON.txt").read_text().strip() == reason
+    assert (moved / "model.safetensors").read_bytes() == b"short"  # kept, not deleted
+    assert ck.checkpoint_dirs(tmp_path) == []

@@ -94,3 +94,23 @@ def test_grpo_interrupted_three_times_steps_each_step_once(launcher: Any, tmp_pa
         if e["reason"] == "CheckpointSaved"
     ]
     assert set(stops) <= set(saved) and saved[-1] == steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_lora_interrupted_three_times_saves_the_adapter_only(launcher: Any, tmp_path: Path) -> None:
+    """A PEFT LoRA run: its checkpoints hold the adapter and its optimizer state only (DCP with
+    ``ignore_frozen_params``), and a run interrupted 3 times steps each step once."""
+    from tgnb.train.dcpio import SafeReader
+
+    steps = 20
+    run_dir = tmp_path / "lora"
+    lora = ("lora.r=4", "lora.lora_alpha=8", "checkpoint.every_steps=4")
+    stops = interrupted(launcher, run_dir, steps, "algorithm=dpo", "model=tiny", *lora)
+    logged = [int(m["step"]) for m in launcher.read_jsonl(run_dir / "metrics.jsonl")]
+    assert sorted(logged) == list(range(1, steps + 1)), f"stops at {stops}: {logged}"
+    final = run_dir / "checkpoints" / f"checkpoint-{steps}"
+    assert (final / "adapter_model.safetensors").is_file()
+    saved = SafeReader(final / "dcp").read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and all("lora_" in k for k in model_keys), model_keys

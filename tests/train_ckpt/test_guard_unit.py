@@ -1,39 +1,52 @@
-"""`CheckpointGuard` decisions at step boundaries, driven without a trainer (plain objects stand in
-for the Trainer's args/state/control, which the guard only reads and sets flags on)."""
+"""`CheckpointGuard` decisions and saves at step boundaries, driven without TRL: a real torch model,
+optimizer and scheduler and a real ``TrainerState`` stand in for the Trainer (the guard reads only
+those), so every save is a real DCP save sealed by a real marker."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
+from transformers import TrainerState
 
 from tgnb.backends.base import EXIT_PREEMPTED
+from tgnb.errors import CheckpointError
 from tgnb.train import checkpoint as ck
+from tgnb.train import dcpio
 from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder
+from tgnb.train.saving import EXIT_NO_SPACE
+
+ARGS = SimpleNamespace(device="cpu", per_device_train_batch_size=2, gradient_accumulation_steps=1)
 
 
-class Model:
-    def __init__(self, nbytes: int) -> None:
-        import torch
+def make_trainer(n: int = 32) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(n, n), torch.nn.Linear(n, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, n)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3)
+    state = TrainerState(global_step=0, max_steps=1000)
+    return SimpleNamespace(
+        model=model, optimizer=opt, lr_scheduler=sched, state=state, save_model=lambda p: None
+    )
 
-        self.p = torch.zeros(nbytes // 4, device="meta", requires_grad=True)
 
-    def parameters(self) -> list[Any]:
-        return [self.p]
-
-
-def boundary(guard: CheckpointGuard, step: int, max_steps: int = 1000, model: Any = None) -> Any:
+def boundary(guard: CheckpointGuard, trainer: Any, step: int, max_steps: int = 1000) -> Any:
     control = SimpleNamespace(should_save=False, should_training_stop=False)
-    state = SimpleNamespace(global_step=step, max_steps=max_steps)
+    trainer.state.global_step, trainer.state.max_steps = step, max_steps
     guard.on_step_begin()
-    guard.on_step_end(SimpleNamespace(device="cpu"), state, control, model or Model(400))
+    guard.on_step_end(ARGS, trainer.state, control)
     return control
 
 
@@ -43,133 +56,206 @@ def make_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     guards: list[CheckpointGuard] = []
 
-    def make(**policy: Any) -> CheckpointGuard:
-        guard = CheckpointGuard(CheckpointPolicy(**policy), tmp_path, Recorder(tmp_path))
+    def make(run_dir: Path = tmp_path, **policy: Any) -> tuple[CheckpointGuard, Any]:
+        guard = CheckpointGuard(CheckpointPolicy(**policy), run_dir, Recorder(run_dir))
+        trainer = make_trainer()
+        guard.attach(trainer)
         guards.append(guard)
-        return guard
+        return guard, trainer
 
     yield make
     for guard in guards:
         guard.close()
 
 
+def events(run_dir: Path, reason: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["reason"] == reason]
+
+
 def test_training_args_take_over_the_save_settings(make_guard: Any, tmp_path: Path) -> None:
-    guard = make_guard()
+    guard, _ = make_guard()
     kwargs = {"learning_rate": 1e-3, "save_steps": 5, "save_strategy": "steps", "output_dir": "x"}
     out = guard.training_args(kwargs)
     assert out["output_dir"] == str(tmp_path / "checkpoints")
     assert out["save_strategy"] == "no" and "save_steps" not in out
-    assert out["save_total_limit"] is None and out["enable_jit_checkpoint"] is False
-    assert out["learning_rate"] == 1e-3 and kwargs["save_steps"] == 5  # the input is not changed
+    assert out["enable_jit_checkpoint"] is False and kwargs["save_steps"] == 5
 
 
-def test_sigterm_only_sets_a_flag_then_the_boundary_saves_and_stops(make_guard: Any) -> None:
-    guard = make_guard()
-    assert not boundary(guard, 1).should_save
+def test_sigterm_sets_a_flag_then_the_boundary_saves_synchronously_and_stops(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    guard, trainer = make_guard()
+    assert not boundary(guard, trainer, 1).should_training_stop
     os.kill(os.getpid(), signal.SIGTERM)  # the process survives: the handler only sets a flag
     deadline = time.monotonic() + 5
     while guard.signal_received is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert guard.signal_received is not None and guard.stop_reason is None
-    control = boundary(guard, 2)
-    assert control.should_save and control.should_training_stop and guard.stop_reason == "signal"
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=2, max_steps=1000))
+    assert boundary(guard, trainer, 2).should_training_stop and guard.stop_reason == "signal"
+    latest = ck.latest_complete(tmp_path / "checkpoints")
+    assert latest is not None and latest.step == 2 and latest.meta["trigger"] == "signal"
+    names = {f.path for f in latest.files}
+    assert {"dcp/.metadata", "dcp/__0_0.distcp", "rng-0.safetensors", "optimizer.json"} <= names
+    assert not [n for n in names if n.endswith((".pt", ".pth", ".bin"))]  # no pickles but DCP's
     assert guard.finish(trainer) == EXIT_PREEMPTED
     assert signal.getsignal(signal.SIGTERM) is not guard._on_signal  # handler given back
+    assert events(tmp_path, "RunExited")[-1]["data"]["exit_code"] == EXIT_PREEMPTED
 
 
 def test_a_signal_during_the_last_step_is_a_finished_run(make_guard: Any) -> None:
-    guard = make_guard()
+    guard, trainer = make_guard()
     guard.request_stop("drain")
-    control = boundary(guard, 10, max_steps=10)
-    assert control.should_save and guard._save_reason == "final"
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=10, max_steps=10))
+    boundary(guard, trainer, 10, max_steps=10)
     assert guard.finish(trainer) == 0
 
 
-def test_every_steps_and_every_seconds(make_guard: Any) -> None:
-    guard = make_guard(every_steps=3)
-    assert [boundary(guard, s).should_save for s in range(1, 8)] == [
-        False,
-        False,
-        True,
-        False,
-        False,
-        True,
-        False,
-    ]
-    guard = make_guard(every_seconds=0.05)
-    assert not boundary(guard, 1).should_save
+def test_every_steps_saves_asynchronously_and_every_seconds(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    guard, trainer = make_guard(every_steps=3)
+    for s in range(1, 8):
+        boundary(guard, trainer, s)
+    guard.saver.wait()
+    saved = [e["data"] for e in events(tmp_path, "CheckpointSaved")]
+    assert [(d["step"], d["trigger"]) for d in saved] == [(3, "periodic"), (6, "periodic")]
+    guard, trainer = make_guard(tmp_path / "b", every_seconds=0.05)
+    boundary(guard, trainer, 1)
+    assert guard.saver.last is None
     time.sleep(0.06)
-    assert boundary(guard, 2).should_save
+    boundary(guard, trainer, 2)
+    guard.saver.wait()
+    assert guard.saver.last is not None and guard.saver.last.step == 2
 
 
-def test_auto_uses_young_daly_in_steps(make_guard: Any) -> None:
-    guard = make_guard(auto=True, preemptions_per_hour=3600.0)  # M = 1 s
+def test_auto_uses_young_daly_with_the_measured_stall(make_guard: Any) -> None:
+    guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0)  # M = 1 s
     guard.step_time_s = 0.01
-    guard.checkpoint_cost_s = 0.02  # sqrt(2 * 0.02 * 1) = 0.2 s = 20 steps
-    guard._last_save_step = 100
-    assert ck.young_daly_steps(0.02, 3600.0, 0.01) == 20
+    guard.saver.stall_s = 0.02  # sqrt(2 * 0.02 * 1) = 0.2 s = 20 steps
+    guard.saver.last_step = 100
     guard._step_began = None
-    state = SimpleNamespace(global_step=119, max_steps=1000)
-    control = SimpleNamespace(should_save=False, should_training_stop=False)
-    guard.on_step_end(SimpleNamespace(device="cpu"), state, control, Model(400))
-    assert not control.should_save
-    state.global_step = 120
-    guard.on_step_end(SimpleNamespace(device="cpu"), state, control, Model(400))
-    assert control.should_save and guard._save_reason == "periodic"
-    # Before any save is measured, the cost is estimated from the model's size.
-    fresh = make_guard(auto=True, preemptions_per_hour=3600.0)
-    fresh.step_time_s = 0.01
-    fresh._step_began = None
-    state.global_step = 1
-    control.should_save = False
-    fresh.on_step_end(SimpleNamespace(device="cpu"), state, control, Model(400_000_000))
-    assert control.should_save is False  # 3 * 400 MB / 200 MB/s = 6 s -> every 346 steps
+    assert not guard._periodic_due(119) and guard._periodic_due(120)
+    guard.saver.stall_s = None  # before any save: estimated from the size of what is saved
+    assert guard._periodic_due(101)  # a tiny model: a tiny stall, a save every step
 
 
-def test_torch_save_skips_crc32_only_during_the_guards_save(
+class BlockedWriter(dcpio.FileSystemWriter):
+    """DCP's file writer, held at its first write until `gate` opens (a slow disk, made slow on
+    purpose so the test can see training go on while the save is in flight)."""
+
+    gate = threading.Event()
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        assert self.gate.wait(60)
+        return super().write_data(plan, planner)
+
+
+def test_async_save_is_staged_then_written_while_training_goes_on_and_sigterm_waits_for_it(
+    make_guard: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dcpio, "FileSystemWriter", BlockedWriter)
+    BlockedWriter.gate.clear()
+    guard, trainer = make_guard(every_steps=2)
+    boundary(guard, trainer, 1)
+    boundary(guard, trainer, 2)  # periodic: staged, returns while the write is held
+    assert guard.saver.busy and ck.latest_complete(tmp_path / "checkpoints") is None
+    staged = trainer.model[0].weight.detach().clone()
+    with torch.no_grad():  # training goes on and changes the weights in place
+        trainer.model[0].weight.add_(1.0)
+    guard.request_stop("signal")
+    threading.Timer(0.3, BlockedWriter.gate.set).start()
+    assert boundary(guard, trainer, 3).should_training_stop  # waits for step 2, then saves 3
+    saved = [(e["data"]["step"], e["data"]["trigger"]) for e in events(tmp_path, "CheckpointSaved")]
+    assert saved == [(2, "periodic"), (3, "signal")]
+    fresh = make_trainer()
+    dcpio.load(tmp_path / "checkpoints" / "checkpoint-2", fresh, adapter_only=False)
+    assert torch.equal(fresh.model[0].weight, staged)  # the staged snapshot, not the later weights
+    dcpio.load(tmp_path / "checkpoints" / "checkpoint-3", fresh, adapter_only=False)
+    assert torch.equal(fresh.model[0].weight, trainer.model[0].weight)
+    assert guard.finish(trainer) == EXIT_PREEMPTED
+
+
+def test_resume_loads_model_optimizer_scheduler_and_rng(make_guard: Any, tmp_path: Path) -> None:
+    guard, trainer = make_guard()
+    for _ in range(4):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    torch.manual_seed(1234)
+    guard.request_stop()
+    boundary(guard, trainer, 5)
+    expected_draw = torch.rand(3)
+    guard.finish(trainer)
+    again, fresh = make_guard()
+    assert again.resume_from() == str(tmp_path / "checkpoints" / "checkpoint-5")
+    again.on_train_begin(ARGS, SimpleNamespace(global_step=5), None)
+    again.on_epoch_begin()
+    for a, b in zip(fresh.model.parameters(), trainer.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    s1, s2 = fresh.optimizer.state_dict(), trainer.optimizer.state_dict()
+    assert torch.equal(s1["state"][0]["exp_avg_sq"], s2["state"][0]["exp_avg_sq"])
+    assert s1["param_groups"][0]["betas"] == s2["param_groups"][0]["betas"]
+    assert fresh.lr_scheduler.state_dict() == trainer.lr_scheduler.state_dict()
+    assert torch.equal(torch.rand(3), expected_draw)
+    assert events(tmp_path, "RunResumed")[-1]["data"]["step"] == 5
+
+
+def test_corrupt_checkpoints_are_reported_moved_aside_and_then_refused(
     make_guard: Any, tmp_path: Path
 ) -> None:
-    """Between the save decision and ``on_save`` torch.save writes no CRC32 (the manifest's
-    checksums cover those bytes); the setting is restored afterwards, and the file still loads."""
-    import zipfile
+    guard, trainer = make_guard(every_steps=1, keep_last=3, async_save=False)
+    for s in (1, 2):
+        boundary(guard, trainer, s)
+    guard.finish(trainer)
+    shard = tmp_path / "checkpoints" / "checkpoint-2" / "dcp" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    again, _ = make_guard()
+    assert again.resume_from() == str(tmp_path / "checkpoints" / "checkpoint-1")
+    rejected = events(tmp_path, "CheckpointRejected")[-1]["data"]
+    assert rejected["cause"] == "dcp/__0_0.distcp: checksum mismatch (damaged)"
+    assert (Path(rejected["moved_to"]) / "dcp" / "__0_0.distcp").read_bytes() == bytes(data)
+    (tmp_path / "checkpoints" / "checkpoint-1" / ck.MARKER).unlink()  # every one torn now
+    third, _ = make_guard()
+    with pytest.raises(CheckpointError, match="allow_fresh_start"):
+        third.resume_from()
+    fourth, _ = make_guard(allow_fresh_start=True)
+    assert fourth.resume_from() is None
 
-    import torch
-    import torch.serialization as ts
 
-    guard = make_guard(every_steps=2)
-    assert ts.get_crc32_options() is True
-    assert not boundary(guard, 1).should_save and ts.get_crc32_options() is True
-    assert boundary(guard, 2).should_save and ts.get_crc32_options() is False
-    path = tmp_path / "checkpoints" / "checkpoint-2"
+def test_a_full_disk_keeps_the_last_checkpoint_and_names_the_disk(
+    make_guard: Any, small_disk: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    guard, trainer = make_guard(small_disk, every_steps=1, keep_last=2)
+    trainer.model.add_module("big", torch.nn.Linear(300, 300))  # about 360 kB a copy
+    trainer.optimizer.add_param_group({"params": list(trainer.model.big.parameters())})
+    trainer.model.big(torch.randn(1, 300)).sum().backward()
+    trainer.optimizer.step()
+    stopped_at = None
+    for s in range(1, 10):
+        if boundary(guard, trainer, s).should_training_stop:
+            stopped_at = s
+            break
+    assert stopped_at is not None, "the small disk never filled up"
+    assert guard.finish(trainer) == EXIT_NO_SPACE
+    latest = ck.latest_complete(small_disk / "checkpoints")
+    assert latest is not None and latest.step >= 1
+    err = capfd.readouterr().err
+    assert f"disk full on {small_disk / 'checkpoints'}" in err
+    assert ck.checkpoint_dirs(small_disk / "checkpoints")[0].name == latest.name
+
+
+def test_another_world_size_keeps_the_global_batch(make_guard: Any, tmp_path: Path) -> None:
+    from tgnb.errors import TrainConfigError
+
+    path = tmp_path / "checkpoints" / "checkpoint-6"
     path.mkdir(parents=True)
-    torch.save({"w": torch.arange(1000.0)}, path / "optimizer.pt")  # as the Trainer would
-    guard.on_save(SimpleNamespace(global_step=2))
-    assert ts.get_crc32_options() is True
-    with zipfile.ZipFile(path / "optimizer.pt") as zf:
-        assert {i.CRC for i in zf.infolist()} == {0}
-    assert torch.equal(torch.load(path / "optimizer.pt")["w"], torch.arange(1000.0))
-    sealed = ck.verify(path)
-    assert sealed is not None and sealed.step == 2 and guard.last_checkpoint == sealed
-    # An abandoned save (training failed before on_save) is restored by close().
-    assert boundary(guard, 4).should_save and ts.get_crc32_options() is False
-    guard.close()
-    assert ts.get_crc32_options() is True
-
-
-def test_resume_first_names_a_checkpoint_left_sealed_in_the_spare(
-    make_guard: Any, tmp_path: Path
-) -> None:
-    """A process killed between sealing its preemption checkpoint in the spare and renaming it
-    leaves a complete checkpoint there: the next run renames it and resumes from it."""
-    ckpts = tmp_path / "checkpoints"
-    older = ckpts / "checkpoint-4"
-    for path, step in ((older, 4), (ckpts / ck.STAGING, 6)):
-        path.mkdir(parents=True)
-        (path / "model.safetensors").write_bytes(os.urandom(256))
-        ck.write_marker(path, step)
-    guard = make_guard()
-    assert guard.resume_from() == str(ckpts / "checkpoint-6")
-    assert guard.resumed_step == 6 and not (ckpts / ck.STAGING).exists()
-    assert [p.name for p in ck.checkpoint_dirs(ckpts)] == ["checkpoint-6", "checkpoint-4"]
+    (path / "optimizer.json").write_text("{}")
+    ck.write_marker(path, 6, world_size=4, global_batch=32, samples=192)
+    guard, _ = make_guard()
+    kwargs = {"per_device_train_batch_size": 8}
+    assert guard.batch_args(kwargs, 4) == kwargs  # the same world size: nothing changes
+    assert guard.batch_args(kwargs, 2)["gradient_accumulation_steps"] == 2
+    assert guard.batch_args(kwargs, 1)["gradient_accumulation_steps"] == 4
+    with pytest.raises(TrainConfigError, match="per_device_train_batch_size"):
+        guard.batch_args({"per_device_train_batch_size": 3}, 2)

@@ -1,27 +1,23 @@
-"""Atomic, verifiable checkpoints on disk: the completion marker, its manifest, retention, and the
-Young/Daly checkpoint interval.
+"""Checkpoints on disk: the completion marker and its manifest, verification, quarantine, retention,
+and the Young/Daly interval.
 
-A checkpoint is a directory ``checkpoints/checkpoint-<step>`` in the Hugging Face Trainer's layout
-(model, optimizer, scheduler, RNG states, trainer state) or, when a preemption wrote it, one file
-(`tgnb.train.express`). A preemption's checkpoint is sealed in its staging directory `STAGING` first
-and renamed to ``checkpoint-<step>`` after: between the two (or if the process died there) it is
-listed under its staging name, with the step its marker gives. It *counts* only once tgnb has
-fsynced every file in it and its directory's name, and then written the completion marker `MARKER`
-last (fsynced, then its directory). A marker cut short by a crash is not valid JSON, and neither is
-a blank one allocated ahead of time: both read as torn. The marker holds the step, the time, the
-total bytes and a manifest of every file with its size and checksum (xxh3-128, which runs at memory
-speed; sha256 when ``xxhash`` is not installed; markers of version 1 hold sha256 and are still
-read). A directory without a valid marker, with a file missing, shorter, longer or with another
-checksum, or with transformers' own ``checkpoint-is-incomplete.txt`` sentinel is *torn*: resume
-ignores it and retention removes it. The checksums guard against torn and damaged files, not against
-an adversary: a non-cryptographic hash is enough.
+A checkpoint is a directory ``checkpoints/checkpoint-<step>``: the `torch.distributed.checkpoint`
+shards every rank wrote under ``dcp/``, and small JSON / safetensors files for the rest (written by
+`tgnb.train.dcpio`). It *counts* only once rank 0 has fsynced every file and directory and then
+written the completion marker `MARKER` last (to a temporary name, fsynced, renamed, the directory
+fsynced). The marker holds the step, the time, the total bytes, the world size, the data position
+and a manifest of every file with its size and checksum (xxh3-128 when ``xxhash`` is installed,
+sha256 otherwise). A directory without a valid marker, or with a file missing, of another size or
+with another checksum, is *torn*; `check` says which file and why.
+
+A torn checkpoint older than the newest complete one is removed by retention; one found while
+choosing where to resume is moved aside into `QUARANTINE` (never deleted) and reported.
 
 This module is light (no torch, no transformers): the notebook side may read checkpoints too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -29,7 +25,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,27 +34,20 @@ from tgnb.errors import CheckpointError
 
 #: The completion marker, written last in a checkpoint directory.
 MARKER = "tgnb-complete.json"
-#: The sentinel transformers' JIT checkpoint keeps in a directory while it is being written.
-HF_INCOMPLETE_SENTINEL = "checkpoint-is-incomplete.txt"
-#: The directory name prefix the Hugging Face Trainer uses (``PREFIX_CHECKPOINT_DIR``).
+#: The directory name prefix (the Hugging Face Trainer's ``PREFIX_CHECKPOINT_DIR``).
 PREFIX = "checkpoint-"
-#: The directory in which a checkpoint is written and sealed before it is renamed to
-#: ``checkpoint-<step>`` (the express checkpoint's spare): a checkpoint once its marker parses.
-STAGING = ".spare"
-MARKER_VERSION = 2
-#: The size of a blank (all spaces) marker file allocated ahead of a checkpoint (`write_marker`).
-BLANK_MARKER_BYTES = 4096
-#: The checksum algorithms a manifest may name (the key of each file's digest in the marker).
+#: Where checkpoints that fail verification are moved (under the checkpoints directory).
+QUARANTINE = "quarantine"
+MARKER_VERSION = 3
+FORMAT = "tgnb-dcp-1"
 ALGORITHMS = ("xxh3_128", "sha256")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
-_LARGE = 16 << 20  # files at least this big are hashed and fsynced in worker threads
 
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a checkpoint: its path relative to the checkpoint directory, size, checksum
-    (`digest`, hex, computed with `algorithm`: one of `ALGORITHMS`)."""
+    """One file of a checkpoint: path relative to the checkpoint, size, checksum."""
 
     path: str
     size: int
@@ -67,19 +55,20 @@ class FileEntry:
     algorithm: str = ALGORITHMS[0]
 
     def record(self) -> dict[str, Any]:
-        """The entry as the marker stores it: ``{"path", "size", <algorithm>: digest}``."""
         return {"path": self.path, "size": self.size, self.algorithm: self.digest}
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint: its directory, optimizer step, completion time and manifest."""
+    """A complete checkpoint: directory, optimizer step, completion time, bytes, manifest and the
+    rest of its marker (`meta`: world_size, global_batch, samples, trigger...)."""
 
     path: Path
     step: int
     time: float
     bytes: int
     files: tuple[FileEntry, ...] = field(default=())
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -93,26 +82,12 @@ def step_of(path: Path) -> int | None:
 
 
 def checkpoint_dirs(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, and `STAGING` when it holds a
-    sealed checkpoint not yet renamed, newest step first (a named one first at equal steps)."""
+    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, newest step first."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
-    steps = {p: step_of(p) or 0 for p in found}
-    staged = read_marker(root / STAGING)
-    if staged is not None:
-        steps[staged.path] = staged.step
-        found.append(staged.path)
-    return sorted(found, key=lambda p: (steps[p], p.name != STAGING), reverse=True)
-
-
-def listed_step(path: Path) -> int:
-    """The step of a directory `checkpoint_dirs` lists: its name's, or its marker's (`STAGING`)."""
-    if path.name == STAGING:
-        staged = read_marker(path)
-        return staged.step if staged is not None else 0
-    return step_of(path) or 0
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -124,11 +99,7 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-fsync_dir = fsync_path
-
-
 def default_algorithm() -> str:
-    """xxh3_128 when ``xxhash`` is installed (it comes with ``datasets``), else sha256."""
     try:
         import xxhash  # noqa: F401
     except ImportError:
@@ -146,149 +117,74 @@ def _hasher(algorithm: str) -> Any:
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
-def _hash(path: Path, algorithm: str = "sha256") -> tuple[int, str]:
+def _hash(path: Path, algorithm: str) -> tuple[int, str]:
     digest = _hasher(algorithm)
     size = 0
     with open(path, "rb", buffering=0) as fh:
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
+        while n := fh.readinto(buf):
             digest.update(view[:n])
             size += n
     return size, digest.hexdigest()
 
 
-def _files(root: Path) -> list[tuple[str, str, int]]:
-    """Every file under `root` but the marker, sorted: (path relative to `root`, path, size)."""
+def _files(root: Path) -> list[str]:
+    """Every file under `root` but the marker (and its temporary), relative, sorted."""
     out = []
-    todo = [("", str(root))]
-    while todo:
-        rel, top = todo.pop()
-        with os.scandir(top) as entries:
-            for e in entries:
-                if e.is_dir(follow_symlinks=False):
-                    todo.append((f"{rel}{e.name}/", e.path))
-                elif e.name != MARKER and not e.name.startswith(f".{MARKER}"):
-                    out.append((rel + e.name, e.path, e.stat().st_size))
+    for top, _dirs, names in os.walk(root):
+        rel = os.path.relpath(top, root)
+        for name in names:
+            if not name.startswith((MARKER, f".{MARKER}")):
+                out.append(name if rel == "." else f"{rel}/{name}")
     return sorted(out)
 
 
-def _workers(n: int) -> int:
-    return max(1, min(n, 8))
-
-
-@contextlib.contextmanager
-def _inline() -> Iterator[Any]:
-    """No pool: nothing is large enough to be worth a thread."""
-    yield None
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max(1, min(n, 8)))
 
 
 def write_marker(
-    path: str | os.PathLike[str],
-    step: int,
-    algorithm: str | None = None,
-    known: Iterable[FileEntry] = (),
-    **extra: Any,
+    path: str | os.PathLike[str], step: int, algorithm: str | None = None, **extra: Any
 ) -> Checkpoint:
-    """Seal a checkpoint directory: fsync every file, then write the completion marker last.
-
-    Large files are hashed (read back from the page cache) and fsynced at the same time, in a few
-    threads (xxhash, hashlib and fsync release the GIL), so the checksums cost little beyond the
-    flush to disk that durability needs anyway; small files are hashed and fsynced in this thread
-    meanwhile (on this machine a thread per small fsync costs more than it saves). Then the
-    directories are fsynced (the checkpoint's parent too: its name may just have been made or
-    renamed), and only then is the marker written and fsynced, then its directory. A marker cut
-    short by a crash does not parse, so the checkpoint reads as torn. When the directory already
-    holds a blank marker file big enough (`BLANK_MARKER_BYTES` of spaces, which does not parse
-    either; `tgnb.train.express` allocates one), the marker is written over it in place instead,
-    so no new file needs flushing.
-
-    `algorithm` is the checksum (`default_algorithm` when None). `known` are entries of files the
-    caller has already checksummed *and fsynced* (as `tgnb.train.fastsave` does while writing
-    them): those are taken as they are when the file's size matches, not read again. Returns the
-    now-complete `Checkpoint`.
-    """
+    """Seal a checkpoint directory: hash and fsync every file (a few threads: hashing and fsync
+    release the GIL), fsync the directories, then write the marker last, atomically."""
     root = Path(path)
     algo = algorithm or default_algorithm()
     _hasher(algo)  # an unknown algorithm fails here, before any work
-    files = _files(root)
-    given = {e.path: e for e in known}
-    ready = {rel: given[rel] for rel, _, size in files if rel in given and given[rel].size == size}
-    if any(e.algorithm != algo for e in ready.values()):
-        raise ValueError("known entries must use the marker's checksum algorithm")
-    todo = [(Path(f), size) for rel, f, size in files if rel not in ready]
-    large = sorted((t for t in todo if t[1] >= _LARGE), key=lambda t: t[1], reverse=True)
-    digests: dict[str, tuple[int, str]] = {rel: (e.size, e.digest) for rel, e in ready.items()}
-    with ThreadPoolExecutor(_workers(2 * len(large))) if large else _inline() as pool:
-        tasks = [(f, pool.submit(_hash, f, algo), pool.submit(fsync_path, f)) for f, _ in large]
-        for f, size in todo:  # small files here, in this thread, while the pool works on large ones
-            if size < _LARGE:
-                digests[str(f.relative_to(root))] = _hash(f, algo)
-                fsync_path(f)
-        for f, hashed, synced in tasks:
-            synced.result()
-            digests[str(f.relative_to(root))] = hashed.result()
-    entries = tuple(FileEntry(rel, *digests[rel], algorithm=algo) for rel, _, _ in files)
-    dirs = {os.path.dirname(f) for _, f, _ in files} | {str(root)}
-    for d in sorted(dirs, key=len, reverse=True):
-        fsync_dir(d)
-    fsync_dir(root.parent)  # the checkpoint directory's own name (made, or renamed into place)
-    ckpt, raw = marker_record(root, step, entries, **extra)
-    put_marker(root, raw)
-    return ckpt
 
+    def one(rel: str) -> tuple[int, str]:
+        f = root / rel
+        got = _hash(f, algo)
+        fsync_path(f)
+        return got
 
-def marker_record(
-    path: str | os.PathLike[str], step: int, entries: Iterable[FileEntry], **extra: Any
-) -> tuple[Checkpoint, bytes]:
-    """The checkpoint in `path` and its marker's bytes, for these manifest `entries` (for a
-    caller that made the files and names durable itself; `put_marker` writes it)."""
-    entries = tuple(entries)
+    rels = _files(root)
+    with _pool(len(rels)) as pool:
+        digests = list(pool.map(one, rels))
+    entries = tuple(FileEntry(r, s, d, algo) for r, (s, d) in zip(rels, digests, strict=True))
+    for d in sorted({str((root / r).parent) for r in rels} | {str(root)}, key=len, reverse=True):
+        fsync_path(d)
+    fsync_path(root.parent)
     now = time.time()
     total = sum(e.size for e in entries)
     record = {
         "version": MARKER_VERSION,
+        "format": FORMAT,
         "step": int(step),
         "time": now,
         "bytes": total,
         "files": [e.record() for e in entries],
         **extra,
     }
-    raw = json.dumps(record, sort_keys=True).encode()
-    return Checkpoint(Path(path), int(step), now, total, entries), raw
-
-
-def put_marker(path: str | os.PathLike[str], raw: bytes) -> None:
-    """Write the marker `raw` into the checkpoint directory `path` and make it durable: over its
-    blank marker file in place when it has one, else as a new file (then the directory too)."""
-    root = os.fspath(path)
-    if not _over_blank(os.path.join(root, MARKER), raw):
-        with open(os.path.join(root, MARKER), "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        fsync_dir(root)
-
-
-def _over_blank(path: str, raw: bytes) -> bool:
-    """Write `raw` over the blank marker file at `path`, padded with spaces to its size, and
-    flush it; False (nothing written) unless `path` is such a file and `raw` fits."""
-    try:
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
-        old = os.pread(fd, BLANK_MARKER_BYTES + 1, 0)
-        if len(old) < len(raw) or len(old) > BLANK_MARKER_BYTES or old.strip(b" "):
-            return False
-        os.pwrite(fd, raw + b" " * (len(old) - len(raw)), 0)
-        os.fdatasync(fd)
-        return True
-    finally:
-        os.close(fd)
+    tmp = root / f".{MARKER}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps(record, sort_keys=True).encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, root / MARKER)
+    fsync_path(root)
+    return Checkpoint(root, int(step), now, total, entries, dict(extra))
 
 
 def _entry(f: dict[str, Any]) -> FileEntry:
@@ -302,39 +198,34 @@ def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
     """The checkpoint its marker describes, or None when the marker is missing or unreadable."""
     root = Path(path)
     try:
-        with open(root / MARKER, encoding="utf-8") as fh:
-            record = json.load(fh)
+        record = json.loads((root / MARKER).read_text(encoding="utf-8"))
         entries = tuple(_entry(f) for f in record["files"])
+        meta = {k: v for k, v in record.items() if k not in ("files", "step", "time", "bytes")}
         return Checkpoint(
-            root, int(record["step"]), float(record["time"]), int(record["bytes"]), entries
+            root, int(record["step"]), float(record["time"]), int(record["bytes"]), entries, meta
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint | None:
-    """The checkpoint at `path` if it is complete, else None (torn, in progress, or not ours).
-
-    Complete means: a readable marker whose step matches the directory name (any step in
-    `STAGING`), no transformers "incomplete" sentinel, and every manifest file present with its
-    recorded size (and, with `checksums`, its recorded checksum). Files not in the manifest are
-    ignored. Raises `CheckpointError` when the checksum's library (xxhash) is missing, rather
-    than call it torn.
-    """
+def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpoint | None, str]:
+    """``(checkpoint, "")`` when `path` is complete, else ``(None, reason)``; the reason names the
+    file at fault (``missing marker``, ``dcp/__0_0.distcp: checksum mismatch``...)."""
     root = Path(path)
-    if (root / HF_INCOMPLETE_SENTINEL).exists():
-        return None
+    if not (root / MARKER).exists():
+        return None, f"{MARKER}: missing (the save did not finish)"
     ckpt = read_marker(root)
     if ckpt is None or not ckpt.files:
-        return None
-    if root.name != STAGING and ckpt.step != step_of(root):
-        return None
-    try:
-        for entry in ckpt.files:
-            if (root / entry.path).stat().st_size != entry.size:
-                return None
-    except OSError:
-        return None
+        return None, f"{MARKER}: unreadable or empty"
+    if step_of(root) is not None and ckpt.step != step_of(root):
+        return None, f"{MARKER}: step {ckpt.step} does not match the directory name"
+    for e in ckpt.files:
+        try:
+            size = (root / e.path).stat().st_size
+        except OSError:
+            return None, f"{e.path}: missing"
+        if size != e.size:
+            return None, f"{e.path}: {size} bytes, the manifest says {e.size} (truncated or grown)"
     if checksums:
         for algo in {e.algorithm for e in ckpt.files}:
             try:
@@ -343,18 +234,21 @@ def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint |
                 raise CheckpointError(
                     f"{root} has {algo} checksums; install xxhash to verify it (pip install xxhash)"
                 ) from exc
-        try:
-            with ThreadPoolExecutor(_workers(len(ckpt.files))) as pool:
-                got = list(pool.map(lambda e: _hash(root / e.path, e.algorithm), ckpt.files))
-        except OSError:
-            return None
-        if any(g != (e.size, e.digest) for g, e in zip(got, ckpt.files, strict=True)):
-            return None
-    return ckpt
+        with _pool(len(ckpt.files)) as pool:
+            got = list(pool.map(lambda e: _hash(root / e.path, e.algorithm), ckpt.files))
+        for g, e in zip(got, ckpt.files, strict=True):
+            if g != (e.size, e.digest):
+                return None, f"{e.path}: checksum mismatch (damaged)"
+    return ckpt, ""
+
+
+def verify(path: str | os.PathLike[str], checksums: bool = True) -> Checkpoint | None:
+    """The checkpoint at `path` if it is complete, else None."""
+    return check(path, checksums)[0]
 
 
 def latest_complete(ckpt_dir: str | os.PathLike[str], checksums: bool = True) -> Checkpoint | None:
-    """The newest complete checkpoint under `ckpt_dir` (highest step), ignoring torn ones."""
+    """The newest complete checkpoint under `ckpt_dir`, ignoring torn ones."""
     for path in checkpoint_dirs(ckpt_dir):
         ckpt = verify(path, checksums=checksums)
         if ckpt is not None:
@@ -362,70 +256,57 @@ def latest_complete(ckpt_dir: str | os.PathLike[str], checksums: bool = True) ->
     return None
 
 
-def _remove(path: Path) -> None:
-    """Remove a checkpoint directory: first its marker (so a half-removed one is torn), then it."""
+def quarantine(path: Path, reason: str) -> Path:
+    """Move a checkpoint that failed verification into ``QUARANTINE`` with a ``REASON.txt`` beside
+    its files (never deleted: the operator decides). Returns its new path."""
+    dest_dir = path.parent / QUARANTINE
+    dest_dir.mkdir(exist_ok=True)
+    dest = dest_dir / f"{path.name}.{int(time.time())}"
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest_dir / f"{path.name}.{int(time.time())}.{n}"
+    os.replace(path, dest)
+    (dest / "REASON.txt").write_text(reason + "\n", encoding="utf-8")
+    fsync_path(path.parent)
+    return dest
+
+
+def remove(path: Path) -> None:
+    """Remove a checkpoint directory: its marker first (a half-removed one is torn), then it."""
     try:
         (path / MARKER).unlink()
-        fsync_dir(path)
+        fsync_path(path)
     except OSError:
         pass
     shutil.rmtree(path, ignore_errors=True)
 
 
-def rotate(
-    ckpt_dir: str | os.PathLike[str],
-    keep_last: int,
-    newest: Checkpoint | None = None,
-    protect: Iterable[str | os.PathLike[str]] = (),
-) -> list[Path]:
-    """Keep the `keep_last` newest complete checkpoints; remove older complete ones and torn ones.
-
-    Torn directories are removed only when they are older than the newest complete checkpoint
-    (one with a higher step may be the one being written; `remove_torn` clears those at start-up).
-    The newest complete checkpoint is never removed, whatever `keep_last` says. `newest`, when
-    given, is the checkpoint just sealed (saves re-hashing it). Markers of the others are checked
-    by size only. Returns the removed directories.
-    """
+def rotate(ckpt_dir: str | os.PathLike[str], keep_last: int, newest: Checkpoint) -> list[Path]:
+    """Keep the `keep_last` newest complete checkpoints (never fewer than `newest`); remove older
+    complete ones and torn ones older than `newest` (a newer one may be in progress)."""
     keep_last = max(1, int(keep_last))
-    kept = {Path(p).resolve() for p in protect}
-    complete: list[Path] = []
-    torn: list[Path] = []
+    kept = 0
+    doomed = []
     for path in checkpoint_dirs(ckpt_dir):
-        is_newest = newest is not None and path.resolve() == newest.path.resolve()
-        if is_newest or verify(path, checksums=False) is not None:
-            complete.append(path)
-        else:
-            torn.append(path)
-    if not complete:
-        return []
-    newest_step = listed_step(complete[0])
-    kept.update(p.resolve() for p in complete[:keep_last])
-    doomed = [p for p in complete[keep_last:] if p.resolve() not in kept]
-    doomed += [p for p in torn if listed_step(p) < newest_step and p.resolve() not in kept]
+        step = step_of(path) or 0
+        if step > newest.step:
+            continue
+        complete = path == newest.path or verify(path, checksums=False) is not None
+        if complete and kept < keep_last:
+            kept += 1
+        elif step < newest.step or not complete:
+            doomed.append(path)
     for path in doomed:
-        _remove(path)
+        remove(path)
     if doomed:
-        fsync_dir(ckpt_dir)
-    return doomed
-
-
-def remove_torn(ckpt_dir: str | os.PathLike[str], checksums: bool = True) -> list[Path]:
-    """Remove every torn checkpoint directory. Call only when no save is in progress (start-up)."""
-    doomed = [p for p in checkpoint_dirs(ckpt_dir) if verify(p, checksums=checksums) is None]
-    for path in doomed:
-        _remove(path)
-    if doomed:
-        fsync_dir(ckpt_dir)
+        fsync_path(ckpt_dir)
     return doomed
 
 
 def young_daly_seconds(cost_s: float, preemptions_per_hour: float) -> float:
-    """Young/Daly optimal checkpoint interval ``sqrt(2 * C * M)`` in seconds.
-
-    `cost_s` (C) is the time one checkpoint takes; M = 3600 / `preemptions_per_hour` is the mean
-    time between preemptions. Checkpointing every sqrt(2CM) seconds minimises the expected time
-    lost to checkpoints plus recomputation after a preemption (first-order, C << M).
-    """
+    """Young/Daly optimal checkpoint interval ``sqrt(2 * C * M)`` in seconds: C the cost a save
+    takes from training (the *stall* for an asynchronous save), M = 3600 / preemptions_per_hour."""
     if cost_s < 0 or preemptions_per_hour <= 0:
         raise ValueError("cost_s must be >= 0 and preemptions_per_hour > 0")
     return math.sqrt(2.0 * cost_s * 3600.0 / preemptions_per_hour)

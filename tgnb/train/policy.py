@@ -11,9 +11,11 @@ class CheckpointPolicy:
 
     Periodic saves happen every `every_steps` optimizer steps, every `every_seconds` seconds, or,
     with ``auto``, at the Young/Daly interval computed from the measured checkpoint cost and
-    `preemptions_per_hour`. Independently, a SIGTERM (`on_signal`) or a drain notice
-    (`watch_drain`) makes the run save and exit with `EXIT_PREEMPTED`: a single process at once,
-    from the last step boundary; several processes at the next one, agreed by every rank.
+    `preemptions_per_hour` (C is the measured training stall of a save). Periodic saves are
+    asynchronous unless `async_save` is false. Independently, a SIGTERM (`on_signal`) or a drain notice
+    (`watch_drain`) makes the run save at the next step boundary (agreed by every rank) and exit
+    with `EXIT_PREEMPTED`. When checkpoints exist but none verifies, the run refuses to start again
+    from step 0 unless `allow_fresh_start` is set.
     """
 
     every_steps: int | None = None
@@ -25,3 +27,5 @@ class CheckpointPolicy:
     watch_drain: bool = True
     drain_poll_seconds: float = 2.0
     requeue_on_drain: bool = True
+    async_save: bool = True
+    allow_fresh_start: bool = False

@@ -29,7 +29,7 @@ def _close_all(files: dict[str, IO[str]]) -> None:
 
 class Recorder:
     """Appends events and metrics of one run. Each line is written and flushed whole (from any
-    thread: the immediate saver records its checkpoint while the main thread logs metrics).
+    thread: the asynchronous save records its checkpoint while the main thread logs metrics).
 
     The two files stay open in append mode (a metrics row comes at every logged step) until
     `close`, or until the recorder is collected."""

@@ -4,20 +4,25 @@ guard, train (resuming from the newest complete checkpoint), and return the exit
 Run directory layout::
 
     run.yaml        the resolved config
-    checkpoints/    checkpoint-<step>/ directories, sealed by tgnb.train.checkpoint
+    checkpoints/    checkpoint-<step>/ directories (DCP shards + JSON, tgnb.train.dcpio), sealed
+                    by tgnb.train.checkpoint; quarantine/ holds those that failed verification
     metrics.jsonl   one row per logged step (tgnb.train.metrics)
     events.jsonl    RunStarted, RunResumed, SignalReceived, CheckpointSaved, RunExited, ...
 
 Checkpointing is configured in one place only, `tgnb.train.preemption.CheckpointGuard`. Several
 processes (``torchrun``, ``accelerate launch``) are handled by transformers/accelerate; nothing
 here is rank-specific except that rank 0 writes ``run.yaml`` (the Recorder writes on rank 0 only).
+A run resumed at another world size keeps its global batch (gradient accumulation adapts).
+
+Exit codes: 0 finished, 75 preempted (`EXIT_PREEMPTED`), 74 the disk is full (`EXIT_NO_SPACE`; the
+last complete checkpoint is intact), else an exception (the CLI exits 1 or 2).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +115,8 @@ def build_trainer(
     `source` is what `assets.resolve_model` returns; resolve it before the training arguments are
     built when several processes run (they start torch.distributed, after which transformers
     writes the tiny model on rank 0 only)."""
+    from tgnb.train.preemption import resumable
+
     source = source or assets.resolve_model(cfg.model, cfg.seed)
     tokenizer = _load_tokenizer(cfg.model, source)
     assert cfg.dataset is not None
@@ -137,11 +144,11 @@ def build_trainer(
         from trl import GRPOTrainer
 
         funcs: list[Any] = list(rewards.resolve_all(cfg.rewards))
-        trainer: Any = GRPOTrainer(reward_funcs=funcs, **common)
+        trainer: Any = resumable(GRPOTrainer)(reward_funcs=funcs, **common)
     else:
         from trl import DPOTrainer
 
-        trainer = DPOTrainer(**common)
+        trainer = resumable(DPOTrainer)(**common)
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # metrics go out as @tgnb lines instead
@@ -158,7 +165,8 @@ def run(cfg: TrainConfig) -> int:
     from transformers import set_seed
 
     from tgnb.train.metrics import MetricsCallback, run_failed, run_started
-    from tgnb.train.preemption import CheckpointGuard, Preempted
+    from tgnb.train.preemption import CheckpointGuard
+    from tgnb.train.saving import EXIT_NO_SPACE, no_space
 
     assert cfg.run_dir is not None
     run_dir = Path(cfg.run_dir)
@@ -173,6 +181,7 @@ def run(cfg: TrainConfig) -> int:
     try:
         source = assets.resolve_model(cfg.model, cfg.seed)  # before torch.distributed starts
         kwargs = guard.training_args(training_kwargs(cfg, torch.cuda.is_available()))
+        kwargs = guard.batch_args(kwargs, int(os.environ.get("WORLD_SIZE", "1")))
         args = _args(cfg, kwargs)
         callbacks = [*guard.callbacks(), MetricsCallback(recorder)]
         trainer = build_trainer(cfg, args, callbacks, source)
@@ -187,12 +196,16 @@ def run(cfg: TrainConfig) -> int:
             pid=os.getpid(),
         )
         guard.attach(trainer)
-        resume = guard.resume_from()
-        with contextlib.suppress(Preempted):  # a checkpoint of the last boundary is complete
-            trainer.train(resume_from_checkpoint=resume)
+        trainer.train(resume_from_checkpoint=guard.resume_from())
     except TrainConfigError:
         guard.close()
         raise
+    except OSError as exc:
+        guard.close()
+        if not no_space(exc):
+            raise
+        print(f"tgnb: disk full under {run_dir}: {exc}; exiting {EXIT_NO_SPACE}", file=sys.stderr)
+        return EXIT_NO_SPACE
     except BaseException as exc:
         guard.close()
         step = int(trainer.state.global_step) if trainer is not None else None

@@ -147,7 +147,7 @@ def test_two_node_rendezvous_wiring() -> None:
     selector = svc["spec"]["selector"]
     assert selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
     argv = pod["containers"][0]["command"]
-    assert argv[0] == "torchrun"
+    assert argv[:3] == ["python", "-m", "tgnb.train.launch"]  # torchrun, keeping exit 75
     assert f"--rdzv_endpoint={job['metadata']['name']}-0.{svc['metadata']['name']}:29500" in argv
     assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv
     assert "--node_rank=$(JOB_COMPLETION_INDEX)" in argv
@@ -177,8 +177,8 @@ def test_commands() -> None:
     assert command(CASES["single_preemptible"]) == [
         "python", "-m", "tgnb.train", "/config/run.yaml", "--run-dir", "/data/runs/grpo-tiny",
     ]  # fmt: skip
-    assert command(CASES["standard"])[:4] == [
-        "torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=8",
+    assert command(CASES["standard"])[:6] == [
+        "python", "-m", "tgnb.train.launch", "--standalone", "--nnodes=1", "--nproc_per_node=8",
     ]  # fmt: skip
     elastic = RunSpec(
         name="el", train={}, image="i", resources=Resources(nodes=4, min_nodes=2, gpus_per_node=8)

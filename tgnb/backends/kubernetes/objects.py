@@ -89,6 +89,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: torchrun, through tgnb's launcher: the same options, and a worker's exit 75 stays the pod's 75
+LAUNCH = ["python", "-m", "tgnb.train.launch"]
+
+
 def command(spec: RunSpec) -> list[str]:
     """The trainer container's command: one process, or torchrun for several GPUs or nodes."""
     res = spec.resources
@@ -103,10 +107,10 @@ def command(spec: RunSpec) -> list[str]:
     if res.nodes == 1 and nproc == 1:
         return ["python", *train]
     if res.nodes == 1:
-        return ["torchrun", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}", *train]
+        return [*LAUNCH, "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}", *train]
     nnodes = f"{res.min_nodes}:{res.nodes}" if res.min_nodes else str(res.nodes)
     return [
-        "torchrun",
+        *LAUNCH,
         f"--nnodes={nnodes}",
         f"--nproc_per_node={nproc}",
         "--node_rank=$(JOB_COMPLETION_INDEX)",
@@ -139,7 +143,7 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
             f"metadata.annotations['{L.INDEX_IGNORED_FAILURES_ANNOTATION}']",
         ),
     ]
-    if command(spec)[0] == "torchrun":
+    if command(spec)[: len(LAUNCH)] == LAUNCH:
         env.append(
             client.V1EnvVar(
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)

@@ -116,7 +116,8 @@ def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
     return [
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_ADDR",
-        f"srun --kill-on-bad-exit=1 {shlex.quote(options.torchrun)} \\",
+        # torchrun through tgnb's launcher: the same options, and a worker's exit 75 stays 75
+        f"srun --kill-on-bad-exit=1 {shlex.quote(options.python)} -m tgnb.train.launch \\",
         '  --nnodes="$SLURM_JOB_NUM_NODES" \\',
         f"  --nproc_per_node={nproc} \\",
         '  --rdzv_id="$SLURM_JOB_ID" \\',

@@ -1,0 +1,298 @@
+"""The state of a training run on disk, through `torch.distributed.checkpoint` (DCP).
+
+One layout for every case (one process, DDP, FSDP, a PEFT adapter)::
+
+    checkpoint-<step>/
+      dcp/                   DCP shards, every rank writing its own in parallel (+ .metadata)
+      optimizer.json         the optimizer's param groups (lr, betas, ...), from rank 0
+      scheduler.json         the learning-rate scheduler's state, from rank 0
+      trainer_state.json     the Trainer's own JSON state (step, log history), from rank 0
+      rng-<rank>.safetensors each rank's RNG states (torch, CUDA, numpy as tensors; Python's in the
+                             safetensors metadata as JSON)
+      tgnb-complete.json     the marker, rank 0, last (tgnb.train.checkpoint)
+
+Model and optimizer tensors come from ``torch.distributed.checkpoint.state_dict.get_state_dict`` (a
+PEFT model: the trainable adapter only, ``ignore_frozen_params``), so DCP reshards them on load when
+the world size changed. Nothing is unpickled from a checkpoint except DCP's ``.metadata``, which is
+read by `SafeReader` with an unpickler that admits only DCP's own metadata classes: a checkpoint on a
+shared volume cannot run code on load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import random
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from tgnb.errors import CheckpointError
+
+STATE_DIR = "dcp"
+_ALLOWED = {
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+}
+_DTYPES = {str(t).split(".")[-1] for t in vars(torch).values() if isinstance(t, torch.dtype)}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (
+            (module, name) in _ALLOWED
+            or (module == "torch" and name in _DTYPES)
+            or (
+                module
+                in (
+                    "torch.distributed.checkpoint.metadata",
+                    "torch.distributed.checkpoint.filesystem",
+                )
+                and not name.startswith("__")
+            )
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, its ``.metadata`` unpickled with an allow-list (no code can run)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"{path} holds no DCP metadata")
+        meta = metadata.storage_meta or StorageMeta()
+        meta.load_id = self.load_id
+        metadata.storage_meta = meta
+        return metadata
+
+
+def dist_up() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return int(dist.get_rank()) if dist_up() else int(os.environ.get("RANK", "0"))
+
+
+def world() -> int:
+    return int(dist.get_world_size()) if dist_up() else 1
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when torch.distributed is not started: that is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
+def _options(adapter_only: bool) -> StateDictOptions:
+    # an adapter's checkpoint holds the trainable parameters only: the frozen base is not loaded
+    return StateDictOptions(ignore_frozen_params=adapter_only, strict=not adapter_only)
+
+
+def split_state(model: Any, optimizer: Any, adapter_only: bool) -> tuple[dict[str, Any], dict]:
+    """``({"model": tensors, "optim": tensors}, plain)``: what DCP writes (the model's tensors and
+    the optimizer's per-parameter tensors, by parameter name), and what goes to JSON (the param
+    groups, and any per-parameter value that is not a tensor)."""
+    msd, osd = get_state_dict(model, optimizer, options=_options(adapter_only))
+    if adapter_only:  # a frozen weight tied to another (lm_head) is listed too: leave it out
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        msd = {k: v for k, v in msd.items() if k in trainable}
+    tensors: dict[str, dict[str, Any]] = {}
+    other: dict[str, dict[str, Any]] = {}
+    state: dict[str, Any] = osd["state"]  # type: ignore[assignment]
+    for fqn, entry in state.items():
+        tensors[fqn] = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
+        other[fqn] = {k: v for k, v in entry.items() if not isinstance(v, torch.Tensor)}
+    plain = {"param_groups": osd["param_groups"], "state": other}
+    return {"model": msd, "optim": tensors}, plain
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(_jsonable(data), fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """This process's RNG states: tensors (torch, CUDA, numpy's key) and JSON (the rest)."""
+    import numpy as np
+
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = s
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    tensors["numpy"] = torch.from_numpy(np.asarray(key, dtype=np.uint32).astype(np.int64))
+    meta = {"python": _jsonable(random.getstate()), "numpy": [kind, pos, has_gauss, gauss]}
+    return tensors, meta
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda.")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    version, state, gauss = meta["python"]
+    random.setstate((version, tuple(state), gauss))
+    kind, pos, has_gauss, cached = meta["numpy"]
+    key = tensors["numpy"].numpy().astype(np.uint32)
+    np.random.set_state((kind, key, pos, has_gauss, cached))
+
+
+def write_small(path: Path, trainer: Any, plain: dict[str, Any]) -> None:
+    """Each rank's RNG file; on rank 0 the optimizer groups, scheduler and trainer state (JSON)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors, meta = capture_rng()
+    save_file(tensors, str(path / f"rng-{rank()}.safetensors"), metadata={"json": json.dumps(meta)})
+    if rank() == 0:
+        _write_json(path / "optimizer.json", plain)
+        sched = getattr(trainer, "lr_scheduler", None)
+        if sched is not None:
+            _write_json(path / "scheduler.json", sched.state_dict())
+        trainer.state.save_to_json(str(path / "trainer_state.json"))
+
+
+class Writer:
+    """Writes DCP states, synchronously or with ``dcp.async_save`` (at most one in flight).
+
+    Several processes: asynchronous saves run their collectives on a gloo group of their own
+    (created once, by every rank, in `__init__`), so they never interleave with training's."""
+
+    def __init__(self) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self.group = dist.new_group(backend="gloo") if dist_up() else None
+        self.inflight: Future[Any] | None = None
+        cuda = torch.cuda.is_available()
+        # one stager for the run: its CPU copy (pinned on a GPU machine) is allocated by the first
+        # save and reused by the next ones, so a later stall is a copy, not an allocation
+        options = StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+        self.stager = DefaultStager(options)
+
+    def save(self, path: Path, state: dict[str, Any]) -> None:
+        with _quiet():
+            dcp.save(
+                state, storage_writer=FileSystemWriter(path / STATE_DIR), process_group=self.group
+            )
+
+    def close(self) -> None:
+        self.stager.close()
+
+    def save_async(self, path: Path, state: dict[str, Any]) -> Future[Any]:
+        """Stage `state` to CPU memory now (the stall), write it in a background thread."""
+        assert self.inflight is None or self.inflight.done(), "one asynchronous save at a time"
+        with _quiet():
+            fut = dcp.async_save(
+                state,
+                storage_writer=FileSystemWriter(path / STATE_DIR),
+                process_group=self.group,
+                async_stager=self.stager,
+            )
+        assert isinstance(fut, Future)
+        self.inflight = fut
+        return fut
+
+    def wait(self) -> BaseException | None:
+        """Wait for the save in flight; its error, if it failed. (The staging buffer is reused:
+        a save waits for the one before it.)"""
+        fut, self.inflight = self.inflight, None
+        if fut is None:
+            return None
+        try:
+            fut.result()
+        except BaseException as exc:
+            return exc
+        return None
+
+
+def load(path: Path, trainer: Any, adapter_only: bool) -> None:
+    """Load model, optimizer and scheduler from the checkpoint `path` into `trainer`, resharding
+    when the world size changed. RNG states are restored separately (`load_rng`)."""
+    model, optimizer = trainer.model, trainer.optimizer
+    state, plain = split_state(model, optimizer, adapter_only)
+    with _quiet():
+        dcp.load(state, storage_reader=SafeReader(path / STATE_DIR))
+    saved = json.loads((path / "optimizer.json").read_text(encoding="utf-8"))
+    groups = plain["param_groups"]
+    if len(saved["param_groups"]) != len(groups):
+        raise CheckpointError(
+            f"{path} holds {len(saved['param_groups'])} optimizer param groups; this run has "
+            f"{len(groups)}: resume with the same optimizer settings"
+        )
+    for group, kept in zip(groups, saved["param_groups"], strict=True):
+        for key, value in kept.items():
+            if key != "params":
+                group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    optim: dict[str, Any] = {
+        fqn: {**tensors, **saved["state"].get(fqn, {})} for fqn, tensors in state["optim"].items()
+    }
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict={"state": optim, "param_groups": groups},
+        options=_options(adapter_only),
+    )
+    sched = getattr(trainer, "lr_scheduler", None)
+    if sched is not None and (path / "scheduler.json").exists():
+        sched.load_state_dict(json.loads((path / "scheduler.json").read_text(encoding="utf-8")))
+
+
+def load_rng(path: Path) -> bool:
+    """Restore this rank's RNG states (rank 0's when the checkpoint has none for this rank: it was
+    saved with fewer ranks). False when there is none at all."""
+    from safetensors import safe_open
+
+    for r in (rank(), 0):
+        f = path / f"rng-{r}.safetensors"
+        if f.exists():
+            with safe_open(str(f), framework="pt") as fh:
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+                meta = json.loads((fh.metadata() or {})["json"])
+            restore_rng(tensors, meta)
+            return True
+    return False

@@ -1,0 +1,49 @@
+"""``python -m tgnb.train.launch [torchrun options] -m tgnb.train CONFIG ...``: torchrun, with the
+workers' exit codes kept.
+
+torchrun reports any worker's non-zero exit as its own failure (exit 1), so a preempted multi-process
+run would look failed to Slurm and Kubernetes. This runs torchrun's own ``torch.distributed.run``
+in-process and maps its ``ChildFailedError``: when every worker that failed exited with the same
+tgnb code -- `EXIT_PREEMPTED` (75, preempted and checkpointed) or `EXIT_NO_SPACE` (74, disk full) --
+or was killed by the agent after one did (a negative code), the launcher exits with that code;
+anything else stays a failure (1). The options are torchrun's, unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tgnb.train.saving import EXIT_NO_SPACE
+
+EXIT_PREEMPTED = 75  # tgnb.backends.base.EXIT_PREEMPTED (kept in step by a test)
+KEPT = (EXIT_PREEMPTED, EXIT_NO_SPACE)
+
+
+def exit_code(failures: Mapping[int, Any]) -> int:
+    """The launcher's exit code for torchrun's failures ``{rank: ProcessFailure}``."""
+    codes = {int(f.exitcode) for f in failures.values()}
+    own = {c for c in codes if c > 0}
+    if len(own) == 1 and own <= set(KEPT):
+        return own.pop()
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        code = exit_code(exc.failures)
+        codes = {rank: f.exitcode for rank, f in exc.failures.items()}
+        print(f"tgnb.train.launch: workers exited {codes}; exit {code}", file=sys.stderr)
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
