@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +21,14 @@ def emulator(tmp_path: Path) -> Iterator[EmulatorHandle]:
     """
     with running_emulator(tmp_path, time_scale=0.01) as emu:
         yield emu
+
+
+@pytest.fixture(scope="session")
+def ip() -> Any:
+    """The test IPython shell (a real `InteractiveShell`) with the tgnb extension loaded."""
+    from IPython.testing import globalipapp
+
+    globalipapp.start_ipython()  # once per process: another test module may have started it
+    shell = globalipapp.get_ipython()
+    shell.run_line_magic("load_ext", "tgnb")
+    return shell

@@ -50,13 +50,9 @@ LINES = [
 
 
 @pytest.fixture(scope="module")
-def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from IPython.testing.globalipapp import start_ipython
-
+def shell(ip: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     home = tmp_path_factory.mktemp("magics")
     with running_emulator(home, time_scale=0.01) as emu:
-        ip = start_ipython()
-        ip.run_line_magic("load_ext", "tgnb")
         tg = ip.magics_manager.registry["Tg"]
         mp = pytest.MonkeyPatch()
         for key, value in emu.env.items():

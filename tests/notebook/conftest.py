@@ -11,17 +11,6 @@ import pytest
 from tgnb.emulator.testing import EmulatorHandle
 
 
-@pytest.fixture(scope="session")
-def ip() -> Any:
-    """The test IPython shell (a real `InteractiveShell`) with the tgnb extension loaded."""
-    from IPython.testing import globalipapp
-
-    globalipapp.start_ipython()  # once per process: another test module may have started it
-    shell = globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "tgnb")
-    return shell
-
-
 @pytest.fixture
 def tg(ip: Any) -> Iterator[Any]:
     """The `Tg` magics instance, detached before and after each test."""

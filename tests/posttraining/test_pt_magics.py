@@ -33,16 +33,6 @@ SUBCOMMANDS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ip() -> Any:
-    from IPython.testing import globalipapp
-
-    globalipapp.start_ipython()  # once per process: another test module may have started it
-    shell = globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "tgnb")
-    return shell
-
-
 @pytest.fixture
 def pt(ip: Any) -> Iterator[Any]:
     magics = ip.magics_manager.registry["Tg"]

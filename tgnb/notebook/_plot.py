@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: Marker colours by kind (checkpoint, preemption, resume).
 MARKER_COLOURS = {"checkpoint": "#3366cc", "preemption": "#d62728", "resume": "#1b9e77"}
@@ -45,6 +45,35 @@ def _tick(v: float, decimals: int) -> str:
     return "0" if float(text) == 0 else text
 
 
+def axes(
+    box: tuple[float, float, float, float],
+    xs: tuple[float, float],
+    ys: tuple[float, float],
+    decimals: int,
+    step_y: float,
+) -> tuple[Callable[[float], float], Callable[[float], float], str]:
+    """The scales and the drawn frame of a plot: `box` is (left, top, width, height) in pixels,
+    `xs`/`ys` the data ranges (non-empty), `step_y` where the step labels sit."""
+    left, top, w, h = box
+    (x0, x1), (y0, y1) = xs, ys
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * w
+
+    def sy(y: float) -> float:
+        return top + (1 - (y - y0) / (y1 - y0)) * h
+
+    frame = (
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_tick(y1, decimals)}</text>'
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_tick(y0, decimals)}</text>'
+        f'<text x="{left}" y="{step_y}">step {_fmt(x0)}</text>'
+        f'<text x="{left + w}" y="{step_y}" text-anchor="end">{_fmt(x1)}</text>'
+    )
+    return sx, sy, frame
+
+
 def curve_svg(
     title: str,
     points: Sequence[tuple[float, float]],
@@ -80,20 +109,8 @@ def curve_svg(
         x1 = x0 + 1
     y0, y1, decimals = _nice_axis(y0, y1)
 
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * w
-
-    def sy(y: float) -> float:
-        return top + (1 - (y - y0) / (y1 - y0)) * h
-
-    out.append(
-        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_tick(y1, decimals)}</text>'
-        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_tick(y0, decimals)}</text>'
-        f'<text x="{left}" y="{height - 6}">step {_fmt(x0)}</text>'
-        f'<text x="{left + w}" y="{height - 6}" text-anchor="end">{_fmt(x1)}</text>'
-    )
+    sx, sy, frame = axes((left, top, w, h), (x0, x1), (y0, y1), decimals, height - 6)
+    out.append(frame)
     order = {"resume": 0, "checkpoint": 1, "preemption": 2}  # preemptions drawn on top
     for step, kind in sorted(markers, key=lambda m: (order.get(m[1], 3), m[0])):
         x = sx(step)

@@ -7,7 +7,7 @@ import html
 import math
 from collections.abc import Mapping, Sequence
 
-from tgnb.notebook._plot import _fmt
+from tgnb.notebook._plot import _nice_axis, axes
 
 #: Series colours, in order (a colour-blind-safe palette).
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -55,23 +55,9 @@ def multi_curve_svg(
     y0, y1 = min(p[1] for p in allp), max(p[1] for p in allp)
     if x1 == x0:
         x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * w
-
-    def sy(y: float) -> float:
-        return top + (1 - (y - y0) / (y1 - y0)) * h
-
-    out.append(
-        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_fmt(y1)}</text>'
-        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_fmt(y0)}</text>'
-        f'<text x="{left}" y="{top + h + 14}">step {_fmt(x0)}</text>'
-        f'<text x="{left + w}" y="{top + h + 14}" text-anchor="end">{_fmt(x1)}</text>'
-    )
+    y0, y1, decimals = _nice_axis(y0, y1)
+    sx, sy, frame = axes((left, top, w, h), (x0, x1), (y0, y1), decimals, top + h + 14)
+    out.append(frame)
     for i, (label, pts) in enumerate(clean.items()):
         c = colour(i)
         name = html.escape(label)
