@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from tgnb.errors import CheckpointError
+from tgnb.train import record
 
 STATE_DIR = "dcp"
 _ALLOWED = {
@@ -93,7 +94,7 @@ def dist_up() -> bool:
 
 
 def rank() -> int:
-    return int(dist.get_rank()) if dist_up() else int(os.environ.get("RANK", "0"))
+    return int(dist.get_rank()) if dist_up() else record.rank()
 
 
 def world() -> int:

@@ -17,7 +17,8 @@ from typing import IO, Any
 from tgnb.events import STDOUT_PREFIX, Event, utcnow
 
 
-def _rank() -> int:
+def rank() -> int:
+    """This process's global rank as torchrun sets it (0 outside torchrun): the one lookup."""
     return int(os.environ.get("RANK", "0"))
 
 
@@ -38,7 +39,7 @@ class Recorder:
         self.run_dir = Path(run_dir)
         self.run = run or self.run_dir.name
         self.node = os.environ.get("TGNB_NODE") or os.environ.get("SLURMD_NODENAME") or None
-        self.enabled = _rank() == 0
+        self.enabled = rank() == 0
         self._lock = threading.Lock()
         self._files: dict[str, IO[str]] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._files)

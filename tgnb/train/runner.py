@@ -29,7 +29,7 @@ from typing import Any
 from tgnb.errors import TrainConfigError
 from tgnb.train import assets, data, rewards
 from tgnb.train.config import DEFAULT_REWARDS, TrainConfig, trl_config_class, validate
-from tgnb.train.record import Recorder
+from tgnb.train.record import Recorder, rank
 
 #: TRL options for the built-in tiny model on the built-in tasks: a large learning rate, one-token
 #: answers (the built-in answers are single digits), 8 prompts x 8 generations per step. Tuned so
@@ -50,10 +50,6 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
 #: Weights of the default rewards [correctness, format] for tiny: the format reward is a small
 #: shaping term, so that answering right dominates the mean reward.
 DEFAULT_REWARD_WEIGHTS = (1.0, 0.1)
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
 
 
 def training_kwargs(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
@@ -171,7 +167,7 @@ def run(cfg: TrainConfig) -> int:
     assert cfg.run_dir is not None
     run_dir = Path(cfg.run_dir)
     recorder = Recorder(run_dir, cfg.name)
-    if _rank() == 0:
+    if rank() == 0:
         cfg.dump(run_dir / "run.yaml")
     set_seed(cfg.seed)
     if cfg.model == assets.TINY and not torch.cuda.is_available():
