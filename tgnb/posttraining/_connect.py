@@ -98,9 +98,20 @@ def connect(
         return Connection(base, settings.api_key, False, settings.home)
     from tgnb.emulator import daemon
 
-    # A daemon already running for this home keeps its own time scale.
-    options = daemon.ServeOptions(time_scale=LOCAL_TIME_SCALE if time_scale is None else time_scale)
-    st, _ = daemon.start(settings.home, options)
+    # As `tgnb.attach`: a daemon already running for this home is reused whatever its time scale
+    # unless one is asked; a mismatch with an asked one restarts it only if this command started it.
+    st = daemon.status(settings.home)
+    if time_scale is not None or not st.running:
+        was = st.running
+        options = daemon.ServeOptions(
+            time_scale=LOCAL_TIME_SCALE if time_scale is None else time_scale
+        )
+        st, started = daemon.start(settings.home, options, asked=["time_scale"])
+        if started:
+            print(
+                f"{'restarted' if was else 'started'} the local emulator on {st.base_url} "
+                f"(time scale {options.time_scale:g}); `tgnb emulator stop` stops it"
+            )
     if not (st.base_url and st.api_key):
         raise ConfigError(f"the local emulator under {st.home} did not say where it answers")
     return Connection(st.base_url, st.api_key, True, settings.home)
