@@ -57,7 +57,7 @@ def test_run_shows_progress_and_stops_the_emulator_it_started(
 def test_stop_leaves_an_emulator_the_user_started(
     tmp_path: Path, home: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    st, _ = daemon.start(home, daemon.ServeOptions(time_scale=0.5))
+    st, _ = daemon.start(home, daemon.ServeOptions.of(time_scale=0.5))
     try:
         nb = notebook(tmp_path / "reads.ipynb", "print('hello')")
         rc = batch.main(["run", str(nb), "--out", str(tmp_path / "out"), "--no-html", "--stop"])

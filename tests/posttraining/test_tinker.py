@@ -36,7 +36,7 @@ def test_tinker_rl_loop_learns_on_the_emulator(tmp_path: Path) -> None:
     from tgnb.emulator import daemon
 
     home = tmp_path / "home"
-    st, _ = daemon.start(home, daemon.ServeOptions(time_scale=0.02))
+    st, _ = daemon.start(home, daemon.ServeOptions.of(time_scale=0.02))
     try:
         assert st.base_url and st.api_key
         env = {k: v for k, v in os.environ.items() if k not in ("TOGETHER_API_KEY", "TGNB_HOME")}

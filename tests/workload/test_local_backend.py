@@ -181,7 +181,7 @@ def test_emulator_killed_mid_run_loses_no_run_record(
     os.kill(emu.pid, signal.SIGKILL)  # the daemon dies without any clean-up
     wait_until(lambda: not daemon.status(tmp_path).running, 10)
     time.sleep(1.5)  # the supervisor polls a dead endpoint meanwhile
-    st, started = daemon.start(tmp_path, daemon.ServeOptions(time_scale=0.02), emu.api_key)
+    st, started = daemon.start(tmp_path, daemon.ServeOptions.of(time_scale=0.02), emu.api_key)
     assert started and st.pid != emu.pid
     again = make_session(tmp_path, target=0)
     assert again.cluster.id == session.cluster.id  # the emulator kept its clusters

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -100,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(ns: argparse.Namespace) -> daemon.ServeOptions:
-    return daemon.ServeOptions(
+    return daemon.ServeOptions.of(
         port=ns.port,
         time_scale=ns.time_scale,
         drain_window_s=ns.drain_window_s,
@@ -126,7 +125,7 @@ def _asked(argv: list[str]) -> list[str]:
                 for knob in sub._actions:
                     knob.default = argparse.SUPPRESS
     given = vars(parser.parse_args(argv))
-    return [f.name for f in dataclasses.fields(daemon.ServeOptions) if f.name in given]
+    return [name for name in daemon.ServeOptions().flat() if name in given]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ import httpx
 
 from tgnb.config import Secret, default_home, register_secret
 from tgnb.emulator.admin import AdminClient
+from tgnb.emulator.fleet import FleetConfig
+from tgnb.emulator.models import DEFAULT_PROJECT_ID
 from tgnb.emulator.store import atomic_write_json
 from tgnb.errors import EmulatorError, EmulatorMismatchError
 
@@ -60,30 +62,58 @@ _LABELS = {
 }
 
 
+#: The `FleetConfig` knobs a daemon takes on its command line, by their flat names.
+FLEET_KNOBS = (
+    "time_scale",
+    "drain_window_s",
+    "provision_delay_s",
+    "preemption_rate",
+    "seed",
+    "capacity_gpus",
+)
+
+_NOT_FLAT = ("port", "fleet")  # port comes first in the flat view; the fleet is spread out
+
+
 @dataclass
 class ServeOptions:
-    """Knobs of one emulator server (durations in platform seconds, scaled by `time_scale`)."""
+    """One emulator server: its port, its fleet's `FleetConfig` (durations in platform seconds,
+    scaled by ``time_scale``; ``default_project_id`` the project), chaos and the Post-Training
+    knobs. `ServeOptions.of` takes the flat names of the command line (``time_scale=0.02``,
+    ``project_id=...``); `flat` gives them back, as ``server.json`` records them."""
 
     port: int = 0  # 0: a free port
-    time_scale: float = 1.0
-    drain_window_s: float = 300.0
-    provision_delay_s: float = 60.0
-    preemption_rate: float = 0.0
-    seed: int = 0
-    capacity_gpus: int | None = None
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     chaos: float = 0.0
     chaos_seed: int = 0
     chaos_delay_s: float = 65.0
-    project_id: str | None = None
     rl_price_per_gpu_hour: float | None = None  # None: $TGNB_EMULATOR_RL_PRICE, else 9.0
     rl_models: str | None = None  # extra local model dirs for /v1/rl (os.pathsep-separated)
 
+    @classmethod
+    def of(cls, **flat: Any) -> ServeOptions:
+        """From flat names: `FLEET_KNOBS` and ``project_id`` (None: the default project) go into
+        the `FleetConfig`, the rest are this class's own fields."""
+        knobs = {name: flat.pop(name) for name in FLEET_KNOBS if name in flat}
+        project = flat.pop("project_id", None)
+        if project is not None:
+            knobs["default_project_id"] = project
+        return cls(fleet=FleetConfig(**knobs), **flat)
+
+    def flat(self) -> dict[str, Any]:
+        """Every option by its flat name; ``project_id`` is None for the default project."""
+        project = self.fleet.default_project_id
+        out: dict[str, Any] = {"port": self.port}
+        out.update({name: getattr(self.fleet, name) for name in FLEET_KNOBS})
+        out["project_id"] = None if project == DEFAULT_PROJECT_ID else project
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_FLAT})
+        return out
+
     def to_argv(self) -> list[str]:
         argv = []
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name, value in self.flat().items():
             if value is not None:
-                argv += [f"--{f.name.replace('_', '-')}", str(value)]
+                argv += [f"--{name.replace('_', '-')}", str(value)]
         return argv
 
 
@@ -215,10 +245,11 @@ def differences(
     have = running.options
     if have is None:
         return []
-    names = list(fields_asked) if fields_asked is not None else [f.name for f in fields(asked)]
+    wanted = asked.flat()
+    names = list(fields_asked) if fields_asked is not None else list(wanted)
     out = []
     for name in names:
-        want = getattr(asked, name)
+        want = wanted[name]
         if want is None or (name == "port" and not want):  # not asked: whatever runs will do
             continue
         if name == "port":
@@ -381,28 +412,16 @@ def serve(
     import uvicorn
 
     from tgnb.emulator.app import Chaos, EmulatorApp
-    from tgnb.emulator.fleet import Fleet, FleetConfig
-    from tgnb.emulator.models import DEFAULT_PROJECT_ID
+    from tgnb.emulator.fleet import Fleet
     from tgnb.emulator.store import StateStore
 
     options = options or ServeOptions()
     eh = emulator_home(home)
     with _home_lock(eh):
         secret = api_key(eh, key)
-        fleet = Fleet(
-            FleetConfig(
-                time_scale=options.time_scale,
-                drain_window_s=options.drain_window_s,
-                provision_delay_s=options.provision_delay_s,
-                preemption_rate=options.preemption_rate,
-                seed=options.seed,
-                capacity_gpus=options.capacity_gpus,
-                default_project_id=options.project_id or DEFAULT_PROJECT_ID,
-            ),
-            StateStore(eh / "state"),
-        )
-        if options.capacity_gpus is not None:
-            fleet.config.capacity_gpus = options.capacity_gpus
+        fleet = Fleet(replace(options.fleet), StateStore(eh / "state"))
+        if options.fleet.capacity_gpus is not None:  # over the cap a restarted state kept
+            fleet.config.capacity_gpus = options.fleet.capacity_gpus
         chaos = Chaos(
             fraction=options.chaos, seed=options.chaos_seed, delay_s=options.chaos_delay_s
         )
@@ -428,7 +447,7 @@ def serve(
                 "host": HOST,
                 "port": port,
                 "started_at": time.time(),
-                "options": asdict(options),
+                "options": options.flat(),
                 "owner": _owner(),
             },
         )

@@ -95,13 +95,13 @@ def running_emulator(
 ) -> Iterator[EmulatorHandle]:
     """Start a real emulator daemon for `home` on a free port; stop it on exit.
 
-    `knobs` are `tgnb.emulator.daemon.ServeOptions` fields: drain_window_s, provision_delay_s,
+    `knobs` are the flat names of `tgnb.emulator.daemon.ServeOptions.of`: drain_window_s, provision_delay_s,
     preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port,
     rl_price_per_gpu_hour, rl_models.
     """
     home = Path(home)
     key = api_key or "tgnb-test-" + secrets.token_hex(8)
-    options = daemon.ServeOptions(time_scale=time_scale, project_id=project_id, **knobs)
+    options = daemon.ServeOptions.of(time_scale=time_scale, project_id=project_id, **knobs)
     st, _ = daemon.start(home, options, key)
     if not (st.base_url and st.pid and st.api_key):
         raise RuntimeError(f"emulator for {home} did not report where it runs")

@@ -103,14 +103,14 @@ def connect(
     st = daemon.status(settings.home)
     if time_scale is not None or not st.running:
         was = st.running
-        options = daemon.ServeOptions(
+        options = daemon.ServeOptions.of(
             time_scale=LOCAL_TIME_SCALE if time_scale is None else time_scale
         )
         st, started = daemon.start(settings.home, options, asked=["time_scale"])
         if started:
             print(
                 f"{'restarted' if was else 'started'} the local emulator on {st.base_url} "
-                f"(time scale {options.time_scale:g}); `tgnb emulator stop` stops it"
+                f"(time scale {options.fleet.time_scale:g}); `tgnb emulator stop` stops it"
             )
     if not (st.base_url and st.api_key):
         raise ConfigError(f"the local emulator under {st.home} did not say where it answers")
