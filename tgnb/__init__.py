@@ -6,6 +6,8 @@ imported inside the functions that need them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tgnb.config import Settings
 from tgnb.errors import (
     AmbiguousNameError,
@@ -77,8 +79,9 @@ def unload_ipython_extension(ipython: object) -> None:
     unload(ipython)
 
 
-def timeline(events: object, **options: object) -> object:
-    """An `tgnb.notebook.timeline.EventTimeline` of events (or of a Session's or Run's events)."""
+def timeline(events: Any, **options: Any) -> Any:
+    """An `tgnb.notebook.timeline.EventTimeline` of events, or of a Session's, a Run's or a
+    Post-Training resource's events."""
     from tgnb.notebook.timeline import timeline as build
 
     return build(events, **options)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone, tzinfo
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tgnb import events as ev
 from tgnb.events import Event, utcnow
@@ -300,9 +300,19 @@ def _describe(e: Event) -> str:
     return html.escape(" · ".join(str(p) for p in parts), quote=True)
 
 
-def timeline(events: Iterable[Event | Mapping[str, Any]] | Any, **options: Any) -> EventTimeline:
-    """Build an `EventTimeline` from events, or from anything with an ``events()`` method."""
-    if hasattr(events, "events") and callable(events.events):
+@runtime_checkable
+class EventSource(Protocol):
+    """What has events of its own: a `Session`, a `Run`, a Post-Training `Resource`."""
+
+    def events(self) -> Sequence[Event]: ...
+
+
+def timeline(
+    events: Iterable[Event | Mapping[str, Any]] | EventSource, **options: Any
+) -> EventTimeline:
+    """Build an `EventTimeline` from events, or from an `EventSource` (a Session, a Run, a
+    Post-Training resource)."""
+    if isinstance(events, EventSource):
         events = events.events()
     return EventTimeline(events, **options)
 
@@ -310,6 +320,7 @@ def timeline(events: Iterable[Event | Mapping[str, Any]] | Any, **options: Any) 
 __all__ = [
     "DRAIN_WINDOW_S",
     "PREEMPTIBLE_PREFIX",
+    "EventSource",
     "EventTimeline",
     "Lane",
     "Marker",
