@@ -2,7 +2,7 @@
 
 A case is ``(id, method, path, body, expected status)``; `body` is a JSON value, or `Raw` bytes
 sent as they are. ``{cluster}`` in a path is an existing cluster's id. Adding a family of routes
-(the Post-Training ``/v1/rl/...`` ones) is one more table in `TABLES`.
+is one more table in `TABLES`.
 """
 
 from __future__ import annotations
@@ -246,6 +246,75 @@ ADMIN: list[Case] = [
     Case("admin-deep", "POST", "/_emulator/chaos", Raw(_DEEP)),
 ]
 
-#: Every family of routes; the Post-Training routes join as one more entry.
-TABLES: dict[str, list[Case]] = {"clusters": CLUSTERS, "admin": ADMIN}
+_RL = "/v1/rl/model-resources"
+_TINY = "tgnb/tiny-llama"
+_RL_CREATE_BAD: dict[str, Any] = {
+    "list": [],
+    "base_model-unknown": {"base_model": "nope/none", "lora_enabled": True},
+    "base_model-int": {"base_model": 5},
+    "base_model-missing": {},
+    "inactive_timeout-low": {"base_model": _TINY, "inactive_timeout": 5},
+    "inactive_timeout-string": {"base_model": _TINY, "inactive_timeout": "x"},
+    "inactive_timeout-2^63": {"base_model": _TINY, "inactive_timeout": BIG},
+    "lora_enabled-string": {"base_model": _TINY, "lora_enabled": "yes"},
+    "generators-negative": {"base_model": _TINY, "compute_config": {"num_generator_replicas": -1}},
+    "generators-2^63": {"base_model": _TINY, "compute_config": {"num_generator_replicas": BIG}},
+    "compute_config-list": {"base_model": _TINY, "compute_config": [1]},
+    "optimizer_config-unknown": {"base_model": _TINY, "optimizer_config": {"sgd": {}}},
+}
+
+#: The Post-Training routes (``/v1/rl/...``): bad creates, unknown ids, bodies too deep, too large
+#: or not finite, and no key. Operations on a live session are in tests/posttraining.
+POST_TRAINING: list[Case] = [
+    *(Case(f"rl-create-{k}", "POST", _RL, v) for k, v in _RL_CREATE_BAD.items()),
+    Case("rl-create-NaN", "POST", _RL, Raw(b'{"base_model": NaN}')),
+    Case(
+        "rl-create-Infinity", "POST", _RL, Raw(b'{"base_model": "x", "inactive_timeout": Infinity}')
+    ),
+    Case("rl-create-deep", "POST", _RL, Raw(_DEEP)),
+    Case("rl-create-2MB", "POST", _RL, Raw(b" " * (2 << 20)), 413),
+    Case("rl-create-no-key", "POST", _RL, {"base_model": _TINY}, 401, None),
+    Case("rl-create-wrong-key", "POST", _RL, {"base_model": _TINY}, 401, f"Bearer {FAKE_KEY}"),
+    Case("rl-resource-unknown", "GET", _RL + "/nope", None, 404),
+    Case("rl-stop-unknown", "POST", _RL + "/nope/stop", None, 404),
+    Case("rl-extend-unknown", "POST", _RL + "/nope/extend-expiry", {"seconds": 60}, 404),
+    Case("rl-session-list-body", "POST", "/v1/rl/training-sessions", []),
+    Case("rl-session-resource-int", "POST", "/v1/rl/training-sessions", {"model_resources_id": 5}),
+    Case(
+        "rl-session-resource-unknown",
+        "POST",
+        "/v1/rl/training-sessions",
+        {"model_resources_id": "nope"},
+        404,
+    ),
+    Case("rl-session-unknown", "GET", "/v1/rl/training-sessions/nope", None, 404),
+    Case("rl-session-stop-unknown", "POST", "/v1/rl/training-sessions/nope/stop", None, 404),
+    Case(
+        "rl-op-session-unknown",
+        "POST",
+        "/v1/rl/training-sessions/nope/operations/forward-backward",
+        {},
+        404,
+    ),
+    Case("rl-op-kind-unknown", "POST", "/v1/rl/training-sessions/nope/operations/evil", {}, 404),
+    Case(
+        "rl-upload-session-unknown",
+        "POST",
+        "/v1/rl/training-sessions/nope/payloads/upload-url",
+        None,
+        404,
+    ),
+    Case("rl-checkpoint-unknown", "GET", "/v1/rl/checkpoints/nope", None, 404),
+    Case("rl-download-unknown", "GET", "/v1/rl/checkpoints/nope/download", None, 404),
+    Case("rl-blob-unknown", "PUT", "/rl-blobs/nope", {"samples": []}, 404, None),
+    Case("rl-file-unknown", "GET", "/rl-files/nope/adapter_model.safetensors", None, 404, None),
+    Case("rl-supported-models-no-key", "GET", "/v1/rl/supported-models", None, 401, None),
+]
+
+#: Every family of routes.
+TABLES: dict[str, list[Case]] = {
+    "clusters": CLUSTERS,
+    "admin": ADMIN,
+    "post-training": POST_TRAINING,
+}
 ALL: list[Case] = [c for table in TABLES.values() for c in table]

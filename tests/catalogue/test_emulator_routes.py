@@ -51,10 +51,11 @@ def send(emu: EmulatorHandle, case: Case, fill: dict[str, str]) -> httpx.Respons
     return httpx.request(case.method, emu.base_url + path, headers=headers, timeout=30, **kw)
 
 
-def counts(emu: EmulatorHandle) -> tuple[int, int]:
-    """(clusters, nodes of the target cluster's kind) as the daemon reports them now."""
+def counts(emu: EmulatorHandle) -> tuple[int, int, int]:
+    """(clusters, clusters listed, Post-Training resources) as the daemon reports them now."""
     h = emu.health()
-    return h["clusters"], sum(1 for _ in emu._call("GET", "/v1/compute/clusters")["clusters"])
+    listed = sum(1 for _ in emu._call("GET", "/v1/compute/clusters")["clusters"])
+    return h["clusters"], listed, h["rl_resources"]
 
 
 @pytest.mark.parametrize("case", ALL, ids=[c.id for c in ALL])

@@ -44,7 +44,7 @@ def scrub_text(text: str, key: str) -> str:
     return text[:200]
 
 
-def _depth_ok(value: Any, limit: int) -> bool:
+def depth_ok(value: Any, limit: int) -> bool:
     """Whether `value` nests at most `limit` containers deep (iterative: no recursion to blow)."""
     stack = [(value, 1)]
     while stack:
@@ -70,6 +70,6 @@ def parse_json(raw: bytes) -> Any:
         raise RequestError(
             400, INVALID_ARGUMENT, "request body is not valid JSON (NaN and Infinity are refused)"
         ) from None
-    if not _depth_ok(value, MAX_DEPTH):
+    if not depth_ok(value, MAX_DEPTH):
         raise RequestError(400, INVALID_ARGUMENT, f"request body nests deeper than {MAX_DEPTH}")
     return value

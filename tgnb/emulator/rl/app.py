@@ -1,7 +1,9 @@
 """The ``/v1/rl/...`` routes of the emulator (Post-Training), behind the clusters API's key check,
 chaos knob and request log (`tgnb.emulator.app.EmulatorApp`).
 
-Bodies are parsed refusing NaN/Infinity (400 naming the field). Slow work never runs on the event
+The key is checked before the body is read; bodies are capped at `tgnb.emulator.wire.MAX_BODY`
+(413 beyond; larger payloads go through an upload URL, capped at `MAX_PAYLOAD`) and parsed refusing
+NaN/Infinity (400 naming the field) and nesting deeper than `MAX_DEPTH`. Slow work never runs on the event
 loop: the engine runs on each session's worker thread, model loads and exports on threads, and
 handlers await them with a bound, so a quick operation finishes inside its POST and a GET
 long-polls (`POST_WAIT_S`, `GET_WAIT_S`); the first GET after a create answers READY when the
@@ -32,6 +34,7 @@ from tgnb.emulator.rl.lifecycle import Platform
 from tgnb.emulator.rl.operations import INVALID_INPUT, KINDS
 from tgnb.emulator.rl.state import O_FAILED, R_CREATING, NonFiniteJSON, strict_json
 from tgnb.emulator.validation import INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED, RequestError
+from tgnb.emulator.wire import MAX_DEPTH, depth_ok
 
 if TYPE_CHECKING:
     from tgnb.emulator.app import EmulatorApp
@@ -57,6 +60,10 @@ def _status(r: Request) -> list[str]:
     return [v for raw in r.query_params.getlist("status") for v in raw.split(",") if v]
 
 
+#: The largest payload an upload URL takes (the SDK sends bodies over 0.5 MiB through them).
+MAX_PAYLOAD = 256 << 20
+
+
 class RLApi:
     """The Post-Training routes around one `Platform`."""
 
@@ -69,27 +76,31 @@ class RLApi:
     # ---- the wrapper -------------------------------------------------------------------------
     def api(self, handler: Any) -> Any:
         async def endpoint(request: Request) -> Response:
-            raw = await request.body()
             body: Any = None
             chaos: str | None = None
             response: Response
             try:
-                if not self.emu._authorized(request):
+                if not self.emu._authorized(request):  # before a byte of the body is read
                     raise RequestError(
                         401,
                         UNAUTHENTICATED,
                         "invalid or missing API key: send 'Authorization: Bearer <key>' with the "
                         "emulator's key (tgnb emulator status shows where it is)",
                     )
+                raw = await self.emu._read(request)  # at most MAX_BODY: 413 beyond
                 if raw.strip():
                     try:
                         body = strict_json(raw)
                     except NonFiniteJSON as e:
                         raise checks.bad(e.path, str(e).split(": ", 1)[1]) from None
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         raise RequestError(
                             400, INVALID_ARGUMENT, "body is not valid JSON"
                         ) from None
+                    if not depth_ok(body, MAX_DEPTH):
+                        raise RequestError(
+                            400, INVALID_ARGUMENT, f"request body nests deeper than {MAX_DEPTH}"
+                        )
                 chaos = self.emu.chaos.draw()
                 if chaos in ("429", "503"):
                     response = JSONResponse(
@@ -265,7 +276,16 @@ class RLApi:
         found = self._blobs.get(request.path_params["token"])
         if found is None:
             return JSONResponse(RequestError(404, NOT_FOUND, "unknown upload URL").body(), 404)
-        data = await request.body()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_PAYLOAD:
+                err = RequestError(
+                    413, INVALID_ARGUMENT, f"payload larger than {MAX_PAYLOAD} bytes"
+                )
+                return JSONResponse(err.body(), 413)
+            chunks.append(chunk)
+        data = b"".join(chunks)
         path = training.payload_path(self.p, *found)
 
         def write() -> None:
