@@ -10,15 +10,10 @@ side by side in random order, with no Python work beyond the system calls:
   then fsync the directory and its parent -- the floor of any marker-after-fsync protocol;
 - ``trainer_layout``: the five files of a Trainer checkpoint (weights, optimizer, scheduler, RNG,
   trainer state; N bytes in all, split like the tiny model's), fsynced in parallel, then the
-  marker through a temporary name and a rename;
-- ``spare``: what `tgnb.train.express` does on preemption, untimed preparation excepted: a
-  directory holding a file of N zero bytes and a blank marker, written and fsynced beforehand; timed:
-  the data written over the file in place and flushed (in a thread) while the directory is renamed
-  and the rename made durable, then the marker written over the blank one and flushed.
+  marker through a temporary name and a rename.
 
 For the tiny model's 1.1 MB the flushes dominate: a checkpoint in new files costs at least
-``one_file / plain``, while one written into space allocated beforehand (``spare``) needs no block
-allocation and costs less than the plain write itself. For large checkpoints all tend to 1.
+``one_file / plain``. For large checkpoints all tend to 1.
 
 Usage: ``python bench/checkpoint_floor.py [--bytes 1100000] [--rounds 40] [--dir DIR]``
 """
@@ -92,31 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         fsync_path(d)
         fsync_path(root)
 
-    blank = b" " * len(marker)
-
-    def spare() -> float:
-        d = fresh()
-        d.mkdir()
-        write_file(d / "data", bytes(len(data)))
-        write_file(d / "marker", blank)
-        fsync_path(d)
-        fsync_path(root)
-        began = time.perf_counter()
-        fd = os.open(d / "data", os.O_WRONLY)
-        os.pwrite(fd, data, 0)
-        flushed = pool.submit(os.fdatasync, fd)
-        named = d.with_name(d.name + "-done")
-        os.rename(d, named)
-        fsync_path(root)
-        flushed.result()
-        os.close(fd)
-        fd = os.open(named / "marker", os.O_WRONLY)
-        os.pwrite(fd, marker, 0)
-        os.fdatasync(fd)
-        os.close(fd)
-        return time.perf_counter() - began
-
-    sides = {"plain": plain, "one_file": one_file, "trainer_layout": trainer_layout, "spare": spare}
+    sides = {"plain": plain, "one_file": one_file, "trainer_layout": trainer_layout}
     times: dict[str, list[float]] = {name: [] for name in sides}
     order = list(sides)
     for _ in range(args.rounds):

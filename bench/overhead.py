@@ -2,8 +2,8 @@
 
 Both sides train the built-in tiny model on the built-in task with the same TRL options. The tgnb
 side adds what `tgnb.train.runner` adds: the checkpoint guard's callbacks (step-boundary flag
-check, the boundary's RNG states, periodic-checkpoint bookkeeping), its SIGTERM handler, drain
-watcher and immediate-save thread (`CheckpointGuard.attach`), and the metrics
+check, periodic-checkpoint bookkeeping), its SIGTERM handler and drain watcher, the saver's gloo
+group and CPU staging buffer (`CheckpointGuard.attach`), and the metrics
 callback writing ``metrics.jsonl`` and ``@tgnb`` stdout lines (stdout goes to a log file here, as
 it does under a backend). No checkpoint is saved inside the measured steps: the guard's final save
 happens after the last step, which is not measured.
@@ -75,7 +75,7 @@ def one_side(algorithm: str, steps: int, tgnb: bool, root: Path, index: int) -> 
         callbacks = [timer]
     trainer = runner.build_trainer(cfg, args, callbacks)
     if guard is not None:
-        guard.attach(trainer)  # as the runner does: the immediate saver's thread, RNG per step
+        guard.attach(trainer)  # as the runner does: the saver (its process group and stager)
     log = open(root / "stdout.log", "a", encoding="utf-8")  # noqa: SIM115 - closed below
     try:
         with contextlib.redirect_stdout(log):
