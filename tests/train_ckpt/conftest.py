@@ -120,6 +120,23 @@ class Launcher:
                 proc.wait()
 
 
+def worker_pids(parent: int) -> dict[int, int]:
+    """``{rank: pid}`` of the launcher's worker processes (its children)."""
+    out: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != parent:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for item in environ:
+            if item.startswith(b"RANK="):
+                out[int(item[5:])] = int(stat.parent.name)
+    return out
+
+
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[Launcher]:
     lau = Launcher(tmp_path)

@@ -21,24 +21,9 @@ from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
 from tgnb.train import launch
 
+from .conftest import worker_pids
+
 LAUNCH = [sys.executable, "-m", "tgnb.train.launch", "--standalone", "--nproc_per_node=2"]
-
-
-def worker_pids(parent: int) -> dict[int, int]:
-    """``{rank: pid}`` of the launcher's worker processes (its children)."""
-    out: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) != parent:
-                continue
-            environ = (stat.parent / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        for item in environ:
-            if item.startswith(b"RANK="):
-                out[int(item[5:])] = int(stat.parent.name)
-    return out
 
 
 def test_the_launcher_keeps_tgnbs_exit_codes() -> None:
