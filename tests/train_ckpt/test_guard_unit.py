@@ -257,5 +257,9 @@ def test_another_world_size_keeps_the_global_batch(make_guard: Any, tmp_path: Pa
     assert guard.batch_args(kwargs, 4) == kwargs  # the same world size: nothing changes
     assert guard.batch_args(kwargs, 2)["gradient_accumulation_steps"] == 2
     assert guard.batch_args(kwargs, 1)["gradient_accumulation_steps"] == 4
+    # the same world size with another per-device batch: the global batch is kept too
+    assert (
+        guard.batch_args({"per_device_train_batch_size": 4}, 4)["gradient_accumulation_steps"] == 2
+    )
     with pytest.raises(TrainConfigError, match="per_device_train_batch_size"):
         guard.batch_args({"per_device_train_batch_size": 3}, 2)

@@ -157,14 +157,18 @@ class CheckpointGuard:
         return out
 
     def batch_args(self, kwargs: dict[str, Any], world: int) -> dict[str, Any]:
-        """Keep the global batch of the checkpoint to resume from when the world size changed:
-        ``gradient_accumulation_steps`` = its global batch / (per-device batch x `world`)."""
+        """Keep the global batch of the checkpoint to resume from (the Trainer skips the data seen
+        by counting steps, so the data position holds only if every step is as large):
+        ``gradient_accumulation_steps`` = its global batch / (per-device batch x `world`) when the
+        world size or the per-device batch changed."""
         found = ck.checkpoint_dirs(self.ckpt_dir)
         meta = next((m.meta for p in found if (m := ck.read_marker(p)) is not None), None)
-        if not meta or not meta.get("global_batch") or meta.get("world_size") == world:
-            return kwargs
         per_device = int(kwargs.get("per_device_train_batch_size", 8))
-        total = int(meta["global_batch"])
+        total = int(meta.get("global_batch") or 0) if meta else 0
+        if not total or total == per_device * world * int(
+            kwargs.get("gradient_accumulation_steps", 1)
+        ):
+            return kwargs
         if total % (per_device * world):
             raise TrainConfigError(
                 f"the checkpoint's global batch {total} is not a multiple of per-device batch "
