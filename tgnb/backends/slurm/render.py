@@ -39,11 +39,11 @@ LOG_PATTERN = "slurm-%j.out"
 @dataclass(frozen=True)
 class RenderOptions:
     """Cluster-side choices that are not part of the run: `gres` off for CPU-only clusters,
-    the interpreter and torchrun on the nodes, and the rendezvous port."""
+    the interpreter on the nodes (it runs torchrun as ``python -m tgnb.train.launch``), and the
+    rendezvous port."""
 
     gres: bool = True
     python: str = "python"
-    torchrun: str = "torchrun"
     rdzv_port: int = 29500
 
 
