@@ -158,8 +158,8 @@ class Saver:
             if threading.current_thread() is threading.main_thread():
                 self._failed(job, exc)
             return
+        took = time.monotonic() - job["began"]  # to the marker: the older ones go after it
         removed = ck.rotate(self.ckpt_dir, self.keep_last, ckpt)
-        took = time.monotonic() - job["began"]
         self.recorder.event(
             CHECKPOINT_SAVED,
             f"{path.name}: {ckpt.bytes} bytes in {took:.3f} s (stall {job['stall_s']:.3f} s)",
