@@ -18,7 +18,10 @@ runs the real `tgnb.train.saving.Saver` and `tgnb.train.dcpio.load` and measures
 - (c) ``load / plain``: a resume's load (DCP read, reshard, into model and optimizer) over a plain
   read of the same files (every rank holds the whole state here, as under DDP, so each reads all of
   it). Both read from the page cache (dropping it needs a privilege the CI lacks).
-  Target <= 1.5.
+  Target <= 1.5. Not met with DCP's public readers: ``FileSystemReader`` ``torch.load``s every item
+  into a new tensor and copies it into the live one (two passes over the bytes, fresh memory, about
+  0.3 ms per item) where the plain read makes one pass into a reused buffer: 3-4x here (2026-12-01).
+  The HF safetensors reader/writer pair halves the load but doubles the save.
 
 The default sizes stop at 100M parameters on this 2-core machine (350M: ``--params 350e6``, about
 4 GB per save and rank). Each figure is the median of ``--repeats``, after one synchronous and one
