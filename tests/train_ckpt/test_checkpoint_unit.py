@@ -82,6 +82,19 @@ def test_a_torn_checkpoint_is_not_complete_and_check_names_the_file(
         assert ck.verify(path, checksums=False) is not None
 
 
+def test_a_marker_from_digested_parts_equals_one_that_digests_everything(tmp_path: Path) -> None:
+    """Ranks digest their own files and rank 0 seals with the gathered entries: the same manifest
+    as one process hashing every file; a file changed after its digest is then caught by `check`."""
+    path = make_ckpt(tmp_path, 3, seal=False)
+    rels = ck.files(path)
+    parts = [ck.digest(path, rels[:1]), ck.digest(path, rels[1:])]
+    sealed = ck.write_marker(path, 3, entries=parts[1] + parts[0])
+    assert sealed.files == ck.write_marker(path, 3).files
+    assert [e.path for e in sealed.files] == rels
+    (path / rels[0]).write_bytes(b"changed")
+    assert ck.check(path)[1].startswith(f"{rels[0]}: ")
+
+
 def test_an_unknown_algorithm_is_refused_before_any_work(tmp_path: Path) -> None:
     path = make_ckpt(tmp_path, 8, seal=False)
     with pytest.raises(ValueError, match="unknown checksum algorithm"):

@@ -263,3 +263,23 @@ def test_another_world_size_keeps_the_global_batch(make_guard: Any, tmp_path: Pa
     )
     with pytest.raises(TrainConfigError, match="per_device_train_batch_size"):
         guard.batch_args({"per_device_train_batch_size": 3}, 2)
+
+
+def test_every_file_of_a_checkpoint_is_digested_by_exactly_one_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`own_files`: a rank's DCP shards and RNG file are its own (rank 10 is not rank 1's), the
+    rest (JSON, DCP's .metadata) rank 0's."""
+    names = ["rng-0.safetensors", "rng-1.safetensors", "rng-10.safetensors", "optimizer.json"]
+    names += ["dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/__1_1.distcp"]
+    names += ["dcp/__10_0.distcp"]
+    for n in names:
+        (tmp_path / n).parent.mkdir(exist_ok=True)
+        (tmp_path / n).write_bytes(b"x")
+    owned = {}
+    for r in (0, 1, 10):
+        monkeypatch.setenv("RANK", str(r))
+        owned[r] = dcpio.own_files(tmp_path)
+    assert owned[1] == ["dcp/__1_0.distcp", "dcp/__1_1.distcp", "rng-1.safetensors"]
+    assert owned[10] == ["dcp/__10_0.distcp", "rng-10.safetensors"]
+    assert sorted(owned[0] + owned[1] + owned[10]) == sorted(names)

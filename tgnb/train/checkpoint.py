@@ -3,9 +3,9 @@ and the Young/Daly interval.
 
 A checkpoint is a directory ``checkpoints/checkpoint-<step>``: the `torch.distributed.checkpoint`
 shards every rank wrote under ``dcp/``, and small JSON / safetensors files for the rest (written by
-`tgnb.train.dcpio`). It *counts* only once rank 0 has fsynced every file and directory and then
-written the completion marker `MARKER` last (to a temporary name, fsynced, renamed, the directory
-fsynced). The marker holds the step, the time, the total bytes, the world size, the data position
+`tgnb.train.dcpio`). It *counts* only once every rank has fsynced and checksummed the files it wrote
+(`digest`) and rank 0 has fsynced the directories and then written the completion marker `MARKER`
+last (to a temporary name, fsynced, renamed, the directory fsynced). The marker holds the step, the time, the total bytes, the world size, the data position
 and a manifest of every file with its size and checksum (xxh3-128 when ``xxhash`` is installed,
 sha256 otherwise). A directory without a valid marker, or with a file missing, of another size or
 with another checksum, is *torn*; `check` says which file and why.
@@ -129,7 +129,7 @@ def _hash(path: Path, algorithm: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _files(root: Path) -> list[str]:
+def files(root: Path) -> list[str]:
     """Every file under `root` but the marker (and its temporary), relative, sorted."""
     out = []
     for top, _dirs, names in os.walk(root):
@@ -144,25 +144,35 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max(1, min(n, 8)))
 
 
-def write_marker(
-    path: str | os.PathLike[str], step: int, algorithm: str | None = None, **extra: Any
-) -> Checkpoint:
-    """Seal a checkpoint directory: hash and fsync every file (a few threads: hashing and fsync
-    release the GIL), fsync the directories, then write the marker last, atomically."""
+def digest(path: Path, rels: list[str], algorithm: str | None = None) -> list[FileEntry]:
+    """Hash and fsync the files `rels` of the checkpoint `path` (a few threads: hashing and fsync
+    release the GIL): their manifest entries. Each rank digests the files it wrote."""
     root = Path(path)
     algo = algorithm or default_algorithm()
     _hasher(algo)  # an unknown algorithm fails here, before any work
 
-    def one(rel: str) -> tuple[int, str]:
-        f = root / rel
-        got = _hash(f, algo)
-        fsync_path(f)
-        return got
+    def one(rel: str) -> FileEntry:
+        size, sum_ = _hash(root / rel, algo)
+        fsync_path(root / rel)
+        return FileEntry(rel, size, sum_, algo)
 
-    rels = _files(root)
     with _pool(len(rels)) as pool:
-        digests = list(pool.map(one, rels))
-    entries = tuple(FileEntry(r, s, d, algo) for r, (s, d) in zip(rels, digests, strict=True))
+        return list(pool.map(one, rels))
+
+
+def write_marker(
+    path: str | os.PathLike[str],
+    step: int,
+    algorithm: str | None = None,
+    entries: list[FileEntry] | None = None,
+    **extra: Any,
+) -> Checkpoint:
+    """Seal a checkpoint directory: with the manifest `entries` (by default: `digest` every file),
+    fsync the directories, then write the marker last, atomically."""
+    root = Path(path)
+    found = entries if entries is not None else digest(root, files(root), algorithm)
+    entries = sorted(found, key=lambda e: e.path)
+    rels = [e.path for e in entries]
     for d in sorted({str((root / r).parent) for r in rels} | {str(root)}, key=len, reverse=True):
         fsync_path(d)
     fsync_path(root.parent)
@@ -184,7 +194,7 @@ def write_marker(
         os.fsync(fh.fileno())
     os.replace(tmp, root / MARKER)
     fsync_path(root)
-    return Checkpoint(root, int(step), now, total, entries, dict(extra))
+    return Checkpoint(root, int(step), now, total, tuple(entries), dict(extra))
 
 
 def _entry(f: dict[str, Any]) -> FileEntry:

@@ -26,6 +26,7 @@ import json
 import os
 import pickle
 import random
+import re
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -44,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from tgnb.errors import CheckpointError
+from tgnb.train import checkpoint as ck
 from tgnb.train import record
 
 STATE_DIR = "dcp"
@@ -177,6 +179,15 @@ def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     np.random.set_state((kind, key, pos, has_gauss, cached))
 
 
+def own_files(path: Path) -> list[str]:
+    """The files of the checkpoint `path` this rank wrote: its DCP shards (``dcp/__<rank>_*``) and
+    RNG file; on rank 0 also the rest (JSON, ``.metadata``)."""
+    r = rank()
+    owner = re.compile(rf"^(?:{STATE_DIR}/__(\d+)_|rng-(\d+)\.)")
+    found = [(f, owner.match(f)) for f in ck.files(path)]
+    return [f for f, m in found if (int(m[1] or m[2]) if m else 0) == r]
+
+
 def write_small(path: Path, trainer: Any, plain: dict[str, Any]) -> None:
     """Each rank's RNG file; on rank 0 the optimizer groups, scheduler and trainer state (JSON)."""
     from safetensors.torch import save_file
@@ -222,6 +233,14 @@ class Writer:
 
     def close(self) -> None:
         self.stager.close()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` on rank 0, by rank (elsewhere: []), on the saves' group."""
+        if self.group is None:
+            return [obj]
+        out: list[Any] | None = [None] * world() if rank() == 0 else None
+        dist.gather_object(obj, out, group=self.group, group_dst=0)
+        return out or []
 
     def save_async(self, path: Path, state: dict[str, Any]) -> Future[Any]:
         """Stage `state` to CPU memory now (the stall), write it in a background thread."""

@@ -1,11 +1,13 @@
 """How a run's checkpoints are written (the guard in `tgnb.train.preemption` decides when).
 
 `Saver.save` writes ``checkpoint-<step>`` through `tgnb.train.dcpio`: every rank its RNG file and
-its DCP shard, rank 0 the small JSON files; then rank 0 seals it (`tgnb.train.checkpoint.write_marker`:
-every file fsynced and checksummed, the marker last), rotates older ones and records
+its DCP shard, rank 0 the small JSON files; then every rank fsyncs and checksums the files it wrote
+(`tgnb.train.checkpoint.digest`, the ranks in parallel), rank 0 gathers the entries and seals the
+checkpoint (`tgnb.train.checkpoint.write_marker`: the marker last), rotates older ones and records
 ``CheckpointSaved``. Synchronous saves (preemption, final) return once sealed. Asynchronous ones
 (periodic) return once the state is staged in CPU memory -- that time is the *stall* Young/Daly
-uses -- and are written by ``dcp.async_save`` in the background; rank 0 seals them from a thread.
+uses -- and are written by ``dcp.async_save`` in the background and sealed from a thread on every
+rank (its gather runs on the saves' own group, after DCP's collectives; the next save waits for it).
 At most one is in flight: the next save waits for it first.
 
 A failed save (``ENOSPC`` and the like) is reported (``CheckpointFailed`` and a log line naming the
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tgnb.errors import CheckpointError
 from tgnb.events import CHECKPOINT_FAILED, CHECKPOINT_SAVED
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
@@ -134,18 +137,29 @@ class Saver:
 
     def _seal(self, job: dict[str, Any]) -> None:
         path, step = job["path"], job["step"]
+        try:  # every rank its own files, in parallel; rank 0 gets all the entries
+            mine: Any = ck.digest(path, dcpio.own_files(path))
+        except Exception as exc:  # sent as text: any exception pickles as that
+            mine = f"rank {dcpio.rank()}: {type(exc).__name__}: {exc}"
+        parts = self.writer.gather(mine)
         if dcpio.rank() != 0:
             self.last = ck.Checkpoint(path, step, time.time(), 0)
             return
         try:
-            ckpt = ck.write_marker(path, step, trigger=job["trigger"], **job["meta"])
+            for part in parts:
+                if isinstance(part, str):
+                    raise CheckpointError(f"checksumming {path.name} failed on {part}")
+            entries = [e for part in parts for e in part]
+            ckpt = ck.write_marker(
+                path, step, entries=entries, trigger=job["trigger"], **job["meta"]
+            )
         except Exception as exc:
             job["error"] = exc
             if threading.current_thread() is threading.main_thread():
                 self._failed(job, exc)
             return
+        took = time.monotonic() - job["began"]  # to the marker: the older ones go after it
         removed = ck.rotate(self.ckpt_dir, self.keep_last, ckpt)
-        took = time.monotonic() - job["began"]
         self.recorder.event(
             CHECKPOINT_SAVED,
             f"{path.name}: {ckpt.bytes} bytes in {took:.3f} s (stall {job['stall_s']:.3f} s)",
