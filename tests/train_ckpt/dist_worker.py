@@ -12,6 +12,9 @@ synchronously at the end) and write the consolidated state and the losses.
 loaded is exactly a saved step (every tensor holds the step's value), then save step after step
 (alternately asynchronous and synchronous) until the parent SIGKILLs one rank or both at a seeded
 random instant (the other one is then killed as torchrun's agent would).
+
+``python dist_worker.py fault ROOT OUT_JSON``: 2 ranks, saves that fail on one rank only
+(`fault_rank`); each rank writes ``OUT-<rank>.json``.
 """
 
 from __future__ import annotations
@@ -205,6 +208,53 @@ def kill_trial(run_dir: Path, seed: int, out: Path) -> None:
     out.write_text(json.dumps({**report, "latest": latest.step if latest else None}))
 
 
+def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
+    """Three saves at step 2 that fail on one rank only, each with a real error from the file
+    system (a directory stands where that rank must write a file), after a good save at step 1:
+    rank 1's RNG file in a synchronous save, then in an asynchronous one; rank 0's marker. Every
+    rank must come back from the save (no collective left waiting), and every rank must fail alike:
+    at once when the RNG file failed, at `finish` when only rank 0's marker did."""
+    os.environ["RANK"] = str(rank)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    report: dict[str, Any] = {}
+    for case, victim, blocker in (
+        ("sync", 1, "rng-1.safetensors"),
+        ("async", 1, "rng-1.safetensors"),
+        ("marker", 0, ".tgnb-complete.json.tmp"),
+    ):
+        run_dir = root / case
+        trainer = SimpleNamespace(
+            model=model, optimizer=opt, lr_scheduler=None, state=TrainerState()
+        )
+        trainer.state.max_steps = 10
+        policy = CheckpointPolicy(watch_drain=False, on_signal=False, allow_fresh_start=True)
+        guard = CheckpointGuard(policy, run_dir, Recorder(run_dir))
+        guard.attach(trainer)
+        saver = guard.saver
+        assert saver is not None
+        meta = {"world_size": 2, "global_batch": 2, "samples": 2, "adapter_only": False}
+        trainer.state.global_step = 1
+        saver.save(trainer, 1, "periodic", meta, sync=True)
+        if rank == victim:
+            (run_dir / "checkpoints" / "checkpoint-2" / blocker).mkdir(parents=True)
+        dist.barrier()
+        trainer.state.global_step = 2
+        saver.save(trainer, 2, "periodic", meta, sync=case != "async")
+        saver.wait()
+        got: dict[str, Any] = {"after_save": str(saver.failure or "")}
+        try:
+            got["exit"] = guard.finish(trainer)
+        except Exception as exc:
+            got["finish_error"] = f"{type(exc).__name__}: {exc}"
+        report[case] = got
+    out.with_name(f"{out.stem}-{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main() -> None:
     mode, run_dir = sys.argv[1], Path(sys.argv[2])
     if mode == "reshard":
@@ -216,6 +266,12 @@ def main() -> None:
         mp.start_processes(
             reshard, args=(world, store, run_dir, steps, out), nprocs=world, start_method="fork"
         )
+    elif mode == "fault":
+        import torch.multiprocessing as mp
+
+        store = tempfile.mktemp(prefix="store-", dir=run_dir.parent)
+        out = Path(sys.argv[3])
+        mp.start_processes(fault_rank, args=(store, run_dir, out), nprocs=2, start_method="fork")
     else:
         for seed in map(int, sys.argv[3].split(",")):
             out = run_dir.parent / f"trial-{seed}.json"

@@ -235,12 +235,12 @@ class Writer:
         self.stager.close()
 
     def gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj` on rank 0, by rank (elsewhere: []), on the saves' group."""
+        """Every rank's `obj`, by rank, on every rank (on the saves' group)."""
         if self.group is None:
             return [obj]
-        out: list[Any] | None = [None] * world() if rank() == 0 else None
-        dist.gather_object(obj, out, group=self.group, group_dst=0)
-        return out or []
+        out: list[Any] = [None] * world()
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
 
     def save_async(self, path: Path, state: dict[str, Any]) -> Future[Any]:
         """Stage `state` to CPU memory now (the stall), write it in a background thread."""

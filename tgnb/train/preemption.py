@@ -259,6 +259,15 @@ class CheckpointGuard:
         stopped by a full disk. Records ``RunExited``. Every rank calls it."""
         if self.saver is not None:
             self.saver.wait()
+            if dcpio.dist_up():  # every rank exits alike, also when only rank 0's marker failed
+                import torch
+                import torch.distributed as dist
+
+                mine = [int(self.saver.failure is not None), int(self.saver.no_space)]
+                t = torch.tensor(mine, dtype=torch.int32)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.saver.writer.group)
+                if t[0]:
+                    self.saver.failed_elsewhere(bool(t[1]))
         self.close()
         step = int(trainer.state.global_step)
         self._report_notices(step)
@@ -402,12 +411,14 @@ class CheckpointGuard:
         step = int(state.global_step)
         saver = self.saver
         assert saver is not None, "call CheckpointGuard.attach(trainer) before training"
-        broken = saver.failure is not None or saver.async_failed
+        if saver.async_failed:
+            saver.wait()  # it has ended: report it now
         flags = [
             int(self.signal_received is not None),
             int(self.drain_notice is not None),
             int(self._periodic_due(step)),
-            int(broken),
+            int(saver.failure is not None),
+            int(saver.no_space),
         ]
         if dcpio.dist_up():
             import torch.distributed as dist
@@ -416,13 +427,13 @@ class CheckpointGuard:
             t = torch.tensor(flags, dtype=torch.int32, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             flags = [int(x) for x in t.tolist()]
-        signalled, drained, due, failed = flags
-        if failed:
-            saver.wait()  # the failure is reported; nothing more is written
-            if saver.failure is not None:
-                self.stop_reason = "no-space"
-                control.should_training_stop = True
-                return
+        signalled, drained, due, failed, full = flags
+        if failed:  # on any rank: every rank stops (nothing more is written)
+            saver.wait()
+            saver.failed_elsewhere(bool(full))
+            self.stop_reason = "no-space"
+            control.should_training_stop = True
+            return
         final = step >= int(state.max_steps)
         meta = self._meta(args, step)
         if (signalled or drained) and not final:
@@ -441,6 +452,5 @@ class CheckpointGuard:
         elif due:
             saver.save(self._trainer, step, "periodic", meta, sync=not self.policy.async_save)
             self._last_save_time = time.monotonic()
-        if saver.failure is not None:
-            self.stop_reason = "no-space"
-            control.should_training_stop = True
+        if saver.failure is not None and (signalled or drained or final):
+            self.stop_reason = "no-space"  # (after a periodic save: at the next boundary, agreed)

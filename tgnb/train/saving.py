@@ -80,19 +80,22 @@ class Saver:
         path = self.ckpt_dir / f"{ck.PREFIX}{step}"
         began = time.monotonic()
         job = {"path": path, "step": step, "trigger": trigger, "meta": meta, "began": began}
-        try:
+        try:  # DCP first: it reports a failure on any rank to every rank
             state, plain = dcpio.split_state(trainer.model, trainer.optimizer, meta["adapter_only"])
-            dcpio.write_small(path, trainer, plain)
             if sync:
                 self.writer.save(path, state)
-                if trigger == "final":  # also the Trainer's own export: loadable by from_pretrained
-                    trainer.save_model(str(path))
-                    (path / "training_args.bin").unlink(missing_ok=True)  # a pickle: not kept
             else:
                 fut = self.writer.save_async(path, state)
         except Exception as exc:
             self._failed(job, exc)
             return
+        try:  # then this rank's own files: a failure here reaches the others when sealing
+            dcpio.write_small(path, trainer, plain)
+            if sync and trigger == "final":  # the Trainer's own export: loadable by from_pretrained
+                trainer.save_model(str(path))
+                (path / "training_args.bin").unlink(missing_ok=True)  # a pickle: not kept
+        except Exception as exc:
+            job["local_error"] = exc
         self.last_step = step
         stall = time.monotonic() - began
         self._stalls.append(stall)
@@ -125,6 +128,13 @@ class Saver:
         if job is not None and "error" in job:
             self._failed(job, job["error"])
 
+    def failed_elsewhere(self, no_space: bool) -> None:
+        """Another rank reported a failed save this rank did not see (rank 0's marker): fail too,
+        so that every rank stops alike."""
+        if self.failure is None:
+            self.failure = CheckpointError("a checkpoint failed on another rank (see its log)")
+            self.no_space = no_space
+
     @property
     def busy(self) -> bool:
         return self._sealer is not None and self._sealer.is_alive()
@@ -137,18 +147,20 @@ class Saver:
 
     def _seal(self, job: dict[str, Any]) -> None:
         path, step = job["path"], job["step"]
-        try:  # every rank its own files, in parallel; rank 0 gets all the entries
+        try:  # every rank its own files, in parallel; every rank learns of any failure
+            if "local_error" in job:
+                raise job["local_error"]
             mine: Any = ck.digest(path, dcpio.own_files(path))
         except Exception as exc:  # sent as text: any exception pickles as that
             mine = f"rank {dcpio.rank()}: {type(exc).__name__}: {exc}"
         parts = self.writer.gather(mine)
-        if dcpio.rank() != 0:
-            self.last = ck.Checkpoint(path, step, time.time(), 0)
-            return
         try:
             for part in parts:
                 if isinstance(part, str):
-                    raise CheckpointError(f"checksumming {path.name} failed on {part}")
+                    raise CheckpointError(f"writing {path.name} failed on {part}")
+            if dcpio.rank() != 0:
+                self.last = ck.Checkpoint(path, step, time.time(), 0)
+                return
             entries = [e for part in parts for e in part]
             ckpt = ck.write_marker(
                 path, step, entries=entries, trigger=job["trigger"], **job["meta"]

@@ -1,0 +1,47 @@
+"""A save that fails on one rank only (2 gloo ranks, the real saver and guard, `dist_worker.py
+fault`): the failure is real (a directory stands where that rank must write its RNG file, or rank
+0 its marker), nothing is faked. No rank may be left waiting in a collective (the subprocess has
+a timeout), every rank must end the same way, and the last complete checkpoint must survive."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tgnb.train import checkpoint as ck
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.timeout(300)
+def test_a_save_failing_on_one_rank_fails_on_every_rank_and_keeps_the_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    root, out = tmp_path / "runs", tmp_path / "report.json"
+    got = subprocess.run(
+        [sys.executable, str(HERE / "dist_worker.py"), "fault", str(root), str(out)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    ranks = [json.loads(out.with_name(f"report-{r}.json").read_text()) for r in (0, 1)]
+    for case in ("sync", "async"):  # rank 1's RNG file: both ranks know at once
+        for r, report in enumerate(ranks):
+            assert "on rank 1: SafetensorError" in report[case]["after_save"], (case, r, report)
+            assert "checkpoint failed" in report[case]["finish_error"], (case, r, report)
+    # rank 0's marker: rank 1 learns of it at finish; both raise, so torchrun's launcher sees
+    # the same failure from every worker
+    assert "Is a directory" in ranks[0]["marker"]["after_save"]
+    assert ranks[1]["marker"]["after_save"] == ""
+    for report in ranks:
+        assert "checkpoint failed" in report["marker"]["finish_error"], report
+    for case in ("sync", "async", "marker"):
+        ckpts = root / case / "checkpoints"
+        latest = ck.latest_complete(ckpts)
+        assert latest is not None and latest.step == 1, case
+        assert [p.name for p in ck.checkpoint_dirs(ckpts)] == ["checkpoint-1"], case
+    assert "rank 1" in got.stderr and "the last complete checkpoint is kept" in got.stderr
