@@ -1,9 +1,10 @@
 """How a run's checkpoints are written (the guard in `tgnb.train.preemption` decides when).
 
-`Saver.save` writes ``checkpoint-<step>`` through `tgnb.train.dcpio`: every rank its RNG file and
-its DCP shard, rank 0 the small JSON files; then every rank fsyncs and checksums the files it wrote
-(`tgnb.train.checkpoint.digest`, the ranks in parallel), rank 0 gathers the entries and seals the
-checkpoint (`tgnb.train.checkpoint.write_marker`: the marker last), rotates older ones and records
+`Saver.save` writes ``checkpoint-<step>`` through `tgnb.train.dcpio`: every rank its DCP shard, then
+its RNG file, rank 0 the small JSON files; then every rank fsyncs and checksums the files it wrote
+(`tgnb.train.checkpoint.digest`, the ranks in parallel), the entries are all-gathered (with any
+rank's failure, so that every rank fails alike), and rank 0 seals the checkpoint
+(`tgnb.train.checkpoint.write_marker`: the marker last), rotates older ones and records
 ``CheckpointSaved``. Synchronous saves (preemption, final) return once sealed. Asynchronous ones
 (periodic) return once the state is staged in CPU memory -- that time is the *stall* Young/Daly
 uses -- and are written by ``dcp.async_save`` in the background and sealed from a thread on every
@@ -13,7 +14,8 @@ At most one is in flight: the next save waits for it first.
 A failed save (``ENOSPC`` and the like) is reported (``CheckpointFailed`` and a log line naming the
 directory and the cause); its directory, never complete, is removed; the last complete checkpoint is
 untouched. ``Saver.failure`` then holds the cause, and the guard stops the run with `EXIT_NO_SPACE`
-(disk full) or raises.
+(disk full) or raises -- on every rank: a failure only rank 0 saw (its marker) reaches the others
+at the next step boundary or at `finish` (`failed_elsewhere`).
 """
 
 from __future__ import annotations
