@@ -5,9 +5,9 @@ A checkpoint is a directory ``checkpoints/checkpoint-<step>``: the `torch.distri
 shards every rank wrote under ``dcp/``, and small JSON / safetensors files for the rest (written by
 `tgnb.train.dcpio`). It *counts* only once every rank has fsynced and checksummed the files it wrote
 (`digest`) and rank 0 has fsynced the directories and then written the completion marker `MARKER`
-last (to a temporary name, fsynced, renamed, the directory fsynced). The marker holds the step, the time, the total bytes, the world size, the data position
-and a manifest of every file with its size and checksum (xxh3-128 when ``xxhash`` is installed,
-sha256 otherwise). A directory without a valid marker, or with a file missing, of another size or
+last (to a temporary name, fsynced, renamed, the directory fsynced). The marker holds the step,
+the time, the total bytes, the world size, the data position and a manifest of every file with its
+size and xxh3-128 checksum (``xxhash``, a dependency of ``tgnb[train]``). A directory without a valid marker, or with a file missing, of another size or
 with another checksum, is *torn*; `check` says which file and why.
 
 A torn checkpoint older than the newest complete one is removed by retention; one found while
@@ -18,7 +18,6 @@ This module is light (no torch, no transformers): the notebook side may read che
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -40,7 +39,7 @@ PREFIX = "checkpoint-"
 QUARANTINE = "quarantine"
 MARKER_VERSION = 3
 FORMAT = "tgnb-dcp-1"
-ALGORITHMS = ("xxh3_128", "sha256")
+ALGORITHM = "xxh3_128"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
 
@@ -52,10 +51,9 @@ class FileEntry:
     path: str
     size: int
     digest: str
-    algorithm: str = ALGORITHMS[0]
 
     def record(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, self.algorithm: self.digest}
+        return {"path": self.path, "size": self.size, ALGORITHM: self.digest}
 
 
 @dataclass(frozen=True)
@@ -99,26 +97,18 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def default_algorithm() -> str:
+def _hasher() -> Any:
     try:
-        import xxhash  # noqa: F401
-    except ImportError:
-        return "sha256"
-    return "xxh3_128"
-
-
-def _hasher(algorithm: str) -> Any:
-    if algorithm == "xxh3_128":
         import xxhash
+    except ImportError:  # never call a checkpoint torn for want of a library
+        raise CheckpointError(
+            "checkpoints are checksummed with xxh3; install xxhash (pip install xxhash)"
+        ) from None
+    return xxhash.xxh3_128()
 
-        return xxhash.xxh3_128()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise ValueError(f"unknown checksum algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
-
-def _hash(path: Path, algorithm: str) -> tuple[int, str]:
-    digest = _hasher(algorithm)
+def _hash(path: Path) -> tuple[int, str]:
+    digest = _hasher()
     size = 0
     with open(path, "rb", buffering=0) as fh:
         buf = bytearray(_CHUNK)
@@ -144,17 +134,16 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max(1, min(n, 8)))
 
 
-def digest(path: Path, rels: list[str], algorithm: str | None = None) -> list[FileEntry]:
+def digest(path: Path, rels: list[str]) -> list[FileEntry]:
     """Hash and fsync the files `rels` of the checkpoint `path` (a few threads: hashing and fsync
     release the GIL): their manifest entries. Each rank digests the files it wrote."""
     root = Path(path)
-    algo = algorithm or default_algorithm()
-    _hasher(algo)  # an unknown algorithm fails here, before any work
+    _hasher()  # a missing library fails here, before any work
 
     def one(rel: str) -> FileEntry:
-        size, sum_ = _hash(root / rel, algo)
+        size, sum_ = _hash(root / rel)
         fsync_path(root / rel)
-        return FileEntry(rel, size, sum_, algo)
+        return FileEntry(rel, size, sum_)
 
     with _pool(len(rels)) as pool:
         return list(pool.map(one, rels))
@@ -163,14 +152,13 @@ def digest(path: Path, rels: list[str], algorithm: str | None = None) -> list[Fi
 def write_marker(
     path: str | os.PathLike[str],
     step: int,
-    algorithm: str | None = None,
     entries: list[FileEntry] | None = None,
     **extra: Any,
 ) -> Checkpoint:
     """Seal a checkpoint directory: with the manifest `entries` (by default: `digest` every file),
     fsync the directories, then write the marker last, atomically."""
     root = Path(path)
-    found = entries if entries is not None else digest(root, files(root), algorithm)
+    found = entries if entries is not None else digest(root, files(root))
     entries = sorted(found, key=lambda e: e.path)
     rels = [e.path for e in entries]
     for d in sorted({str((root / r).parent) for r in rels} | {str(root)}, key=len, reverse=True):
@@ -197,19 +185,14 @@ def write_marker(
     return Checkpoint(root, int(step), now, total, tuple(entries), dict(extra))
 
 
-def _entry(f: dict[str, Any]) -> FileEntry:
-    for algo in ALGORITHMS:
-        if algo in f:
-            return FileEntry(str(f["path"]), int(f["size"]), str(f[algo]), algo)
-    raise KeyError("no checksum")
-
-
 def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
     """The checkpoint its marker describes, or None when the marker is missing or unreadable."""
     root = Path(path)
     try:
         record = json.loads((root / MARKER).read_text(encoding="utf-8"))
-        entries = tuple(_entry(f) for f in record["files"])
+        entries = tuple(
+            FileEntry(str(f["path"]), int(f["size"]), str(f[ALGORITHM])) for f in record["files"]
+        )
         meta = {k: v for k, v in record.items() if k not in ("files", "step", "time", "bytes")}
         return Checkpoint(
             root, int(record["step"]), float(record["time"]), int(record["bytes"]), entries, meta
@@ -237,15 +220,9 @@ def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpo
         if size != e.size:
             return None, f"{e.path}: {size} bytes, the manifest says {e.size} (truncated or grown)"
     if checksums:
-        for algo in {e.algorithm for e in ckpt.files}:
-            try:
-                _hasher(algo)
-            except ImportError as exc:  # never call a checkpoint torn for want of a library
-                raise CheckpointError(
-                    f"{root} has {algo} checksums; install xxhash to verify it (pip install xxhash)"
-                ) from exc
+        _hasher()  # a missing library is an error, not a torn checkpoint
         with _pool(len(ckpt.files)) as pool:
-            got = list(pool.map(lambda e: _hash(root / e.path, e.algorithm), ckpt.files))
+            got = list(pool.map(lambda e: _hash(root / e.path), ckpt.files))
         for g, e in zip(got, ckpt.files, strict=True):
             if g != (e.size, e.digest):
                 return None, f"{e.path}: checksum mismatch (damaged)"
