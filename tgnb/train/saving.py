@@ -1,7 +1,7 @@
 """How a run's checkpoints are written (the guard in `tgnb.train.preemption` decides when).
 
-`Saver.save` writes ``checkpoint-<step>`` through `tgnb.train.dcpio`: every rank its DCP shard, then
-its RNG file, rank 0 the small JSON files; then every rank fsyncs and checksums the files it wrote
+`Saver.save` writes ``checkpoint-<step>`` through `tgnb.train.dcpio`: every rank its RNG file and
+its DCP shard, rank 0 the small JSON files; then every rank fsyncs and checksums the files it wrote
 (`tgnb.train.checkpoint.digest`, the ranks in parallel), the entries are all-gathered (with any
 rank's failure, so that every rank fails alike), and rank 0 seals the checkpoint
 (`tgnb.train.checkpoint.write_marker`: the marker last), rotates older ones and records
@@ -82,22 +82,26 @@ class Saver:
         path = self.ckpt_dir / f"{ck.PREFIX}{step}"
         began = time.monotonic()
         job = {"path": path, "step": step, "trigger": trigger, "meta": meta, "began": began}
-        try:  # DCP first: it reports a failure on any rank to every rank
+        try:
             state, plain = dcpio.split_state(trainer.model, trainer.optimizer, meta["adapter_only"])
-            if sync:
+            try:  # this rank's own files, before DCP's collectives (done when they are); a
+                # failure here is told to the other ranks when sealing, so every rank goes on
+                dcpio.write_small(path, trainer, plain)
+            except Exception as exc:
+                job["local_error"] = exc
+            if sync:  # DCP reports a failure on any rank to every rank
                 self.writer.save(path, state)
             else:
                 fut = self.writer.save_async(path, state)
         except Exception as exc:
             self._failed(job, exc)
             return
-        try:  # then this rank's own files: a failure here reaches the others when sealing
-            dcpio.write_small(path, trainer, plain)
-            if sync and trigger == "final":  # the Trainer's own export: loadable by from_pretrained
+        if sync and trigger == "final":  # the Trainer's own export: loadable by from_pretrained
+            try:
                 trainer.save_model(str(path))
                 (path / "training_args.bin").unlink(missing_ok=True)  # a pickle: not kept
-        except Exception as exc:
-            job["local_error"] = exc
+            except Exception as exc:
+                job.setdefault("local_error", exc)
         self.last_step = step
         stall = time.monotonic() - began
         self._stalls.append(stall)
