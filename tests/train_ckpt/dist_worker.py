@@ -218,7 +218,24 @@ def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    report: dict[str, Any] = {}
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    state, _ = dcpio.split_state(model, opt, adapter_only=False)
+    share = dcpio.own_share(state)  # what this rank writes of the replicated (DDP) state
+    report: dict[str, Any] = {
+        "share": sorted(
+            f"{top}.{k}.{sub}"
+            for top, d in share.items()
+            for k, v in d.items()
+            for sub in (v if isinstance(v, dict) else [""])
+        ),
+        "share_bytes": sum(
+            t.numel() * t.element_size()
+            for d in share.values()
+            for v in d.values()
+            for t in (v.values() if isinstance(v, dict) else [v])
+        ),
+    }
     for case, victim, blocker in (
         ("sync", 1, "rng-1.safetensors"),
         ("async", 1, "rng-1.safetensors"),

@@ -45,3 +45,21 @@ def test_a_save_failing_on_one_rank_fails_on_every_rank_and_keeps_the_last_check
         assert latest is not None and latest.step == 1, case
         assert [p.name for p in ck.checkpoint_dirs(ckpts)] == ["checkpoint-1"], case
     assert "rank 1" in got.stderr and "the last complete checkpoint is kept" in got.stderr
+
+
+def test_the_ranks_share_out_a_replicated_state_before_staging_it(tmp_path: Path) -> None:
+    """Under DDP every rank holds the whole state; each writes (and stages) only its share: the
+    shares are disjoint, cover everything, and are balanced by size (same worker run as above)."""
+    root, out = tmp_path / "runs", tmp_path / "report.json"
+    got = subprocess.run(
+        [sys.executable, str(HERE / "dist_worker.py"), "fault", str(root), str(out)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    ranks = [json.loads(out.with_name(f"report-{r}.json").read_text()) for r in (0, 1)]
+    shares = [set(r["share"]) for r in ranks]
+    assert shares[0] and shares[1] and not shares[0] & shares[1]
+    assert len(shares[0] | shares[1]) == 8  # 2 model tensors, 3 optimizer tensors for each
+    # Linear(8, 8) under AdamW, 872 bytes: weight, its exp_avg and exp_avg_sq (256 B each); bias
+    # and its two (32 B each); two 4 B steps. Largest first, each to the lighter rank: 512 / 360
+    assert sorted(r["share_bytes"] for r in ranks) == [360, 512]

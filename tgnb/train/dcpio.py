@@ -155,6 +155,40 @@ def split_state(model: Any, optimizer: Any, adapter_only: bool) -> tuple[dict[st
     return {"model": msd, "optim": tensors}, plain
 
 
+def own_share(state: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What this rank writes of `state` (from `split_state`): every sharded (``DTensor``) entry, and
+    its share of the replicated ones (plain tensors: under DDP every rank holds them all), shared
+    out by size, largest first, the same way on every rank. DCP would de-duplicate them as well,
+    but only after an asynchronous save has staged them: this way each rank copies 1/world of them
+    to CPU memory, not all of them. On load every rank reads every entry, wherever it was written."""
+    if not dist_up():
+        return state
+    from torch.distributed.tensor import DTensor
+
+    leaves: list[tuple[int, tuple[str, str, str]]] = []
+    for top, entries in state.items():
+        for key, value in entries.items():
+            for sub, t in value.items() if isinstance(value, dict) else [("", value)]:
+                if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+                    leaves.append((t.numel() * t.element_size(), (top, key, sub)))
+    load = [0] * world()
+    owner: dict[tuple[str, str, str], int] = {}
+    for size, path in sorted(leaves, key=lambda x: (-x[0], x[1])):
+        owner[path] = load.index(min(load))
+        load[owner[path]] += size
+    me = rank()
+    out: dict[str, dict[str, Any]] = {}
+    for top, entries in state.items():
+        out[top] = {}
+        for key, value in entries.items():
+            if not isinstance(value, dict):
+                if owner.get((top, key, ""), me) == me:
+                    out[top][key] = value
+            elif part := {s: t for s, t in value.items() if owner.get((top, key, s), me) == me}:
+                out[top][key] = part
+    return out
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]

@@ -84,6 +84,7 @@ class Saver:
         job = {"path": path, "step": step, "trigger": trigger, "meta": meta, "began": began}
         try:
             state, plain = dcpio.split_state(trainer.model, trainer.optimizer, meta["adapter_only"])
+            state = dcpio.own_share(state)
             try:  # this rank's own files, before DCP's collectives (done when they are); a
                 # failure here is told to the other ranks when sealing, so every rank goes on
                 dcpio.write_small(path, trainer, plain)
