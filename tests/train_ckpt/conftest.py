@@ -120,6 +120,12 @@ class Launcher:
                 proc.wait()
 
 
+def torchrun(ranks: int) -> list[str]:
+    """``python -m tgnb.train`` on `ranks` processes under tgnb's torchrun launcher (standalone)."""
+    launch = [sys.executable, "-m", "tgnb.train.launch", "--standalone"]
+    return [*launch, f"--nproc_per_node={ranks}", "-m", "tgnb.train"]
+
+
 def worker_pids(parent: int) -> dict[int, int]:
     """``{rank: pid}`` of the launcher's worker processes (its children)."""
     out: dict[int, int] = {}

@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,17 +20,32 @@ from tgnb.train import checkpoint as ck
 HERE = Path(__file__).parent
 
 
-@pytest.mark.timeout(300)
-def test_a_save_failing_on_one_rank_fails_on_every_rank_and_keeps_the_last_checkpoint(
-    tmp_path: Path,
-) -> None:
-    root, out = tmp_path / "runs", tmp_path / "report.json"
+@dataclass
+class Faults:
+    root: Path  # the run directories, one per case
+    stderr: str
+    ranks: list[dict[str, Any]]  # each rank's report
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory) -> Faults:
+    """One run of the 2-rank worker (all cases), shared by this module's tests."""
+    tmp = tmp_path_factory.mktemp("faults")
+    root, out = tmp / "runs", tmp / "report.json"
     got = subprocess.run(
         [sys.executable, str(HERE / "dist_worker.py"), "fault", str(root), str(out)],
         capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert got.returncode == 0, got.stderr[-3000:]
     ranks = [json.loads(out.with_name(f"report-{r}.json").read_text()) for r in (0, 1)]
+    return Faults(root, got.stderr, ranks)
+
+
+@pytest.mark.timeout(300)
+def test_a_save_failing_on_one_rank_fails_on_every_rank_and_keeps_the_last_checkpoint(
+    faults: Faults,
+) -> None:
+    root, ranks = faults.root, faults.ranks
     for case in ("sync", "async"):  # rank 1's RNG file: both ranks know at once
         for r, report in enumerate(ranks):
             assert "on rank 1: SafetensorError" in report[case]["after_save"], (case, r, report)
@@ -44,19 +61,13 @@ def test_a_save_failing_on_one_rank_fails_on_every_rank_and_keeps_the_last_check
         latest = ck.latest_complete(ckpts)
         assert latest is not None and latest.step == 1, case
         assert [p.name for p in ck.checkpoint_dirs(ckpts)] == ["checkpoint-1"], case
-    assert "rank 1" in got.stderr and "the last complete checkpoint is kept" in got.stderr
+    assert "rank 1" in faults.stderr and "the last complete checkpoint is kept" in faults.stderr
 
 
-def test_the_ranks_share_out_a_replicated_state_before_staging_it(tmp_path: Path) -> None:
+def test_the_ranks_share_out_a_replicated_state_before_staging_it(faults: Faults) -> None:
     """Under DDP every rank holds the whole state; each writes (and stages) only its share: the
-    shares are disjoint, cover everything, and are balanced by size (same worker run as above)."""
-    root, out = tmp_path / "runs", tmp_path / "report.json"
-    got = subprocess.run(
-        [sys.executable, str(HERE / "dist_worker.py"), "fault", str(root), str(out)],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr[-3000:]
-    ranks = [json.loads(out.with_name(f"report-{r}.json").read_text()) for r in (0, 1)]
+    shares are disjoint, cover everything, and are balanced by size (the same worker run)."""
+    ranks = faults.ranks
     shares = [set(r["share"]) for r in ranks]
     assert shares[0] and shares[1] and not shares[0] & shares[1]
     assert len(shares[0] | shares[1]) == 8  # 2 model tensors, 3 optimizer tensors for each

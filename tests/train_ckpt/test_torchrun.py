@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,7 @@ from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
 from tgnb.train import launch
 
-from .conftest import worker_pids
-
-LAUNCH = [sys.executable, "-m", "tgnb.train.launch", "--standalone", "--nproc_per_node=2"]
+from .conftest import torchrun, worker_pids
 
 
 def test_the_launcher_keeps_tgnbs_exit_codes() -> None:
@@ -46,7 +43,7 @@ def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_ru
 
     # Build the tiny model once up front: two ranks building it at once can collide.
     assets.tiny_path(3, tmp_path / "home" / "assets")
-    argv = [*LAUNCH, "-m", "tgnb.train"]
+    argv = torchrun(2)
     steps = 24
     common = ("algorithm=dpo", "model=tiny", "seed=3", "checkpoint.watch_drain=false")
     common += ("checkpoint.every_steps=5", f"max_steps={steps}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,16 +39,12 @@ import pytest
 
 from tgnb.backends.base import EXIT_PREEMPTED
 
-from .conftest import worker_pids
+from .conftest import torchrun, worker_pids
 
 STEPS = 14
 GLOBAL_BATCH = 16  # TINY_DEFAULTS["dpo"]["per_device_train_batch_size"] x 2 ranks
 LOSS_TOL = 1e-6
 WEIGHT_TOL = 1e-6
-
-
-def launch(ranks: int) -> list[str]:
-    return [sys.executable, "-m", "tgnb.train.launch", "--standalone", f"--nproc_per_node={ranks}"]
 
 
 def losses(launcher: Any, run_dir: Path) -> dict[int, float]:
@@ -96,20 +91,18 @@ def test_dpo_resumed_at_1_rank_then_2_keeps_batch_data_and_loss(
         common += ("trl.fsdp=true", "trl.fsdp_config={version: 2}")
     run_dir = tmp_path / "reshard"
 
-    first = launcher.start(run_dir, *common, argv=[*launch(2), "-m", "tgnb.train"])
+    first = launcher.start(run_dir, *common, argv=torchrun(2))
     stop1 = preempt(first, 2, 2)
     if mode == "fsdp" and not sharded(run_dir / "checkpoints" / f"checkpoint-{stop1}"):
         import accelerate
 
         pytest.skip(f"accelerate {accelerate.__version__} drops FSDP on the CPU: the run was DDP")
-    second = launcher.start(run_dir, *common, argv=[*launch(1), "-m", "tgnb.train"])
+    second = launcher.start(run_dir, *common, argv=torchrun(1))
     stop2 = preempt(second, 1, stop1 + 2)
     assert stop1 < stop2 < STEPS
-    done = launcher.start(run_dir, *common, argv=[*launch(2), "-m", "tgnb.train"])
+    done = launcher.start(run_dir, *common, argv=torchrun(2))
     assert done.wait(600) == 0, done.tail()
-    reference = launcher.start(
-        tmp_path / "reference", *common, argv=[*launch(2), "-m", "tgnb.train"]
-    )
+    reference = launcher.start(tmp_path / "reference", *common, argv=torchrun(2))
     assert reference.wait(600) == 0, reference.tail()
 
     logged = sorted(int(m["step"]) for m in launcher.read_jsonl(run_dir / "metrics.jsonl"))

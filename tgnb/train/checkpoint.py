@@ -7,8 +7,9 @@ shards every rank wrote under ``dcp/``, and small JSON / safetensors files for t
 (`digest`) and rank 0 has fsynced the directories and then written the completion marker `MARKER`
 last (to a temporary name, fsynced, renamed, the directory fsynced). The marker holds the step,
 the time, the total bytes, the world size, the data position and a manifest of every file with its
-size and xxh3-128 checksum (``xxhash``, a dependency of ``tgnb[train]``). A directory without a valid marker, or with a file missing, of another size or
-with another checksum, is *torn*; `check` says which file and why.
+size and xxh3-128 checksum (``xxhash``, a dependency of ``tgnb[train]``). A directory without a
+valid marker, or with a file missing, of another size or with another checksum, is *torn*; `check`
+says which file and why.
 
 A torn checkpoint older than the newest complete one is removed by retention; one found while
 choosing where to resume is moved aside into `QUARANTINE` (never deleted) and reported.

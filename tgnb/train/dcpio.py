@@ -124,6 +124,16 @@ def world() -> int:
     return int(dist.get_world_size()) if dist_up() else 1
 
 
+def any_rank(flags: list[int], group: Any = None, device: Any = "cpu") -> list[int]:
+    """Each flag's maximum over the ranks of `group` (one collective; the flags as they are in
+    one process): what every rank then decides alike."""
+    if not dist_up():
+        return flags
+    t = torch.tensor(flags, dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [int(x) for x in t.tolist()]
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """DCP warns that it assumes one process when torch.distributed is not started: that is meant."""

@@ -259,15 +259,11 @@ class CheckpointGuard:
         stopped by a full disk. Records ``RunExited``. Every rank calls it."""
         if self.saver is not None:
             self.saver.wait()
-            if dcpio.dist_up():  # every rank exits alike, also when only rank 0's marker failed
-                import torch
-                import torch.distributed as dist
-
-                mine = [int(self.saver.failure is not None), int(self.saver.no_space)]
-                t = torch.tensor(mine, dtype=torch.int32)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.saver.writer.group)
-                if t[0]:
-                    self.saver.failed_elsewhere(bool(t[1]))
+            # every rank exits alike, also when only rank 0's marker failed
+            mine = [int(self.saver.failure is not None), int(self.saver.no_space)]
+            failed, full = dcpio.any_rank(mine, group=self.saver.writer.group)
+            if failed:
+                self.saver.failed_elsewhere(bool(full))
         self.close()
         step = int(trainer.state.global_step)
         self._report_notices(step)
@@ -400,8 +396,6 @@ class CheckpointGuard:
         self._step_began = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any) -> None:
-        import torch
-
         now = time.monotonic()
         if self._step_began is not None:
             took = now - self._step_began
@@ -424,9 +418,7 @@ class CheckpointGuard:
             import torch.distributed as dist
 
             device = args.device if dist.get_backend() != "gloo" else "cpu"
-            t = torch.tensor(flags, dtype=torch.int32, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flags = [int(x) for x in t.tolist()]
+            flags = dcpio.any_rank(flags, device=device)
         signalled, drained, due, failed, full = flags
         if failed:  # on any rank: every rank stops (nothing more is written)
             saver.wait()
@@ -452,5 +444,5 @@ class CheckpointGuard:
         elif due:
             saver.save(self._trainer, step, "periodic", meta, sync=not self.policy.async_save)
             self._last_save_time = time.monotonic()
-        if saver.failure is not None and (signalled or drained or final):
-            self.stop_reason = "no-space"  # (after a periodic save: at the next boundary, agreed)
+        # a periodic save that failed stops every rank at the next boundary (agreed there); a
+        # failed preemption or final save ends training now, and `finish` turns it into the exit
