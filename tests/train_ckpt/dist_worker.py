@@ -34,6 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.staging import DefaultStager
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from tgnb.train import dcpio
@@ -208,12 +209,18 @@ def kill_trial(run_dir: Path, seed: int, out: Path) -> None:
     out.write_text(json.dumps({**report, "latest": latest.step if latest else None}))
 
 
+def _out_of_memory(*args: Any, **kwargs: Any) -> Any:
+    raise torch.OutOfMemoryError("injected: out of pinned memory while staging")
+
+
 def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
-    """Three saves at step 2 that fail on one rank only, each with a real error from the file
-    system (a directory stands where that rank must write a file), after a good save at step 1:
-    rank 1's RNG file in a synchronous save, then in an asynchronous one; rank 0's marker. Every
-    rank must come back from the save (no collective left waiting), and every rank must fail alike:
-    at once when the RNG file failed, at `finish` when only rank 0's marker did."""
+    """Four saves at step 2 that fail on one rank only, after a good save at step 1: three with a
+    real error from the file system (a directory stands where that rank must write a file) --
+    rank 1's RNG file in a synchronous save, then in an asynchronous one; rank 0's marker -- and
+    rank 1's staging of an asynchronous save (an out-of-memory error, injected: the one fault
+    faked here, as no CPU test can exhaust memory safely). Every rank must come back from the
+    save (no collective left waiting), and every rank must fail alike: at once when the RNG file or
+    the staging failed, at `finish` when only rank 0's marker did."""
     os.environ["RANK"] = str(rank)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
@@ -240,6 +247,7 @@ def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
         ("sync", 1, "rng-1.safetensors"),
         ("async", 1, "rng-1.safetensors"),
         ("marker", 0, ".tgnb-complete.json.tmp"),
+        ("staging", 1, None),
     ):
         run_dir = root / case
         trainer = SimpleNamespace(
@@ -254,11 +262,15 @@ def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
         meta = {"world_size": 2, "global_batch": 2, "samples": 2, "adapter_only": False}
         trainer.state.global_step = 1
         saver.save(trainer, 1, "periodic", meta, sync=True)
-        if rank == victim:
+        if rank == victim and blocker:
             (run_dir / "checkpoints" / "checkpoint-2" / blocker).mkdir(parents=True)
         dist.barrier()
         trainer.state.global_step = 2
-        saver.save(trainer, 2, "periodic", meta, sync=case != "async")
+        stage = DefaultStager.stage
+        if rank == victim and blocker is None:
+            DefaultStager.stage = _out_of_memory  # type: ignore[method-assign]
+        saver.save(trainer, 2, "periodic", meta, sync=case in ("sync", "marker"))
+        DefaultStager.stage = stage  # type: ignore[method-assign]
         saver.wait()
         got: dict[str, Any] = {"after_save": str(saver.failure or "")}
         try:

@@ -1,7 +1,8 @@
 """A save that fails on one rank only (2 gloo ranks, the real saver and guard, `dist_worker.py
 fault`): the failure is real (a directory stands where that rank must write its RNG file, or rank
-0 its marker), nothing is faked. No rank may be left waiting in a collective (the subprocess has
-a timeout), every rank must end the same way, and the last complete checkpoint must survive."""
+0 its marker). No rank may be left waiting in a collective (the subprocess has
+a timeout), every rank must end the same way, and the last complete checkpoint must survive. One
+more case injects an out-of-memory error into one rank's staging (see `dist_worker.fault_rank`)."""
 
 from __future__ import annotations
 
@@ -50,13 +51,18 @@ def test_a_save_failing_on_one_rank_fails_on_every_rank_and_keeps_the_last_check
         for r, report in enumerate(ranks):
             assert "on rank 1: SafetensorError" in report[case]["after_save"], (case, r, report)
             assert "checkpoint failed" in report[case]["finish_error"], (case, r, report)
+    # rank 1's staging (out of memory): every rank's async_save fails before DCP's collectives
+    assert "injected: out of pinned memory" in ranks[1]["staging"]["after_save"]
+    assert "failed on another rank" in ranks[0]["staging"]["after_save"]
+    for report in ranks:
+        assert "checkpoint failed" in report["staging"]["finish_error"], report
     # rank 0's marker: rank 1 learns of it at finish; both raise, so torchrun's launcher sees
     # the same failure from every worker
     assert "Is a directory" in ranks[0]["marker"]["after_save"]
     assert ranks[1]["marker"]["after_save"] == ""
     for report in ranks:
         assert "checkpoint failed" in report["marker"]["finish_error"], report
-    for case in ("sync", "async", "marker"):
+    for case in ("sync", "async", "marker", "staging"):
         ckpts = root / case / "checkpoints"
         latest = ck.latest_complete(ckpts)
         assert latest is not None and latest.step == 1, case

@@ -39,6 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -268,6 +269,26 @@ def write_small(path: Path, trainer: Any, plain: dict[str, Any]) -> None:
         trainer.state.save_to_json(str(path / "trainer_state.json"))
 
 
+class _AgreedStager(DefaultStager):
+    """DCP's stager, then one all-reduce on the saves' group: staging that fails on any rank (out
+    of memory) fails ``dcp.async_save`` on every rank before DCP's collectives begin -- else the
+    other ranks' background writes would wait for that rank forever."""
+
+    def __init__(self, options: StagingOptions, group: Any) -> None:
+        super().__init__(options)
+        self.group = group
+
+    def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> Any:
+        try:
+            staged = super().stage(state_dict, **kwargs)
+        except BaseException:
+            any_rank([1], group=self.group)
+            raise
+        if any_rank([0], group=self.group)[0]:
+            raise CheckpointError("staging the checkpoint failed on another rank (see its log)")
+        return staged
+
+
 class Writer:
     """Writes DCP states, synchronously or with ``dcp.async_save`` (at most one in flight).
 
@@ -275,8 +296,6 @@ class Writer:
     (created once, by every rank, in `__init__`), so they never interleave with training's."""
 
     def __init__(self) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
         self.group = dist.new_group(backend="gloo") if dist_up() else None
         self.inflight: Future[Any] | None = None
         cuda = torch.cuda.is_available()
@@ -288,7 +307,7 @@ class Writer:
             use_async_staging=False,
             use_non_blocking_copy=cuda,
         )
-        self.stager = DefaultStager(options)
+        self.stager = _AgreedStager(options, self.group)
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
         with _quiet():
