@@ -83,7 +83,8 @@ def test_preference_rows() -> None:
     assert rows == data.preference_rows(100, seed=0)
     for row in rows:
         assert set(row) == {"prompt", "chosen", "rejected"}
-        right = data.arithmetic_answer(row["prompt"])
+        a, b = (int(x) for x in row["prompt"].split("What is ")[1].split("?")[0].split("+"))
+        right = a + b
         assert rewards.parse_answer(row["chosen"]) == right
         assert rewards.parse_answer(row["rejected"]) not in (None, right)
 

@@ -133,11 +133,10 @@ def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
             raise _unknown("checkpoint key", str(key), policy_keys)
     if isinstance(values.get("rewards"), str):
         values["rewards"] = [values["rewards"]]
-    for key in ("trl",):
-        if values.get(key) is None:
-            values[key] = {}
-        if not isinstance(values[key], Mapping):
-            raise TrainConfigError(f"'{key}' must be a mapping of option names to values.")
+    if values.get("trl") is None:
+        values["trl"] = {}
+    if not isinstance(values["trl"], Mapping):
+        raise TrainConfigError("'trl' must be a mapping of option names to values.")
     for key in ("seed", "max_steps", "dataset_size"):
         if key in values and not isinstance(values[key], int):
             raise TrainConfigError(f"'{key}' must be an integer, not {values[key]!r}.")
@@ -314,9 +313,6 @@ def validate(cfg: TrainConfig) -> None:
     for key in cfg.trl:
         if key not in known:
             raise _unknown(f"TRL option for {cfg.algorithm.upper()}", str(key), known)
-    for key in ("max_steps", "seed"):
-        if key in cfg.trl:
-            raise TrainConfigError(f"set {key} at the top level of the config, not under trl.")
     from tgnb.train.preemption import OWNED_ARGS
 
     owned = sorted(set(cfg.trl) & set(OWNED_ARGS))

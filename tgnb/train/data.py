@@ -35,14 +35,6 @@ def _question(rng: random.Random, max_operand: int) -> tuple[str, int]:
     return f"What is {a}+{b}? Answer:", a + b
 
 
-def arithmetic_answer(prompt: str) -> int | None:
-    """The right answer to a built-in question (the sum of the integers in it)."""
-    import re
-
-    numbers = [int(x) for x in re.findall(r"\d+", prompt)]
-    return sum(numbers[:2]) if len(numbers) >= 2 else None
-
-
 def arithmetic_rows(
     n: int = 2000, seed: int = 0, max_operand: int = MAX_OPERAND
 ) -> list[dict[str, Any]]:

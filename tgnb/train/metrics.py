@@ -23,15 +23,9 @@ _SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_s
 
 
 def _number(value: Any) -> float | int | None:
-    if type(value) is float:
-        return value if math.isfinite(value) else None
-    if isinstance(value, bool):
-        return int(value)
     if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    try:  # 0-d tensors and numpy scalars
+        return int(value)  # a bool as 0 or 1
+    try:  # floats, 0-d tensors and numpy scalars
         out = float(value)
     except (TypeError, ValueError):
         return None

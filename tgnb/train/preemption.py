@@ -64,16 +64,17 @@ from tgnb.train.watcher import DrainWatcher
 __all__ = ["EXIT_NO_SPACE", "EXIT_PREEMPTED", "CheckpointGuard", "resumable"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: What the guard sets in the training arguments: the Trainer's own saves and JIT checkpoint off
+#: (the guard saves), data skipping on resume on.
+_SETTINGS = {
+    "save_strategy": "no",
+    "save_total_limit": None,
+    "save_only_model": False,
+    "enable_jit_checkpoint": False,
+    "ignore_data_skip": False,
+}
 #: Training arguments the guard owns; values given for them are replaced.
-OWNED_ARGS = (
-    "output_dir",
-    "save_strategy",
-    "save_steps",
-    "save_total_limit",
-    "save_only_model",
-    "enable_jit_checkpoint",
-    "ignore_data_skip",
-)
+OWNED_ARGS = ("output_dir", "save_steps", *_SETTINGS)
 _ASSUMED_STAGE_BPS = 1e9  # before the first save: a copy to CPU memory at about 1 GB/s
 
 
@@ -142,19 +143,9 @@ class CheckpointGuard:
 
     # -- what the runner calls ---------------------------------------------------------------------
     def training_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """`kwargs` with the settings the guard owns: the Trainer's own saves and JIT checkpoint
-        off (the guard saves), data skipping on resume on."""
-        out = dict(kwargs)
-        out.update(
-            output_dir=str(self.ckpt_dir),
-            save_strategy="no",
-            save_total_limit=None,
-            save_only_model=False,
-            enable_jit_checkpoint=False,
-            ignore_data_skip=False,
-        )
-        out.pop("save_steps", None)
-        return out
+        """`kwargs` with the settings the guard owns (`OWNED_ARGS`)."""
+        out = {k: v for k, v in kwargs.items() if k != "save_steps"}
+        return {**out, **_SETTINGS, "output_dir": str(self.ckpt_dir)}
 
     def batch_args(self, kwargs: dict[str, Any], world: int) -> dict[str, Any]:
         """Keep the global batch of the checkpoint to resume from (the Trainer skips the data seen

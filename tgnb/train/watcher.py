@@ -44,8 +44,6 @@ def read_notice(path: Path) -> dict[str, Any] | None:
     """The notice's content if the file exists (``{}`` when it is not a JSON object), else None."""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
     except OSError:
         return None
     try:
@@ -97,7 +95,6 @@ class DrainWatcher:
         self.node = node if node and shutil.which("scontrol", path=env.get("PATH")) else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.fired = False
 
     @property
     def active(self) -> bool:
@@ -123,7 +120,6 @@ class DrainWatcher:
             except Exception:  # never let a poll error kill the watcher
                 found = None
             if found is not None:
-                self.fired = True
                 self.on_notice(*found)
                 return
             self._stop.wait(self.poll_seconds)
