@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tgnb's checkpoint path on a machine with one H200: about 5 min, at most 8 (the limits below).
-#   bash bench/gpu_check.sh 2>&1 | tee "$OUT/gpu_check.log"        (from the repository root)
+#   bash bench/gpu_check.sh 2>&1 | tee "$OUT/gpu_check.log"    (repository root; python3 on PATH)
 # tgnb[train]'s dependencies must import; the H200 image of the device README has no trl, datasets,
 # dill or multiprocess: carry their wheels.
 # 1. bench/checkpoint.py on CUDA-sized states: (a) async stall / sync stall, (b) preempt / plain
@@ -47,7 +47,7 @@ await() {  # await PID LOG N: until LOG holds N metrics rows; fails (LOG's tail 
 }
 
 echo "== 1. checkpoint ratios ($PARAMS parameters, 1 rank, $DEVICE)"
-timeout 150 python bench/checkpoint.py --params "$PARAMS" --ranks 1 --repeats 1 --device "$DEVICE" \
+timeout 150 python3 bench/checkpoint.py --params "$PARAMS" --ranks 1 --repeats 1 --device "$DEVICE" \
   --dir "$DIR" >"$DIR/bench.log" 2>&1
 CODE=$?
 tail -2 "$DIR/bench.log"
@@ -55,7 +55,7 @@ tail -2 "$DIR/bench.log"
 
 echo "== 2. [${SECONDS} s] DPO, Llama ($SHAPE) from a config, bf16, async periodic saves, SIGTERM"
 MODEL="$DIR/llama"
-timeout 60 python - "$MODEL" "$SHAPE" <<'PY'
+timeout 60 python3 - "$MODEL" "$SHAPE" <<'PY'
 import sys
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from tgnb.train import assets
@@ -69,7 +69,7 @@ model.save_pretrained(sys.argv[1])
 AutoTokenizer.from_pretrained(assets.tiny_path(0)).save_pretrained(sys.argv[1])  # by characters
 PY
 RUN="$DIR/run"
-timeout 150 python -m tgnb.train --run-dir "$RUN" --set algorithm=dpo --set "model=$MODEL" \
+timeout 150 python3 -m tgnb.train --run-dir "$RUN" --set algorithm=dpo --set "model=$MODEL" \
   --set max_steps=200 --set checkpoint.every_steps=5 --set checkpoint.watch_drain=false \
   --set trl.bf16=true --set trl.use_cpu=$CPU --set trl.per_device_train_batch_size=4 \
   --set trl.learning_rate=1e-5 >"$DIR/run.log" 2>&1 &
@@ -77,7 +77,7 @@ PID=$!  # timeout's; the run is its child
 await $PID "$DIR/run.log" 12 && kill -TERM $(children $PID)
 wait $PID
 CODE=$?
-python - "$RUN" <<'PY'
+python3 - "$RUN" <<'PY'
 import json, sys
 for line in open(f"{sys.argv[1]}/events.jsonl"):
     e = json.loads(line)
@@ -91,7 +91,7 @@ rm -rf "$RUN/checkpoints"  # room for section 3
 
 echo "== 3. [${SECONDS} s] FSDP2 through the Trainer: tiny DPO, 1 rank, SIGTERM, resume"
 RUN3="$DIR/fsdp"
-FSDP=(python -m tgnb.train.launch --standalone --nproc_per_node=1 -m tgnb.train --run-dir "$RUN3"
+FSDP=(python3 -m tgnb.train.launch --standalone --nproc_per_node=1 -m tgnb.train --run-dir "$RUN3"
   --set algorithm=dpo --set model=tiny --set max_steps="$FSDP_STEPS" --set checkpoint.watch_drain=false
   --set trl.use_cpu=$CPU --set trl.fsdp=true --set 'trl.fsdp_config={version: 2}')
 timeout 60 "${FSDP[@]}" >"$DIR/fsdp-1.log" 2>&1 &
@@ -109,7 +109,7 @@ timeout 75 "${FSDP[@]}" >"$DIR/fsdp-2.log" 2>&1
 CODE2=$?
 echo "preempted: exit $CODE1 (75 expected); resumed: exit $CODE2 (0 expected); 124: over its 60 / 75 s"
 [ $CODE2 = 0 ] || tail -30 "$DIR/fsdp-2.log"
-python - "$RUN3" "$FSDP_STEPS" <<'PY'
+python3 - "$RUN3" "$FSDP_STEPS" <<'PY'
 import json, sys
 run, steps = sys.argv[1], int(sys.argv[2])
 events = [json.loads(line) for line in open(f"{run}/events.jsonl")]
