@@ -207,4 +207,7 @@ def run(cfg: TrainConfig) -> int:
         step = int(trainer.state.global_step) if trainer is not None else None
         run_failed(recorder, exc, step)
         raise
-    return int(guard.finish(trainer))
+    code = int(guard.finish(trainer))
+    if torch.distributed.is_initialized():  # else gloo's threads can abort the exit (SIGABRT)
+        torch.distributed.destroy_process_group()
+    return code
