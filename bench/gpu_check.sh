@@ -2,7 +2,7 @@
 # tgnb's checkpoint path on a machine with one H200: about 5 min, at most 8 (the limits below).
 #   bash bench/gpu_check.sh 2>&1 | tee "$OUT/gpu_check.log"    (repository root; python3 on PATH)
 # tgnb[train]'s dependencies must import; the H200 image of the device README has no trl, datasets,
-# dill or multiprocess: carry their wheels.
+# dill or multiprocess: carry their wheels (bench/gpu_wheels.sh fetches them and gives the call).
 # 1. bench/checkpoint.py on CUDA-sized states: (a) async stall / sync stall, (b) preempt / plain
 #    write, (c) load / plain read, for 500M parameters (fp32 + AdamW: about 6 GB a save).
 # 2. A real run: a 0.8B-parameter Llama (10 GB a save) built from a config, bf16, DPO through
@@ -31,6 +31,9 @@ DIR="${GPU_CHECK_DIR:-$(mktemp -d)}"        # scratch (about 30 GB on the GPU): 
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 CPU=$([ "$DEVICE" = cpu ] && echo true || echo false)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+python3 -c 'import sys, torch, transformers, accelerate, trl, datasets, pyarrow
+print("python", sys.version.split()[0], *(f"{m.__name__} {m.__version__}" for m in (torch,
+      transformers, accelerate, trl, datasets, pyarrow)))' || echo "a package is missing: bench/gpu_wheels.sh"
 
 children() {  # the processes whose parent is $1, from /proc (pgrep may be missing on the GPU image)
   local d ppid
