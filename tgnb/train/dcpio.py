@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
@@ -51,30 +51,36 @@ from tgnb.train import checkpoint as ck
 from tgnb.train import record
 
 STATE_DIR = "dcp"
+_METADATA = "torch.distributed.checkpoint.metadata"
+#: What DCP's ``.metadata`` pickle may name, exactly (a dotted name, which pickle resolves attribute
+#: by attribute, is refused: through a module's imports it could reach ``os.system``).
 _ALLOWED = {
     ("pathlib", "PosixPath"),
     ("pathlib", "WindowsPath"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
     ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *(
+        (_METADATA, name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
 }
 _DTYPES = {str(t).split(".")[-1] for t in vars(torch).values() if isinstance(t, torch.dtype)}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (
-            (module, name) in _ALLOWED
-            or (module == "torch" and name in _DTYPES)
-            or (
-                module
-                in (
-                    "torch.distributed.checkpoint.metadata",
-                    "torch.distributed.checkpoint.filesystem",
-                )
-                and not name.startswith("__")
-            )
-        ):
+        if (module, name) in _ALLOWED or (module == "torch" and name in _DTYPES):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
 
@@ -107,6 +113,14 @@ class SafeReader(FileSystemReader):
         metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{path} holds no DCP metadata")
+        # DCP unpickles an item its metadata calls bytes with torch.load(weights_only=False): tgnb
+        # writes tensors only (the rest goes to JSON), so such an item is refused before any read
+        items = metadata.state_dict_metadata.items()
+        pickled = [k for k, m in items if not isinstance(m, TensorStorageMetadata)]
+        if pickled:
+            raise pickle.UnpicklingError(
+                f"{path} lists pickled items ({pickled[0]}...): not loaded"
+            )
         meta = metadata.storage_meta or StorageMeta()
         meta.load_id = self.load_id
         metadata.storage_meta = meta
