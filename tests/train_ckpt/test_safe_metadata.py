@@ -14,7 +14,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from tgnb.train.dcpio import SafeReader
+from tgnb.errors import CheckpointError
+from tgnb.train.dcpio import SafeReader, split_state
 
 
 def _call(module: str, name: str, arg: str) -> bytes:
@@ -90,3 +91,21 @@ def test_an_item_the_metadata_calls_pickled_is_never_unpickled(tmp_path: Path) -
         with pytest.raises(BaseException, match=r"lists pickled items \(w"):
             dcp.load(dest, storage_reader=SafeReader(str(tmp_path / "c")))
     assert not pwned.exists()
+
+
+def test_a_model_whose_state_holds_a_non_tensor_is_refused_at_once() -> None:
+    """A module's ``get_extra_state()`` may return any object, which DCP would pickle; a resume
+    refuses pickles, so the save refuses it first (naming it) rather than write a checkpoint that
+    can never be loaded."""
+
+    class Odd(torch.nn.Linear):
+        def get_extra_state(self) -> dict[str, str]:
+            return {"note": "not a tensor"}
+
+        def set_extra_state(self, state: object) -> None:
+            pass
+
+    model = Odd(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(CheckpointError, match="holds _extra_state, not a tensor"):
+        split_state(model, opt, adapter_only=False)

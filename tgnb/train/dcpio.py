@@ -170,6 +170,9 @@ def split_state(model: Any, optimizer: Any, adapter_only: bool) -> tuple[dict[st
     if adapter_only:  # a frozen weight tied to another (lm_head) is listed too: leave it out
         trainable = {n for n, p in model.named_parameters() if p.requires_grad}
         msd = {k: v for k, v in msd.items() if k in trainable}
+    odd = [k for k, v in msd.items() if not isinstance(v, torch.Tensor)]
+    if odd:  # a module's get_extra_state(): DCP would pickle it, and a resume refuses pickles
+        raise CheckpointError(f"the model's state holds {odd[0]}, not a tensor: not checkpointed")
     tensors: dict[str, dict[str, Any]] = {}
     other: dict[str, dict[str, Any]] = {}
     state: dict[str, Any] = osd["state"]  # type: ignore[assignment]
