@@ -109,3 +109,21 @@ def test_a_model_whose_state_holds_a_non_tensor_is_refused_at_once() -> None:
     opt = torch.optim.AdamW(model.parameters())
     with pytest.raises(CheckpointError, match="holds _extra_state, not a tensor"):
         split_state(model, opt, adapter_only=False)
+
+
+@pytest.mark.parametrize("name", ["../secret.distcp", "/etc/hostname", ".metadata"])
+def test_metadata_whose_files_lie_outside_the_checkpoint_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    """DCP opens the file each item's metadata names: it must be a file of the checkpoint's own
+    directory (a shard), not a path elsewhere or the metadata itself."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"w": torch.randn(3)}, storage_writer=FileSystemWriter(tmp_path))
+    md = SafeReader(str(tmp_path)).read_metadata()
+    for info in md.storage_data.values():
+        info.relative_path = name
+    md.storage_meta = None
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(pickle.UnpicklingError, match="points outside its directory"):
+        SafeReader(str(tmp_path)).read_metadata()

@@ -121,6 +121,9 @@ class SafeReader(FileSystemReader):
             raise pickle.UnpicklingError(
                 f"{path} lists pickled items ({pickled[0]}...): not loaded"
             )
+        names = {info.relative_path for info in (metadata.storage_data or {}).values()}
+        if outside := [n for n in names if Path(n).name != n or n.startswith(".")]:
+            raise pickle.UnpicklingError(f"{path} points outside its directory ({outside[0]})")
         meta = metadata.storage_meta or StorageMeta()
         meta.load_id = self.load_id
         metadata.storage_meta = meta
