@@ -102,7 +102,7 @@ class CheckpointGuard:
         self.recorder = recorder
         self.signal_received: tuple[int, float] | None = None
         self.drain_notice: tuple[str, dict[str, Any], float] | None = None
-        self.stop_reason: str | None = None  # "signal" | "drain" | "no-space"
+        self.stop_reason: str | None = None  # "signal" | "drain": a preemption
         self.resumed: ck.Checkpoint | None = None
         self.step_time_s: float | None = None
         self.saver: Saver | None = None
@@ -413,8 +413,7 @@ class CheckpointGuard:
         signalled, drained, due, failed, full = flags
         if failed:  # on any rank: every rank stops (nothing more is written)
             saver.wait()
-            saver.failed_elsewhere(bool(full))
-            self.stop_reason = "no-space"
+            saver.failed_elsewhere(bool(full))  # `finish` exits on the failure, not a reason
             control.should_training_stop = True
             return
         final = step >= int(state.max_steps)
