@@ -81,11 +81,11 @@ await $PID "$DIR/run.log" 12 && kill -TERM $(children $PID)
 wait $PID
 CODE=$?
 python3 - "$RUN" <<'PY'
-import json, sys
-for line in open(f"{sys.argv[1]}/events.jsonl"):
-    e = json.loads(line)
-    if e["reason"] == "CheckpointSaved":
-        d = e["data"]
+import sys
+from tgnb.events import CHECKPOINT_SAVED, read_jsonl
+for e in read_jsonl(f"{sys.argv[1]}/events.jsonl"):
+    if e.reason == CHECKPOINT_SAVED:
+        d = e.data
         print(f"step {d['step']:4d} {d['trigger']:9s} stall {d['stall_s']:7.3f} s  "
               f"complete after {d['duration_s']:7.3f} s  {d['bytes'] / 2**30:6.2f} GiB")
 PY
@@ -114,9 +114,9 @@ echo "preempted: exit $CODE1 (75 expected); resumed: exit $CODE2 (0 expected); 1
 [ $CODE2 = 0 ] || tail -30 "$DIR/fsdp-2.log"
 python3 - "$RUN3" "$FSDP_STEPS" <<'PY'
 import json, sys
+from tgnb.events import RUN_RESUMED, read_jsonl
 run, steps = sys.argv[1], int(sys.argv[2])
-events = [json.loads(line) for line in open(f"{run}/events.jsonl")]
-print([e["data"] for e in events if e["reason"] == "RunResumed"])
+print([e.data for e in read_jsonl(f"{run}/events.jsonl") if e.reason == RUN_RESUMED])
 logged = sorted(json.loads(line)["step"] for line in open(f"{run}/metrics.jsonl"))
 print("every step logged once:", logged == list(range(1, steps + 1)), len(logged), "rows")
 PY
