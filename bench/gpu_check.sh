@@ -61,7 +61,7 @@ MODEL="$DIR/llama"
 timeout 60 python3 - "$MODEL" "$SHAPE" <<'PY'
 import sys
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-from tgnb.train import assets
+from tgnb.tasks import assets
 hidden, intermediate, layers = (int(x) for x in sys.argv[2].split(","))
 cfg = LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=intermediate,
                   num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,

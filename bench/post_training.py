@@ -203,7 +203,7 @@ def build_100m(path: Path) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tgnb.train import assets
+    from tgnb.tasks import assets
 
     ids = assets.vocab()
     config = LlamaConfig(

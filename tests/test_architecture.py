@@ -18,7 +18,9 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
 - ``backends`` (workload plane) and ``posttraining`` (managed plane).
 - ``cloud`` (control plane over the ``together`` SDK) and ``emulator`` (the platform's stand-in,
   served over HTTP; its admin client is used by the planes above).
-- ``train``: the runtime on the node. The emulator's Post-Training engine uses its tiny model.
+- ``train``: the runtime on the node.
+- ``tasks``: what a run trains on (the tiny model, data sets, rewards): used by the runtime, the
+  emulator's Post-Training engine and the Post-Training notebooks.
 - ``runs``: the domain types (`RunSpec`, `JobState`, `EXIT_PREEMPTED`), the `Backend` protocol and
   the run store; the backends and the training runtime depend on it, never the reverse.
 - ``events``, ``errors`` (and ``progress``, text bars); then ``config``.
@@ -47,6 +49,7 @@ LAYERS: list[set[str]] = [
     {"backends", "posttraining"},
     {"cloud", "emulator"},
     {"train"},
+    {"tasks"},
     {"runs"},
     {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
     {"config"},

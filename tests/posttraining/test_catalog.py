@@ -40,7 +40,7 @@ def test_tiny_tokenizer_loads_by_name_offline_in_a_fresh_process(private_caches:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    from tgnb.train.assets import build_tokenizer
+    from tgnb.tasks.assets import build_tokenizer
 
     expected = build_tokenizer().encode("12+7=", add_special_tokens=False)
     assert done.stdout.strip() == f"{expected} </s> llama"

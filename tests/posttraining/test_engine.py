@@ -286,7 +286,7 @@ def test_a_local_causal_lm_directory_is_a_base_model(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
     from tgnb.emulator.rl.engine import export_checkpoint
-    from tgnb.train.assets import build_tokenizer
+    from tgnb.tasks.assets import build_tokenizer
 
     tok = build_tokenizer()
     config = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tgnb.errors import TrainConfigError
-from tgnb.train import assets, data, rewards
+from tgnb.tasks import assets, data, rewards
 
 
 def test_tiny_model_is_deterministic() -> None:

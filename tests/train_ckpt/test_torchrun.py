@@ -39,7 +39,7 @@ def test_the_launcher_keeps_tgnbs_exit_codes() -> None:
 def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_run(
     launcher: Any, tmp_path: Path
 ) -> None:
-    from tgnb.train import assets
+    from tgnb.tasks import assets
 
     # Build the tiny model once up front: two ranks building it at once can collide.
     assets.tiny_path(3, tmp_path / "home" / "assets")

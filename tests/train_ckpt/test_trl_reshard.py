@@ -81,7 +81,7 @@ def sharded(checkpoint: Path) -> int:
 def test_dpo_resumed_at_1_rank_then_2_keeps_batch_data_and_loss(
     launcher: Any, tmp_path: Path, mode: str
 ) -> None:
-    from tgnb.train import assets
+    from tgnb.tasks import assets
     from tgnb.train import checkpoint as ck
 
     assets.tiny_path(3, tmp_path / "home" / "assets")  # once, before two ranks could race for it

@@ -252,7 +252,7 @@ def _check_reward(name: Any) -> None:
     import importlib.util
     import sys
 
-    from tgnb.train import rewards
+    from tgnb.tasks import rewards
 
     _text("a reward", name)
     if name in rewards.BUILTIN or ":" not in name:
@@ -269,7 +269,7 @@ def _check_reward(name: Any) -> None:
 def check_light(cfg: TrainConfig) -> None:
     """The checks that need neither torch nor TRL: types, ranges, model, dataset and rewards.
     `Session.launch` runs them before it records anything; `validate` runs them first."""
-    from tgnb.train import data
+    from tgnb.tasks import data
 
     if not isinstance(cfg.algorithm, str) or cfg.algorithm not in ALGORITHMS:
         raise _unknown("algorithm", str(cfg.algorithm)[:40], ALGORITHMS)
@@ -304,7 +304,7 @@ def check_light(cfg: TrainConfig) -> None:
 
 def validate(cfg: TrainConfig) -> None:
     """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
-    from tgnb.train import rewards
+    from tgnb.tasks import rewards
 
     check_light(cfg)
     if cfg.algorithm == "grpo":

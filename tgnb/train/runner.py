@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tgnb.errors import TrainConfigError
-from tgnb.train import assets, data, rewards
+from tgnb.tasks import assets, data, rewards
 from tgnb.train.config import DEFAULT_REWARDS, TrainConfig, trl_config_class, validate
 from tgnb.train.record import Recorder, rank
 

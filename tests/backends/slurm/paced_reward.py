@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tgnb.train.rewards import format_reward
+from tgnb.tasks.rewards import format_reward
 
 PACE_S = 0.15
 

@@ -1,6 +1,6 @@
 """What the Post-Training emulator can serve: the built-in tiny model and local causal-LM directories.
 
-The built-in model (`tgnb.train.assets`, a tiny Llama with a character tokenizer) is listed under the
+The built-in model (`tgnb.tasks.assets`, a tiny Llama with a character tokenizer) is listed under the
 hub-style name ``tgnb/tiny-llama``. `materialize_tiny` writes it into the local Hugging Face cache
 (``$HF_HUB_CACHE``, default ``$HF_HOME/hub``) in the hub's own layout
 (``models--tgnb--tiny-llama/{refs/main,snapshots/<rev>/...}``), so users and Tinker scripts load its
@@ -69,7 +69,7 @@ def materialize_tiny(cache: str | os.PathLike[str] | None = None) -> Path:
     then ``refs/main`` is replaced, so a concurrent reader sees either nothing or a whole model.
     The revision is derived from the assets' fingerprint (a new shape or vocab is a new revision).
     """
-    from tgnb.train import assets
+    from tgnb.tasks import assets
 
     root = Path(cache) if cache is not None else hf_hub_cache()
     repo = root / ("models--" + TINY_NAME.replace("/", "--"))

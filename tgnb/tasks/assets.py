@@ -116,7 +116,7 @@ def tiny_path(seed: int = 0, home: str | os.PathLike[str] | None = None) -> Path
             # transformers writes weights on rank 0 only once torch.distributed is up
             raise RuntimeError(
                 "the tiny model was not written (torch.distributed already initialized on a rank "
-                "other than 0?); call tgnb.train.assets.tiny_path() before the process group starts."
+                "other than 0?); call tgnb.tasks.assets.tiny_path() before the process group starts."
             )
         try:
             os.rename(tmp, target)
