@@ -20,18 +20,22 @@ The emulator's platform time is compressed (`--time-scale`, the 300 s drain wind
 0.02). Target for tgnb: a ratio of at least 0.9 at one preemption per 20 checkpoint costs.
 
 ``--gpu-regime`` instead simulates the GPU regime no CPU machine can run, driven by the same policy
-code (`tgnb.train.checkpoint.young_daly_seconds`, the interval the runtime uses): a checkpoint write
-C (default 90 s, a 10B model), a training stall of an asynchronous save S (default C x 6.3/148.8,
-PyTorch's async DCP figure for a 7B model), a 300 s drain window, steps of 10 s, one preemption an
-hour (exponential, seeded), a restart of 180 s. tgnb: asynchronous periodic saves every
-sqrt(2 S M) stalling S each; at a notice the step in progress ends, the save in flight finishes, a
-synchronous save (C) is made and the run exits; it restarts R after its exit (`--restart-after
-removal`: after the node is removed at the end of the window). Baseline: synchronous saves every
-sqrt(2 C M), the notice ignored, killed at the end of the window, restarted R later. Printed:
-goodput of each, tgnb / baseline (target >= 1.2) and tgnb / the ideal bound 1 - (C + R) / M
-(target >= 0.95); and, to size the first target, what a runtime that stops at the notice would reach
-with periodic saves that cost nothing and none ever in flight (every preemption here comes with a
-notice, so tgnb's periodic saves only cost: they are its insurance against the ones that do not).
+code (`tgnb.train.checkpoint.young_daly_seconds`, the interval the runtime's ``auto`` takes): a
+checkpoint write C (default 90 s, a 10B model), a training stall of an asynchronous save S (default
+C x 6.3/148.8, PyTorch's async DCP figure for a 7B model), a 300 s drain window, steps of 10 s, one
+preemption an hour (exponential, seeded), a restart of 180 s, every preemption with a notice
+(``--unannounced`` gives the share without one). tgnb: asynchronous periodic saves every
+sqrt((2 S + λp C²) / λf), λp the preemptions and λf the failures without a notice its ``auto``
+insures against (``--failures-per-hour``, by default the runtime's own default), stalling S each;
+at a notice the step in progress ends (the save in flight goes on meanwhile), the save in flight
+finishes, a synchronous save (C) is made and the run exits; it restarts R after its exit
+(`--restart-after removal`: after the node is removed at the end of the window); with no notice the
+work since the last complete save is lost. Baseline: synchronous saves every sqrt(2 C M) (it ignores
+notices, so every interruption loses its work), killed at the end of the window (at once with no
+notice), restarted R later. Printed: goodput of each, tgnb / baseline (target >= 1.2) and tgnb / the
+ideal bound 1 - (C + R) / M (target >= 0.95); what a runtime that stops at the notice would reach
+with periodic saves that cost nothing and none ever in flight; and tgnb / baseline when a share of
+the interruptions comes with no notice, for three assumptions of ``auto``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from tgnb.backends.base import JobState
 from tgnb.emulator.testing import running_emulator
 from tgnb.runs.run import Run
 from tgnb.session import Session, attach
+from tgnb.train.policy import CheckpointPolicy
 
 
 def _times(run: Run, reason: str) -> list[float]:
@@ -142,41 +147,54 @@ def calibrate(run: Run) -> tuple[float, float]:
     return step, max(0.0, after - notice - step)
 
 
-def simulate(args: argparse.Namespace) -> dict[str, float]:
-    """Goodput of tgnb and of the periodic baseline in the GPU regime (see the module docstring)."""
+def simulate(
+    args: argparse.Namespace,
+    failures_per_hour: float | None = None,
+    unannounced: float | None = None,
+) -> dict[str, float]:
+    """Goodput of tgnb and of the periodic baseline in the GPU regime (see the module docstring).
+    `failures_per_hour` is what tgnb's ``auto`` assumes (default ``--failures-per-hour``);
+    `unannounced` the share of the interruptions that do come with no notice (``--unannounced``)."""
     import random
 
     from tgnb.train.checkpoint import young_daly_seconds
 
     c, w, step, r = args.ckpt_s, args.window_s, args.step_s, args.restart_s
     stall = args.stall_s if args.stall_s is not None else c * 6.3 / 148.8
+    assumed = args.failures_per_hour if failures_per_hour is None else failures_per_hour
+    hard_share = args.unannounced if unannounced is None else unannounced
     mtbf = 3600.0 / args.per_hour
-    tau_t = young_daly_seconds(stall, args.per_hour)  # tgnb: C is the measured stall
-    tau_b = young_daly_seconds(c, args.per_hour)  # the baseline's optimum: C is the whole write
-    rng = random.Random(args.seed)
+    # tgnb: the interval its `auto` policy takes (C the measured stall, the write waited for at
+    # a notice, failures without a notice insured against); the baseline ignores notices, so
+    # every interruption loses its work: plain Young/Daly on the whole write
+    tau_t = young_daly_seconds(stall, assumed, c, args.per_hour)
+    tau_b = young_daly_seconds(c, args.per_hour)
+    rng, world = random.Random(args.seed), random.Random(args.seed + 1)
     useful = {"tgnb": 0.0, "baseline": 0.0, "bound": 0.0}
     wall = {"tgnb": 0.0, "baseline": 0.0, "bound": 0.0}
     for _ in range(args.cycles):
-        life = rng.expovariate(1.0 / mtbf)  # from the (re)start to the notice
-        # tgnb: progress between async saves; at the notice the step ends, the save in flight
-        # finishes, a synchronous save; restart after exit (or after the node's removal)
+        life = rng.expovariate(1.0 / mtbf)  # from the (re)start to the interruption
+        hard = world.random() < hard_share  # no notice: the node is gone at once
+        # tgnb: progress between async saves, each stalling training
         saves = math.floor(life / (tau_t + stall))
         done = life - saves * stall
         since = life - saves * (tau_t + stall)  # time since the last periodic save began
-        in_flight = max(0.0, c - since) if saves else 0.0
+        # the most any stop-at-the-notice runtime can reach: periodic saves free, none in flight
         finish_step = step - (done % step)
-        stop = finish_step + in_flight + c
-        useful["tgnb"] += done + finish_step
-        after = max(stop, w) if args.restart_after == "removal" else stop
-        wall["tgnb"] += life + after + r
-        # the most any stop-at-the-notice runtime can reach here: periodic saves free, none in flight
-        useful["bound"] += life + finish_step
         last = finish_step + c
-        wall["bound"] += life + (max(last, w) if args.restart_after == "removal" else last) + r
+        useful["bound"] += life if hard else life + finish_step
+        wall["bound"] += life + r + (0.0 if hard else _after(args, last))
+        if hard:  # the work since the last complete periodic save is lost
+            complete = saves if since >= c else saves - 1
+            useful["tgnb"] += max(0, complete) * tau_t
+            wall["tgnb"] += life + r
+        else:  # the step ends (the save in flight goes on meanwhile), it finishes, a sync save
+            in_flight = max(0.0, c - since - finish_step) if saves else 0.0
+            useful["tgnb"] += done + finish_step
+            wall["tgnb"] += life + _after(args, finish_step + in_flight + c) + r
         # baseline: synchronous saves every tau_b of progress, killed at the end of the window
-        alive = life + w
-        k = math.floor(alive / (tau_b + c))
-        useful["baseline"] += k * tau_b
+        alive = life + (0.0 if hard else w)
+        useful["baseline"] += math.floor(alive / (tau_b + c)) * tau_b
         wall["baseline"] += alive + r
     g = {k: useful[k] / wall[k] for k in useful}
     ideal = 1.0 - (c + r) / mtbf
@@ -193,14 +211,55 @@ def simulate(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _after(args: argparse.Namespace, stop: float) -> float:
+    """From the notice to the restart's start: the run's exit, or the node's removal."""
+    return max(stop, args.window_s) if args.restart_after == "removal" else stop
+
+
+def _print_regime(args: argparse.Namespace) -> None:
+    res = simulate(args)
+    print(
+        f"GPU regime (C {args.ckpt_s:.0f} s, stall {res['stall_s']:.1f} s, window "
+        f"{args.window_s:.0f} s, step {args.step_s:.0f} s, {args.per_hour:g} preemption(s)/h "
+        f"with a notice, {args.unannounced:.0%} without, R {args.restart_s:.0f} s, restart after "
+        f"{args.restart_after}; tgnb auto assumes {args.failures_per_hour:g} failure(s)/h "
+        f"without a notice): goodput tgnb {res['tgnb']:.3f} (every "
+        f"{res['interval_tgnb_s']:.0f} s), baseline {res['baseline']:.3f} (every "
+        f"{res['interval_baseline_s']:.0f} s); tgnb/baseline {res['tgnb_over_baseline']:.3f} "
+        f"(target >= 1.2), tgnb/ideal {res['tgnb_over_ideal']:.3f} (ideal {res['ideal']:.3f}; "
+        f"target >= 0.95); a runtime that stops at the notice with free periodic saves: "
+        f"{res['bound_over_baseline']:.3f} x the baseline"
+    )
+    shares = (0.0, 0.1, 0.5, 1.0)
+    print("tgnb/baseline when a share of the interruptions comes with no notice (columns), by")
+    print("the failures/h tgnb's auto assumes (rows; 'preempt.' = as many as preemptions):")
+    print(f"{'assumed':>10}" + "".join(f"{f'{x:.0%} none':>11}" for x in shares))
+    for assumed in (args.per_hour, 0.1, 0.01):
+        label = "preempt." if assumed == args.per_hour else f"{assumed:g}/h"
+        cells = [simulate(args, assumed, x)["tgnb_over_baseline"] for x in shares]
+        print(f"{label:>10}" + "".join(f"{v:11.3f}" for v in cells))
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu-regime", action="store_true", help="simulate the GPU regime instead")
     p.add_argument("--ckpt-s", type=float, default=90.0, help="C: one checkpoint's write (s)")
     p.add_argument("--stall-s", type=float, default=None, help="S: an async save's stall (s)")
     p.add_argument("--window-s", type=float, default=300.0, help="drain window (s)")
     p.add_argument("--step-s", type=float, default=10.0, help="one optimizer step (s)")
-    p.add_argument("--per-hour", type=float, default=1.0, help="preemptions per hour")
+    p.add_argument("--per-hour", type=float, default=1.0, help="interruptions per hour")
+    p.add_argument(
+        "--unannounced",
+        type=float,
+        default=0.0,
+        help="their share with no notice (0: all have one)",
+    )
+    p.add_argument(
+        "--failures-per-hour",
+        type=float,
+        default=CheckpointPolicy.failures_per_hour,
+        help="failures without a notice tgnb's auto insures against (default: the runtime's)",
+    )
     p.add_argument("--restart-s", type=float, default=180.0, help="R: restart to training (s)")
     p.add_argument("--restart-after", choices=("exit", "removal"), default="exit")
     p.add_argument("--cycles", type=int, default=20000)
@@ -212,19 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intervals", type=float, default=5.0, help="run length, in intervals X")
     p.add_argument("--every-steps", type=int, default=None, help="baseline checkpoint period")
     p.add_argument("--time-scale", type=float, default=0.02)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.gpu_regime:
-        res = simulate(args)
-        print(
-            f"GPU regime (C {args.ckpt_s:.0f} s, stall {res['stall_s']:.1f} s, window "
-            f"{args.window_s:.0f} s, step {args.step_s:.0f} s, {args.per_hour:g}/h, R "
-            f"{args.restart_s:.0f} s, restart after {args.restart_after}): goodput tgnb "
-            f"{res['tgnb']:.3f} (every {res['interval_tgnb_s']:.0f} s), baseline "
-            f"{res['baseline']:.3f} (every {res['interval_baseline_s']:.0f} s); tgnb/baseline "
-            f"{res['tgnb_over_baseline']:.2f} (target >= 1.2), tgnb/ideal {res['tgnb_over_ideal']:.3f} "
-            f"(ideal {res['ideal']:.3f}; target >= 0.95); a runtime that stops at the notice "
-            f"with free periodic saves: {res['bound_over_baseline']:.2f} x the baseline"
-        )
+        _print_regime(args)
         return 0
     ctype = "KUBERNETES" if args.kubernetes else "SLURM"
     with tempfile.TemporaryDirectory(prefix="tgnb-goodput-") as tmp:

@@ -129,14 +129,26 @@ def test_every_steps_saves_asynchronously_and_every_seconds(
 
 
 def test_auto_uses_young_daly_with_the_measured_stall(make_guard: Any) -> None:
-    guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0)  # M = 1 s
+    # as many failures as preemptions, one a second: sqrt(2 x 0.02 + 0.02^2) = 0.2 s = 20 steps
+    guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0, failures_per_hour=3600.0)
     guard.step_time_s = 0.01
-    guard.saver.stall_s = 0.02  # sqrt(2 * 0.02 * 1) = 0.2 s = 20 steps
+    guard.saver.stall_s = 0.02  # the write time is not known yet: taken as the stall
     guard.saver.last_step = 100
     guard._step_began = None
     assert not guard._periodic_due(119) and guard._periodic_due(120)
-    guard.saver.stall_s = None  # before any save: estimated from the size of what is saved
+    guard.saver.write_s = 0.3  # + waiting for a save in flight at a notice: 0.36 s = 36 steps
+    assert not guard._periodic_due(135) and guard._periodic_due(136)
+    guard.saver.stall_s = guard.saver.write_s = None  # before any save: from the size saved
     assert guard._periodic_due(101)  # a tiny model: a tiny stall, a save every step
+    guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0, failures_per_hour=900.0)
+    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, 0.3
+    guard.saver.last_step, guard._step_began = 100, None  # failures rarer: sqrt(4 x 0.13) s
+    assert not guard._periodic_due(171) and guard._periodic_due(172)
+    off = {"on_signal": False, "watch_drain": False}  # no notice seen: preemptions are failures
+    guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0, failures_per_hour=1e-9, **off)
+    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, 0.3
+    guard.saver.last_step, guard._step_began = 100, None  # sqrt(2 x 0.02 x 1) = 0.2 s
+    assert not guard._periodic_due(119) and guard._periodic_due(120)
 
 
 class BlockedWriter(dcpio.FileSystemWriter):

@@ -292,16 +292,38 @@ def rotate(ckpt_dir: str | os.PathLike[str], keep_last: int, newest: Checkpoint)
     return doomed
 
 
-def young_daly_seconds(cost_s: float, preemptions_per_hour: float) -> float:
-    """Young/Daly optimal checkpoint interval ``sqrt(2 * C * M)`` in seconds: C the cost a save
-    takes from training (the *stall* for an asynchronous save), M = 3600 / preemptions_per_hour."""
-    if cost_s < 0 or preemptions_per_hour <= 0:
-        raise ValueError("cost_s must be >= 0 and preemptions_per_hour > 0")
-    return math.sqrt(2.0 * cost_s * 3600.0 / preemptions_per_hour)
+def young_daly_seconds(
+    stall_s: float,
+    failures_per_hour: float,
+    write_s: float = 0.0,
+    preemptions_per_hour: float = 0.0,
+) -> float:
+    """The periodic-save interval tau (s) that costs training least: Young/Daly's optimum
+    ``sqrt(2 S M)``, extended to asynchronous saves and to preemptions that come with a notice.
+
+    Per second of training: each save stalls it S = `stall_s` (the whole write for a synchronous
+    save); an interruption with no notice (rate λf = `failures_per_hour`, M = 1/λf) loses the work
+    since the last complete checkpoint, tau/2 + C on average (C = `write_s`, a save's start to its
+    marker); at a preemption with a notice (λp = `preemptions_per_hour`) nothing is lost, but a save
+    is in flight with probability C/tau and is waited for, C/2 on average (C = 0 for synchronous
+    saves: none is ever in flight). The minimum of (S + λp C²/2)/tau + λf tau/2 lies at
+    tau = sqrt((2 S + λp C²) / λf)."""
+    if min(stall_s, write_s, preemptions_per_hour) < 0 or failures_per_hour <= 0:
+        raise ValueError("stall_s, write_s, preemptions_per_hour >= 0 and failures_per_hour > 0")
+    return math.sqrt(
+        (2.0 * stall_s * 3600.0 + preemptions_per_hour * write_s**2) / failures_per_hour
+    )
 
 
-def young_daly_steps(cost_s: float, preemptions_per_hour: float, step_time_s: float) -> int:
-    """The Young/Daly interval converted to optimizer steps with the measured step time (>= 1)."""
+def young_daly_steps(
+    step_time_s: float,
+    stall_s: float,
+    failures_per_hour: float,
+    write_s: float = 0.0,
+    preemptions_per_hour: float = 0.0,
+) -> int:
+    """`young_daly_seconds` in optimizer steps of `step_time_s` (at least 1)."""
     if step_time_s <= 0:
         raise ValueError("step_time_s must be > 0")
-    return max(1, round(young_daly_seconds(cost_s, preemptions_per_hour) / step_time_s))
+    tau = young_daly_seconds(stall_s, failures_per_hour, write_s, preemptions_per_hour)
+    return max(1, round(tau / step_time_s))

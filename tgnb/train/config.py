@@ -266,6 +266,29 @@ def _check_reward(name: Any) -> None:
         rewards.resolve(name)  # cheap here: imported already, or the import error at once
 
 
+def _check_policy(p: CheckpointPolicy) -> None:
+    """The ``checkpoint:`` values: flags are booleans, counts whole, rates and periods positive
+    (no preemptions at all is fine)."""
+    flags = ("auto", "on_signal", "watch_drain", "requeue_on_drain", "async_save")
+    for key in (*flags, "allow_fresh_start"):
+        if not isinstance(getattr(p, key), bool):
+            raise TrainConfigError(f"checkpoint.{key} must be true or false.")
+    if p.every_steps is not None:
+        _bounded("checkpoint.every_steps", p.every_steps, 1, MAX_STEPS)
+    _bounded("checkpoint.keep_last", p.keep_last, 1, 1000)
+    for key in ("every_seconds", "preemptions_per_hour", "failures_per_hour", "drain_poll_seconds"):
+        value = getattr(p, key)
+        if value is None and key == "every_seconds":
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        zero_ok = key == "preemptions_per_hour"
+        if not (number and math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+            raise TrainConfigError(
+                f"checkpoint.{key} must be a number {'>= 0' if zero_ok else 'above 0'}, "
+                f"not {value!r:.40}."
+            )
+
+
 def check_light(cfg: TrainConfig) -> None:
     """The checks that need neither torch nor TRL: types, ranges, model, dataset and rewards.
     `Session.launch` runs them before it records anything; `validate` runs them first."""
@@ -292,6 +315,7 @@ def check_light(cfg: TrainConfig) -> None:
             raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
         for reward in cfg.rewards:
             _check_reward(reward)
+    _check_policy(cfg.checkpoint)
     if cfg.lora is not None and not isinstance(cfg.lora, Mapping):
         raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")
     for key in ("max_steps", "seed"):

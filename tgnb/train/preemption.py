@@ -20,7 +20,7 @@ all ranks are combined with one ``all_reduce(MAX)``, so every rank decides the s
 step. A stop: the save in flight is let finish, this step is saved synchronously and sealed, training
 stops, and `finish` returns `EXIT_PREEMPTED` (75) -- under Slurm after a drain notice it first
 requeues its own job. Periodic saves (`CheckpointPolicy.every_steps`, ``every_seconds`` or ``auto``:
-Young/Daly with C the measured *stall* of an asynchronous save) are asynchronous. The last step is
+Young/Daly on the measured *stall* and write time of a save) are asynchronous. The last step is
 saved synchronously with the Trainer's own model export beside the DCP state.
 
 Resume (`resume_from`): rank 0 verifies the checkpoints newest first (sizes and checksums); one that
@@ -343,12 +343,15 @@ class CheckpointGuard:
         if p.every_seconds and time.monotonic() - self._last_save_time >= p.every_seconds:
             return True
         if p.auto and self.step_time_s and self.saver is not None:
-            stall = self.saver.stall_s
+            stall, write = self.saver.stall_s, self.saver.write_s
             if stall is None:  # before the first save: from the size of what is saved
                 params = self._trainer.model.parameters()
                 nbytes = sum(t.numel() * t.element_size() * 3 for t in params if t.requires_grad)
                 stall = nbytes / _ASSUMED_STAGE_BPS
-            every = ck.young_daly_steps(stall, p.preemptions_per_hour, self.step_time_s)
+            write = (write or stall) if p.async_save else 0.0  # a sync save is never in flight
+            notices = p.preemptions_per_hour if p.on_signal or p.watch_drain else 0.0
+            failures = p.failures_per_hour + p.preemptions_per_hour - notices  # unseen: failures
+            every = ck.young_daly_steps(self.step_time_s, stall, failures, write, notices)
             return step - last >= every
         return False
 

@@ -68,9 +68,11 @@ class Saver:
         self.last: ck.Checkpoint | None = None
         self.last_step = 0  # the step of the newest save begun (complete or in flight)
         self.stall_s: float | None = None  # mean training stall of a save (Young/Daly's C)
+        self.write_s: float | None = None  # mean time from a save's start to its marker
         self.failure: BaseException | None = None
         self.no_space = False  # the failure was a full disk
         self._stalls: list[float] = []
+        self._writes: list[float] = []
         self._sealer: threading.Thread | None = None
         self._pending: dict[str, Any] | None = None
 
@@ -165,6 +167,8 @@ class Saver:
             for part in parts:
                 if isinstance(part, str):
                     raise CheckpointError(f"writing {path.name} failed on {part}")
+            self._writes = [*self._writes[-7:], time.monotonic() - job["began"]]
+            self.write_s = sum(self._writes) / len(self._writes)  # every rank: each decides when
             if dcpio.rank() != 0:
                 self.last = ck.Checkpoint(path, step, time.time(), 0)
                 return
