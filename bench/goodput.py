@@ -54,7 +54,7 @@ from tgnb.backends.base import JobState
 from tgnb.emulator.testing import running_emulator
 from tgnb.runs.run import Run
 from tgnb.session import Session, attach
-from tgnb.train.policy import CheckpointPolicy
+from tgnb.tasks.policy import CheckpointPolicy
 
 
 def _times(run: Run, reason: str) -> list[float]:

@@ -54,7 +54,8 @@ def one_side(algorithm: str, steps: int, tgnb: bool, root: Path, index: int) -> 
     """Train `steps` steps from scratch and return the step times (the first one, warm-up, dropped)."""
     import torch
 
-    from tgnb.train import config, runner
+    from tgnb.tasks import config
+    from tgnb.train import runner
     from tgnb.train.metrics import MetricsCallback
     from tgnb.train.preemption import CheckpointGuard
     from tgnb.train.record import Recorder

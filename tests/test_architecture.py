@@ -19,8 +19,9 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
 - ``cloud`` (control plane over the ``together`` SDK) and ``emulator`` (the platform's stand-in,
   served over HTTP; its admin client is used by the planes above).
 - ``train``: the runtime on the node.
-- ``tasks``: what a run trains on (the tiny model, data sets, rewards): used by the runtime, the
-  emulator's Post-Training engine and the Post-Training notebooks.
+- ``tasks``: what a run trains and how (its config and checkpoint policy, the tiny model, data
+  sets, rewards): checked by the session and the notebook, run by the runtime; the emulator's
+  Post-Training engine and the Post-Training notebooks use the model, data and rewards.
 - ``runs``: the domain types (`RunSpec`, `JobState`, `EXIT_PREEMPTED`), the `Backend` protocol and
   the run store; the backends and the training runtime depend on it, never the reverse.
 - ``events``, ``errors`` (and ``progress``, text bars); then ``config``.

@@ -295,7 +295,7 @@ class Session:
         algorithm = str(train.get("algorithm", "grpo"))
         name = name or f"{algorithm}-{uuid.uuid4().hex[:6]}"
         train["name"] = name
-        from tgnb.train import config as train_cfg
+        from tgnb.tasks import config as train_cfg
 
         train_cfg.check_light(
             train_cfg.from_dict({k: v for k, v in train.items() if k != "run_dir"})

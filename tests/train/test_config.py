@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from tgnb.errors import TrainConfigError
-from tgnb.train import config as tc
-from tgnb.train.policy import CheckpointPolicy
+from tgnb.tasks import config as tc
+from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.train.validate import validate
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -64,7 +65,7 @@ def test_load_yaml_and_overrides(tmp_path: Path) -> None:
     assert cfg.name == "my run"
     assert cfg.run_dir == str(tmp_path / "r1")
     assert cfg.dataset == "arithmetic"  # the algorithm's default
-    tc.validate(cfg)
+    validate(cfg)
 
     cfg.dump(tmp_path / "out" / "run.yaml")
     again = tc.load(tmp_path / "out" / "run.yaml")
@@ -78,7 +79,7 @@ def test_defaults_follow_algorithm(tmp_path: Path) -> None:
     cfg = tc.load(None, ["algorithm=dpo"])
     assert cfg.dataset == "arithmetic-preference"
     assert cfg.run_dir is not None and cfg.run_dir.endswith("dpo-tiny")
-    tc.validate(cfg)
+    validate(cfg)
 
 
 @pytest.mark.parametrize(
@@ -117,14 +118,14 @@ def test_defaults_follow_algorithm(tmp_path: Path) -> None:
 def test_bad_input_is_one_line(tmp_path: Path, overrides: list[str], expected: str) -> None:
     cfg = tc.load(None, overrides, run_dir=tmp_path / "r")
     with pytest.raises(TrainConfigError) as exc:
-        tc.validate(cfg)
+        validate(cfg)
     assert expected in one_line(exc)
 
 
 def test_trl_key_lists_close_matches(tmp_path: Path) -> None:
     cfg = tc.load(None, ["trl.num_generation=4"], run_dir=tmp_path / "r")
     with pytest.raises(TrainConfigError) as exc:
-        tc.validate(cfg)
+        validate(cfg)
     msg = one_line(exc)
     assert "'num_generations'" in msg and "Did you mean" in msg
 
@@ -188,14 +189,14 @@ def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_reward_by_dotted_path(reward_module: str, tmp_path: Path) -> None:
     for fn in ("good", "only_completions"):
         cfg = tc.load(None, [f"rewards=['{reward_module}:{fn}', format]"], run_dir=tmp_path / "r")
-        tc.validate(cfg)
+        validate(cfg)
 
 
 @pytest.mark.parametrize("fn", ["no_kwargs", "extra_required", "swapped"])
 def test_reward_with_wrong_signature(reward_module: str, tmp_path: Path, fn: str) -> None:
     cfg = tc.load(None, [f"rewards=['{reward_module}:{fn}']"], run_dir=tmp_path / "r")
     with pytest.raises(TrainConfigError) as exc:
-        tc.validate(cfg)
+        validate(cfg)
     msg = one_line(exc)
     assert f"reward '{reward_module}:{fn}' has signature {fn}(" in msg
     assert "f(prompts, completions, **kwargs) -> list[float]" in msg
@@ -204,10 +205,10 @@ def test_reward_with_wrong_signature(reward_module: str, tmp_path: Path, fn: str
 def test_reward_missing_or_not_callable(reward_module: str, tmp_path: Path) -> None:
     cfg = tc.load(None, [f"rewards=['{reward_module}:missing']"], run_dir=tmp_path / "r")
     with pytest.raises(TrainConfigError, match="has no 'missing'"):
-        tc.validate(cfg)
+        validate(cfg)
     cfg = tc.load(None, [f"rewards=['{reward_module}:not_callable']"], run_dir=tmp_path / "r")
     with pytest.raises(TrainConfigError, match="is not a function"):
-        tc.validate(cfg)
+        validate(cfg)
 
 
 def test_max_steps_must_be_above_checkpoint_step(tmp_path: Path) -> None:
@@ -223,11 +224,11 @@ def test_max_steps_must_be_above_checkpoint_step(tmp_path: Path) -> None:
     for steps in (40, 12):
         cfg = tc.load(None, [f"max_steps={steps}"], run_dir=run_dir)
         with pytest.raises(TrainConfigError) as exc:
-            tc.validate(cfg)
+            validate(cfg)
         assert f"max_steps={steps} is not above step 40 of checkpoint 'checkpoint-40'" in one_line(
             exc
         )
-    tc.validate(tc.load(None, ["max_steps=41"], run_dir=run_dir))
+    validate(tc.load(None, ["max_steps=41"], run_dir=run_dir))
 
 
 def test_training_kwargs_defaults_and_overrides(tmp_path: Path) -> None:

@@ -186,7 +186,8 @@ def test_bad_config_exit_code_and_one_line(tmp_path: Path, train: Any) -> None:
 def test_builtin_grpo_task_learns(tmp_path: Path) -> None:
     """The learning test: on the built-in task the mean reward over the last 10 of 100 steps is
     clearly above the first 10 (seeded), and the correctness part rises, not only the format."""
-    from tgnb.train import config, runner
+    from tgnb.tasks import config
+    from tgnb.train import runner
 
     cfg = config.load(
         None, ["max_steps=100", "checkpoint.watch_drain=false"], run_dir=tmp_path / "learn"

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train.checkpoint import young_daly_seconds
-from tgnb.train.policy import CheckpointPolicy
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "goodput.py"
 

@@ -19,9 +19,9 @@ from transformers import TrainerState
 
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.errors import CheckpointError
+from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
-from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder
 from tgnb.train.saving import EXIT_NO_SPACE

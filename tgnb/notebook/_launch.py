@@ -46,7 +46,7 @@ def parse_body(cell: str) -> dict[str, Any]:
 
 def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config mapping, keyword options) for `Session.launch` from parsed options and a body."""
-    from tgnb.train.config import apply_overrides, from_dict
+    from tgnb.tasks.config import apply_overrides, from_dict
 
     raw = parse_body(cell) if cell is not None else {}
     if args.algorithm:

@@ -5,6 +5,6 @@ the functions that build and run a trainer.
 """
 
 from tgnb.runs.spec import EXIT_PREEMPTED
-from tgnb.train.policy import CheckpointPolicy
+from tgnb.tasks.policy import CheckpointPolicy
 
 __all__ = ["EXIT_PREEMPTED", "CheckpointPolicy"]

@@ -39,12 +39,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    from tgnb.train import config
+    from tgnb.tasks import config
+    from tgnb.train.validate import validate
 
     try:
         cfg = config.load(args.config, args.overrides, args.run_dir)
         if args.check:
-            config.validate(cfg)
+            validate(cfg)
             import yaml
 
             print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")

@@ -54,9 +54,9 @@ from tgnb.events import (
     read_jsonl,
 )
 from tgnb.runs.spec import EXIT_PREEMPTED
+from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
-from tgnb.train.policy import CheckpointPolicy
 from tgnb.train.record import Recorder
 from tgnb.train.saving import EXIT_NO_SPACE, Saver
 from tgnb.train.watcher import DrainWatcher

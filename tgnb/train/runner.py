@@ -28,8 +28,9 @@ from typing import Any
 
 from tgnb.errors import TrainConfigError
 from tgnb.tasks import assets, data, rewards
-from tgnb.train.config import DEFAULT_REWARDS, TrainConfig, trl_config_class, validate
+from tgnb.tasks.config import DEFAULT_REWARDS, TrainConfig
 from tgnb.train.record import Recorder, rank
+from tgnb.train.validate import trl_config_class, validate
 
 #: TRL options for the built-in tiny model on the built-in tasks: a large learning rate, one-token
 #: answers (the built-in answers are single digits), 8 prompts x 8 generations per step. Tuned so

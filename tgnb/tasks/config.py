@@ -11,10 +11,12 @@ A config file looks like::
     seed: 0
     trl: {learning_rate: 5.0e-3, num_generations: 8}   # passed through to GRPOConfig / DPOConfig
     lora: {r: 8, lora_alpha: 16}                        # optional, becomes a peft LoraConfig
-    checkpoint: {every_steps: 50, keep_last: 2}         # a tgnb.train.policy.CheckpointPolicy
+    checkpoint: {every_steps: 50, keep_last: 2}         # a tgnb.tasks.policy.CheckpointPolicy
 
 ``--set trl.learning_rate=1e-3`` overrides one dotted key; the value is read as YAML.
 Every unknown key is a `TrainConfigError` that names the close matches; nothing is dropped.
+`check_light` checks the rest that needs neither torch nor TRL (the session runs it before a run is
+recorded); the checks that need TRL or the run directory are `tgnb.train.validate`'s, on the node.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import yaml
 
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
-from tgnb.train.policy import CheckpointPolicy
+from tgnb.tasks.policy import CheckpointPolicy
 
 ALGORITHMS = ("grpo", "dpo")
 DEFAULT_DATASET = {"grpo": "arithmetic", "dpo": "arithmetic-preference"}
@@ -102,14 +104,14 @@ class TrainConfig:
         os.replace(tmp, path)
 
 
-def _unknown(kind: str, key: str, known: Iterable[str]) -> TrainConfigError:
+def unknown(kind: str, key: str, known: Iterable[str]) -> TrainConfigError:
     known = sorted(known)
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return TrainConfigError(f"unknown {kind} '{key}'.{hint}")
 
 
-def _field_names(cls: Any) -> list[str]:
+def field_names(cls: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
@@ -117,20 +119,20 @@ def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
     """A `TrainConfig` from plain data; unknown keys (top level or ``checkpoint:``) are errors."""
     if not isinstance(raw, Mapping):
         raise TrainConfigError("a training config must be a mapping of keys to values.")
-    known = _field_names(TrainConfig)
+    known = field_names(TrainConfig)
     for key in raw:
         if key not in known:
-            raise _unknown("config key", str(key), known)
+            raise unknown("config key", str(key), known)
     values = dict(raw)
     policy = values.pop("checkpoint", None) or {}
     if isinstance(policy, CheckpointPolicy):
         policy = dataclasses.asdict(policy)
     if not isinstance(policy, Mapping):
         raise TrainConfigError("'checkpoint' must be a mapping such as {every_steps: 50}.")
-    policy_keys = _field_names(CheckpointPolicy)
+    policy_keys = field_names(CheckpointPolicy)
     for key in policy:
         if key not in policy_keys:
-            raise _unknown("checkpoint key", str(key), policy_keys)
+            raise unknown("checkpoint key", str(key), policy_keys)
     if isinstance(values.get("rewards"), str):
         values["rewards"] = [values["rewards"]]
     if values.get("trl") is None:
@@ -198,17 +200,7 @@ def load(
     return from_dict(raw)
 
 
-# -- validation (imports TRL) -------------------------------------------------------------------
-def trl_config_class(algorithm: str) -> Any:
-    if algorithm == "grpo":
-        from trl import GRPOConfig
-
-        return GRPOConfig
-    from trl import DPOConfig
-
-    return DPOConfig
-
-
+# -- checks that need neither torch nor TRL ------------------------------------------------------
 def check_model(model: str) -> None:
     """``tiny``, an existing local directory, or something shaped like a Hugging Face id."""
     if model == "tiny":
@@ -295,7 +287,7 @@ def check_light(cfg: TrainConfig) -> None:
     from tgnb.tasks import data
 
     if not isinstance(cfg.algorithm, str) or cfg.algorithm not in ALGORITHMS:
-        raise _unknown("algorithm", str(cfg.algorithm)[:40], ALGORITHMS)
+        raise unknown("algorithm", str(cfg.algorithm)[:40], ALGORITHMS)
     _bounded("max_steps", cfg.max_steps, 1, MAX_STEPS)
     _bounded("seed", cfg.seed, 0, MAX_SEED)
     _bounded("dataset_size", cfg.dataset_size, 1, MAX_DATASET_SIZE)
@@ -324,45 +316,3 @@ def check_light(cfg: TrainConfig) -> None:
     for key, value in cfg.trl.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise TrainConfigError(f"trl.{key} must be a finite number, not {value}.")
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
-    from tgnb.tasks import rewards
-
-    check_light(cfg)
-    if cfg.algorithm == "grpo":
-        rewards.resolve_all(cfg.rewards)
-    known = set(_field_names(trl_config_class(cfg.algorithm)))
-    for key in cfg.trl:
-        if key not in known:
-            raise _unknown(f"TRL option for {cfg.algorithm.upper()}", str(key), known)
-    from tgnb.train.preemption import OWNED_ARGS
-
-    owned = sorted(set(cfg.trl) & set(OWNED_ARGS))
-    if owned:
-        raise TrainConfigError(
-            f"trl.{owned[0]} is set by the checkpoint guard; configure checkpointing under "
-            "'checkpoint:' (every_steps, every_seconds, auto, keep_last) instead."
-        )
-    if cfg.lora is not None:
-        from peft import LoraConfig
-
-        lora_keys = _field_names(LoraConfig)
-        for key in cfg.lora:
-            if key not in lora_keys:
-                raise _unknown("LoRA option", str(key), lora_keys)
-    check_resume(cfg)
-
-
-def check_resume(cfg: TrainConfig) -> None:
-    """max_steps must lie above the step of the checkpoint the run would resume from."""
-    from tgnb.train.checkpoint import latest_complete
-
-    assert cfg.run_dir is not None
-    ckpt = latest_complete(Path(cfg.run_dir) / "checkpoints", checksums=False)
-    if ckpt is not None and cfg.max_steps <= ckpt.step:
-        raise TrainConfigError(
-            f"max_steps={cfg.max_steps} is not above step {ckpt.step} of checkpoint "
-            f"'{ckpt.path.name}' in {cfg.run_dir}; raise max_steps or use a new run directory."
-        )

@@ -1,0 +1,63 @@
+"""The checks of a run's config that need TRL or peft, or its run directory: made on the node
+before anything is trained (`tgnb.tasks.config.check_light` makes the light ones first; the session
+and the notebook make those before a run is recorded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TrainConfigError
+from tgnb.tasks import rewards
+from tgnb.tasks.config import TrainConfig, check_light, field_names, unknown
+
+
+def trl_config_class(algorithm: str) -> Any:
+    """``GRPOConfig`` or ``DPOConfig``."""
+    if algorithm == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig
+    from trl import DPOConfig
+
+    return DPOConfig
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
+    check_light(cfg)
+    if cfg.algorithm == "grpo":
+        rewards.resolve_all(cfg.rewards)
+    known = set(field_names(trl_config_class(cfg.algorithm)))
+    for key in cfg.trl:
+        if key not in known:
+            raise unknown(f"TRL option for {cfg.algorithm.upper()}", str(key), known)
+    from tgnb.train.preemption import OWNED_ARGS
+
+    owned = sorted(set(cfg.trl) & set(OWNED_ARGS))
+    if owned:
+        raise TrainConfigError(
+            f"trl.{owned[0]} is set by the checkpoint guard; configure checkpointing under "
+            "'checkpoint:' (every_steps, every_seconds, auto, keep_last) instead."
+        )
+    if cfg.lora is not None:
+        from peft import LoraConfig
+
+        lora_keys = field_names(LoraConfig)
+        for key in cfg.lora:
+            if key not in lora_keys:
+                raise unknown("LoRA option", str(key), lora_keys)
+    check_resume(cfg)
+
+
+def check_resume(cfg: TrainConfig) -> None:
+    """max_steps must lie above the step of the checkpoint the run would resume from."""
+    from tgnb.train.checkpoint import latest_complete
+
+    assert cfg.run_dir is not None
+    ckpt = latest_complete(Path(cfg.run_dir) / "checkpoints", checksums=False)
+    if ckpt is not None and cfg.max_steps <= ckpt.step:
+        raise TrainConfigError(
+            f"max_steps={cfg.max_steps} is not above step {ckpt.step} of checkpoint "
+            f"'{ckpt.path.name}' in {cfg.run_dir}; raise max_steps or use a new run directory."
+        )
