@@ -21,7 +21,7 @@ def make_ckpt(root: Path, step: int, seal: bool = True, payload: bytes = b"") ->
     (path / "sub").mkdir(parents=True)
     (path / "model.safetensors").write_bytes(payload or os.urandom(4096 + step))
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    (path / "sub" / "rng_state_1.pth").write_bytes(b"rng" * step)
+    (path / "sub" / "rng-1.safetensors").write_bytes(b"rng" * step)
     if seal:
         ck.write_marker(path, step)
     return path
@@ -33,7 +33,7 @@ def test_marker_is_written_last_with_a_full_manifest(tmp_path: Path) -> None:
     record = json.loads((path / ck.MARKER).read_text())
     assert record["step"] == 7 and record["trigger"] == "signal"
     files = {f["path"]: f for f in record["files"]}
-    assert set(files) == {"model.safetensors", "trainer_state.json", "sub/rng_state_1.pth"}
+    assert set(files) == {"model.safetensors", "trainer_state.json", "sub/rng-1.safetensors"}
     assert files["model.safetensors"]["size"] == 10000
     assert files["model.safetensors"]["xxh3_128"] == xxhash.xxh3_128(b"x" * 10000).hexdigest()
     assert record["version"] == ck.MARKER_VERSION
@@ -46,7 +46,7 @@ def test_marker_is_written_last_with_a_full_manifest(tmp_path: Path) -> None:
 DAMAGE = {
     "truncate": "model.safetensors: 4098 bytes, the manifest says 4099",
     "flip": "model.safetensors: checksum mismatch",
-    "missing": "sub/rng_state_1.pth: missing",
+    "missing": "sub/rng-1.safetensors: missing",
     "no-marker": "tgnb-complete.json: missing",
     "bad": "tgnb-complete.json: unreadable",
     "wrong-sum": "trainer_state.json: checksum mismatch",
@@ -66,7 +66,7 @@ def test_a_torn_checkpoint_is_not_complete_and_check_names_the_file(
         data[100] ^= 0xFF
         model.write_bytes(bytes(data))
     elif damage == "missing":
-        (path / "sub" / "rng_state_1.pth").unlink()
+        (path / "sub" / "rng-1.safetensors").unlink()
     elif damage == "no-marker":
         (path / ck.MARKER).unlink()
     elif damage == "wrong-sum":  # the marker itself altered: a checksum that is not the file's
@@ -198,3 +198,17 @@ def test_quarantine_moves_aside_with_the_reason(tmp_path: Path) -> None:
     assert (moved / "REASON.txt").read_text().strip() == reason
     assert (moved / "model.safetensors").read_bytes() == b"short"  # kept, not deleted
     assert ck.checkpoint_dirs(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["rng_state.pth", "optimizer.pt", "sub/scaler.pt", "x.pkl"])
+def test_a_pickle_file_in_a_checkpoint_is_refused(tmp_path: Path, name: str) -> None:
+    """tgnb writes no pickle, and the Trainer would ``torch.load`` one it finds (its RNG state,
+    its optimizer): planted beside a complete checkpoint, or sealed into its manifest, it is
+    refused by name."""
+    path = make_ckpt(tmp_path, 5)
+    assert ck.verify(path) is not None
+    (path / name).write_bytes(b"\x80\x04N.")  # pickle of None
+    ckpt, reason = ck.check(path)
+    assert ckpt is None and reason.startswith(f"{name}: a pickle file")
+    ck.write_marker(path, 5)  # listed in the manifest now: still refused
+    assert ck.check(path, checksums=False)[1].startswith(f"{name}: a pickle file")

@@ -41,6 +41,9 @@ QUARANTINE = "quarantine"
 MARKER_VERSION = 3
 FORMAT = "tgnb-dcp-1"
 ALGORITHM = "xxh3_128"
+#: Suffixes of pickle files: tgnb writes none, and the Trainer ``torch.load``s some it finds
+#: (``rng_state.pth``, ``optimizer.pt``, ``scheduler.pt``), so a checkpoint holding one is refused.
+PICKLES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
 
@@ -220,6 +223,8 @@ def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpo
             return None, f"{e.path}: missing"
         if size != e.size:
             return None, f"{e.path}: {size} bytes, the manifest says {e.size} (truncated or grown)"
+    if pickled := [f for f in files(root) if f.endswith(PICKLES)]:
+        return None, f"{pickled[0]}: a pickle file, which tgnb never writes (planted?)"
     if checksums:
         _hasher()  # a missing library is an error, not a torn checkpoint
         with _pool(len(ckpt.files)) as pool:
