@@ -224,7 +224,10 @@ def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpo
         if size != e.size:
             return None, f"{e.path}: {size} bytes, the manifest says {e.size} (truncated or grown)"
     if pickled := [f for f in files(root) if f.endswith(PICKLES)]:
-        return None, f"{pickled[0]}: a pickle file, which tgnb never writes (planted?)"
+        return (
+            None,
+            f"{pickled[0]}: a pickle file, which tgnb never writes (the Trainer would load it)",
+        )
     if checksums:
         _hasher()  # a missing library is an error, not a torn checkpoint
         with _pool(len(ckpt.files)) as pool:

@@ -168,7 +168,7 @@ class Saver:
                 if isinstance(part, str):
                     raise CheckpointError(f"writing {path.name} failed on {part}")
             self._writes = [*self._writes[-7:], time.monotonic() - job["began"]]
-            self.write_s = sum(self._writes) / len(self._writes)  # every rank: each decides when
+            self.write_s = sum(self._writes) / len(self._writes)  # every rank weighs it (auto)
             if dcpio.rank() != 0:
                 self.last = ck.Checkpoint(path, step, time.time(), 0)
                 return
