@@ -140,8 +140,10 @@ def calibrate(run: Run) -> tuple[float, float]:
     times = [float(r["time"]) for r in rows]
     gaps = sorted(b - a for a, b in itertools.pairwise(times))
     step = statistics.median(gaps[: max(1, len(gaps) - 1)])  # without the restart gap
-    notice = min(_times(run, "SignalReceived") + _times(run, "DrainNoticeReceived"))
-    resumed = min(_times(run, "RunResumed"))
+    notices = _times(run, "SignalReceived") + _times(run, "DrainNoticeReceived")
+    if not notices or not _times(run, "RunResumed"):
+        raise SystemExit("calibrate: the run ended before its preemption landed; rerun")
+    notice, resumed = min(notices), min(_times(run, "RunResumed"))
     after = min(t for t in times if t > resumed)
     # From the notice to the first step done after the resume, less that step's own time.
     return step, max(0.0, after - notice - step)
@@ -299,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(session: Session, args: argparse.Namespace, ctype: str) -> int:
     algo = args.algorithm
     fast = {"drain_poll_seconds": 0.2}
-    (cal,) = run_side_by_side(session, ("calibrate",), algo, 20, fast, preempt_at_step=5)
+    # long enough that the notice (sent at step 5, seen at the next poll) lands mid-run: the tiny
+    # model's steps take tens of milliseconds
+    (cal,) = run_side_by_side(session, ("calibrate",), algo, 100, fast, preempt_at_step=5)
     step, cycle = calibrate(cal["run"])
     save = cal["save_s"]
     interval = args.interval or args.per * cycle
