@@ -26,8 +26,7 @@ from .conftest import torchrun, worker_pids
 def test_the_launcher_keeps_tgnbs_exit_codes() -> None:
     from types import SimpleNamespace as F
 
-    assert launch.EXIT_PREEMPTED == EXIT_PREEMPTED
-    assert launch.exit_code({0: F(exitcode=75), 1: F(exitcode=75)}) == 75
+    assert launch.exit_code({0: F(exitcode=75), 1: F(exitcode=75)}) == EXIT_PREEMPTED == 75
     assert launch.exit_code({0: F(exitcode=-15), 1: F(exitcode=75)}) == 75  # killed by the agent
     assert launch.exit_code({0: F(exitcode=74)}) == 74
     assert launch.exit_code({0: F(exitcode=75), 1: F(exitcode=1)}) == 1

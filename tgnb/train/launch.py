@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train.saving import EXIT_NO_SPACE
 
-EXIT_PREEMPTED = 75  # tgnb.backends.base.EXIT_PREEMPTED (kept in step by a test)
 KEPT = (EXIT_PREEMPTED, EXIT_NO_SPACE)
 
 
