@@ -71,7 +71,9 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     service = tinker.ServiceClient()
-    training = service.create_lora_training_client(base_model=args.model, rank=args.rank)
+    training = service.create_lora_training_client(
+        base_model=args.model, rank=args.rank, seed=args.seed
+    )
     sampler = training.save_weights_and_get_sampling_client()
     data = questions(args.steps * args.prompts, args.seed)
     history = []
