@@ -1,0 +1,105 @@
+"""The node contract: what every engine puts on a node, and what the runtime there reads.
+
+Written once here; the local supervisor renders it into a Popen (or a warm fork), Slurm into an
+sbatch script, Kubernetes into an Indexed Job. Nothing here imports an engine's library or torch.
+
+The run directory (on shared storage, named after the run, stable across restarts)::
+
+    config.yaml     the node's config file: the run's training config (`render_config`)
+    workdir/        the snapshot of the user's workdir taken at launch (script runs; `tgnb.runs.workdir`)
+    run.yaml        the resolved config, written by rank 0 at each start
+    checkpoints/    checkpoint-<step>/ (DCP shards, a manifest, a marker written last); quarantine/
+    metrics.jsonl   one row per logged step
+    events.jsonl    RunStarted, RunResumed, SignalReceived, CheckpointSaved, RunExited, ...
+    train.log       the program's output (local backend; Slurm: slurm-<job>.out)
+
+The command a node runs is `command`: ``python -m tgnb.train config.yaml --run-dir DIR``, or the same
+under torchrun through ``python -m tgnb.train.launch`` (torchrun's options, and a worker's exit 75
+stays 75). The runtime there sets `RUN_DIR_ENV`, `RUN_ENV` and `CHECKPOINT_ENV` for the user's code,
+so `tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an argument.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+
+class Exit(enum.IntEnum):
+    """The exit codes of a node's training process, the same on every engine."""
+
+    DONE = 0
+    FAILED = 1
+    BAD_CONFIG = 2  # refused before anything was trained; one line on stderr says why
+    NO_SPACE = 74  # the disk is full; the last complete checkpoint is intact (BSD EX_IOERR)
+    PREEMPTED = 75  # checkpointed on a preemption notice: start me again (BSD EX_TEMPFAIL)
+
+    @property
+    def resume(self) -> bool:
+        """Whether the engine should start the run again (from its newest checkpoint)."""
+        return self is Exit.PREEMPTED
+
+
+# -- the run directory -----------------------------------------------------------------------------
+CONFIG = "config.yaml"
+RESOLVED = "run.yaml"
+WORKDIR = "workdir"
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+EVENTS = "events.jsonl"
+LOG = "train.log"
+
+# -- the environment the runtime gives the user's code ---------------------------------------------
+RUN_DIR_ENV = "TGNB_RUN_DIR"
+RUN_ENV = "TGNB_RUN"
+CHECKPOINT_ENV = "TGNB_CHECKPOINT"  # the run's CheckpointPolicy as JSON
+RESTART_ENV = "TGNB_RESTART_COUNT"
+NODE_ENV = "TGNB_NODE"
+NOTICE_ENV = "TGNB_NOTICE_FILE"
+#: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
+RESERVED_ENV = frozenset(
+    {RUN_DIR_ENV, RUN_ENV, CHECKPOINT_ENV, RESTART_ENV, NODE_ENV, NOTICE_ENV}
+    | {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    | {"SLURM_RESTART_COUNT", "SLURM_JOB_ID", "PYTHONUNBUFFERED"}
+)
+#: Read by the interpreter or native libraries when a process starts: a warm (forked) start cannot
+#: apply them, so a run that sets one is started cold (see `tgnb.backends.warm`).
+STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "MALLOC_", "CUDA_", "NCCL_")
+
+
+def needs_cold_start(env: Mapping[str, str]) -> bool:
+    """Whether `env` sets a variable only a fresh interpreter applies."""
+    return any(name.startswith(STARTUP_ENV_PREFIXES) for name in env)
+
+
+def runtime_args(config: str, run_dir: str) -> list[str]:
+    """The runtime's own arguments: ``-m tgnb.train CONFIG --run-dir RUN_DIR``."""
+    return ["-m", "tgnb.train", config, "--run-dir", run_dir]
+
+
+def command(
+    python: str, config: str, run_dir: str, torchrun: Sequence[str] | None = None
+) -> list[str]:
+    """The command a node runs: the runtime alone, or under torchrun with `torchrun`'s options
+    (``--nnodes``, ``--nproc_per_node``, the rendezvous: each engine gives its own)."""
+    if torchrun is None:
+        return [python, *runtime_args(config, run_dir)]
+    return [python, "-m", "tgnb.train.launch", *torchrun, *runtime_args(config, run_dir)]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def render_config(train: Mapping[str, Any]) -> str:
+    """The node's config file (`CONFIG`): the run's training config as plain YAML. The run
+    directory is not in it: the command line gives it (``--run-dir``)."""
+    body = {k: v for k, v in _plain(train).items() if k != "run_dir"}
+    return yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
