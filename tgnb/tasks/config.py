@@ -2,7 +2,7 @@
 
 A config file looks like::
 
-    algorithm: grpo            # grpo | dpo
+    algorithm: grpo            # grpo | dpo | sft, or script (the user's own program)
     model: tiny                # built-in tiny, a Hugging Face id, or a local directory
     dataset: arithmetic        # built-in name, a .jsonl/.parquet/.csv file, or a Hugging Face dataset
     # dataset_config: main     # a Hugging Face dataset's configuration; dataset_split: train
@@ -12,6 +12,15 @@ A config file looks like::
     trl: {learning_rate: 5.0e-3, num_generations: 8}   # passed through to GRPOConfig / DPOConfig
     lora: {r: 8, lora_alpha: 16}                        # optional, becomes a peft LoraConfig
     checkpoint: {every_steps: 50, keep_last: 2}         # a tgnb.tasks.policy.CheckpointPolicy
+
+A run of the user's own code names a script (a path inside the workdir, run as ``__main__`` with
+``args``) or a command (run as it is, in the workdir)::
+
+    algorithm: script
+    script: train.py
+    args: [--lr, "1e-4"]
+    # command: [accelerate, launch, train.py]
+    checkpoint: {auto: true}   # what tgnb.train.protect / Checkpointer use in that program
 
 ``--set trl.learning_rate=1e-3`` overrides one dotted key; the value is read as YAML.
 Every unknown key is a `TrainConfigError` that names the close matches; nothing is dropped.
@@ -37,8 +46,11 @@ from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
 from tgnb.tasks.policy import CheckpointPolicy
 
-ALGORITHMS = ("grpo", "dpo")
-DEFAULT_DATASET = {"grpo": "arithmetic", "dpo": "arithmetic-preference"}
+ALGORITHMS = ("grpo", "dpo", "sft")
+#: The kind of a run of the user's own program (a script or a command).
+SCRIPT = "script"
+KINDS = (*ALGORITHMS, SCRIPT)
+DEFAULT_DATASET = {"grpo": "arithmetic", "dpo": "arithmetic-preference", "sft": "arithmetic-sft"}
 DEFAULT_REWARDS = ["correctness", "format"]
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -80,8 +92,13 @@ class TrainConfig:
     dataset_split: str = "train"
     dataset_size: int = 2000
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    script: str | None = None  # algorithm: script; a path inside the workdir
+    args: list[str] = field(default_factory=list)  # the script's command-line arguments
+    command: list[str] | None = None  # algorithm: script; a program run as it is
 
     def __post_init__(self) -> None:
+        if self.algorithm == SCRIPT:
+            self.dataset = self.dataset or ""
         if self.dataset is None:
             self.dataset = DEFAULT_DATASET.get(self.algorithm, "arithmetic")
         if self.name is None:
@@ -258,7 +275,7 @@ def _check_reward(name: Any) -> None:
         rewards.resolve(name)  # cheap here: imported already, or the import error at once
 
 
-def _check_policy(p: CheckpointPolicy) -> None:
+def check_policy(p: CheckpointPolicy) -> None:
     """The ``checkpoint:`` values: flags are booleans, counts whole, rates and periods positive
     (no preemptions at all is fine)."""
     flags = ("auto", "on_signal", "watch_drain", "requeue_on_drain", "async_save")
@@ -281,13 +298,50 @@ def _check_policy(p: CheckpointPolicy) -> None:
             )
 
 
+def _check_program(cfg: TrainConfig) -> None:
+    """A script run: `script` (a relative path) or `command`, not both, with string arguments."""
+    if cfg.algorithm != SCRIPT:
+        raise TrainConfigError(
+            f"'script' and 'command' make a run of your own program: set algorithm: script, "
+            f"not {cfg.algorithm!r:.20}."
+        )
+    if (cfg.script is None) == (cfg.command is None):
+        raise TrainConfigError(
+            "a script run needs exactly one of 'script' (e.g. train.py) or 'command' "
+            "(e.g. [accelerate, launch, train.py])."
+        )
+    if cfg.script is not None:
+        _text("script", cfg.script)
+        if Path(cfg.script).is_absolute() or ".." in Path(cfg.script).parts:
+            raise TrainConfigError(
+                f"script {cfg.script!r:.60} must be a path inside the workdir, such as train.py."
+            )
+    words = cfg.command if cfg.command is not None else cfg.args
+    what = "command" if cfg.command is not None else "args"
+    if not isinstance(words, list) or (cfg.command is not None and not words):
+        raise TrainConfigError(f"'{what}' must be a list of strings such as ['--lr', '1e-4'].")
+    for word in [*words, *(cfg.args if cfg.command is not None else [])]:
+        if not isinstance(word, str) or "\0" in word or len(word) > 4096:
+            raise TrainConfigError(f"'{what}' must hold strings only, not {word!r:.40}.")
+    if cfg.command is not None and cfg.args:
+        raise TrainConfigError("'args' go with 'script'; put a command's arguments in 'command'.")
+    _bounded("seed", cfg.seed, 0, MAX_SEED)
+    check_policy(cfg.checkpoint)
+    for key in ("name", "run_dir"):
+        if getattr(cfg, key) is not None:
+            _text(key, getattr(cfg, key))
+
+
 def check_light(cfg: TrainConfig) -> None:
     """The checks that need neither torch nor TRL: types, ranges, model, dataset and rewards.
     `Session.launch` runs them before it records anything; `validate` runs them first."""
     from tgnb.tasks import data
 
-    if not isinstance(cfg.algorithm, str) or cfg.algorithm not in ALGORITHMS:
-        raise unknown("algorithm", str(cfg.algorithm)[:40], ALGORITHMS)
+    if not isinstance(cfg.algorithm, str) or cfg.algorithm not in KINDS:
+        raise unknown("algorithm", str(cfg.algorithm)[:40], KINDS)
+    if cfg.algorithm == SCRIPT or cfg.script is not None or cfg.command is not None:
+        _check_program(cfg)
+        return
     _bounded("max_steps", cfg.max_steps, 1, MAX_STEPS)
     _bounded("seed", cfg.seed, 0, MAX_SEED)
     _bounded("dataset_size", cfg.dataset_size, 1, MAX_DATASET_SIZE)
@@ -307,7 +361,7 @@ def check_light(cfg: TrainConfig) -> None:
             raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
         for reward in cfg.rewards:
             _check_reward(reward)
-    _check_policy(cfg.checkpoint)
+    check_policy(cfg.checkpoint)
     if cfg.lora is not None and not isinstance(cfg.lora, Mapping):
         raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")
     for key in ("max_steps", "seed"):

@@ -90,6 +90,26 @@ def resumable(trainer_cls: type) -> type:
     return Resumable
 
 
+def batch_args(ckpt_dir: Path, kwargs: dict[str, Any], world: int) -> dict[str, Any]:
+    """Keep the global batch of the checkpoint to resume from (the Trainer skips the data seen by
+    counting steps, so the data position holds only if every step is as large):
+    ``gradient_accumulation_steps`` = its global batch / (per-device batch x `world`) when the
+    world size or the per-device batch changed."""
+    found = ck.checkpoint_dirs(ckpt_dir)
+    meta = next((m.meta for p in found if (m := ck.read_marker(p)) is not None), None)
+    per_device = int(kwargs.get("per_device_train_batch_size", 8))
+    total = int(meta.get("global_batch") or 0) if meta else 0
+    if not total or total == per_device * world * int(kwargs.get("gradient_accumulation_steps", 1)):
+        return kwargs
+    if total % (per_device * world):
+        raise TrainConfigError(
+            f"the checkpoint's global batch {total} is not a multiple of per-device batch "
+            f"{per_device} x {world} ranks; set per_device_train_batch_size to a divisor "
+            f"of {total // world}."
+        )
+    return {**kwargs, "gradient_accumulation_steps": total // (per_device * world)}
+
+
 class CheckpointGuard:
     """Checkpoint-and-exit on SIGTERM or a drain notice, periodic and final checkpoints, resume."""
 
@@ -148,25 +168,8 @@ class CheckpointGuard:
         return {**out, **_SETTINGS, "output_dir": str(self.ckpt_dir)}
 
     def batch_args(self, kwargs: dict[str, Any], world: int) -> dict[str, Any]:
-        """Keep the global batch of the checkpoint to resume from (the Trainer skips the data seen
-        by counting steps, so the data position holds only if every step is as large):
-        ``gradient_accumulation_steps`` = its global batch / (per-device batch x `world`) when the
-        world size or the per-device batch changed."""
-        found = ck.checkpoint_dirs(self.ckpt_dir)
-        meta = next((m.meta for p in found if (m := ck.read_marker(p)) is not None), None)
-        per_device = int(kwargs.get("per_device_train_batch_size", 8))
-        total = int(meta.get("global_batch") or 0) if meta else 0
-        if not total or total == per_device * world * int(
-            kwargs.get("gradient_accumulation_steps", 1)
-        ):
-            return kwargs
-        if total % (per_device * world):
-            raise TrainConfigError(
-                f"the checkpoint's global batch {total} is not a multiple of per-device batch "
-                f"{per_device} x {world} ranks; set trl.per_device_train_batch_size to a divisor "
-                f"of {total // world}."
-            )
-        return {**kwargs, "gradient_accumulation_steps": total // (per_device * world)}
+        """`batch_args` for this run's checkpoints."""
+        return batch_args(self.ckpt_dir, kwargs, world)
 
     def callbacks(self) -> list[Any]:
         """The trainer callbacks that implement the guard (`tgnb.train.callback.GuardCallback`)."""

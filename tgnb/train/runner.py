@@ -9,7 +9,8 @@ Run directory layout::
     metrics.jsonl   one row per logged step (tgnb.train.metrics)
     events.jsonl    RunStarted, RunResumed, SignalReceived, CheckpointSaved, RunExited, ...
 
-Checkpointing is configured in one place only, `tgnb.train.preemption.CheckpointGuard`. Several
+Checkpointing is configured in one place only, `tgnb.train.preemption.CheckpointGuard`, which the
+runner gives the trainer through `tgnb.train.protect` as any user's script does. Several
 processes (``torchrun``, ``accelerate launch``) are handled by transformers/accelerate; nothing
 here is rank-specific except that rank 0 writes ``run.yaml`` (the Recorder writes on rank 0 only).
 A run resumed at another world size keeps its global batch (gradient accumulation adapts).
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +112,6 @@ def build_trainer(
     `source` is what `assets.resolve_model` returns; resolve it before the training arguments are
     built when several processes run (they start torch.distributed, after which transformers
     writes the tiny model on rank 0 only)."""
-    from tgnb.train.preemption import resumable
-
     source = source or assets.resolve_model(cfg.model, cfg.seed)
     tokenizer = _load_tokenizer(cfg.model, source)
     assert cfg.dataset is not None
@@ -141,11 +139,11 @@ def build_trainer(
         from trl import GRPOTrainer
 
         funcs: list[Any] = list(rewards.resolve_all(cfg.rewards))
-        trainer: Any = resumable(GRPOTrainer)(reward_funcs=funcs, **common)
+        trainer: Any = GRPOTrainer(reward_funcs=funcs, **common)
     else:
         from trl import DPOTrainer
 
-        trainer = resumable(DPOTrainer)(**common)
+        trainer = DPOTrainer(**common)
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # metrics go out as @tgnb lines instead
@@ -153,62 +151,36 @@ def build_trainer(
 
 
 def run(cfg: TrainConfig) -> int:
-    """Train `cfg` to its max_steps or until preempted; 0 finished, `EXIT_PREEMPTED` preempted.
+    """Train `cfg` to its max_steps, or until preempted; 0 finished. A preemption or a full disk
+    leaves through ``SystemExit`` with `Exit.PREEMPTED` / `Exit.NO_SPACE` (`tgnb.train.protect`).
 
-    Raises `TrainConfigError` for bad input before anything is trained.
+    The built-in runs are one client of `tgnb.train.protect`: build the TRL trainer, protect it,
+    train. Raises `TrainConfigError` for bad input before anything is trained.
     """
     validate(cfg)
     import torch
     from transformers import set_seed
 
-    from tgnb.train.metrics import MetricsCallback, run_failed, run_started
-    from tgnb.train.preemption import CheckpointGuard
-    from tgnb.train.saving import EXIT_NO_SPACE, no_space
+    from tgnb.train.preemption import batch_args
+    from tgnb.train.protect import protect_with
 
     assert cfg.run_dir is not None
     run_dir = Path(cfg.run_dir)
-    recorder = Recorder(run_dir, cfg.name)
     if rank() == 0:
+        Recorder(run_dir, cfg.name).close()  # the run directory, before run.yaml
         cfg.dump(run_dir / "run.yaml")
     set_seed(cfg.seed)
     if cfg.model == assets.TINY and not torch.cuda.is_available():
         torch.set_num_threads(1)  # tiny matmuls gain nothing from threads; on a busy CPU they lose
-    guard = CheckpointGuard(cfg.checkpoint, run_dir, recorder)
-    trainer = None
-    try:
-        source = assets.resolve_model(cfg.model, cfg.seed)  # before torch.distributed starts
-        kwargs = guard.training_args(training_kwargs(cfg, torch.cuda.is_available()))
-        kwargs = guard.batch_args(kwargs, int(os.environ.get("WORLD_SIZE", "1")))
-        args = _args(cfg, kwargs)
-        callbacks = [*guard.callbacks(), MetricsCallback(recorder)]
-        trainer = build_trainer(cfg, args, callbacks, source)
-        run_started(
-            recorder,
-            algorithm=cfg.algorithm,
-            model=cfg.model,
-            dataset=cfg.dataset,
-            max_steps=cfg.max_steps,
-            seed=cfg.seed,
-            world_size=int(args.world_size),
-            pid=os.getpid(),
-        )
-        guard.attach(trainer)
-        trainer.train(resume_from_checkpoint=guard.resume_from())
-    except TrainConfigError:
-        guard.close()
-        raise
-    except OSError as exc:
-        guard.close()
-        if not no_space(exc):
-            raise
-        print(f"tgnb: disk full under {run_dir}: {exc}; exiting {EXIT_NO_SPACE}", file=sys.stderr)
-        return EXIT_NO_SPACE
-    except BaseException as exc:
-        guard.close()
-        step = int(trainer.state.global_step) if trainer is not None else None
-        run_failed(recorder, exc, step)
-        raise
-    code = int(guard.finish(trainer))
+    source = assets.resolve_model(cfg.model, cfg.seed)  # before torch.distributed starts
+    kwargs = training_kwargs(cfg, torch.cuda.is_available())
+    kwargs["output_dir"] = str(run_dir / "checkpoints")
+    kwargs = batch_args(run_dir / "checkpoints", kwargs, int(os.environ.get("WORLD_SIZE", "1")))
+    args = _args(cfg, kwargs)
+    trainer = build_trainer(cfg, args, [], source)
+    info = {"algorithm": cfg.algorithm, "model": cfg.model, "dataset": cfg.dataset}
+    protect_with(trainer, cfg.checkpoint, run_dir, cfg.name or run_dir.name, info)
+    trainer.train()
     if torch.distributed.is_initialized():  # else gloo's threads can abort the exit (SIGABRT)
         torch.distributed.destroy_process_group()
-    return code
+    return 0

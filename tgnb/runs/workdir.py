@@ -1,0 +1,158 @@
+"""The workdir of a script run: the user's folder, snapshotted at launch, the same on every start.
+
+Rules (the README's "Your own code" says the same):
+
+- The workdir is the folder given as ``workdir=``, by default the folder of the notebook (the
+  kernel's working directory) or of the calling script.
+- Everything under it is taken except what `DEFAULT_IGNORE` and an ignore file `IGNORE_FILE` in it
+  name: one pattern a line, ``#`` comments, shell wildcards matched against the path relative to
+  the workdir and against each file or folder name; a trailing ``/`` names folders only.
+- At most `MAX_BYTES` in all (`max_bytes` to change it) and `MAX_FILES` files; symbolic links and
+  special files are refused by name (a snapshot holds plain files only).
+- It is taken once, at launch, into the run directory's ``workdir/`` (`tgnb.runs.node.WORKDIR`); a
+  restart or a requeue uses that snapshot, so editing the folder mid-run changes nothing running.
+  On the node it is the working directory and the first entry of ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import stat
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tgnb.errors import ValidationError
+
+IGNORE_FILE = ".tgnbignore"
+DEFAULT_IGNORE = (
+    ".git/",
+    ".hg/",
+    "__pycache__/",
+    ".ipynb_checkpoints/",
+    ".venv/",
+    "venv/",
+    "node_modules/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    "*.pyc",
+    "tgnb-out/",
+    "wandb/",
+)
+MAX_BYTES = 50 * 2**20
+MAX_FILES = 10_000
+
+
+def default_workdir() -> Path:
+    """The calling script's folder when ``__main__`` is a file, else the working directory (in
+    a notebook: the notebook's folder)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path and Path(path).suffix == ".py" and "ipykernel" not in path:
+        return Path(path).resolve().parent
+    return Path.cwd()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The files of a workdir (relative paths) and their total size."""
+
+    root: Path
+    files: tuple[str, ...]
+    size: int
+
+    def tar(self) -> bytes:
+        """The snapshot as a gzipped tar (plain files, mode kept, owner and times reset)."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+            for rel in self.files:
+                info = tar.gettarinfo(str(self.root / rel), arcname=rel)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                with open(self.root / rel, "rb") as fh:
+                    tar.addfile(info, fh)
+        return buf.getvalue()
+
+    def copy_into(self, dest: Path) -> None:
+        """Write the files under `dest` (created), as the node will see them."""
+        for rel in self.files:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = (self.root / rel).read_bytes()
+            target.write_bytes(data)
+            os.chmod(target, stat.S_IMODE((self.root / rel).stat().st_mode) | 0o400)
+
+
+def _patterns(root: Path) -> list[str]:
+    out = list(DEFAULT_IGNORE)
+    ignore = root / IGNORE_FILE
+    if ignore.is_file():
+        for line in ignore.read_text(encoding="utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    for pat in patterns:
+        dir_only = pat.endswith("/")
+        pat = pat.rstrip("/").lstrip("/")
+        if dir_only and not is_dir:
+            continue
+        if fnmatch.fnmatchcase(rel, pat) or fnmatch.fnmatchcase(name, pat):
+            return True
+    return False
+
+
+def scan(
+    root: str | os.PathLike[str], max_bytes: int = MAX_BYTES, max_files: int = MAX_FILES
+) -> Snapshot:
+    """The files a snapshot of `root` takes; `ValidationError` (naming the fix) when it is not a
+    folder, holds a link or a special file, or is over the caps."""
+    base = Path(root).expanduser()
+    if not base.is_dir():
+        raise ValidationError(f"workdir {str(base)!r} is not a folder: pass workdir= a folder")
+    base = base.resolve()
+    patterns = _patterns(base)
+    files: list[str] = []
+    size = 0
+    for dirpath, dirnames, filenames in os.walk(base):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(base).as_posix()
+        prefix = "" if rel_dir == "." else f"{rel_dir}/"
+        keep = []
+        for d in sorted(dirnames):
+            if not _ignored(prefix + d, True, patterns):
+                if (here / d).is_symlink():
+                    raise ValidationError(
+                        f"workdir holds a link {prefix + d!r}: a snapshot takes plain files; "
+                        f"remove it or list it in {IGNORE_FILE}"
+                    )
+                keep.append(d)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            rel = prefix + name
+            if _ignored(rel, False, patterns):
+                continue
+            st = os.lstat(here / name)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValidationError(
+                    f"workdir holds {rel!r}, which is not a plain file (a link or a special "
+                    f"file): remove it or list it in {IGNORE_FILE}"
+                )
+            files.append(rel)
+            size += st.st_size
+            if len(files) > max_files or size > max_bytes:
+                raise ValidationError(
+                    f"workdir {str(base)!r} holds more than {max_files} files or "
+                    f"{max_bytes / 2**20:.0f} MiB: list data, outputs and environments in "
+                    f"{base / IGNORE_FILE} (one pattern a line), or pass a smaller workdir="
+                )
+    return Snapshot(base, tuple(files), size)

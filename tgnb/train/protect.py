@@ -1,0 +1,251 @@
+"""`protect(trainer)`: what tgnb's built-in runs have, for any Hugging Face or TRL Trainer, in one line.
+
+::
+
+    trainer = SFTTrainer(model=..., args=SFTConfig(output_dir="out", max_steps=300), ...)
+    tgnb.train.protect(trainer)        # or protect(trainer, checkpoint={"every_steps": 50})
+    trainer.train()                    # resumes from the newest complete checkpoint by itself
+
+It gives `trainer` (``transformers.Trainer``, ``SFTTrainer``, ``GRPOTrainer``, ``DPOTrainer``, a
+subclass) the `tgnb.train.preemption.CheckpointGuard`: on SIGTERM, SIGUSR1 or a Slurm drain notice,
+every rank stops at the same optimizer-step boundary and saves synchronously; periodic saves are
+asynchronous DCP shards (``checkpoint.auto`` by default); a checkpoint that fails verification is
+quarantined; ``trainer.train()`` resumes from the newest complete checkpoint, at any world size
+with the global batch kept, and needs no argument. ``metrics.jsonl`` and ``events.jsonl`` are
+written so the cockpit shows the run.
+
+When it stops for a preemption, ``trainer.train()`` exits the process with 75 (`Exit.PREEMPTED`:
+the engine starts it again, and it resumes); a full disk exits 74. Finished, it returns the
+Trainer's own result, and the script goes on (``trainer.save_model()``...).
+
+Where: under tgnb (``session.launch("train.py")``) the run directory and the checkpoint policy come
+from the launch (`tgnb.runs.node`'s environment: the launch's policy wins over `checkpoint`).
+Anywhere else -- a plain ``python train.py`` -- the run directory is ``args.output_dir`` and its
+checkpoints ``output_dir/checkpoints``: the same script runs unchanged, and run again it resumes.
+
+What `protect` changes on the trainer, all through public APIs but one: the training arguments the
+guard owns (``save_strategy="no"``: the guard saves; ``enable_jit_checkpoint`` off; data skipping
+on resume on), two callbacks, ``gradient_accumulation_steps`` when resuming at another world size,
+its class (`resumable`'s one override of ``_load_from_checkpoint``: the guard loads DCP state) and
+its ``train`` method (an instance attribute calling the class's own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TrainConfigError
+from tgnb.runs import node
+from tgnb.tasks.policy import CheckpointPolicy
+
+__all__ = ["RunContext", "protect", "protect_with", "run_context"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """Where a protected program keeps its run, and its checkpoint policy."""
+
+    run_dir: Path
+    name: str
+    policy: CheckpointPolicy
+    managed: bool  # launched by tgnb (the node contract's environment is set)
+
+
+def _policy(given: CheckpointPolicy | dict[str, Any] | None) -> CheckpointPolicy:
+    from tgnb.tasks.config import check_policy
+
+    if isinstance(given, CheckpointPolicy):
+        policy = given
+    else:
+        fields = {f.name for f in dataclasses.fields(CheckpointPolicy)}
+        unknown = sorted(set(given or {}) - fields)
+        if unknown:
+            from tgnb.tasks.config import unknown as unknown_key
+
+            raise unknown_key("checkpoint key", unknown[0], fields)
+        policy = CheckpointPolicy(**(given or {}))
+    launched = os.environ.get(node.CHECKPOINT_ENV)
+    if launched:  # the launch's policy wins: the cockpit set it
+        policy = dataclasses.replace(policy, **json.loads(launched))
+    check_policy(policy)
+    return policy
+
+
+def run_context(
+    output_dir: str | os.PathLike[str] | None,
+    checkpoint: CheckpointPolicy | dict[str, Any] | None = None,
+) -> RunContext:
+    """The run directory and policy: the launch's (`tgnb.runs.node` environment), else
+    `output_dir` with `checkpoint` (or the defaults)."""
+    policy = _policy(checkpoint)
+    run_dir = os.environ.get(node.RUN_DIR_ENV)
+    if run_dir:
+        return RunContext(
+            Path(run_dir), os.environ.get(node.RUN_ENV) or Path(run_dir).name, policy, True
+        )
+    if output_dir is None:
+        raise TrainConfigError("not launched by tgnb: give the directory to checkpoint into")
+    out = Path(output_dir).expanduser().resolve()
+    return RunContext(out, out.name, policy, False)
+
+
+def _kind(trainer: Any) -> str:
+    for cls in type(trainer).__mro__:
+        name = cls.__name__.removeprefix("Resumable")
+        if name in ("GRPOTrainer", "DPOTrainer", "SFTTrainer"):
+            return name.removesuffix("Trainer").lower()
+    return "trainer"
+
+
+def _own_args(trainer: Any, guard: Any) -> None:
+    from transformers.trainer_utils import SaveStrategy
+
+    args = trainer.args
+    args.save_strategy = SaveStrategy.NO
+    args.save_total_limit = None
+    args.enable_jit_checkpoint = False
+    args.ignore_data_skip = False
+    with_jit = [
+        cb
+        for cb in trainer.callback_handler.callbacks
+        if type(cb).__name__ == "JITCheckpointCallback"
+    ]
+    for cb in with_jit:  # its SIGTERM handler would race the guard's
+        trainer.remove_callback(cb)
+    world = int(args.world_size)
+    kwargs = {
+        "per_device_train_batch_size": int(args.per_device_train_batch_size),
+        "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
+    }
+    steps = guard.batch_args(kwargs, world)["gradient_accumulation_steps"]
+    if steps != kwargs["gradient_accumulation_steps"]:
+        if _kind(trainer) == "grpo":  # TRL sized its generation batches at construction
+            raise TrainConfigError(
+                f"this GRPO checkpoint was written at another world size: build GRPOConfig with "
+                f"gradient_accumulation_steps={steps} to keep its global batch"
+            )
+        args.gradient_accumulation_steps = steps
+
+
+def protect(
+    trainer: Any,
+    checkpoint: CheckpointPolicy | dict[str, Any] | None = None,
+) -> Any:
+    """Give `trainer` tgnb's checkpoint-on-preemption and resume (see the module docstring);
+    returns it. Call it once, after building the trainer and before ``trainer.train()``."""
+    if getattr(trainer, "_tgnb_guard", None) is not None:
+        return trainer
+    ctx = run_context(trainer.args.output_dir, checkpoint)
+    return protect_with(trainer, ctx.policy, ctx.run_dir, ctx.name, {}, managed=ctx.managed)
+
+
+def protect_with(
+    trainer: Any,
+    policy: CheckpointPolicy,
+    run_dir: Path,
+    name: str,
+    info: dict[str, Any],
+    managed: bool = True,
+) -> Any:
+    """`protect` with the run directory, policy and ``RunStarted`` details given (the built-in
+    runner's entry: its config holds them)."""
+    from tgnb.train.metrics import MetricsCallback
+    from tgnb.train.preemption import CheckpointGuard, resumable
+    from tgnb.train.record import Recorder
+
+    ctx = RunContext(Path(run_dir), name, policy, managed)
+    recorder = Recorder(ctx.run_dir, ctx.name)
+    guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
+    try:
+        _own_args(trainer, guard)
+    except BaseException:
+        guard.close()
+        raise
+    for callback in (*guard.callbacks(), MetricsCallback(recorder)):
+        trainer.add_callback(callback)
+    trainer.__class__ = resumable(type(trainer))
+    guard.attach(trainer)
+    original = type(trainer).train
+    details = {"algorithm": _kind(trainer), **info}
+
+    def train(resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        if isinstance(resume_from_checkpoint, str):
+            raise TrainConfigError(
+                "a protected trainer resumes from its newest complete checkpoint by itself: "
+                "call trainer.train() without resume_from_checkpoint"
+            )
+
+        def call(path: str | None) -> Any:
+            return original(trainer, resume_from_checkpoint=path, **kwargs)
+
+        return _train(trainer, guard, recorder, ctx, details, call)
+
+    trainer.train = train
+    trainer._tgnb_guard = guard
+    return trainer
+
+
+def _max_steps(trainer: Any) -> int | None:
+    args = trainer.args
+    if int(args.max_steps) > 0:
+        return int(args.max_steps)
+    try:
+        n = len(trainer.get_train_dataloader())
+    except (TypeError, ValueError):
+        return None
+    ga = int(args.gradient_accumulation_steps)
+    per_epoch = max(n // ga + int(n % ga > 0), 1)
+    return int(per_epoch * float(args.num_train_epochs))
+
+
+def _train(
+    trainer: Any, guard: Any, recorder: Any, ctx: RunContext, details: dict[str, Any], call: Any
+) -> Any:
+    from tgnb.train.metrics import run_failed, run_started
+    from tgnb.train.saving import EXIT_NO_SPACE, no_space
+
+    model = getattr(getattr(trainer.model, "config", None), "_name_or_path", "") or ""
+    run_started(
+        recorder,
+        **{"model": str(model), **details},
+        max_steps=_max_steps(trainer),
+        seed=int(trainer.args.seed),
+        world_size=int(trainer.args.world_size),
+        pid=os.getpid(),
+    )
+    try:
+        out = call(guard.resume_from())
+    except OSError as exc:
+        guard.close()
+        if not no_space(exc):
+            run_failed(recorder, exc, int(trainer.state.global_step))
+            raise
+        print(
+            f"tgnb: disk full under {ctx.run_dir}: {exc}; exiting {EXIT_NO_SPACE}", file=sys.stderr
+        )
+        raise SystemExit(EXIT_NO_SPACE) from None
+    except BaseException as exc:
+        guard.close()
+        run_failed(recorder, exc, int(trainer.state.global_step))
+        raise
+    code = int(guard.finish(trainer))
+    if code:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():  # else gloo can abort the exit
+            dist.destroy_process_group()
+        last = guard.last_checkpoint
+        where = f" ({last.path})" if last is not None else ""
+        again = "tgnb starts it again" if ctx.managed else "run it again to resume"
+        print(
+            f"tgnb: stopped at step {trainer.state.global_step}, checkpointed{where}: {again}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(code)
+    return out
