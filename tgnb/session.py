@@ -67,33 +67,6 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return base
 
 
-def train_config(algorithm_or_config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """The training config mapping from ``"grpo"``/``"dpo"``, a YAML file or a mapping."""
-    if isinstance(algorithm_or_config, Mapping):
-        return dict(algorithm_or_config)
-    text = str(algorithm_or_config)
-    if text.lower() in ("grpo", "dpo"):
-        return {"algorithm": text.lower(), "model": "tiny"}
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise ValidationError(
-            f"{text!r} is neither an algorithm (grpo, dpo) nor a YAML config file that exists"
-        )
-    import yaml
-
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
-        raise ValidationError(
-            f"config file {str(path)!r} is not plain YAML ({first}): python tags and other "
-            "custom tags are refused; write plain keys and values"
-        ) from None
-    if not isinstance(loaded, dict):
-        raise ValidationError(f"config file {str(path)!r} must hold a mapping of keys to values")
-    return loaded
-
-
 class Session:
     """One attached cluster (`cluster`, through `cloud`), its `backend` and the run `store`."""
 
@@ -267,8 +240,11 @@ class Session:
 
     def launch(
         self,
-        algorithm_or_config: str | os.PathLike[str] | Mapping[str, Any],
+        what: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         *,
+        command: list[str] | None = None,
+        args: list[str] | None = None,
+        workdir: str | os.PathLike[str] | None = None,
         name: str | None = None,
         preemptible: bool = True,
         nodes: int = 1,
@@ -284,26 +260,31 @@ class Session:
     ) -> Run:
         """Launch a training run and return its `Run`.
 
-        `algorithm_or_config`: ``"grpo"``/``"dpo"`` (the built-in tiny task), a YAML file or a
-        mapping; `train_overrides` set config keys (``max_steps=60``, ``trl={...}`` merges).
-        Everything is checked first (the config, the name, what the cluster can hold); on bad
-        input nothing is recorded or submitted.
+        `what`: ``"grpo"``/``"dpo"``/``"sft"`` (the built-in tiny task), a script (``"train.py"``,
+        run with `args`), a YAML file or a mapping; or `command` (``["accelerate", "launch",
+        "train.py"]``). A script or command runs in a snapshot of `workdir` (default: the
+        notebook's or the calling script's folder; `tgnb.runs.workdir`). `train_overrides` set
+        config keys (``max_steps=60``, ``trl={...}``, ``checkpoint={...}`` merge). Everything is
+        checked first (`tgnb.prelaunch`: the config, the script, datasets and rewards in the
+        workdir, TRL's options; the name; what the cluster can hold); on bad input nothing is
+        recorded or submitted.
         """
+        from tgnb import prelaunch
+        from tgnb.runs import workdir as wd
+
         if name is not None and not isinstance(name, str):
             raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
-        train = _merge(train_config(algorithm_or_config), train_overrides)
+        base, root = prelaunch.train_config(what, command=command, args=args, workdir=workdir)
+        train = _merge(base, train_overrides)
+        if root is None and prelaunch.reads_workdir(train, wd.default_workdir()):
+            root = wd.default_workdir()
         algorithm = str(train.get("algorithm", "grpo"))
         name = name or f"{algorithm}-{uuid.uuid4().hex[:6]}"
         train["name"] = name
-        from tgnb.tasks import config as train_cfg
-
-        train_cfg.check_light(
-            train_cfg.from_dict({k: v for k, v in train.items() if k != "run_dir"})
-        )
+        prelaunch.check(train, root)
         res = Resources(
             nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node, preemptible=preemptible
         )
-        run_env = dict(env or {})
         spec = RunSpec(
             name=name,
             train=train,
@@ -312,10 +293,13 @@ class Session:
             partition=partition,
             account=account,
             time_limit=time_limit,
-            env=run_env,
+            env=dict(env or {}),
             secrets=dict(secrets or {}),
+            workdir=None if root is None else os.fspath(root),
         )
         spec.validate()
+        if spec.workdir is not None:
+            wd.scan(spec.workdir)  # its size and contents, before anything is recorded
         if self.store.find(name) is not None:
             raise ValidationError(
                 f"a run named {name!r} already exists: choose another name= (or session.run(name))"

@@ -21,6 +21,7 @@ from tgnb.backends.base import JobState, JobStatus, RunSpec
 from tgnb.config import Secret
 from tgnb.errors import BackendError
 from tgnb.events import Event, read_jsonl
+from tgnb.runs import node, workdir
 from tgnb.runs.store import RunRecord, RunStore
 
 SUPERVISOR_LOG = "supervisor.log"
@@ -106,8 +107,10 @@ class LocalBackend:
         return f"<LocalBackend cluster={self.cluster_id} type={self.cluster_type}>"
 
     def preflight(self, spec: RunSpec) -> None:
-        """Nothing to check beyond the spec: the emulated nodes run on this machine."""
+        """The spec and its workdir (the emulated nodes run on this machine)."""
         spec.validate()
+        if spec.workdir is not None:
+            workdir.scan(spec.workdir)
 
     def run_dir_for(self, name: str) -> Path:
         """Where a run keeps its checkpoints, metrics and events by default."""
@@ -127,6 +130,8 @@ class LocalBackend:
             )
         run_dir = Path(rec.run_dir or self.run_dir_for(spec.name))
         run_dir.mkdir(parents=True, exist_ok=True)
+        if spec.workdir is not None:  # once: every start of the run uses this snapshot
+            workdir.scan(spec.workdir).copy_into(run_dir / node.WORKDIR)
         self._start_supervisor(rec, run_dir)
         return rec.id
 

@@ -43,10 +43,10 @@ from tgnb.backends.base import EXIT_PREEMPTED, JobState
 from tgnb.backends.nodes import NodeInfo, NodeSource
 from tgnb.backends.warm import ForkedProcess, fork_module, preload
 from tgnb.events import JOB_KILLED, JOB_PLACED, RUN_REQUEUED, SIGNAL_SENT, Event, utcnow
+from tgnb.runs import node
 from tgnb.runs.store import RunStore
 
-TRAIN_LOG = "train.log"
-LAUNCH_CONFIG = "launch.yaml"
+TRAIN_LOG = node.LOG
 STOP_GRACE_SECONDS = 30.0
 MAX_RESTARTS = 100
 TRAIN_MODULE = "tgnb.train"
@@ -56,22 +56,21 @@ TRAIN_MODULE_ENV = "TGNB_TRAIN_MODULE"
 
 
 def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str) -> list[str]:
-    """The command one node runs: the training runtime, under torchrun when nodes > 1."""
-    module = os.environ.get(TRAIN_MODULE_ENV) or TRAIN_MODULE
-    tail = ["-m", module, str(config), "--run-dir", str(run_dir)]
-    if nodes == 1:
-        return [sys.executable, *tail]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nodes}",
-        "--nproc_per_node=1",
-        f"--node_rank={rank}",
-        "--rdzv_backend=c10d",
-        f"--rdzv_endpoint={rdzv}",
-        *tail,
-    ]
+    """The command one node runs (`tgnb.runs.node.command`): the training runtime, under torchrun
+    through tgnb's launcher when nodes > 1."""
+    module = os.environ.get(TRAIN_MODULE_ENV)
+    if module:  # a stand-in runtime (tests of the supervisor alone)
+        return [sys.executable, "-m", module, str(config), "--run-dir", str(run_dir)]
+    torchrun = None
+    if nodes > 1:
+        torchrun = [
+            f"--nnodes={nodes}",
+            "--nproc_per_node=1",
+            f"--node_rank={rank}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rdzv}",
+        ]
+    return node.command(sys.executable, str(config), str(run_dir), torchrun)
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ class Supervisor:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def _env(self, node: NodeInfo, restart: int) -> dict[str, str]:
+    def _env(self, where: NodeInfo, restart: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "TOGETHER_API_KEY"}
         env.update({k: str(v) for k, v in self.record.spec.env.items()})
         for var, ref in self.record.spec.secrets.items():
@@ -180,24 +179,22 @@ class Supervisor:
             if value is not None:
                 env[var] = value
         env.update(
-            TGNB_NODE=node.name,
-            TGNB_RUN=self.record.name,
-            TGNB_RESTART_COUNT=str(restart),
-            PYTHONUNBUFFERED="1",
+            {
+                node.NODE_ENV: where.name,
+                node.RUN_ENV: self.record.name,
+                node.RESTART_ENV: str(restart),
+                "PYTHONUNBUFFERED": "1",
+            }
         )
         if self.slurm:
             env["SLURM_RESTART_COUNT"] = str(restart)
-            if node.notice_file is not None:
-                env["TGNB_NOTICE_FILE"] = str(node.notice_file)
+            if where.notice_file is not None:
+                env[node.NOTICE_ENV] = str(where.notice_file)
         return env
 
     def _write_config(self) -> Path:
-        import yaml
-
-        path = self.run_dir / LAUNCH_CONFIG
-        train = dict(self.record.spec.train)
-        train.setdefault("run_dir", str(self.run_dir))
-        path.write_text(yaml.safe_dump(train, sort_keys=True), encoding="utf-8")
+        path = self.run_dir / node.CONFIG
+        path.write_text(node.render_config(self.record.spec.train), encoding="utf-8")
         return path
 
     def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> Outcome:
@@ -207,11 +204,13 @@ class Supervisor:
         names = [n.name for n in nodes]
         procs: list[Proc] = []
         with open(self.run_dir / TRAIN_LOG, "ab") as log:
-            if self.warm and len(nodes) == 1:
+            # warm: forked from this process; a run whose env only a fresh interpreter applies
+            # (PYTHONPATH, OMP_NUM_THREADS, ...) starts cold, so that env applies on every start
+            if self.warm and len(nodes) == 1 and not node.needs_cold_start(self.record.spec.env):
                 argv = [str(config), "--run-dir", str(self.run_dir)]
                 env = self._env(nodes[0], restart)
                 procs.append(fork_module(TRAIN_MODULE, argv, env, str(self.run_dir), log.fileno()))
-            for rank, node in enumerate(nodes if not procs else ()):
+            for rank, where in enumerate(nodes if not procs else ()):
                 cmd = train_command(config, self.run_dir, len(nodes), rank, rdzv)
                 procs.append(
                     subprocess.Popen(
@@ -220,14 +219,14 @@ class Supervisor:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         cwd=self.run_dir,
-                        env=self._env(node, restart),
+                        env=self._env(where, restart),
                         start_new_session=True,
                     )
                 )
         pids = [p.pid for p in procs]
         self.store.add_job(self.record.id, self.record.id, pid=os.getpid(), children=pids)
-        for node in nodes:
-            self.event(JOB_PLACED, f"placed on {node.name}", node.name, restart_count=restart)
+        for where in nodes:
+            self.event(JOB_PLACED, f"placed on {where.name}", where.name, restart_count=restart)
         return self._watch(procs, names)
 
     def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:

@@ -326,13 +326,14 @@ class RunPanel(_Panel):
         return not self.finished
 
     def max_steps(self) -> int | None:
-        value = self.run.record.spec.train.get("max_steps")
+        value = self.run.max_steps()
         return int(value) if isinstance(value, int) else None
 
     def refresh(self) -> None:
         """Read the run's metrics, events and state now and show them."""
         state = self.run.state
         rows = self.run.records("metrics")
+        self.error_line = self.run.error() if state.value == "failed" else None
         self.update(rows, self.run.run_events(), state.value)
 
     def update(self, rows: list[dict[str, Any]], events: list[ev.Event], state: str) -> None:
@@ -364,15 +365,18 @@ class RunPanel(_Panel):
         eta = self.eta_seconds()
         if eta is not None and not self.finished:
             text += f" · ETA {int(eta // 60)}m{int(eta % 60):02d}s"
-        return text + f" · {self.state}"
+        text += f" · {self.state}"
+        error = getattr(self, "error_line", None)
+        return f"{text}: {error}" if error and self.state == "failed" else text
 
     def _header_html(self) -> str:
         e = html.escape
         restarts = sum(1 for x in self.events if x.reason == ev.RUN_RESUMED)
         ckpts = sum(1 for x in self.events if x.reason == ev.CHECKPOINT_SAVED)
         node = next((x.node for x in reversed(self.events) if x.node), None) or "-"
+        kind = str(self.run.record.spec.train.get("algorithm", "grpo"))
         return (
-            f"<b>run {e(self.run.name)}</b> · {e(self.state)} · node "
+            f"<b>run {e(self.run.name)}</b> ({e(kind)}) · {e(self.state)} · node "
             f"{e(node)} · {_count(ckpts, 'checkpoint')} · {_count(restarts, 'resume')}"
         )
 

@@ -7,15 +7,20 @@ any time (a fresh kernel does exactly that) and it shows the same run.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.events import (
+    DRAIN_NOTICE,
     NODE_ADDED,
     PREEMPTED,
+    RUN_EXITED,
     RUN_RESUMED,
+    RUN_STARTED,
+    SIGNAL_RECEIVED,
     STDOUT_PREFIX,
     Event,
     dedupe,
@@ -109,10 +114,35 @@ class Run:
 
     @property
     def status(self) -> JobStatus:
+        """The run's status; a failed run's `detail` is its last error line (`error`)."""
         rec = self.refresh()
         if self.backend is not None and self.backend.records_state and not rec.state.finished:
             return self.backend.status(rec.job_id or rec.id)  # the record, unless its writer died
-        return JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, rec.detail)
+        detail = (self.error() or rec.detail) if rec.state is JobState.FAILED else rec.detail
+        return JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, detail)
+
+    def error(self) -> str | None:
+        """Why the run failed, in one line: tgnb's own message or the Python exception's line
+        from the end of its log, else the failure its events recorded; None when not known."""
+        found = last_error(self.logs(raw=True))
+        if found:
+            return found
+        for ev in reversed(self.run_events()):
+            if ev.reason == RUN_EXITED and ev.data.get("exit_reason") == "failed":
+                return ev.message.removeprefix("failed: ") or None
+        return None
+
+    def max_steps(self) -> int | None:
+        """The steps the run will take: as its program reported them (``RunStarted``; a script's
+        Trainer or loop), else its config's ``max_steps``."""
+        for ev in reversed(self.run_events()):
+            value = ev.data.get("max_steps") if ev.reason == RUN_STARTED else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        value = self._record.spec.train.get("max_steps")
+        if self._record.spec.train.get("algorithm") == "script":
+            return None
+        return value if isinstance(value, int) and value > 0 else None
 
     @property
     def state(self) -> JobState:
@@ -148,8 +178,7 @@ class Run:
                     if st.state.finished or time.monotonic() - read_at >= 2.0:
                         step, read_at = self._last_step(), time.monotonic()
                     if bar is None:
-                        total = self._record.spec.train.get("max_steps")
-                        bar = StepBar(self.name, total if isinstance(total, int) else None, step)
+                        bar = StepBar(self.name, self.max_steps(), step)
                     bar.update(step, st.state.value)
                 if st.state.finished:
                     return st
@@ -198,7 +227,7 @@ class Run:
                     except ValueError:
                         continue  # a torn last line
             return out
-        for line in self.logs():
+        for line in self.logs(raw=True):
             rec = parse_record(line)
             if rec is not None and rec.pop("kind", None) == kind:
                 out.append(rec)
@@ -219,8 +248,9 @@ class Run:
         done but not in the checkpoint a restart resumed from), restarts, first and last reward."""
         rows = self.records("metrics")
         evs = self.run_events()
-        max_steps = self._record.spec.train.get("max_steps")
+        max_steps = self.max_steps()
         steps = [int(r["step"]) for r in rows if "step" in r]
+        notices = {(ev.reason, ev.data.get("step")) for ev in evs if ev.reason in _PREEMPTIONS}
         lost = 0
         for ev in evs:
             if ev.reason != RUN_RESUMED or "step" not in ev.data:
@@ -241,6 +271,8 @@ class Run:
             "max_steps": max_steps,
             "steps_lost": lost,
             "restarts": self._record.restart_count,
+            "preemptions": len({step for _, step in notices}),
+            "kind": str(self._record.spec.train.get("algorithm", "grpo")),
             "reward_key": key,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
@@ -286,15 +318,16 @@ class Run:
                     evs.append(ev)
         return dedupe(evs)
 
-    def logs(self) -> list[str]:
-        """The run's log lines so far."""
+    def logs(self, raw: bool = False) -> list[str]:
+        """The program's output so far; tgnb's ``@tgnb`` protocol lines (metrics and events,
+        read by `records`) are left out unless `raw`."""
         path = self._file(TRAIN_LOG)
+        lines: list[str] = []
         if path is not None and path.exists():
-            return path.read_text(encoding="utf-8", errors="replace").splitlines()
-        rec = self._record
-        if self.backend is not None and rec.job_id:
-            return list(self.backend.logs(rec.job_id, follow=False))
-        return []
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        elif self.backend is not None and self._record.job_id:
+            lines = list(self.backend.logs(self._record.job_id, follow=False))
+        return lines if raw else [ln for ln in lines if not ln.startswith(STDOUT_PREFIX)]
 
     def follow(self, records: bool = False, poll: float = 0.2) -> Iterator[Any]:
         """Yield log lines as they are written, until the run has finished.
@@ -305,7 +338,8 @@ class Run:
         lines = self._follow_lines(poll)
         for line in lines:
             if not records:
-                yield line
+                if not line.startswith(STDOUT_PREFIX):
+                    yield line
             else:
                 rec = parse_record(line)
                 if rec is not None:
@@ -336,6 +370,25 @@ class Run:
                     yield buf
                 return
             time.sleep(poll)
+
+
+_PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")
+
+
+def last_error(lines: list[str]) -> str | None:
+    """The failure a log ends with: the last ``tgnb...:`` refusal line, or the exception line of
+    its last traceback (``ValueError: ...``); None when the log holds neither."""
+    for line in reversed(lines[-400:]):
+        text = line.strip()
+        if (
+            text.startswith(("tgnb train: ", "tgnb.train.launch: "))
+            and "workers exited" not in text
+        ):
+            return text.partition(": ")[2][:500]
+        if _EXCEPTION_LINE.match(text) and not text.startswith(("SystemExit", "KeyboardInterrupt")):
+            return text[:500]
+    return None
 
 
 def parse_record(line: str) -> dict[str, Any] | None:

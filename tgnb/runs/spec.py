@@ -118,6 +118,9 @@ class RunSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, SecretRef] = field(default_factory=dict)  # env var name -> reference
     run_dir: str | None = None  # on shared storage; stable across restarts
+    workdir: str | None = (
+        None  # the folder snapshotted at submit into run_dir/workdir (node.WORKDIR)
+    )
 
     def validate(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -126,7 +129,34 @@ class RunSpec:
                 "starting and ending with a letter or digit (at most 50 characters)"
             )
         self.resources.validate()
+        check_env(self.env)
         check_no_secrets(self)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """Every variable can apply on every engine and every start: a valid name that tgnb does not
+    set itself, and a string value without NUL."""
+    from tgnb.runs.node import RESERVED_ENV
+
+    if not isinstance(env, Mapping):
+        raise ValidationError("env must map variable names to string values")
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ValidationError(
+                f"env name {name!r:.40} is not valid as an environment variable name: use "
+                "letters, digits and '_', not starting with a digit"
+            )
+        if name in RESERVED_ENV:
+            raise ValidationError(
+                f"env {name} is set by tgnb on the node (the node contract): drop it from env"
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ValidationError(
+                f"env {name} must be a string without NUL, got {value!r:.40}: e.g. env={{{name!r}: '1'}}"
+            )
 
 
 def check_no_secrets(spec: RunSpec) -> None:

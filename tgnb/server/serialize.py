@@ -58,9 +58,8 @@ def _step(run: Run) -> int:
 def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
     """One run: status, restarts, nodes and progress (optimizer steps done against max_steps)."""
     rec = run.refresh()
-    max_steps = rec.spec.train.get("max_steps")
     step = _step(run)
-    total = int(max_steps) if isinstance(max_steps, int) and max_steps > 0 else None
+    total = run.max_steps()
     out: dict[str, Any] = {
         "id": rec.id,
         "name": rec.name,
@@ -71,7 +70,7 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
         "restart_count": rec.restart_count,
         "nodes": list(rec.nodes),
         "exit_code": rec.exit_code,
-        "detail": rec.detail,
+        "detail": (run.error() or rec.detail) if rec.state.value == "failed" else rec.detail,
         "created_at": rec.created_at,
         "step": step,
         "max_steps": total,

@@ -332,9 +332,29 @@ def _check_program(cfg: TrainConfig) -> None:
             _text(key, getattr(cfg, key))
 
 
-def check_light(cfg: TrainConfig) -> None:
+def check_script(cfg: TrainConfig, workdir: Path) -> None:
+    """The script exists in `workdir` and compiles (nothing of it is run or imported)."""
+    if cfg.script is None:
+        return
+    path = workdir / cfg.script
+    if not path.is_file():
+        raise TrainConfigError(
+            f"script {cfg.script!r} is not in the workdir {workdir}: give a path inside it"
+        )
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise TrainConfigError(
+            f"script {cfg.script!r} does not compile: {exc.msg} (line {exc.lineno})"
+        ) from None
+    except ValueError as exc:
+        raise TrainConfigError(f"script {cfg.script!r} does not compile: {exc}") from None
+
+
+def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:
     """The checks that need neither torch nor TRL: types, ranges, model, dataset and rewards.
-    `Session.launch` runs them before it records anything; `validate` runs them first."""
+    `Session.launch` runs them before it records anything; `validate` runs them first. Relative
+    dataset paths are taken in `workdir` (default: the working directory)."""
     from tgnb.tasks import data
 
     if not isinstance(cfg.algorithm, str) or cfg.algorithm not in KINDS:
@@ -349,7 +369,8 @@ def check_light(cfg: TrainConfig) -> None:
     check_model(cfg.model)
     _text("dataset", cfg.dataset)
     assert cfg.dataset is not None
-    data.check(cfg.dataset)
+    data.check(cfg.dataset, workdir)
+    data.check_columns(cfg.dataset, cfg.algorithm, workdir)
     _text("dataset_split", cfg.dataset_split)
     for key in ("name", "run_dir", "dataset_config"):
         if getattr(cfg, key) is not None:
@@ -370,3 +391,47 @@ def check_light(cfg: TrainConfig) -> None:
     for key, value in cfg.trl.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise TrainConfigError(f"trl.{key} must be a finite number, not {value}.")
+    check_ranges(cfg.trl)
+
+
+#: Sensible ranges of common TRL/transformers options: (low, high, low allowed, high allowed).
+#: A value outside is a typo or a unit slip (``--lr 1e308``), refused before anything runs.
+TRL_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "learning_rate": (0.0, 1.0, False, True),
+    "weight_decay": (0.0, 10.0, True, True),
+    "warmup_ratio": (0.0, 1.0, True, True),
+    "warmup_steps": (0, 10_000_000, True, True),
+    "max_grad_norm": (0.0, 1e6, True, True),
+    "adam_beta1": (0.0, 1.0, True, False),
+    "adam_beta2": (0.0, 1.0, True, False),
+    "adam_epsilon": (0.0, 1.0, False, True),
+    "num_train_epochs": (0.0, 1e6, False, True),
+    "per_device_train_batch_size": (1, 1_000_000, True, True),
+    "gradient_accumulation_steps": (1, 1_000_000, True, True),
+    "logging_steps": (0, 10_000_000, False, True),
+    "num_generations": (2, 100_000, True, True),
+    "max_completion_length": (1, 10_000_000, True, True),
+    "max_prompt_length": (1, 10_000_000, True, True),
+    "max_length": (1, 10_000_000, True, True),
+    "temperature": (0.0, 100.0, False, True),
+    "top_p": (0.0, 1.0, False, True),
+    "beta": (0.0, 1e6, True, True),
+    "epsilon": (0.0, 10.0, False, True),
+}
+
+
+def check_ranges(trl: Mapping[str, Any]) -> None:
+    """Each option of `TRL_RANGES` given in `trl` is a number in its range."""
+    for key, value in trl.items():
+        bounds = TRL_RANGES.get(str(key))
+        if bounds is None:
+            continue
+        low, high, low_ok, high_ok = bounds
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        above = number and (value > low or (low_ok and value == low))
+        below = number and (value < high or (high_ok and value == high))
+        if not (above and below and math.isfinite(value)):
+            lo, hi = ("[" if low_ok else "("), ("]" if high_ok else ")")
+            raise TrainConfigError(
+                f"trl.{key} must be a number in {lo}{low:g}, {high:g}{hi}, not {value!r:.40}."
+            )

@@ -81,30 +81,55 @@ TRL_REWARD_KWARGS = (
 )
 
 
-def check_signature(func: Any, name: str) -> None:
-    """Raise `TrainConfigError` unless `func` accepts what TRL passes: ``f(prompts, completions,
-    **kwargs)`` (keyword arguments, plus the dataset's columns through ``**kwargs``)."""
+def check_signature(func: Any, name: str, columns: list[str] | None = None) -> None:
+    """Raise `TrainConfigError` unless `func` accepts what TRL passes: ``prompts``, ``completions``
+    and the rest of `TRL_REWARD_KWARGS` by keyword, plus the dataset's other `columns` (TRL passes
+    each as a keyword argument: a function may name them, ``f(completions, answer, **kwargs)``).
+    Without **kwargs it must take every one of them by name. With `columns` unknown (a dataset
+    not read at launch) the parameters it names beyond TRL's are taken to be columns."""
     if not callable(func):
         raise TrainConfigError(f"reward '{name}' is not a function; point it at a callable.")
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError):
         return  # builtins without a signature: let TRL call it
-    has_varkw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-    try:
-        sig.bind(**dict.fromkeys(TRL_REWARD_KWARGS))
-    except TypeError:
-        has_varkw = False
+    params = sig.parameters.values()
+    has_varkw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    named = [
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    extra = [c for c in (columns or []) if c != "prompt"]
+    passed = [*TRL_REWARD_KWARGS, *extra] if columns is not None else [*TRL_REWARD_KWARGS]
+    short = name.rsplit(":", 1)[-1]
+    if columns is not None:
+        missing = [
+            p.name
+            for p in params
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            and p.default is inspect.Parameter.empty
+            and p.name not in passed
+        ]
+        if missing:
+            raise TrainConfigError(
+                f"reward '{name}' needs {missing[0]!r}, which is neither a TRL argument nor a "
+                f"column of the dataset ({', '.join(extra) or 'none'}); rename it or give it a "
+                "default."
+            )
     if not has_varkw:
-        short = name.rsplit(":", 1)[-1]
-        raise TrainConfigError(
-            f"reward '{name}' has signature {short}{sig}; a GRPO reward must be "
-            "f(prompts, completions, **kwargs) -> list[float]."
-        )
+        left = [k for k in passed if k not in named]
+        if left or columns is None:
+            raise TrainConfigError(
+                f"reward '{name}' has signature {short}{sig}; TRL also passes "
+                f"{', '.join(left or TRL_REWARD_KWARGS)} by keyword: add **kwargs, as in "
+                f"{short}(prompts, completions, **kwargs) -> list[float]."
+            )
 
 
-def resolve(name: str) -> RewardFunc:
-    """A reward function by built-in name or ``package.module:function``; its signature is checked."""
+def resolve(name: str, columns: list[str] | None = None) -> RewardFunc:
+    """A reward function by built-in name or ``package.module:function``; its signature is
+    checked against TRL's arguments and the dataset's `columns` (when known)."""
     if name in BUILTIN:
         return BUILTIN[name]
     if ":" not in name:
@@ -127,9 +152,9 @@ def resolve(name: str) -> RewardFunc:
                 f"reward '{name}': module '{module_name}' has no '{attr}'; check the function name."
             )
         func = getattr(func, part)
-    check_signature(func, name)
+    check_signature(func, name, columns)
     return func  # type: ignore[return-value]
 
 
-def resolve_all(names: list[str]) -> list[RewardFunc]:
-    return [resolve(n) for n in names]
+def resolve_all(names: list[str], columns: list[str] | None = None) -> list[RewardFunc]:
+    return [resolve(n, columns) for n in names]

@@ -9,17 +9,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tgnb.errors import TgnbError, TrainConfigError
+from tgnb.runs.node import Exit
+from tgnb.tasks.config import SCRIPT, TrainConfig
 
-EXIT_BAD_CONFIG = 2
-EXIT_FAILED = 1
+EXIT_BAD_CONFIG = int(Exit.BAD_CONFIG)
+EXIT_FAILED = int(Exit.FAILED)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tgnb train",
-        description="Run a TRL GRPO or DPO training job that checkpoints on preemption and resumes.",
+        description="Run a TRL GRPO, DPO or SFT job, or your own script, that checkpoints on "
+        "preemption and resumes.",
         epilog="Exit codes: 0 finished, 75 preempted and checkpointed (restart me), "
         "2 bad config, 1 other failure.",
     )
@@ -37,6 +41,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def enter_workdir(cfg: TrainConfig) -> None:
+    """The run's workdir snapshot, when it has one, becomes the working directory and the first
+    entry of ``sys.path`` (relative dataset paths, reward modules, the script's own imports)."""
+    from pathlib import Path
+
+    from tgnb.train.program import workdir_of
+
+    cfg.run_dir = str(Path(cfg.run_dir or ".").resolve())
+    snap = workdir_of(Path(cfg.run_dir))
+    if snap != Path.cwd():
+        import os
+
+        os.chdir(snap)
+        sys.path.insert(0, str(snap))
+
+
+def resolved(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as the node runs it: under ``trl``, tgnb's own defaults (the CPU settings, the
+    tuned ones for ``tiny``) merged with the config's, so nothing is hidden."""
+    out = cfg.to_dict()
+    if cfg.algorithm != SCRIPT:
+        import torch
+
+        from tgnb.train.runner import training_kwargs
+
+        out["trl"] = training_kwargs(cfg, torch.cuda.is_available())
+    else:
+        for key in ("dataset", "rewards", "trl", "lora", "dataset_config", "dataset_size"):
+            out.pop(key, None)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from tgnb.tasks import config
@@ -44,12 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = config.load(args.config, args.overrides, args.run_dir)
+        enter_workdir(cfg)
         if args.check:
             validate(cfg)
             import yaml
 
-            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+            print(yaml.safe_dump(resolved(cfg), sort_keys=False), end="")
             return 0
+        if cfg.algorithm == SCRIPT:
+            from tgnb.train.program import run_program
+
+            return run_program(cfg)
         from tgnb.train.runner import run
 
         return run(cfg)

@@ -32,6 +32,7 @@ its ``train`` method (an instance attribute calling the class's own).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -231,7 +232,10 @@ def _train(
         raise SystemExit(EXIT_NO_SPACE) from None
     except BaseException as exc:
         guard.close()
-        run_failed(recorder, exc, int(trainer.state.global_step))
+        if not isinstance(exc, SystemExit | KeyboardInterrupt):
+            run_failed(recorder, exc, int(trainer.state.global_step))
+            with contextlib.suppress(AttributeError, TypeError):
+                exc._tgnb_recorded = True  # type: ignore[attr-defined]
         raise
     code = int(guard.finish(trainer))
     if code:

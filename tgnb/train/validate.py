@@ -8,26 +8,52 @@ from pathlib import Path
 from typing import Any
 
 from tgnb.errors import TrainConfigError
-from tgnb.tasks import rewards
-from tgnb.tasks.config import TrainConfig, check_light, field_names, unknown
+from tgnb.tasks import data, rewards
+from tgnb.tasks.config import (
+    SCRIPT,
+    TrainConfig,
+    check_light,
+    check_script,
+    field_names,
+    unknown,
+)
 
 
 def trl_config_class(algorithm: str) -> Any:
-    """``GRPOConfig`` or ``DPOConfig``."""
+    """``GRPOConfig``, ``DPOConfig`` or ``SFTConfig``."""
     if algorithm == "grpo":
         from trl import GRPOConfig
 
         return GRPOConfig
+    if algorithm == "sft":
+        from trl import SFTConfig
+
+        return SFTConfig
     from trl import DPOConfig
 
     return DPOConfig
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run."""
-    check_light(cfg)
+def validate(cfg: TrainConfig, workdir: Path | None = None) -> None:
+    """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run; relative
+    dataset paths and reward modules are taken in `workdir` (default: the run's snapshot, else
+    the working directory)."""
+    if workdir is None:
+        from tgnb.train.program import workdir_of
+
+        workdir = workdir_of(Path(cfg.run_dir or "."))
+    check_light(cfg, workdir)
+    if cfg.algorithm == SCRIPT:
+        check_script(cfg, workdir)
+        return
+    assert cfg.dataset is not None
+    columns = data.check_columns(cfg.dataset, cfg.algorithm, workdir)
     if cfg.algorithm == "grpo":
-        rewards.resolve_all(cfg.rewards)
+        import sys
+
+        if str(workdir) not in sys.path:
+            sys.path.insert(0, str(workdir))
+        rewards.resolve_all(cfg.rewards, columns)
     known = set(field_names(trl_config_class(cfg.algorithm)))
     for key in cfg.trl:
         if key not in known:

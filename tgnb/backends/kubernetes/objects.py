@@ -20,17 +20,17 @@ podReplacementPolicy are beta and on by default there, GA later).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from kubernetes import client
 
 from tgnb.backends.base import EXIT_PREEMPTED, RunSpec
 from tgnb.backends.kubernetes import labels as L
 from tgnb.config import scrub
 from tgnb.errors import ValidationError
+from tgnb.runs import node, workdir
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def run_labels(spec: RunSpec) -> dict[str, str]:
 
 def render_config(spec: RunSpec) -> str:
     """The training config as YAML; refused if it holds a registered secret value."""
-    text = yaml.safe_dump(_plain(spec.train), sort_keys=False, default_flow_style=False)
+    text = node.render_config(spec.train)
     if scrub(text) != text:
         raise ValidationError(
             "the training config holds a secret value: pass it through secrets=... instead"
@@ -81,36 +81,19 @@ def render_config(spec: RunSpec) -> str:
     return text
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-#: torchrun, through tgnb's launcher: the same options, and a worker's exit 75 stays the pod's 75
-LAUNCH = ["python", "-m", "tgnb.train.launch"]
-
-
 def command(spec: RunSpec) -> list[str]:
-    """The trainer container's command: one process, or torchrun for several GPUs or nodes."""
+    """The trainer container's command (`tgnb.runs.node.command`): one process, or torchrun
+    through tgnb's launcher for several GPUs or nodes."""
     res = spec.resources
-    train = [
-        "-m",
-        "tgnb.train",
-        f"{L.CONFIG_DIR}/{L.CONFIG_FILE}",
-        "--run-dir",
-        L.run_dir_for(spec),
-    ]
+    config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", L.run_dir_for(spec)
     nproc = max(res.gpus_per_node, 1)
     if res.nodes == 1 and nproc == 1:
-        return ["python", *train]
+        return node.command("python", config, run_dir)
     if res.nodes == 1:
-        return [*LAUNCH, "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}", *train]
+        torchrun = ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
+        return node.command("python", config, run_dir, torchrun)
     nnodes = f"{res.min_nodes}:{res.nodes}" if res.min_nodes else str(res.nodes)
-    return [
-        *LAUNCH,
+    torchrun = [
         f"--nnodes={nnodes}",
         f"--nproc_per_node={nproc}",
         "--node_rank=$(JOB_COMPLETION_INDEX)",
@@ -118,8 +101,8 @@ def command(spec: RunSpec) -> list[str]:
         f"--rdzv_endpoint={spec.name}-0.{spec.name}:{L.RDZV_PORT}",
         f"--rdzv_id={spec.name}",
         f"--max_restarts={L.TORCHRUN_MAX_RESTARTS}",
-        *train,
     ]
+    return node.command("python", config, run_dir, torchrun)
 
 
 def _field_env(name: str, path: str) -> client.V1EnvVar:
@@ -143,7 +126,7 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
             f"metadata.annotations['{L.INDEX_IGNORED_FAILURES_ANNOTATION}']",
         ),
     ]
-    if command(spec)[: len(LAUNCH)] == LAUNCH:
+    if "tgnb.train.launch" in command(spec):  # torchrun: give its agent time to stop workers
         env.append(
             client.V1EnvVar(
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
@@ -223,6 +206,42 @@ def container(spec: RunSpec) -> client.V1Container:
     )
 
 
+#: The workdir snapshot rides in the run's ConfigMap (binaryData): the whole ConfigMap must stay
+#: under Kubernetes' 1 MiB, so the gzipped snapshot may take this much (base64 adds a third).
+WORKDIR_KEY = "workdir.tar.gz"
+MAX_WORKDIR_TAR = 700 * 1024
+
+
+def workdir_tar(spec: RunSpec) -> bytes | None:
+    """The gzipped snapshot of the run's workdir, or None; `ValidationError` when it cannot fit
+    the ConfigMap that carries it."""
+    if spec.workdir is None:
+        return None
+    data = workdir.scan(spec.workdir).tar()
+    if len(data) > MAX_WORKDIR_TAR:
+        raise ValidationError(
+            f"the workdir snapshot is {len(data) // 1024} KiB gzipped; on Kubernetes it travels in "
+            f"a ConfigMap, {MAX_WORKDIR_TAR // 1024} KiB at most: list data and outputs in "
+            f"{workdir.IGNORE_FILE}, or put them on the cluster's shared volume"
+        )
+    return data
+
+
+def unpack_container(spec: RunSpec) -> client.V1Container:
+    """The init container that unpacks the workdir snapshot into the run directory (each pod
+    start unpacks the same snapshot: restarts run what was launched)."""
+    dest = f"{L.run_dir_for(spec)}/{node.WORKDIR}"
+    return client.V1Container(
+        name="workdir",
+        image=spec.image,
+        command=["python", "-m", "tarfile", "-e", f"{L.CONFIG_DIR}/{WORKDIR_KEY}", dest],
+        volume_mounts=[
+            client.V1VolumeMount(name="config", mount_path=L.CONFIG_DIR, read_only=True),
+            client.V1VolumeMount(name="runs", mount_path=L.run_dir_for(spec), sub_path=spec.name),
+        ],
+    )
+
+
 def volumes(spec: RunSpec, claim: str) -> list[client.V1Volume]:
     out = [
         client.V1Volume(
@@ -257,6 +276,7 @@ def build_objects(
     labels = run_labels(spec)
     nodes = spec.resources.nodes
     multi = nodes > 1
+    snapshot = workdir_tar(spec)
 
     config_map = client.V1ConfigMap(
         api_version="v1",
@@ -265,6 +285,9 @@ def build_objects(
             name=config_map_name(spec.name), namespace=namespace, labels=labels
         ),
         data={L.CONFIG_FILE: render_config(spec)},
+        binary_data=None
+        if snapshot is None
+        else {WORKDIR_KEY: base64.b64encode(snapshot).decode()},
     )
     pvc = client.V1PersistentVolumeClaim(
         api_version="v1",
@@ -298,6 +321,7 @@ def build_objects(
         subdomain=spec.name if multi else None,
         node_selector=node_selector,
         affinity=affinity,
+        init_containers=None if snapshot is None else [unpack_container(spec)],
         containers=[container(spec)],
         volumes=volumes(spec, claim),
     )

@@ -29,6 +29,7 @@ from tgnb.backends.slurm.render import (
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
+from tgnb.runs import node, workdir
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
@@ -177,6 +178,8 @@ class SlurmBackend:
         script, the config and the secrets' environment."""
         spec.validate()
         script, config = self.render(spec)
+        if spec.workdir is not None:
+            workdir.scan(spec.workdir)
         self.runner.preflight()
         env: dict[str, str] = {}
         for name, ref in sorted(spec.secrets.items()):
@@ -195,6 +198,9 @@ class SlurmBackend:
         script, config, env = self.preflight(spec)
         run_dir = self._run_dir_of_script(script)
         script_path = f"{run_dir}/{SCRIPT_NAME}"
+        if spec.workdir is not None:  # once: every requeue of the job uses this snapshot
+            snapshot = workdir.scan(spec.workdir).tar()
+            self.runner.write_tree(f"{run_dir}/{node.WORKDIR}", snapshot)
         self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
         self.runner.write_file(script_path, script, mode=0o755)
         out = self.runner.run(["sbatch", "--parsable", script_path], env=env).stdout.strip()

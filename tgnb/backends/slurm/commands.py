@@ -180,6 +180,25 @@ class CommandRunner:
         )
         self.run(["sh", "-c", script], input=text)
 
+    def write_tree(self, path: str, tar_gz: bytes) -> None:
+        """Unpack the gzipped tar `tar_gz` into the folder `path` (created), here or on the
+        login node (as base64 through ``base64 -d | tar -xzf -``)."""
+        if self.host is None:
+            import io
+            import tarfile
+
+            os.makedirs(path, exist_ok=True)
+            with tarfile.open(fileobj=io.BytesIO(tar_gz), mode="r:gz") as tar:
+                tar.extractall(path, filter="data")
+            return
+        import base64
+
+        q = shlex.quote(path)
+        self.run(
+            ["sh", "-c", f"mkdir -p {q} && base64 -d | tar -xzf - -C {q}"],
+            input=base64.b64encode(tar_gz).decode("ascii"),
+        )
+
     def read_file(self, path: str, offset: int = 0) -> bytes:
         """The bytes of `path` from `offset` on (empty if it does not exist yet)."""
         if self.host is None:

@@ -23,15 +23,14 @@ import re
 import shlex
 from dataclasses import dataclass
 
-import yaml
-
 from tgnb.backends.base import EXIT_PREEMPTED, RunSpec
 from tgnb.errors import ValidationError
+from tgnb.runs import node
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
 _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+-]+$")
-CONFIG_NAME = "config.yaml"
+CONFIG_NAME = node.CONFIG
 SCRIPT_NAME = "job.sbatch"
 LOG_PATTERN = "slurm-%j.out"
 
@@ -64,7 +63,7 @@ def processes_per_node(spec: RunSpec) -> int:
 
 def render_config(spec: RunSpec) -> str:
     """The run's training config as the YAML that ``python -m tgnb.train CONFIG`` reads."""
-    return yaml.safe_dump(dict(spec.train), sort_keys=False, default_flow_style=False)
+    return node.render_config(spec.train)
 
 
 def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]:
@@ -107,23 +106,29 @@ def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]
 
 
 def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
+    """`tgnb.runs.node.command` as script lines: its words are shell words here (the config and
+    run directory are the script's variables)."""
     nproc = processes_per_node(spec)
-    train_args = '"$TGNB_CONFIG" --run-dir "$TGNB_RUN_DIR"'
+    python, config, run_dir = shlex.quote(options.python), '"$TGNB_CONFIG"', '"$TGNB_RUN_DIR"'
     if spec.resources.nodes == 1 and nproc == 1:
-        return [
-            f"srun --kill-on-bad-exit=1 {shlex.quote(options.python)} -m tgnb.train {train_args} &"
-        ]
+        argv = node.command(python, config, run_dir)
+        return [f"srun --kill-on-bad-exit=1 {' '.join(argv)} &"]
+    torchrun = [
+        '--nnodes="$SLURM_JOB_NUM_NODES"',
+        f"--nproc_per_node={nproc}",
+        '--rdzv_id="$SLURM_JOB_ID"',
+        "--rdzv_backend=c10d",
+        f'--rdzv_endpoint="$MASTER_ADDR:{options.rdzv_port}"',
+    ]
+    argv = node.command(python, config, run_dir, torchrun)
+    head, tail = argv[:3], argv[3 + len(torchrun) :]
     return [
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_ADDR",
         # torchrun through tgnb's launcher: the same options, and a worker's exit 75 stays 75
-        f"srun --kill-on-bad-exit=1 {shlex.quote(options.python)} -m tgnb.train.launch \\",
-        '  --nnodes="$SLURM_JOB_NUM_NODES" \\',
-        f"  --nproc_per_node={nproc} \\",
-        '  --rdzv_id="$SLURM_JOB_ID" \\',
-        "  --rdzv_backend=c10d \\",
-        f'  --rdzv_endpoint="$MASTER_ADDR:{options.rdzv_port}" \\',
-        f"  -m tgnb.train {train_args} &",
+        f"srun --kill-on-bad-exit=1 {' '.join(head)} \\",
+        *(f"  {word} \\" for word in torchrun),
+        f"  {' '.join(tail)} &",
     ]
 
 

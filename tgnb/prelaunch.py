@@ -1,0 +1,180 @@
+"""What `Session.launch` makes of its arguments before anything is recorded or sent: the run's
+training config and workdir, and every check that can fail at launch rather than on the node.
+
+- ``launch("grpo" | "dpo" | "sft")``: a built-in algorithm on the built-in tiny task;
+- ``launch("train.py", args=[...])``: a script of the workdir (a path ending in ``.py``);
+- ``launch(command=["accelerate", "launch", "train.py"])``: a command run in the workdir;
+- ``launch("run.yaml")`` or a mapping: a config, built-in or ``algorithm: script``.
+
+The workdir (`tgnb.runs.workdir`) goes with every script run, and with a built-in run that reads
+from it (a relative dataset path, a reward module found there) or names one (``workdir=``).
+
+The checks (`check`), in the notebook's process and without importing torch or TRL there: the
+light ones (`tgnb.tasks.config.check_light`: types, ranges of common TRL options, the model,
+datasets resolved against the workdir with the columns the algorithm reads, the checkpoint
+policy); the script exists and compiles; and, when the config names something only TRL or the
+user's code can answer for (a TRL or LoRA option, a reward module), ``python -m tgnb.train
+--check`` in a subprocess run in the workdir -- TRL option names (``Did you mean
+'learning_rate'?``), reward modules importable there with a signature TRL accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TrainConfigError, ValidationError
+from tgnb.runs import workdir as wd
+
+BUILTIN = ("grpo", "dpo", "sft")
+CHECK_TIMEOUT_S = 300.0
+
+
+def _config_file(text: str) -> dict[str, Any]:
+    import yaml
+
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValidationError(
+            f"{text!r} is neither an algorithm ({', '.join(BUILTIN)}), a script (a .py file), "
+            "nor a YAML config file that exists"
+        )
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise ValidationError(
+            f"config file {str(path)!r} is not plain YAML ({first}): python tags and other "
+            "custom tags are refused; write plain keys and values"
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ValidationError(f"config file {str(path)!r} must hold a mapping of keys to values")
+    return loaded
+
+
+def train_config(
+    what: str | os.PathLike[str] | Mapping[str, Any] | None,
+    *,
+    command: Sequence[str] | None = None,
+    args: Sequence[str] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+) -> tuple[dict[str, Any], Path | None]:
+    """The run's training config mapping and the workdir it takes (None: none is shipped)."""
+    given = None if workdir is None else Path(workdir).expanduser().resolve()
+    if command is not None:
+        if what is not None:
+            raise ValidationError("give a script or command=, not both")
+        if isinstance(command, str) or not all(isinstance(w, str) for w in command):
+            raise ValidationError(
+                "command must be a list of strings, e.g. command=['accelerate', 'launch', 'x.py']"
+            )
+        return {"algorithm": "script", "command": list(command)}, given or wd.default_workdir()
+    if what is None:
+        raise ValidationError(
+            "say what to run: launch('grpo'), launch('train.py', args=[...]) or "
+            "launch(command=[...])"
+        )
+    if isinstance(what, Mapping):
+        train = dict(what)
+    elif str(what).lower() in BUILTIN:
+        train = {"algorithm": str(what).lower(), "model": "tiny"}
+    elif str(what).endswith(".py"):
+        root = given or wd.default_workdir()
+        script = Path(what).expanduser()
+        if script.is_absolute():
+            if given is None:
+                root = script.resolve().parent
+            try:
+                script = script.resolve().relative_to(root)
+            except ValueError:
+                raise ValidationError(
+                    f"script {str(what)!r} is not inside the workdir {str(root)!r}: pass "
+                    "workdir= the folder that holds it"
+                ) from None
+        train = {"algorithm": "script", "script": script.as_posix()}
+        if args is not None:
+            if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+                raise ValidationError("args must be a list of strings, e.g. args=['--lr', '1e-4']")
+            train["args"] = list(args)
+        return train, root
+    else:
+        train = _config_file(str(what))
+    if args is not None:
+        raise ValidationError("args= go with a script: launch('train.py', args=[...])")
+    if train.get("algorithm") == "script":
+        return train, given or wd.default_workdir()
+    return train, given
+
+
+def reads_workdir(train: Mapping[str, Any], root: Path) -> bool:
+    """Whether a built-in run reads from `root`: a relative local dataset, a reward module there."""
+    from tgnb.tasks import data
+
+    dataset = train.get("dataset")
+    if isinstance(dataset, str) and data.columns_known_locally(dataset):
+        path = Path(dataset).expanduser()
+        if not path.is_absolute() and (root / path).exists():
+            return True
+    for reward in train.get("rewards") or ():
+        if isinstance(reward, str) and ":" in reward:
+            top = reward.partition(":")[0].split(".")[0]
+            if (root / f"{top}.py").is_file() or (root / top / "__init__.py").is_file():
+                return True
+    return False
+
+
+def _needs_subprocess(cfg: Any) -> bool:
+    custom = [r for r in cfg.rewards if ":" in r] if cfg.algorithm == "grpo" else []
+    return bool(cfg.trl or cfg.lora or custom)
+
+
+def check(train: Mapping[str, Any], root: Path | None) -> None:
+    """Every launch-time check of the run's config (see the module docstring); `ValidationError`
+    with the first problem, nothing recorded or sent."""
+    from tgnb.tasks import config
+
+    base = root or Path.cwd()
+    try:
+        cfg = config.from_dict({k: v for k, v in train.items() if k != "run_dir"})
+        config.check_light(cfg, base)
+        if cfg.algorithm == config.SCRIPT:
+            config.check_script(cfg, base)
+            return
+    except TrainConfigError as exc:
+        raise ValidationError(str(exc)) from None
+    if _needs_subprocess(cfg):
+        check_on_a_node_like_process(train, base)
+
+
+def check_on_a_node_like_process(train: Mapping[str, Any], root: Path) -> None:
+    """``python -m tgnb.train CONFIG --check`` in `root` with it on ``PYTHONPATH``, as the node
+    will run it; its one-line refusal becomes a `ValidationError`."""
+    from tgnb.runs import node
+
+    with tempfile.TemporaryDirectory(prefix="tgnb-check-") as tmp:
+        config = Path(tmp) / node.CONFIG
+        config.write_text(node.render_config(train), encoding="utf-8")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        cmd = [sys.executable, "-m", "tgnb.train", str(config), "--check"]
+        cmd += ["--run-dir", str(Path(tmp) / "run")]
+        try:
+            proc = subprocess.run(
+                cmd, cwd=root, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            raise ValidationError(
+                f"checking the config took over {CHECK_TIMEOUT_S:.0f} s (importing your reward "
+                "modules?): make their import quick"
+            ) from None
+    if proc.returncode == 0:
+        return
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit {proc.returncode}"
+    raise ValidationError(last.removeprefix("tgnb train: "))
