@@ -212,3 +212,26 @@ def read_jsonl(path: Any, run: str | None = None) -> Iterator[Event]:
                 yield ev
     except FileNotFoundError:
         return
+
+
+def program_text(line: str) -> str | None:
+    """`line` without tgnb's ``@tgnb`` record (None when nothing else is left). A record can
+    follow the program's own text on one line: a progress bar ends with a carriage return."""
+    at = line.find(STDOUT_PREFIX + "{")
+    if at < 0:
+        return line
+    head = line[:at]
+    return head if head.strip() else None
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The JSON record of an ``@tgnb`` stdout line (after any text on the same line), or None
+    for any other line."""
+    at = line.find(STDOUT_PREFIX + "{")
+    if at < 0:
+        return None
+    try:
+        rec = json.loads(line[at + len(STDOUT_PREFIX) :])
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None

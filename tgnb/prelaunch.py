@@ -151,9 +151,18 @@ def check(train: Mapping[str, Any], root: Path | None) -> None:
         check_on_a_node_like_process(train, base)
 
 
-def check_on_a_node_like_process(train: Mapping[str, Any], root: Path) -> None:
+def resolved(train: Mapping[str, Any], root: Path | None, run_dir: str | None = None) -> str:
+    """The config as the node will run it (tgnb's own defaults under ``trl`` included), as YAML:
+    what ``tgnb train --check`` prints, run in the workdir (nothing is written)."""
+    return check_on_a_node_like_process(train, root or Path.cwd(), run_dir)
+
+
+def check_on_a_node_like_process(
+    train: Mapping[str, Any], root: Path, run_dir: str | None = None
+) -> str:
     """``python -m tgnb.train CONFIG --check`` in `root` with it on ``PYTHONPATH``, as the node
-    will run it; its one-line refusal becomes a `ValidationError`."""
+    will run it; its one-line refusal becomes a `ValidationError`; its output (the resolved
+    config as YAML) is returned."""
     from tgnb.runs import node
 
     with tempfile.TemporaryDirectory(prefix="tgnb-check-") as tmp:
@@ -163,7 +172,7 @@ def check_on_a_node_like_process(train: Mapping[str, Any], root: Path) -> None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
         env.setdefault("HF_HUB_OFFLINE", "1")
         cmd = [sys.executable, "-m", "tgnb.train", str(config), "--check"]
-        cmd += ["--run-dir", str(Path(tmp) / "run")]
+        cmd += ["--run-dir", run_dir or str(Path(tmp) / "run")]
         try:
             proc = subprocess.run(
                 cmd, cwd=root, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
@@ -174,7 +183,7 @@ def check_on_a_node_like_process(train: Mapping[str, Any], root: Path) -> None:
                 "modules?): make their import quick"
             ) from None
     if proc.returncode == 0:
-        return
+        return proc.stdout
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else f"exit {proc.returncode}"
     raise ValidationError(last.removeprefix("tgnb train: "))

@@ -256,9 +256,11 @@ class Session:
         time_limit: str | None = None,
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, SecretRef] | None = None,
+        dry_run: bool = False,
         **train_overrides: Any,
-    ) -> Run:
-        """Launch a training run and return its `Run`.
+    ) -> Any:
+        """Launch a training run and return its `Run` (with `dry_run`: check everything and
+        return the config as the node will run it, as YAML text, launching nothing).
 
         `what`: ``"grpo"``/``"dpo"``/``"sft"`` (the built-in tiny task), a script (``"train.py"``,
         run with `args`), a YAML file or a mapping; or `command` (``["accelerate", "launch",
@@ -307,6 +309,9 @@ class Session:
         self._check_capacity(res, self.cluster.state())
         backend = self.backend
         backend.preflight(spec)  # engine checks (commands, controller, image) before recording
+        if dry_run:
+            where = backend.run_dir_for(name)
+            return prelaunch.resolved(train, root, None if where is None else os.fspath(where))
         run_dir = backend.run_dir_for(name)
         record = self.store.create(
             spec,

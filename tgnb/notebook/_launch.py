@@ -44,17 +44,41 @@ def parse_body(cell: str) -> dict[str, Any]:
     return body
 
 
+#: Body keys that are launch options, not config keys.
+_BODY_OPTIONS = ("workdir",)
+_BUILTIN = ("grpo", "dpo", "sft")
+
+
 def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config mapping, keyword options) for `Session.launch` from parsed options and a body."""
+    """(config mapping, keyword options) for `Session.launch` from parsed options and a body;
+    ``args.script_args`` holds what followed ``--`` on the line (a script's arguments)."""
     from tgnb.tasks.config import apply_overrides, from_dict
 
     raw = parse_body(cell) if cell is not None else {}
-    if args.algorithm:
-        raw["algorithm"] = args.algorithm
+    options: dict[str, Any] = {k: raw.pop(k) for k in _BODY_OPTIONS if k in raw}
+    what = args.algorithm
+    script_args = list(getattr(args, "script_args", None) or [])
+    if what and what.endswith(".py"):
+        raw.update(algorithm="script", script=what)
+    elif what and what.lower() in _BUILTIN:
+        raw["algorithm"] = what.lower()
+    elif what:
+        raise UsageError(
+            f"%tg launch: {what!r} is neither an algorithm ({', '.join(_BUILTIN)}) nor a script "
+            "(a .py file): e.g. %tg launch grpo, or %tg launch train.py -- --lr 1e-4"
+        )
+    if "script" in raw or "command" in raw:
+        raw.setdefault("algorithm", "script")
+    if script_args:
+        if raw.get("algorithm") != "script" or "script" not in raw:
+            raise UsageError(
+                "%tg launch: arguments after -- go to a script: %tg launch x.py -- ..."
+            )
+        raw["args"] = [*(raw.get("args") or []), *script_args]
     if not raw.get("algorithm"):
         raise UsageError(
-            "%tg launch: say which algorithm: %tg launch grpo (or dpo), "
-            "or 'algorithm: grpo' in the %%tg launch body"
+            "%tg launch: say what to run: %tg launch grpo (or dpo, sft), %tg launch train.py, "
+            "or 'algorithm: grpo' / 'script: train.py' in the %%tg launch body"
         )
     sets = [
         f"{key}={_yaml_value(getattr(args, attr))}"
@@ -63,7 +87,8 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
     ]
     raw = apply_overrides(raw, [*sets, *args.sets])
     from_dict(raw)  # unknown keys and wrong types fail here, before anything is sent
-    options: dict[str, Any] = {}
+    if getattr(args, "workdir", None):
+        options["workdir"] = args.workdir
     if args.name:
         options["name"] = args.name
     if args.preemptible is not None:

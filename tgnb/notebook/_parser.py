@@ -93,10 +93,19 @@ def build() -> dict[str, _Parser]:
 
     la = sub(
         "launch",
-        "Launch a GRPO or DPO run. As %%tg launch, the cell body is the run's YAML.",
-        usage="%(prog)s grpo|dpo [options] [-o NAME]",
+        "Launch a GRPO, DPO or SFT run, or your own script (train.py -- its args). As "
+        "%%tg launch, the cell body is the run's YAML (script: and args: for a script).",
+        usage="%(prog)s grpo|dpo|sft|SCRIPT.py [options] [-o NAME] [-- SCRIPT ARGS]",
     )
-    la.add_argument("algorithm", nargs="?", choices=["grpo", "dpo"], help="training algorithm")
+    la.add_argument(
+        "algorithm", nargs="?", help="grpo, dpo, sft, or a script of the workdir (train.py)"
+    )
+    la.add_argument("--workdir", help="the folder shipped with the run (default: the notebook's)")
+    la.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything and print the config as the node will run it; launch nothing",
+    )
     la.add_argument("--name", help="the run's name (default: generated)")
     la.add_argument("--model", help="model name or path")
     la.add_argument("--dataset", help="dataset name")

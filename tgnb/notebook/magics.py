@@ -114,8 +114,13 @@ class Tg(Magics):
             raise UsageError(f"%tg: unknown subcommand {name!r}{hint} (%tg --help lists them)")
         if cell is not None and name != "launch":
             raise UsageError(f"%%tg {name} takes no cell body: only %%tg launch has one (its YAML)")
+        tail: list[str] = []
+        if name == "launch" and "--" in rest:  # a script's own arguments follow --
+            cut = rest.index("--")
+            rest, tail = rest[:cut], rest[cut + 1 :]
         try:
             args, extras = parser.parse_known_args(rest)
+            args.script_args = tail
         except HelpShown as h:
             print(h.text)
             return None
@@ -189,6 +194,9 @@ class Tg(Magics):
         from tgnb.notebook._launch import launch_request
 
         algorithm, options = launch_request(args, cell)
+        if args.dry_run:
+            print(self._session().launch(algorithm, dry_run=True, **options), end="")
+            return None
         run = self._session().launch(algorithm, **options)
         if args.out:
             if not args.out.isidentifier():

@@ -21,9 +21,10 @@ from tgnb.events import (
     RUN_RESUMED,
     RUN_STARTED,
     SIGNAL_RECEIVED,
-    STDOUT_PREFIX,
     Event,
     dedupe,
+    parse_record,
+    program_text,
     read_jsonl,
 )
 from tgnb.runs.backend import Backend
@@ -327,7 +328,7 @@ class Run:
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         elif self.backend is not None and self._record.job_id:
             lines = list(self.backend.logs(self._record.job_id, follow=False))
-        return lines if raw else [ln for ln in lines if not ln.startswith(STDOUT_PREFIX)]
+        return lines if raw else [out for ln in lines if (out := program_text(ln)) is not None]
 
     def follow(self, records: bool = False, poll: float = 0.2) -> Iterator[Any]:
         """Yield log lines as they are written, until the run has finished.
@@ -338,8 +339,9 @@ class Run:
         lines = self._follow_lines(poll)
         for line in lines:
             if not records:
-                if not line.startswith(STDOUT_PREFIX):
-                    yield line
+                text = program_text(line)
+                if text is not None:
+                    yield text
             else:
                 rec = parse_record(line)
                 if rec is not None:
@@ -389,14 +391,3 @@ def last_error(lines: list[str]) -> str | None:
         if _EXCEPTION_LINE.match(text) and not text.startswith(("SystemExit", "KeyboardInterrupt")):
             return text[:500]
     return None
-
-
-def parse_record(line: str) -> dict[str, Any] | None:
-    """The JSON record of an ``@tgnb`` stdout line, or None for any other line."""
-    if not line.startswith(STDOUT_PREFIX):
-        return None
-    try:
-        rec = json.loads(line[len(STDOUT_PREFIX) :])
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None

@@ -26,7 +26,7 @@ from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
 from tgnb.errors import AuthenticationError, BackendError, NotFoundError, TgnbError
-from tgnb.events import PREEMPTION_NOTIFIED, STDOUT_PREFIX, Event, dedupe, parse_time
+from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, parse_record, parse_time
 
 
 class KubernetesBackend:
@@ -365,13 +365,8 @@ def run_records(lines: Iterator[str] | list[str], run: str) -> list[Event]:
     """The run events among a training process's stdout lines (``@tgnb {"kind": "events", ...}``)."""
     out = []
     for line in lines:
-        if not line.startswith(STDOUT_PREFIX):
-            continue
-        try:
-            record = json.loads(line[len(STDOUT_PREFIX) :])
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or record.pop("kind", None) != "events":
+        record = parse_record(line)
+        if record is None or record.pop("kind", None) != "events":
             continue
         try:
             ev = Event.from_dict(record)
