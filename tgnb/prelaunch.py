@@ -134,19 +134,16 @@ def _needs_subprocess(cfg: Any) -> bool:
 
 
 def check(train: Mapping[str, Any], root: Path | None) -> None:
-    """Every launch-time check of the run's config (see the module docstring); `ValidationError`
-    with the first problem, nothing recorded or sent."""
+    """Every launch-time check of the run's config (see the module docstring); a
+    `TrainConfigError` with the first problem, nothing recorded or sent."""
     from tgnb.tasks import config
 
     base = root or Path.cwd()
-    try:
-        cfg = config.from_dict({k: v for k, v in train.items() if k != "run_dir"})
-        config.check_light(cfg, base)
-        if cfg.algorithm == config.SCRIPT:
-            config.check_script(cfg, base)
-            return
-    except TrainConfigError as exc:
-        raise ValidationError(str(exc)) from None
+    cfg = config.from_dict({k: v for k, v in train.items() if k != "run_dir"})
+    config.check_light(cfg, base)
+    if cfg.algorithm == config.SCRIPT:
+        config.check_script(cfg, base)
+        return
     if _needs_subprocess(cfg):
         check_on_a_node_like_process(train, base)
 
@@ -186,4 +183,4 @@ def check_on_a_node_like_process(
         return proc.stdout
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else f"exit {proc.returncode}"
-    raise ValidationError(last.removeprefix("tgnb train: "))
+    raise TrainConfigError(last.removeprefix("tgnb train: "))

@@ -255,7 +255,7 @@ def _text(name: str, value: Any) -> None:
         raise TrainConfigError(f"{name} must be a printable string, not {value!r:.60}.")
 
 
-def _check_reward(name: Any) -> None:
+def _check_reward(name: Any, workdir: Path | None = None) -> None:
     """A built-in reward, or ``package.module:function`` whose module exists; a module already
     imported (the standard library, the reward's own) is resolved and its signature checked."""
     import importlib.util
@@ -271,6 +271,9 @@ def _check_reward(name: Any) -> None:
         raise TrainConfigError(f"reward {name!r:.60} is not 'package.module:function'.")
     module = name.partition(":")[0]
     top = module.split(".")[0]
+    base = workdir or Path.cwd()
+    if (base / f"{top}.py").is_file() or (base / top / "__init__.py").is_file():
+        return  # the workdir's own module: imported where the run is checked (tgnb.prelaunch)
     if top in sys.modules or importlib.util.find_spec(top) is None:
         rewards.resolve(name)  # cheap here: imported already, or the import error at once
 
@@ -381,7 +384,7 @@ def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:
         if not cfg.rewards:
             raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
         for reward in cfg.rewards:
-            _check_reward(reward)
+            _check_reward(reward, workdir)
     check_policy(cfg.checkpoint)
     if cfg.lora is not None and not isinstance(cfg.lora, Mapping):
         raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")

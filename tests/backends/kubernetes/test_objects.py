@@ -151,7 +151,7 @@ def test_two_node_rendezvous_wiring() -> None:
     assert f"--rdzv_endpoint={job['metadata']['name']}-0.{svc['metadata']['name']}:29500" in argv
     assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv
     assert "--node_rank=$(JOB_COMPLETION_INDEX)" in argv
-    assert argv[-4:] == ["tgnb.train", "/config/run.yaml", "--run-dir", "/data/runs/grpo-2n"]
+    assert argv[-4:] == ["tgnb.train", "/config/config.yaml", "--run-dir", "/data/runs/grpo-2n"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]["value"] == "290"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
@@ -175,7 +175,7 @@ def test_placement_preemptible_and_standard() -> None:
 
 def test_commands() -> None:
     assert command(CASES["single_preemptible"]) == [
-        "python", "-m", "tgnb.train", "/config/run.yaml", "--run-dir", "/data/runs/grpo-tiny",
+        "python", "-m", "tgnb.train", "/config/config.yaml", "--run-dir", "/data/runs/grpo-tiny",
     ]  # fmt: skip
     assert command(CASES["standard"])[:6] == [
         "python", "-m", "tgnb.train.launch", "--standalone", "--nnodes=1", "--nproc_per_node=8",
@@ -251,3 +251,53 @@ def test_restart_count_from_env() -> None:
     env = {"TGNB_INDEX_FAILURE_COUNT": "1", "TGNB_INDEX_IGNORED_FAILURE_COUNT": "2"}
     assert restart_count_from_env(env) == 3
     assert restart_count_from_env({"TGNB_INDEX_IGNORED_FAILURE_COUNT": ""}) == 0
+
+
+def _script_spec(workdir: Path, **kw: Any) -> RunSpec:
+    train = {"algorithm": "script", "script": "train.py", "args": ["--lr", "1e-4"]}
+    return RunSpec(
+        name="my-script",
+        train=train,
+        image="ghcr.io/example/tgnb:0.1",
+        resources=Resources(nodes=1, gpus_per_node=8, preemptible=True),
+        workdir=str(workdir),
+        **kw,
+    )
+
+
+def test_a_script_run_ships_its_workdir_and_validates(tmp_path: Path) -> None:
+    """A script run: the workdir snapshot rides in the ConfigMap, an init container unpacks it into
+    the run directory, and the trainer runs the node contract's command; every object passes the
+    strict schemas of both versions."""
+    import base64
+    import io
+    import tarfile
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "junk.pyc").write_bytes(b"x")
+    docs = build_objects(_script_spec(tmp_path), NS).to_dicts()
+    for doc in docs:
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    tar = base64.b64decode(config_map["binaryData"]["workdir.tar.gz"])
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:gz") as t:
+        assert sorted(t.getnames()) == ["pkg/__init__.py", "train.py"]
+    pod = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"][:4] == ["python", "-m", "tarfile", "-e"]
+    assert init["command"][-1] == "/data/runs/my-script/workdir", init["command"]
+    trainer = pod["containers"][0]["command"]
+    assert trainer[:3] == ["python", "-m", "tgnb.train.launch"] and "tgnb.train" in trainer
+    assert "script: train.py" in config_map["data"]["config.yaml"]
+
+
+def test_a_workdir_too_big_for_a_configmap_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "weights.bin").write_bytes(os.urandom(900 * 1024))  # does not compress
+    with pytest.raises(ValidationError) as info:
+        build_objects(_script_spec(tmp_path), NS)
+    assert ".tgnbignore" in str(info.value) and "\n" not in str(info.value)

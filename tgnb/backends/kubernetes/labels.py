@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
+from tgnb.runs import node
 
 #: The node label Together puts on preemptible nodes (seed document).
 COMPUTE_CLASS_LABEL = "together.ai/compute-class"
@@ -30,7 +31,7 @@ RUN_DIR_ANNOTATION = "tgnb/run-dir"
 
 CONTAINER = "trainer"
 CONFIG_DIR = "/config"
-CONFIG_FILE = "run.yaml"
+CONFIG_FILE = node.CONFIG  # the node contract's config file, mounted from the ConfigMap
 RUNS_ROOT = "/data/runs"
 DEFAULT_CLAIM = "tgnb-runs"
 DEFAULT_CLAIM_SIZE = "100Gi"

@@ -1,0 +1,73 @@
+"""A user's own script under a real Slurm: the SFTTrainer script of tests/workload/user_workdir
+(TRL's quickstart plus ``tgnb.train.protect``), submitted by `SlurmBackend` with its workdir to the
+one-node cluster of `.ci/slurm-up`, drained mid-run with ``scontrol update ... State=DRAIN``. The
+run must checkpoint on the drain notice, requeue itself, and resume from the workdir's snapshot
+(the folder is edited after submission: the requeued job must not see the edit)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tgnb.backends.base import JobState, Resources, RunSpec
+from tgnb.tasks import assets
+
+from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytest.importorskip("trl")
+USER_WORKDIR = Path(__file__).parents[2] / "workload" / "user_workdir"
+
+
+def test_a_script_run_drained_requeues_and_resumes_from_its_snapshot(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    wd = tmp_path / "project"
+    shutil.copytree(USER_WORKDIR, wd, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(wd / "data.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(200):
+            fh.write(json.dumps({"a": i % 3, "b": (i // 3) % 3}) + "\n")
+    max_steps = 16
+    spec = RunSpec(
+        name="script-drain",
+        train={
+            "algorithm": "script",
+            "script": "train.py",
+            "args": ["--model", assets.resolve_model("tiny"), "--max-steps", str(max_steps)],
+            "checkpoint": {"drain_poll_seconds": 0.5},
+        },
+        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        env=dict(ENV),
+        workdir=str(wd),
+    )
+    backend = backend_for(tmp_path)
+    job = backend.submit(spec)
+    cleanup_jobs.append(job)
+    (wd / "prompts.py").write_text("raise ImportError('edited after submission')\n")
+    run_dir = Path(backend.run_dir(job))
+    assert (run_dir / "workdir" / "train.py").is_file()
+    wait_until("step 3", lambda: max(metric_steps(run_dir), default=0) >= 3, 400)
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
+        check=True,
+    )
+    try:
+        wait_until("the run to requeue itself", lambda: backend.restart_count(job) >= 1,
+                   DRAIN_WINDOW_S)  # fmt: skip
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
+    final = backend.wait(job, timeout=600)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, (final, log[-3000:])
+    assert "user script: done" in log
+    events = backend.events(job)
+    drain = next(e for e in events if e.reason == "DrainNoticeReceived")
+    resumed = next(e for e in events if e.reason == "RunResumed")
+    assert resumed.data["step"] == drain.data["step"]
+    steps = metric_steps(run_dir)
+    assert sorted(set(steps)) == list(range(1, max_steps + 1)), steps
+    assert len(steps) == len(set(steps)), steps  # every step logged once
