@@ -1,2 +1,5 @@
 def to_example(row):
-    return {"prompt": f"What is {row['a']}+{row['b']}? Answer:", "completion": f" {row['a'] + row['b']}"}
+    return {
+        "prompt": f"What is {row['a']}+{row['b']}? Answer:",
+        "completion": f" {row['a'] + row['b']}",
+    }

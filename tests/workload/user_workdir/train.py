@@ -1,11 +1,12 @@
 """A user's SFT script, as TRL's quickstart writes it, plus tgnb.train.protect."""
+
 import argparse
 
 from datasets import load_dataset
+from prompts import to_example
 from trl import SFTConfig, SFTTrainer
 
 import tgnb.train
-from prompts import to_example
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", required=True)
