@@ -170,7 +170,8 @@ class Checkpointer:
     def log(self, **values: Any) -> None:
         """Add `values` (numbers, 0-d tensors) to this step's ``metrics.jsonl`` row, written when
         the step ends (rank 0 writes; the learning rate is added unless given)."""
-        self._row.update(values)
+        for key, value in values.items():  # a loss tensor's graph is not kept
+            self._row[key] = value.detach() if isinstance(value, torch.Tensor) else value
 
     def request_stop(self) -> None:
         """Checkpoint and stop at the next step boundary, as SIGTERM would (exit 75)."""
