@@ -1,5 +1,6 @@
 """A user's plain PyTorch training loop through `tgnb.train.Checkpointer`, as a user would write
-it: one script for a laptop (``python loop_script.py --dir out``) and for torchrun (DDP on gloo).
+it: one script for a laptop (``python loop_script.py --dir out``) and for torchrun (DDP on gloo;
+FSDP2 with ``--fsdp``). ``--features`` widens the model (the disk-full test).
 
 A small ``nn.Linear`` model, Adam, a StepLR schedule, a seeded data order with its own state (the
 `Order` below, added with ``add_state``) and noise from the global torch RNG (so the RNG must be
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--out", default="")
+    ap.add_argument("--features", type=int, default=8)
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     args = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -59,9 +62,17 @@ def main() -> None:
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 2, generator=g)
-    net = torch.nn.Linear(8, 2)
-    model = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
+    xs = torch.randn(SAMPLES, args.features, generator=g)
+    ys = torch.randn(SAMPLES, 2, generator=g)
+    net = model = torch.nn.Linear(args.features, 2)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        if world == 1:
+            dist.init_process_group("gloo")
+        model = fully_shard(net)
+    elif world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.8)
     order = Order(SAMPLES, seed=7)
@@ -79,7 +90,7 @@ def main() -> None:
     mine = slice(rank * share, (rank + 1) * share)
     for _step in ckpt.steps():
         idx = order.take(GLOBAL_BATCH)
-        x = xs[idx] + 0.1 * torch.randn(GLOBAL_BATCH, 8)  # the same draw on every rank
+        x = xs[idx] + 0.1 * torch.randn(GLOBAL_BATCH, args.features)  # the same on every rank
         loss = ((model(x[mine]) - ys[idx][mine]) ** 2).mean()
         loss.backward()
         opt.step()
@@ -87,11 +98,18 @@ def main() -> None:
         opt.zero_grad()
         ckpt.log(loss=loss.item())
         time.sleep(args.sleep)
+    if args.fsdp:  # every rank takes part in gathering the shards
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        final = get_model_state_dict(model, options=full)
+    else:
+        final = net.state_dict()
     if args.out and rank == 0:
         from safetensors.torch import save_file
 
-        save_file({k: v.contiguous() for k, v in net.state_dict().items()}, args.out)
-    if world > 1:
+        save_file({k: v.contiguous() for k, v in final.items()}, args.out)
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -221,6 +221,57 @@ def test_plain_python_outside_tgnb_preempted_twice_and_a_bad_checkpoint_quaranti
     assert diff <= 1e-6, f"max abs difference {diff} after stops at {stops} and a quarantine"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fsdp2_two_ranks_preempted_resumes_at_one_rank_like_the_uninterrupted_run(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """FSDP2 (``fully_shard``): each rank saves its shards; SIGTERM to rank 0; the checkpoint,
+    resharded by DCP, resumes at one rank (torchrun, one process) and ends where an uninterrupted
+    2-rank FSDP2 run ends (1e-6)."""
+    common = ("--fsdp", "--steps", str(STEPS), "--every", "100")
+    ref = procs.start(*common, "--dir", str(tmp_path / "ref"), "--out", str(tmp_path / "r.st"),
+                      ranks=2)  # fmt: skip
+    assert finish(ref) == 0, tail(ref)
+    run_dir = tmp_path / "run"
+    run = procs.start(*common, "--dir", str(run_dir), "--sleep", "0.3", ranks=2)
+    wait_rows(run, run_dir, 5)
+    pids = worker_pids(run.pid)
+    assert sorted(pids) == [0, 1], pids
+    os.kill(pids[0], signal.SIGTERM)
+    assert finish(run) == Exit.PREEMPTED, tail(run)
+    stop = stopped_at(run, 2)
+    assert_sealed(run_dir, stop, 2)
+    one = procs.start(*common, "--dir", str(run_dir), "--out", str(tmp_path / "o.st"), ranks=1)
+    assert finish(one) == 0, tail(one)
+    resumed = events(run_dir, "RunResumed")
+    assert [(e["step"], e["world_size"], e["saved_world_size"]) for e in resumed] == [(stop, 1, 2)]
+    diff = max_diff(tmp_path / "r.st", tmp_path / "o.st")
+    assert diff <= 1e-6, f"FSDP2, 1 rank from 2: max abs difference {diff}"
+
+
+@pytest.mark.timeout(600)
+def test_a_loop_on_a_full_disk_exits_74_and_keeps_its_last_checkpoint(
+    procs: Procs, small_disk: Path, tmp_path: Path
+) -> None:
+    """The loop's directory on a 2 MiB tmpfs, a checkpoint of about 0.8 MB saved every step: the
+    disk fills; the script exits 74 naming the disk, its last complete checkpoint intact; with
+    room again it resumes from that checkpoint and finishes."""
+    out = small_disk / "out"
+    common = ("--features", "35000", "--every", "1", "--steps", "30")
+    run = procs.start(*common, "--dir", str(out))
+    assert finish(run) == Exit.NO_SPACE, tail(run)
+    log = tail(run, 20_000)
+    assert "disk full" in log and str(out) in log, log
+    latest = ck.latest_complete(out / "checkpoints")
+    assert latest is not None, log
+    roomy = tmp_path / "roomy"
+    shutil.copytree(out, roomy)
+    again = procs.start(*common, "--dir", str(roomy))
+    assert finish(again) == 0, tail(again)
+    assert [e["step"] for e in events(roomy, "RunResumed")] == [latest.step]
+
+
 # -- in one process ------------------------------------------------------------------------------
 def _loop(run_dir: Path, stop_at: int | None = None, **kw: Any) -> tuple[Any, list[float]]:
     import torch
