@@ -357,3 +357,37 @@ def test_tgnb_train_stays_light_until_checkpointer_is_used() -> None:
     )
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr[-2000:]
+
+
+def test_an_accelerate_loop_stops_and_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    """The objects ``Accelerator.prepare`` returns (its optimizer and scheduler wrappers; one
+    process, CPU) checkpoint and resume like plain ones."""
+    pytest.importorskip("accelerate")
+    import torch
+    from accelerate import Accelerator
+
+    from tgnb.train.loop import Checkpointer
+
+    def loop(run_dir: Path, stop_at: int | None = None) -> tuple[Any, Any]:
+        acc = Accelerator(cpu=True)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+        model, opt, sched = acc.prepare(model, opt, sched)
+        c = Checkpointer(model, opt, sched, max_steps=6, dir=run_dir, exit=False)
+        for step in c.steps():
+            x = torch.randn(8, 4)
+            acc.backward(((model(x) - x.sum(1, keepdim=True)) ** 2).mean())
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            if step == stop_at:
+                c.request_stop()
+        return c, (model.weight.detach().clone(), sched.get_last_lr())
+
+    _, (want, lr) = loop(tmp_path / "ref")
+    assert loop(tmp_path / "run", stop_at=3)[0].exit_code == Exit.PREEMPTED
+    again, (got, lr_got) = loop(tmp_path / "run")
+    assert again.resumed is not None and again.resumed.step == 3 and again.exit_code == 0
+    assert float((want - got).abs().max()) <= 1e-6 and lr == lr_got
