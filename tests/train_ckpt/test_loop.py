@@ -313,7 +313,9 @@ def test_in_one_process_a_stop_resumes_to_the_uninterrupted_result(tmp_path: Pat
     assert all("loss" in r and "learning_rate" in r for r in rows)
 
 
-def test_the_launchs_policy_wins_key_by_key_and_bad_input_is_refused(tmp_path: Path) -> None:
+def test_the_launchs_policy_wins_key_by_key_and_bad_input_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     from tgnb.tasks.policy import CheckpointPolicy
@@ -333,6 +335,10 @@ def test_the_launchs_policy_wins_key_by_key_and_bad_input_is_refused(tmp_path: P
         Checkpointer(model, opt, max_steps=3)
     with pytest.raises(TrainConfigError, match="max_steps"):
         Checkpointer(model, opt, max_steps=0, dir=tmp_path)
+    with monkeypatch.context() as m:  # a torchrun worker that has not started torch.distributed
+        m.setenv("WORLD_SIZE", "2")
+        with pytest.raises(TrainConfigError, match="init_process_group"):
+            Checkpointer(model, opt, max_steps=3, dir=tmp_path)
     c = Checkpointer(model, opt, max_steps=3, dir=tmp_path)
     try:
 

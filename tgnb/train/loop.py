@@ -126,6 +126,11 @@ class Checkpointer:
             raise TrainConfigError(f"max_steps must be a whole number >= 1, not {max_steps!r}.")
         if optimizer is None or not hasattr(optimizer, "param_groups"):
             raise TrainConfigError("Checkpointer needs the torch optimizer (optimizer=...).")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dcpio.dist_up():
+            raise TrainConfigError(
+                "call torch.distributed.init_process_group() before making the Checkpointer "
+                "(WORLD_SIZE is above 1): every rank takes part in its saves."
+            )
         where = os.environ.get(RUN_DIR_ENV) or dir
         if not where:
             raise TrainConfigError(
