@@ -319,18 +319,26 @@ def test_the_launchs_policy_wins_key_by_key_and_bad_input_is_refused(
     import torch
 
     from tgnb.tasks.policy import CheckpointPolicy
-    from tgnb.train.loop import Checkpointer, policy
+    from tgnb.train.loop import Checkpointer
 
-    env = {CHECKPOINT_ENV: '{"every_steps": 10, "keep_last": 4}'}
-    got = policy({"every_steps": 50, "async_save": False}, env=env)
-    assert (got.every_steps, got.keep_last, got.async_save) == (10, 4, False)
-    assert policy(CheckpointPolicy(auto=True), env={}).auto
-    with pytest.raises(TrainConfigError, match="Did you mean 'every_steps'"):
-        policy({"every_step": 5}, env={})
-    with pytest.raises(TrainConfigError, match="not a JSON object"):
-        policy(None, env={CHECKPOINT_ENV: "every_steps=5"})
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with monkeypatch.context() as m:
+        m.setenv(CHECKPOINT_ENV, '{"every_steps": 10, "keep_last": 4}')
+        m.setenv(RUN_DIR_ENV, str(tmp_path / "launched"))
+        c = Checkpointer(model, opt, max_steps=3, dir=tmp_path / "mine",
+                         checkpoint={"every_steps": 50, "async_save": False})  # fmt: skip
+        c.guard.close()
+    got = c.policy
+    assert (got.every_steps, got.keep_last, got.async_save) == (10, 4, False)
+    assert c.run_dir == tmp_path / "launched" and c.checkpoint_dir.parent == c.run_dir
+    c = Checkpointer(model, opt, max_steps=3, dir=tmp_path, checkpoint=CheckpointPolicy(auto=True))
+    c.guard.close()
+    assert c.policy.auto and c.run_dir == tmp_path
+    with pytest.raises(TrainConfigError, match="Did you mean 'every_steps'"):
+        Checkpointer(model, opt, max_steps=3, dir=tmp_path, checkpoint={"every_step": 5})
+    with pytest.raises(TrainConfigError, match="keep_last"):
+        Checkpointer(model, opt, max_steps=3, dir=tmp_path, checkpoint={"keep_last": 0})
     with pytest.raises(TrainConfigError, match="dir='out'"):
         Checkpointer(model, opt, max_steps=3)
     with pytest.raises(TrainConfigError, match="max_steps"):

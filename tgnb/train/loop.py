@@ -19,10 +19,11 @@ rank 0 (``scheduler.json``, ``loop.json``: plain values, the same on every rank)
 RNG (torch, CUDA, numpy, Python) its own file. Once every rank has started ``torch.distributed``
 (or with one process), build the Checkpointer at the same point on every rank.
 
-Where: under tgnb the run directory is ``$TGNB_RUN_DIR`` (the node contract, `tgnb.runs.node`);
-outside it, `dir`. Checkpoints go in ``<dir>/checkpoints``, rows in ``metrics.jsonl``, events in
-``events.jsonl``. The policy: `checkpoint` (a `CheckpointPolicy` or a mapping of its fields), then
-the launch's ``$TGNB_CHECKPOINT`` over it key by key (the launch wins: the cockpit set it).
+Where, as for `tgnb.train.protect` (`tgnb.train.protect.run_context`): under tgnb the run
+directory is ``$TGNB_RUN_DIR`` (the node contract, `tgnb.runs.node`); outside it, `dir`.
+Checkpoints go in ``<dir>/checkpoints``, rows in ``metrics.jsonl``, events in ``events.jsonl``. The
+policy: `checkpoint` (a `CheckpointPolicy` or a dict of its fields), then the launch's
+``$TGNB_CHECKPOINT`` over it key by key (the launch wins: the cockpit set it).
 
 At the end `steps` returns after the final save. On a preemption it exits the process with 75
 (`Exit.PREEMPTED`), on a full disk with 74 (`Exit.NO_SPACE`); with ``exit=False`` it returns and
@@ -31,7 +32,6 @@ leaves the code in `exit_code`. Breaking out of the loop saves nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -43,49 +43,19 @@ import torch
 import torch.distributed as dist
 
 from tgnb.errors import CheckpointError, TrainConfigError
-from tgnb.runs.node import CHECKPOINT_ENV, CHECKPOINTS, RUN_DIR_ENV, RUN_ENV, Exit
-from tgnb.tasks.config import unknown
+from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, Exit
 from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.preemption import CheckpointGuard
+from tgnb.train.protect import run_context
 from tgnb.train.record import Recorder, number, run_failed, run_started
 from tgnb.train.saving import no_space
 
-__all__ = ["Checkpointer", "policy"]
+__all__ = ["Checkpointer"]
 
 #: The loop's own file in a checkpoint: its step and the added states.
 LOOP_STATE = "loop.json"
-
-
-def policy(
-    given: CheckpointPolicy | Mapping[str, Any] | None, env: Mapping[str, str] | None = None
-) -> CheckpointPolicy:
-    """The policy in force: `given`'s fields, then those of ``$TGNB_CHECKPOINT`` over them."""
-    env = os.environ if env is None else env
-    if isinstance(given, CheckpointPolicy):
-        fields = dataclasses.asdict(given)
-    elif given is None or isinstance(given, Mapping):
-        fields = dict(given or {})
-    else:
-        raise TrainConfigError(
-            f"checkpoint= takes a CheckpointPolicy or a mapping such as {{'every_steps': 50}}, "
-            f"not {type(given).__name__}."
-        )
-    raw = env.get(CHECKPOINT_ENV)
-    if raw:
-        try:
-            launched = json.loads(raw)
-        except ValueError:
-            launched = None
-        if not isinstance(launched, dict):
-            raise TrainConfigError(f"${CHECKPOINT_ENV} is not a JSON object: {raw[:80]!r}")
-        fields.update(launched)
-    names = [f.name for f in dataclasses.fields(CheckpointPolicy)]
-    for key in fields:
-        if key not in names:
-            raise unknown("checkpoint key", str(key), names)
-    return CheckpointPolicy(**fields)
 
 
 def _plain(name: str, obj: Any) -> dict[str, Any]:
@@ -116,7 +86,7 @@ class Checkpointer:
         *,
         max_steps: int,
         dir: str | os.PathLike[str] | None = None,
-        checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
+        checkpoint: CheckpointPolicy | dict[str, Any] | None = None,
         states: Mapping[str, Any] | None = None,
         global_batch: int = 0,
         name: str | None = None,
@@ -131,16 +101,15 @@ class Checkpointer:
                 "call torch.distributed.init_process_group() before making the Checkpointer "
                 "(WORLD_SIZE is above 1): every rank takes part in its saves."
             )
-        where = os.environ.get(RUN_DIR_ENV) or dir
-        if not where:
+        if not (os.environ.get(RUN_DIR_ENV) or dir):
             raise TrainConfigError(
                 "Checkpointer needs a directory outside tgnb: Checkpointer(..., dir='out') "
                 f"(under tgnb ${RUN_DIR_ENV} gives it)."
             )
-        self.run_dir = Path(where)
+        ctx = run_context(dir, checkpoint)  # as protect(): the launch's directory and policy win
+        self.run_dir, self.policy, self.managed = ctx.run_dir, ctx.policy, ctx.managed
         self.max_steps = max_steps
         self.global_batch = int(global_batch)
-        self.policy = policy(checkpoint)
         self.step = 0  # the last step completed (after a resume: the checkpoint's)
         self.exit_code: int | None = None
         self.resumed: ck.Checkpoint | None = None
@@ -151,7 +120,7 @@ class Checkpointer:
         for key, obj in (states or {}).items():
             self.add_state(key, obj)
         self.state = dcpio.State(model, optimizer, scheduler, write=self._write)
-        self.recorder = Recorder(self.run_dir, name or os.environ.get(RUN_ENV) or None)
+        self.recorder = Recorder(self.run_dir, name or ctx.name)
         self.guard = CheckpointGuard(self.policy, self.run_dir, self.recorder)
         self.guard.attach(self.state)  # every rank, at the same point: the saves' process group
 
@@ -213,6 +182,13 @@ class Checkpointer:
             run_failed(self.recorder, exc, self.step)
             raise
         self.exit_code = int(code)
+        if code:
+            last = self.guard.last_checkpoint
+            where = f" ({last.path})" if last is not None else ""
+            again = "tgnb starts it again" if self.managed else "run it again to resume"
+            print(
+                f"tgnb: stopped at step {self.step}, checkpointed{where}: {again}", file=sys.stderr
+            )
         if code and self._exit:
             self.recorder.close()
             sys.stdout.flush()
