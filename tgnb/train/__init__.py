@@ -3,15 +3,30 @@ public library a user's own training code calls:
 
 - `protect` (``tgnb.train.protect(trainer)``): checkpoint-on-preemption and resume for any Hugging
   Face or TRL Trainer (`tgnb.train.protect`);
+- `Checkpointer` (``tgnb.train.Checkpointer(model, optimizer, ...)``): the same for a plain PyTorch
+  or Accelerate loop without a Trainer (`tgnb.train.loop`);
 - `CheckpointPolicy`: when to checkpoint (``every_steps``, ``every_seconds``, ``auto``, ...);
 - `EXIT_PREEMPTED` (75): the exit code that means "checkpointed, start me again".
 
 This package's ``__init__`` stays light (no torch, TRL or transformers); those are imported inside
-the functions that build and run a trainer.
+the functions that build and run a trainer, and `Checkpointer` (which imports torch) on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train.protect import protect
 
-__all__ = ["EXIT_PREEMPTED", "CheckpointPolicy", "protect"]
+if TYPE_CHECKING:
+    from tgnb.train.loop import Checkpointer
+
+__all__ = ["EXIT_PREEMPTED", "CheckpointPolicy", "Checkpointer", "protect"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Checkpointer":  # imports torch: only when asked for
+        from tgnb.train.loop import Checkpointer
+
+        return Checkpointer
+    raise AttributeError(f"module 'tgnb.train' has no attribute {name!r}")

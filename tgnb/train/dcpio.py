@@ -1,12 +1,13 @@
 """The state of a training run on disk, through `torch.distributed.checkpoint` (DCP).
 
-One layout for every case (one process, DDP, FSDP, a PEFT adapter)::
+One layout for every case (one process, DDP, FSDP, a PEFT adapter; a Trainer or a plain loop)::
 
     checkpoint-<step>/
       dcp/                   DCP shards, every rank writing its own in parallel (+ .metadata)
       optimizer.json         the optimizer's param groups (lr, betas, ...), from rank 0
       scheduler.json         the learning-rate scheduler's state, from rank 0
       trainer_state.json     the Trainer's own JSON state (step, log history), from rank 0
+      loop.json              a `tgnb.train.Checkpointer` loop's step and added states, from rank 0
       rng-<rank>.safetensors each rank's RNG states (torch, CUDA, numpy as tensors; Python's in the
                              safetensors metadata as JSON)
       tgnb-complete.json     the marker, rank 0, last (tgnb.train.checkpoint)
@@ -28,8 +29,9 @@ import pickle
 import random
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +232,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
+    """`data` as JSON (tensors as numbers or lists) at `path`, fsynced."""
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(_jsonable(data), fh, sort_keys=True)
         fh.flush()
@@ -274,19 +277,50 @@ def own_files(path: Path) -> list[str]:
     return [f for f, m in found if (int(m[1] or m[2]) if m else 0) == r]
 
 
-def write_small(path: Path, trainer: Any, plain: dict[str, Any]) -> None:
-    """Each rank's RNG file; on rank 0 the optimizer groups, scheduler and trainer state (JSON)."""
+@dataclass
+class State:
+    """What a checkpoint holds besides each rank's RNG: the model and optimizer (DCP), the
+    learning-rate scheduler (JSON), and what `write` puts in the checkpoint directory on rank 0
+    (the Trainer's ``trainer_state.json``; a loop's own state). `export` is called on every rank
+    at the final save (the Trainer's ``save_model``)."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any = None
+    write: Callable[[Path], None] | None = None
+    export: Callable[[Path], None] | None = None
+
+
+def state_of(obj: Any) -> State:
+    """`obj` itself when it is a `State`; else a Trainer's (anything with ``model``,
+    ``optimizer``, ``lr_scheduler``, ``state.save_to_json`` and perhaps ``save_model``)."""
+    if isinstance(obj, State):
+        return obj
+    save_model = getattr(obj, "save_model", None)
+    return State(
+        obj.model,
+        obj.optimizer,
+        getattr(obj, "lr_scheduler", None),
+        write=lambda path: obj.state.save_to_json(str(path / "trainer_state.json")),
+        export=(lambda path: save_model(str(path))) if save_model is not None else None,
+    )
+
+
+def write_small(path: Path, state: Any, plain: dict[str, Any]) -> None:
+    """Each rank's RNG file; on rank 0 the optimizer groups, the scheduler and `State.write`'s
+    files. `state` is a `State` or a Trainer (`state_of`)."""
     from safetensors.torch import save_file
 
+    parts = state_of(state)
     path.mkdir(parents=True, exist_ok=True)
     tensors, meta = capture_rng()
     save_file(tensors, str(path / f"rng-{rank()}.safetensors"), metadata={"json": json.dumps(meta)})
     if rank() == 0:
-        _write_json(path / "optimizer.json", plain)
-        sched = getattr(trainer, "lr_scheduler", None)
-        if sched is not None:
-            _write_json(path / "scheduler.json", sched.state_dict())
-        trainer.state.save_to_json(str(path / "trainer_state.json"))
+        write_json(path / "optimizer.json", plain)
+        if parts.scheduler is not None:
+            write_json(path / "scheduler.json", parts.scheduler.state_dict())
+        if parts.write is not None:
+            parts.write(path)
 
 
 class _AgreedStager(DefaultStager):
@@ -373,10 +407,12 @@ class Writer:
         return None
 
 
-def load(path: Path, trainer: Any, adapter_only: bool) -> None:
-    """Load model, optimizer and scheduler from the checkpoint `path` into `trainer`, resharding
-    when the world size changed. RNG states are restored separately (`load_rng`)."""
-    model, optimizer = trainer.model, trainer.optimizer
+def load(path: Path, state: Any, adapter_only: bool) -> None:
+    """Load model, optimizer and scheduler from the checkpoint `path` into `state` (a `State` or a
+    Trainer), resharding when the world size changed. RNG states are restored separately
+    (`load_rng`); `State.write`'s files are read by whoever wrote them."""
+    parts = state_of(state)
+    model, optimizer = parts.model, parts.optimizer
     state, plain = split_state(model, optimizer, adapter_only)
     with _quiet():
         dcp.load(state, storage_reader=SafeReader(path / STATE_DIR))
@@ -401,7 +437,7 @@ def load(path: Path, trainer: Any, adapter_only: bool) -> None:
         optim_state_dict={"state": optim, "param_groups": groups},
         options=_options(adapter_only),
     )
-    sched = getattr(trainer, "lr_scheduler", None)
+    sched = parts.scheduler
     if sched is not None and (path / "scheduler.json").exists():
         sched.load_state_dict(json.loads((path / "scheduler.json").read_text(encoding="utf-8")))
 

@@ -9,27 +9,17 @@ and ``rewards/accuracies``. Only rank 0 writes (the Recorder checks).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 from transformers import TrainerCallback
 
-from tgnb.events import RUN_EXITED, RUN_STARTED
-from tgnb.train.record import Recorder
+from tgnb.train.record import Recorder, number, run_failed, run_started
+
+__all__ = ["MetricsCallback", "run_failed", "run_started"]
 
 #: Log keys that summarise the whole of ``train()`` rather than a step; not written as a row.
 _SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
-
-
-def _number(value: Any) -> float | int | None:
-    if isinstance(value, int):
-        return int(value)  # a bool as 0 or 1
-    try:  # floats, 0-d tensors and numpy scalars
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 class MetricsCallback(TrainerCallback):
@@ -49,7 +39,7 @@ class MetricsCallback(TrainerCallback):
             return
         row: dict[str, Any] = {}
         for key, value in logs.items():
-            num = _number(value)
+            num = number(value)
             if num is not None:
                 row[key] = num
         now = time.time()
@@ -59,21 +49,3 @@ class MetricsCallback(TrainerCallback):
                 row["tokens_per_second"] = (tokens - self._last[1]) / (now - self._last[0])
             self._last = (now, float(tokens))
         self.recorder.metric(int(state.global_step), **row)
-
-
-def run_started(recorder: Recorder, **data: Any) -> None:
-    """Record ``RunStarted`` (before the guard looks for a checkpoint to resume from)."""
-    what = f"{data.get('algorithm', '')} on {data.get('model', '')}".strip()
-    recorder.event(RUN_STARTED, f"started {what}".strip(), **data)
-
-
-def run_failed(recorder: Recorder, error: BaseException, step: int | None) -> None:
-    """Record ``RunExited`` for a run that ended with an exception (exit code 1)."""
-    first = str(error).splitlines()[0] if str(error) else ""
-    recorder.event(
-        RUN_EXITED,
-        f"failed: {type(error).__name__}: {first}"[:500],
-        exit_reason="failed",
-        exit_code=1,
-        step=step,
-    )

@@ -251,6 +251,10 @@ class CheckpointGuard:
     def finish(self, trainer: Any) -> int:
         """0 finished, `EXIT_PREEMPTED` stopped for a signal or drain notice, `EXIT_NO_SPACE`
         stopped by a full disk. Records ``RunExited``. Every rank calls it."""
+        return self.finish_at(int(trainer.state.global_step), int(trainer.state.max_steps))
+
+    def finish_at(self, step: int, max_steps: int) -> int:
+        """`finish` for a run that stopped at `step` of `max_steps` (a Trainer or a loop)."""
         if self.saver is not None:
             self.saver.wait()
             # every rank exits alike, also when only rank 0's marker failed
@@ -259,12 +263,11 @@ class CheckpointGuard:
             if failed:
                 self.saver.failed_elsewhere(bool(full))
         self.close()
-        step = int(trainer.state.global_step)
         self._report_notices(step)
         failure = self.saver.failure if self.saver else None
         if failure is not None and not (self.saver and self.saver.no_space):
             raise CheckpointError(f"checkpoint failed: {failure}") from failure
-        done = step >= int(trainer.state.max_steps) and failure is None
+        done = step >= max_steps and failure is None
         if done:
             code, reason = 0, "finished"
         elif failure is not None:
@@ -358,11 +361,8 @@ class CheckpointGuard:
             return step - last >= every
         return False
 
-    def _meta(self, args: Any, step: int) -> dict[str, Any]:
+    def _meta(self, batch: int, step: int) -> dict[str, Any]:
         world = dcpio.world()
-        batch = (
-            int(args.per_device_train_batch_size) * world * int(args.gradient_accumulation_steps)
-        )
         return {
             "world_size": world,
             "global_batch": batch,
@@ -393,13 +393,28 @@ class CheckpointGuard:
         self._step_began = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any) -> None:
+        import torch.distributed as dist
+
+        gloo = not dcpio.dist_up() or dist.get_backend() == "gloo"
+        batch = (
+            int(args.per_device_train_batch_size)
+            * dcpio.world()
+            * int(args.gradient_accumulation_steps)
+        )
+        step, max_steps = int(state.global_step), int(state.max_steps)
+        if self.step_boundary(step, max_steps, batch, "cpu" if gloo else args.device):
+            control.should_training_stop = True
+
+    def step_boundary(self, step: int, max_steps: int, global_batch: int, device: Any) -> bool:
+        """At the end of optimizer step `step` (every rank): agree on the flags, save what is due
+        (`global_batch` goes into the marker; `device` holds the flags' collective, ``"cpu"``
+        under gloo). True when training must stop now (preempted, or a save failed)."""
         now = time.monotonic()
         if self._step_began is not None:
             took = now - self._step_began
             self.step_time_s = (
                 took if self.step_time_s is None else 0.8 * self.step_time_s + 0.2 * took
             )
-        step = int(state.global_step)
         saver = self.saver
         assert saver is not None, "call CheckpointGuard.attach(trainer) before training"
         if saver.async_failed:
@@ -411,19 +426,14 @@ class CheckpointGuard:
             int(saver.failure is not None),
             int(saver.no_space),
         ]
-        if dcpio.dist_up():
-            import torch.distributed as dist
-
-            device = args.device if dist.get_backend() != "gloo" else "cpu"
-            flags = dcpio.any_rank(flags, device=device)
+        flags = dcpio.any_rank(flags, device=device)
         signalled, drained, due, failed, full = flags
         if failed:  # on any rank: every rank stops (nothing more is written)
             saver.wait()
             saver.failed_elsewhere(bool(full))  # `finish` exits on the failure, not a reason
-            control.should_training_stop = True
-            return
-        final = step >= int(state.max_steps)
-        meta = self._meta(args, step)
+            return True
+        final = step >= max_steps
+        meta = self._meta(global_batch, step)
         if (signalled or drained) and not final:
             self.stop_reason = self.stop_reason or (
                 "drain" if drained and not signalled else "signal"
@@ -434,11 +444,12 @@ class CheckpointGuard:
                 self.signal_received = (int(signal.SIGTERM), time.time())
             self._report_notices(step)
             saver.save(self._trainer, step, self.stop_reason, meta, sync=True)
-            control.should_training_stop = True
-        elif final:
+            return True
+        if final:
             saver.save(self._trainer, step, "final", meta, sync=True)
         elif due:
             saver.save(self._trainer, step, "periodic", meta, sync=not self.policy.async_save)
             self._last_save_time = time.monotonic()
         # a periodic save that failed stops every rank at the next boundary (agreed there); a
         # failed preemption or final save ends training now, and `finish` turns it into the exit
+        return False

@@ -1,11 +1,13 @@
 """What a run leaves: ``events.jsonl`` and ``metrics.jsonl`` in its run directory, and the same
 records on stdout as JSON lines prefixed with `tgnb.events.STDOUT_PREFIX` so a backend can follow a
-run through its logs. Only rank 0 writes.
+run through its logs. Only rank 0 writes. Light (no torch, no transformers): a plain loop
+(`tgnb.train.Checkpointer`) records through it without importing transformers.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -14,7 +16,7 @@ import weakref
 from pathlib import Path
 from typing import IO, Any
 
-from tgnb.events import STDOUT_PREFIX, Event, utcnow
+from tgnb.events import RUN_EXITED, RUN_STARTED, STDOUT_PREFIX, Event, utcnow
 
 
 def rank() -> int:
@@ -72,3 +74,33 @@ class Recorder:
 
     def metric(self, step: int, **values: Any) -> None:
         self._append("metrics.jsonl", {"step": step, "time": time.time(), **values})
+
+
+def number(value: Any) -> float | int | None:
+    """`value` as a metrics number (ints, floats, 0-d tensors, numpy scalars), or None when it is
+    not one or not finite."""
+    if isinstance(value, int):
+        return int(value)  # a bool as 0 or 1
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def run_started(recorder: Recorder, **data: Any) -> None:
+    """Record ``RunStarted`` (before the guard looks for a checkpoint to resume from)."""
+    what = f"{data.get('algorithm', '')} on {data.get('model', '')}".strip()
+    recorder.event(RUN_STARTED, f"started {what}".strip(), **data)
+
+
+def run_failed(recorder: Recorder, error: BaseException, step: int | None) -> None:
+    """Record ``RunExited`` for a run that ended with an exception (exit code 1)."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    recorder.event(
+        RUN_EXITED,
+        f"failed: {type(error).__name__}: {first}"[:500],
+        exit_reason="failed",
+        exit_code=1,
+        step=step,
+    )

@@ -76,8 +76,10 @@ class Saver:
         self._sealer: threading.Thread | None = None
         self._pending: dict[str, Any] | None = None
 
-    def save(self, trainer: Any, step: int, trigger: str, meta: dict[str, Any], sync: bool) -> None:
-        """Checkpoint `trainer` at `step` (every rank calls it at the same step boundary)."""
+    def save(self, what: Any, step: int, trigger: str, meta: dict[str, Any], sync: bool) -> None:
+        """Checkpoint `what` (a `tgnb.train.dcpio.State`, or a Trainer) at `step` (every rank
+        calls it at the same step boundary)."""
+        parts = dcpio.state_of(what)
         self.wait()
         if self.failure is not None or (step == self.last_step and self.last is not None):
             return  # a disk already full; or this very step is saved already
@@ -85,11 +87,11 @@ class Saver:
         began = time.monotonic()
         job = {"path": path, "step": step, "trigger": trigger, "meta": meta, "began": began}
         try:
-            state, plain = dcpio.split_state(trainer.model, trainer.optimizer, meta["adapter_only"])
+            state, plain = dcpio.split_state(parts.model, parts.optimizer, meta["adapter_only"])
             state = dcpio.own_share(state)
             try:  # this rank's own files, before DCP's collectives (done when they are); a
                 # failure here is told to the other ranks when sealing, so every rank goes on
-                dcpio.write_small(path, trainer, plain)
+                dcpio.write_small(path, parts, plain)
             except Exception as exc:
                 job["local_error"] = exc
             if sync:  # DCP reports a failure on any rank to every rank
@@ -99,9 +101,9 @@ class Saver:
         except Exception as exc:
             self._failed(job, exc)
             return
-        if sync and trigger == "final":  # the Trainer's own export: loadable by from_pretrained
-            try:
-                trainer.save_model(str(path))
+        if sync and trigger == "final" and parts.export is not None:  # the Trainer's own
+            try:  # export, loadable by from_pretrained
+                parts.export(path)
                 (path / "training_args.bin").unlink(missing_ok=True)  # a pickle: not kept
             except Exception as exc:
                 job.setdefault("local_error", exc)

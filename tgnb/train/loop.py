@@ -1,0 +1,252 @@
+"""A plain PyTorch or Accelerate loop on preemptible nodes, without a Trainer: `Checkpointer`.
+
+::
+
+    ckpt = tgnb.train.Checkpointer(model, opt, sched, max_steps=200, dir="out")
+    ckpt.add_state("data", sampler)        # anything with state_dict() / load_state_dict()
+    for step in ckpt.steps():              # from the saved step + 1; stops on a preemption
+        loss = ...; loss.backward(); opt.step(); sched.step(); opt.zero_grad()
+        ckpt.log(loss=loss.item())         # this step's metrics row
+
+It is the built-in runs' machinery, driven from a loop instead of Trainer callbacks:
+`tgnb.train.preemption.CheckpointGuard` (the flags of SIGTERM, SIGUSR1 and a drain notice, agreed
+by every rank at each step boundary; periodic saves by ``every_steps``, ``every_seconds`` or
+``auto``; the resume choice and quarantine; the exit codes) and `tgnb.train.saving.Saver` (DCP
+saves, asynchronous when periodic, synchronous on a notice and at the last step, sealed with the
+marker last). Model and optimizer go through DCP's ``get_state_dict``/``set_state_dict`` (DDP,
+FSDP2; resharded when the world size changed); the scheduler and the added states are JSON from
+rank 0 (``scheduler.json``, ``loop.json``: plain values, the same on every rank); each rank's
+RNG (torch, CUDA, numpy, Python) its own file. Once every rank has started ``torch.distributed``
+(or with one process), build the Checkpointer at the same point on every rank.
+
+Where, as for `tgnb.train.protect` (`tgnb.train.protect.run_context`): under tgnb the run
+directory is ``$TGNB_RUN_DIR`` (the node contract, `tgnb.runs.node`); outside it, `dir`.
+Checkpoints go in ``<dir>/checkpoints``, rows in ``metrics.jsonl``, events in ``events.jsonl``. The
+policy: `checkpoint` (a `CheckpointPolicy` or a dict of its fields), then the launch's
+``$TGNB_CHECKPOINT`` over it key by key (the launch wins: the cockpit set it).
+
+At the end `steps` returns after the final save. On a preemption it exits the process with 75
+(`Exit.PREEMPTED`), on a full disk with 74 (`Exit.NO_SPACE`); with ``exit=False`` it returns and
+leaves the code in `exit_code`. Breaking out of the loop saves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tgnb.errors import CheckpointError, TrainConfigError
+from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, Exit
+from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.train import checkpoint as ck
+from tgnb.train import dcpio
+from tgnb.train.preemption import CheckpointGuard
+from tgnb.train.protect import run_context
+from tgnb.train.record import Recorder, number, run_failed, run_started
+from tgnb.train.saving import no_space
+
+__all__ = ["Checkpointer"]
+
+#: The loop's own file in a checkpoint: its step and the added states.
+LOOP_STATE = "loop.json"
+
+
+def _plain(name: str, obj: Any) -> dict[str, Any]:
+    state = obj.state_dict()
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as exc:
+        raise TrainConfigError(
+            f"state '{name}': its state_dict() is not plain JSON ({exc}); return numbers, "
+            "strings, lists and dicts (tensors belong in the model or optimizer)."
+        ) from None
+    return dict(state)
+
+
+class Checkpointer:
+    """Checkpoints, resumes and records a plain training loop (see the module docstring).
+
+    `max_steps`: the optimizer steps of the whole run (`steps` yields 1..max_steps, from the
+    resumed step + 1). `global_batch`: samples per step, recorded in each checkpoint (the data
+    position); optional. `name`: the run's name in its events (default ``$TGNB_RUN``, or the
+    directory's name)."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any = None,
+        *,
+        max_steps: int,
+        dir: str | os.PathLike[str] | None = None,
+        checkpoint: CheckpointPolicy | dict[str, Any] | None = None,
+        states: Mapping[str, Any] | None = None,
+        global_batch: int = 0,
+        name: str | None = None,
+        exit: bool = True,
+    ) -> None:
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise TrainConfigError(f"max_steps must be a whole number >= 1, not {max_steps!r}.")
+        if optimizer is None or not hasattr(optimizer, "param_groups"):
+            raise TrainConfigError("Checkpointer needs the torch optimizer (optimizer=...).")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dcpio.dist_up():
+            raise TrainConfigError(
+                "call torch.distributed.init_process_group() before making the Checkpointer "
+                "(WORLD_SIZE is above 1): every rank takes part in its saves."
+            )
+        if not (os.environ.get(RUN_DIR_ENV) or dir):
+            raise TrainConfigError(
+                "Checkpointer needs a directory outside tgnb: Checkpointer(..., dir='out') "
+                f"(under tgnb ${RUN_DIR_ENV} gives it)."
+            )
+        ctx = run_context(dir, checkpoint)  # as protect(): the launch's directory and policy win
+        self.run_dir, self.policy, self.managed = ctx.run_dir, ctx.policy, ctx.managed
+        self.max_steps = max_steps
+        self.global_batch = int(global_batch)
+        self.step = 0  # the last step completed (after a resume: the checkpoint's)
+        self.exit_code: int | None = None
+        self.resumed: ck.Checkpoint | None = None
+        self._exit = exit
+        self._states: dict[str, Any] = {}
+        self._row: dict[str, Any] = {}
+        self._started = False
+        for key, obj in (states or {}).items():
+            self.add_state(key, obj)
+        self.state = dcpio.State(model, optimizer, scheduler, write=self._write)
+        self.recorder = Recorder(self.run_dir, name or ctx.name)
+        self.guard = CheckpointGuard(self.policy, self.run_dir, self.recorder)
+        self.guard.attach(self.state)  # every rank, at the same point: the saves' process group
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / CHECKPOINTS
+
+    def add_state(self, name: str, obj: Any) -> None:
+        """Save and restore `obj` (a sampler, a data position, a counter: anything with
+        ``state_dict()`` returning plain JSON values and ``load_state_dict(d)``) with the run."""
+        if self._started:
+            raise TrainConfigError(f"add_state('{name}', ...) comes before steps().")
+        if not (callable(getattr(obj, "state_dict", None)) and hasattr(obj, "load_state_dict")):
+            raise TrainConfigError(
+                f"state '{name}' needs state_dict() and load_state_dict(); "
+                f"{type(obj).__name__} has not both."
+            )
+        _plain(name, obj)
+        self._states[name] = obj
+
+    def log(self, **values: Any) -> None:
+        """Add `values` (numbers, 0-d tensors) to this step's ``metrics.jsonl`` row, written when
+        the step ends (rank 0 writes; the learning rate is added unless given)."""
+        for key, value in values.items():  # a loss tensor's graph is not kept
+            self._row[key] = value.detach() if isinstance(value, torch.Tensor) else value
+
+    def request_stop(self) -> None:
+        """Checkpoint and stop at the next step boundary, as SIGTERM would (exit 75)."""
+        self.guard.request_stop("signal")
+
+    def steps(self) -> Iterator[int]:
+        """Resume (model, optimizer, scheduler, added states, RNG), then yield each step; save
+        what the policy asks at each step's end, and stop on a notice. See the module docstring."""
+        if self._started:
+            raise TrainConfigError("steps() runs once per Checkpointer; make a new one to rerun.")
+        self._started = True
+        try:
+            self._begin()
+            for step in range(self.step + 1, self.max_steps + 1):
+                self.guard.on_step_begin()
+                yield step
+                self.step = step
+                self._flush_row()
+                if self.guard.step_boundary(step, self.max_steps, self.global_batch, _device()):
+                    break
+            code = self.guard.finish_at(self.step, self.max_steps)
+        except GeneratorExit:  # the loop was left early: nothing to save
+            self.guard.close()
+            raise
+        except OSError as exc:
+            self.guard.close()
+            if not no_space(exc):
+                run_failed(self.recorder, exc, self.step)
+                raise
+            print(f"tgnb: disk full under {self.run_dir}: {exc}", file=sys.stderr, flush=True)
+            code = int(Exit.NO_SPACE)
+        except BaseException as exc:
+            self.guard.close()
+            run_failed(self.recorder, exc, self.step)
+            raise
+        self.exit_code = int(code)
+        if code:
+            last = self.guard.last_checkpoint
+            where = f" ({last.path})" if last is not None else ""
+            again = "tgnb starts it again" if self.managed else "run it again to resume"
+            print(
+                f"tgnb: stopped at step {self.step}, checkpointed{where}: {again}", file=sys.stderr
+            )
+        if code and self._exit:
+            self.recorder.close()
+            sys.stdout.flush()
+            if dist.is_initialized():  # else gloo's threads can abort the exit (SIGABRT)
+                dist.destroy_process_group()
+            sys.exit(code)
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _begin(self) -> None:
+        model = getattr(self.state.model, "module", self.state.model)  # under DDP
+        run_started(
+            self.recorder,
+            algorithm="loop",
+            model=type(model).__name__,
+            max_steps=self.max_steps,
+            world_size=dcpio.world(),
+            pid=os.getpid(),
+        )
+        if self.guard.resume_from() is None:
+            return
+        found = self.guard.resumed
+        assert found is not None
+        dcpio.load(found.path, self.state, bool(found.meta.get("adapter_only", False)))
+        try:
+            saved = json.loads((found.path / LOOP_STATE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise CheckpointError(
+                f"{found.path} holds no {LOOP_STATE}: it was not saved by a Checkpointer loop; "
+                "give this loop a directory of its own."
+            ) from None
+        kept = saved.get("states", {})
+        for key, obj in self._states.items():
+            if key not in kept:
+                raise CheckpointError(
+                    f"{found.path} holds no state '{key}' (it holds {sorted(kept) or 'none'}): "
+                    "add the same states as the run that saved it."
+                )
+            obj.load_state_dict(kept[key])
+        dcpio.load_rng(found.path)
+        self.step, self.resumed = found.step, found
+
+    def _write(self, path: Path) -> None:  # rank 0, in every save
+        states = {key: _plain(key, obj) for key, obj in self._states.items()}
+        dcpio.write_json(path / LOOP_STATE, {"step": self.step, "states": states})
+
+    def _flush_row(self) -> None:
+        row, self._row = self._row, {}
+        out = {key: n for key, value in row.items() if (n := number(value)) is not None}
+        groups = getattr(self.state.optimizer, "param_groups", None)
+        if groups and "learning_rate" not in out:
+            lr = number(groups[0].get("lr"))
+            if lr is not None:
+                out["learning_rate"] = lr
+        self.recorder.metric(self.step, **out)
+
+
+def _device() -> Any:
+    """Where the stop flags' all-reduce runs: the CPU under gloo (or one process), else the GPU."""
+    if dcpio.dist_up() and dist.get_backend() != "gloo":
+        return torch.device("cuda", torch.cuda.current_device())
+    return "cpu"
