@@ -217,10 +217,14 @@ def load_tokenizer(name: str) -> Any:
     local = Path(name).expanduser()
     if local.is_dir():
         return AutoTokenizer.from_pretrained(str(local))
-    try:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:  # a cache lookup that sends nothing (a miss inside from_pretrained still calls the Hub)
+        cached = try_to_load_from_cache(name, "tokenizer_config.json")
+    except ValueError:  # not shaped like a repo id
+        cached = None
+    if isinstance(cached, str):
         return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except (OSError, ValueError):
-        pass
     from tgnb.emulator.rl.catalog import TINY_NAME
 
     if name == TINY_NAME:
