@@ -380,7 +380,9 @@ class _CountingHub:
         self.sock.close()
 
 
-@pytest.mark.parametrize("cache", ["emulator's cache", "empty cache"])
+@pytest.mark.parametrize(
+    "cache", ["emulator's cache", pytest.param("empty cache", marks=pytest.mark.slow)]
+)
 def test_get_tokenizer_asks_nothing_of_the_hub(
     rl_emulator: EmulatorHandle, cache: str, tmp_path: Path
 ) -> None:
