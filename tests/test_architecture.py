@@ -47,7 +47,7 @@ LAYERS: list[set[str]] = [
     {"notebook"},
     {"batch", "demo"},
     {"session"},
-    {"backends", "posttraining"},
+    {"backends", "posttraining", "tinker"},  # tinker: the Tinker layer over Post-Training
     {"cloud", "emulator"},
     {"train"},
     {"tasks"},

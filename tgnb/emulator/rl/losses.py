@@ -10,6 +10,13 @@ clamp(r, clip_low_threshold, clip_high_threshold)`` (defaults 0.8 and 1.2), ``sg
 ``m`` = 1 where the token counts: ``weights`` or ``mask`` non-zero (policy losses treat any
 non-zero weight as 1), every real token when neither is given.
 
+Defaults (chosen here; Together documents none of them): the clip range of GRPO, PPO and CISPO
+is [0.8, 1.2] (PPO's customary epsilon 0.2, the same for the three so a change of loss changes
+only the formula), DPPO's ``delta_low`` / ``delta_high`` 0.15, GRPO's ``beta`` 0 with
+TOKEN_MEAN and TOKEN ratios; DRO's ``beta`` is required. Tinker's defaults differ for CISPO
+([0.0, 4.0]); ``tgnb.tinker`` sends Tinker's defaults explicitly, so a Tinker script computes
+what it computed on Tinker, whatever the service's defaults are.
+
 Normalisation (chosen here; the real service does not document its own): the reference losses are
 SUMS over tokens and samples, exactly tinker's, so the caller normalises through its advantages or
 weights (and the value does not depend on how a batch is split into calls):

@@ -1,0 +1,96 @@
+"""A Tinker layer for Together Post-Training: ``import tgnb.tinker as tinker`` and a Tinker script
+runs otherwise unchanged, on the service or on tgnb's local emulator alike.
+
+It completes the SDK's own layer (``together.post_training.tinker``, whose public classes it
+extends and whose types are the genuine ``tinker.types``) with the calls Tinker scripts make that
+the SDK's layer lacks, each mapped onto Post-Training API routes only, so it behaves the same
+against ``api.together.ai`` as against the emulator (``TOGETHER_BASE_URL``, no ``/v1``):
+
+=============================================  ============================================
+Tinker call                                    Post-Training routes
+=============================================  ============================================
+``ServiceClient.create_lora_training_client``  ``POST model-resources`` + ``training-sessions``
+``...create_training_client_from_state``       ``GET checkpoints/{id}``, ``GET training-
+  (``_with_optimizer``, ``_async``)              sessions/{id}`` (its LoRA config), new session
+                                               with ``resume_from_checkpoint_id``
+``ServiceClient.create_sampling_client``       as above, then ``weights-sync``: a sampler on a
+  (``model_path=`` / ``base_model=``)            session of its own (it owns it: ``close()``)
+``ServiceClient.get_server_capabilities``      ``GET supported-models``
+``TrainingClient.forward[_backward]``          ``forward-backward`` with ``loss_fn_outputs``
+                                               returned by default, Tinker's loss defaults
+``TrainingClient.forward_backward_custom``     ``forward-backward`` then ``custom-forward-
+                                               backward`` (the SDK's)
+``TrainingClient.get_info`` / ``get_tokenizer``  ``GET training-sessions/{id}``; the tokenizer
+                                               is loaded locally, no Hub retries when cached
+``TrainingClient.load_state[_with_optimizer]``   a new session on the same resource resumed
+                                               from the checkpoint; the old one is stopped
+``TrainingClient.save_state``                  ``training-checkpoint`` (path = checkpoint id)
+``TrainingClient.save_weights_for_sampler``    ``training-checkpoint`` + ``inference-
+                                               checkpoint`` (path = the inference one's id)
+``TrainingClient.create_sampling_client``      as ``ServiceClient.create_sampling_client``
+``save_weights_and_get_sampling_client``       ``weights-sync`` (the SDK's)
+``SamplingClient.sample`` / ``compute_logprobs``  ``sample`` (the SDK's)
+``SamplingClient.get_base_model`` /            ``GET training-sessions/{id}``
+  ``get_tokenizer``
+=============================================  ============================================
+
+Every call above has its ``_async`` twin. Loss defaults: Together documents none for PPO and
+CISPO, so this layer sends Tinker's own explicitly (PPO clips to [0.8, 1.2], CISPO to [0.0, 4.0];
+`TINKER_LOSS_DEFAULTS`); the emulator's defaults for raw API calls are written down in
+`tgnb.emulator.rl.losses`. Losses are Tinker's: ``cross_entropy``, ``importance_sampling``,
+``ppo``, ``cispo``, ``dro`` (the SDK's table).
+
+What it still cannot serve, and why:
+
+- ``ServiceClient.create_rest_client`` (and everything on ``RestClient``: listing runs,
+  checkpoint archive URLs, TTLs, publishing): Tinker's REST API has no Post-Training
+  counterpart. Use ``together.Together().post_training.checkpoints`` and ``download_checkpoint``.
+- Checkpoint names, ``ttl_seconds``, ``overwrite``: checkpoints are server-assigned ids with no
+  TTL; paths are those ids, never ``tinker://`` URIs (a ``tinker://`` path is refused by name).
+- ``weights_access_token`` (another account's checkpoints): no such grant on the API; refused.
+- ``train_mlp=False`` / ``train_attn=False``: Post-Training adapts every linear layer; refused
+  rather than trained differently.
+- A sampling client pinned to an older policy version: a session samples the weights it last
+  published (``save_weights_and_get_sampling_client`` answers a client of the newest ones);
+  sampling saved weights opens a session (and, without ``model_resources_id``, a resource).
+- ``get_telemetry`` answers ``None``; ``SamplingClient.create`` (an internal holder-based
+  constructor) and ``on_queue_state_change`` (Tinker's queue notices) have no counterpart.
+- ``load_state`` runs when called (its future is already resolved): collect what was submitted
+  before it first, as a Tinker script does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from together.post_training.tinker import APIFuture, types
+
+from tgnb.tinker._sampling import SamplingClient
+from tgnb.tinker._service import ServiceClient
+from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
+from tgnb.tinker._training import TrainingClient
+
+__all__ = [
+    "TINKER_LOSS_DEFAULTS",
+    "APIFuture",
+    "SamplingClient",
+    "ServiceClient",
+    "TrainingClient",
+    "load_tokenizer",
+    "types",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Tinker's types (``tinker.Datum``, ``tinker.AdamParams``, ...) and its error classes."""
+    if hasattr(types, name):
+        return getattr(types, name)
+    import tinker as _tinker
+
+    if name.endswith("Error") and hasattr(_tinker, name):
+        return getattr(_tinker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *dir(types)})

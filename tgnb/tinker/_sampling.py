@@ -1,0 +1,113 @@
+"""`SamplingClient`: the SDK layer's sampler plus ``get_tokenizer`` / ``get_base_model`` (and
+their ``_async`` twins), ``close``, and sampling clients opened on saved weights or a base model.
+
+Post-Training samples only inside a training session, from the weights that session published
+(``weights-sync``). So a sampling client for saved weights is a session of its own, opened from
+the training checkpoint on a resource of its own (or the service client's ``model_resources_id``),
+with its weights published once; for a base model, a fresh LoRA session (its adapter starts at
+zero, so it samples the base model). Such a client owns that session and resource: ``close()``
+gives them back, as does the interpreter's exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from together.post_training import ModelResourcesClient
+from together.post_training.tinker import SamplingClient as _SdkSamplingClient
+
+from tgnb.tinker._support import (
+    POLL_INTERVAL,
+    Connection,
+    Release,
+    load_tokenizer,
+    training_state,
+)
+
+#: The adapter a base-model sampling session carries (rank 1, zero-initialised: the base model).
+BASE_SAMPLER_LORA: dict[str, Any] = {"rank": 1}
+
+
+@dataclass(frozen=True)
+class SamplingClient(_SdkSamplingClient):
+    """Samples from one session's published weights (see the module docstring)."""
+
+    _base_model: str | None = None
+    _release: Release | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def wrap(cls, sdk: _SdkSamplingClient, base_model: str | None) -> SamplingClient:
+        """This class over the same session as a sampler the SDK's layer made."""
+        state = {f.name: getattr(sdk, f.name) for f in dataclasses.fields(sdk) if f.init}
+        return cls(**state, _base_model=base_model)
+
+    def get_base_model(self) -> str:
+        """The base model this client samples (read from its session's record)."""
+        if self._base_model is None:
+            object.__setattr__(self, "_base_model", self._session.retrieve().base_model)
+        assert self._base_model is not None
+        return self._base_model
+
+    async def get_base_model_async(self) -> str:
+        return await asyncio.to_thread(self.get_base_model)
+
+    def get_tokenizer(self) -> Any:
+        """The base model's tokenizer (`tgnb.tinker._support.load_tokenizer`: no Hub retries
+        for a model that is already local)."""
+        return load_tokenizer(self.get_base_model())
+
+    def get_telemetry(self) -> None:
+        """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""
+        return None
+
+    def close(self) -> None:
+        """Stop the session (and resource) this client opened; a no-op for a trainer's sampler."""
+        if self._release is not None:
+            self._release.close()
+
+    async def close_async(self) -> None:
+        if self._release is not None:
+            await self._release.aclose()
+
+
+def open_sampler(
+    conn: Connection,
+    *,
+    model_path: str | None,
+    base_model: str | None,
+    model_resources_id: str | None = None,
+) -> SamplingClient:
+    """A sampling client on a session of its own: from `model_path`'s weights, else `base_model`."""
+    if model_path is None and base_model is None:
+        raise ValueError("Either model_path or base_model must be provided")
+    resume: dict[str, Any] = {}
+    lora = dict(BASE_SAMPLER_LORA)
+    if model_path is not None:
+        state = training_state(conn, model_path)
+        base_model, lora = state.base_model, state.lora_config
+        resume = {"resume_from_checkpoint_id": state.checkpoint_id, "load_optimizer": False}
+    assert base_model is not None
+    release = Release()
+    try:
+        if model_resources_id is None:
+            mr = ModelResourcesClient.create(
+                base_model=base_model, interval=POLL_INTERVAL, **conn.native()
+            )
+            release.add(f"model resources {mr.model_resources_id}", mr.stop)
+        else:
+            mr = ModelResourcesClient.attach(model_resources_id=model_resources_id, **conn.native())
+            release.add(f"model resources {mr.model_resources_id} (borrowed)", mr.detach)
+        session = mr.create_session(lora_config=lora, interval=POLL_INTERVAL, **resume)  # type: ignore[arg-type]
+        release.add(f"session {session.session_id}", session.stop, first=True)
+        session.trainer.weights_sync()
+    except BaseException:
+        release.close(automatic=True)
+        raise
+    return SamplingClient(session, _base_model=base_model, _release=release)
+
+
+async def open_sampler_async(conn: Connection, **kwargs: Any) -> SamplingClient:
+    return await asyncio.to_thread(open_sampler, conn, **kwargs)

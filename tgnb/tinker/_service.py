@@ -1,0 +1,209 @@
+"""`ServiceClient`: the SDK layer's service client, opening this package's clients, plus
+``create_sampling_client``, ``get_server_capabilities`` and every ``_async`` twin.
+
+Clients it opens provision their own model resource (or attach the ``model_resources_id`` given),
+and give back the session then the resource on ``close()`` or at the interpreter's exit.
+Resuming from a checkpoint opens the session with the LoRA config of the session that wrote it
+(rank, alpha, seed, ...): the adapter must have the same shape and the API reads the config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from together.post_training import ModelResourcesClient
+from together.post_training.tinker import ServiceClient as _SdkServiceClient
+from together.post_training.tinker import types
+
+from tgnb.tinker._sampling import SamplingClient, open_sampler
+from tgnb.tinker._support import POLL_INTERVAL, Connection, Release, training_state
+from tgnb.tinker._training import TrainingClient
+
+
+def _ignored_train_options(train_mlp: bool, train_attn: bool) -> None:
+    off = [n for n, on in (("train_mlp", train_mlp), ("train_attn", train_attn)) if not on]
+    if off:
+        raise ValueError(
+            f"Post-Training adapts every linear layer: {', '.join(off)}=False cannot be honoured; "
+            "leave them True (train_unembed is supported)"
+        )
+
+
+class ServiceClient(_SdkServiceClient):
+    """Entry point of a Tinker script on Post-Training (see `tgnb.tinker`)."""
+
+    def __init__(
+        self,
+        user_metadata: dict[str, str] | None = None,
+        project_id: str | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model_resources_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            user_metadata,
+            project_id,
+            base_url=base_url,
+            api_key=api_key,
+            model_resources_id=model_resources_id,
+            **kwargs,
+        )
+        self._conn = Connection(api_key=api_key, base_url=base_url)
+        self._resources_id = model_resources_id
+
+    # -- training clients ----------------------------------------------------------------------
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+    ) -> TrainingClient:
+        _ignored_train_options(train_mlp, train_attn)
+        lora: dict[str, Any] = {"rank": rank}
+        if seed is not None:
+            lora["seed"] = seed
+        if not train_unembed:
+            lora["train_unembed"] = False
+        return self._open(base_model, lora)
+
+    async def create_lora_training_client_async(  # type: ignore[override]
+        self, base_model: str, rank: int = 32, seed: int | None = None, **kwargs: Any
+    ) -> TrainingClient:
+        return await asyncio.to_thread(
+            self.create_lora_training_client, base_model, rank, seed, **kwargs
+        )
+
+    def create_training_client_from_state(
+        self,
+        path: str,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        """A new client with the weights of training checkpoint `path` (fresh optimizer)."""
+        return self._from_state(path, weights_access_token, load_optimizer=False)
+
+    async def create_training_client_from_state_async(
+        self,
+        path: str,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        return await asyncio.to_thread(
+            self.create_training_client_from_state, path, user_metadata, weights_access_token
+        )
+
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        """A new client with the weights and optimizer state of training checkpoint `path`."""
+        return self._from_state(path, weights_access_token, load_optimizer=True)
+
+    async def create_training_client_from_state_with_optimizer_async(
+        self,
+        path: str,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        return await asyncio.to_thread(
+            self.create_training_client_from_state_with_optimizer,
+            path,
+            user_metadata,
+            weights_access_token,
+        )
+
+    def _from_state(self, path: str, token: str | None, *, load_optimizer: bool) -> TrainingClient:
+        if token is not None:
+            raise NotImplementedError("Post-Training has no weights_access_token; drop it")
+        state = training_state(self._conn, path)
+        return self._open(
+            state.base_model,
+            state.lora_config,
+            resume_from_checkpoint_id=state.checkpoint_id,
+            load_optimizer=load_optimizer,
+        )
+
+    def _open(self, base_model: str, lora: dict[str, Any], **resume: Any) -> TrainingClient:
+        release = Release()
+        try:
+            if self._resources_id is None:
+                mr = ModelResourcesClient.create(
+                    base_model=base_model, interval=POLL_INTERVAL, **self._conn.native()
+                )
+                release.add(f"model resources {mr.model_resources_id}", mr.stop)
+            else:
+                mr = ModelResourcesClient.attach(
+                    model_resources_id=self._resources_id, **self._conn.native()
+                )
+                release.add(f"model resources {mr.model_resources_id} (borrowed)", mr.detach)
+                attached = mr.retrieve()
+                if attached.base_model != base_model:
+                    raise ValueError(
+                        f"model resources {self._resources_id} serve {attached.base_model!r}, "
+                        f"not {base_model!r}: pass another model_resources_id, or none"
+                    )
+            session = mr.create_session(lora_config=lora, interval=POLL_INTERVAL, **resume)  # type: ignore[arg-type]
+            release.add(f"session {session.session_id}", session.stop, first=True)
+        except BaseException:
+            release.close(automatic=True)
+            raise
+        # the SDK's client closes whatever `_lifecycle` it is given; this one owns both handles
+        return TrainingClient(session, release, _conn=self._conn)  # type: ignore[arg-type]
+
+    # -- sampling clients and capabilities -----------------------------------------------------
+    def create_sampling_client(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: Any = None,
+    ) -> SamplingClient:
+        """A sampler on saved weights (`model_path`, from ``save_state`` or
+        ``save_weights_for_sampler``) or on `base_model`; it owns a session (see `_sampling`)."""
+        return open_sampler(
+            self._conn,
+            model_path=model_path,
+            base_model=base_model,
+            model_resources_id=self._resources_id,
+        )
+
+    async def create_sampling_client_async(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: Any = None,
+    ) -> SamplingClient:
+        return await asyncio.to_thread(
+            self.create_sampling_client, model_path, base_model, retry_config
+        )
+
+    def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The base models ``GET /v1/rl/supported-models`` lists, with their context length."""
+        with self._conn.sdk() as client:
+            listed = client.post_training.supported_models.get().data
+        models = []
+        for m in listed:
+            generators = [c.generator_config for c in (m.compute_configs or [])]
+            lengths = [g.context_length for g in generators if g and g.context_length]
+            models.append(
+                types.SupportedModel(
+                    model_name=m.base_model,
+                    max_context_length=int(max(lengths)) if lengths else None,
+                )
+            )
+        return types.GetServerCapabilitiesResponse(supported_models=models)
+
+    async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
+        return await asyncio.to_thread(self.get_server_capabilities)
+
+    def get_telemetry(self) -> None:
+        """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""
+        return None

@@ -1,0 +1,211 @@
+"""`TrainingClient`: the SDK layer's trainer plus the calls Tinker scripts make that it lacks.
+
+- ``forward_backward`` returns ``loss_fn_outputs`` (per-token logprobs) by default, as Tinker
+  does; ``forward`` / ``forward_backward`` send Tinker's own loss defaults (`TINKER_LOSS_DEFAULTS`).
+- ``get_info`` / ``get_tokenizer``: read from the session's record (``GET training-sessions/{id}``).
+- ``load_state`` / ``load_state_with_optimizer``: the API loads a checkpoint only into a new
+  session (``resume_from_checkpoint_id``, ``load_optimizer``), so the client opens one on its
+  own resource with the checkpoint's LoRA config, then stops the session it replaces. Work
+  submitted before the load should be collected first (``.result()``), as on Tinker.
+- ``save_weights_for_sampler`` takes a training checkpoint and an inference checkpoint at the
+  same step and answers the inference one's id (downloadable, deployable); the training one is
+  what lets ``create_sampling_client(model_path=...)`` serve that path.
+- ``create_sampling_client(model_path)``: a sampler on a session of its own (`_sampling`).
+- ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from together.post_training import ModelResourcesClient
+from together.post_training.tinker import TrainingClient as _SdkTrainingClient
+from together.post_training.tinker import types
+
+from tgnb.tinker._sampling import SamplingClient, open_sampler
+from tgnb.tinker._support import (
+    POLL_INTERVAL,
+    Connection,
+    Release,
+    Resolved,
+    Then,
+    load_tokenizer,
+    lora_of,
+    training_state,
+    with_tinker_defaults,
+)
+
+
+@dataclass
+class TrainingClient(_SdkTrainingClient):
+    """One LoRA training session, driven the Tinker way (see the module docstring)."""
+
+    _conn: Connection = field(default_factory=Connection, repr=False)
+
+    # -- losses: Tinker's outputs and defaults ------------------------------------------------
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: dict[str, float] | None = None,
+        *,
+        return_loss_fn_outputs: bool = True,
+    ) -> Any:
+        return super().forward(
+            data,
+            loss_fn,
+            with_tinker_defaults(loss_fn, loss_fn_config),
+            return_loss_fn_outputs=return_loss_fn_outputs,
+        )
+
+    async def forward_async(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: dict[str, float] | None = None,
+        *,
+        return_loss_fn_outputs: bool = True,
+    ) -> Any:
+        return await super().forward_async(
+            data,
+            loss_fn,
+            with_tinker_defaults(loss_fn, loss_fn_config),
+            return_loss_fn_outputs=return_loss_fn_outputs,
+        )
+
+    def forward_backward(  # type: ignore[override]
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: dict[str, float] | None = None,
+        *,
+        return_loss_fn_outputs: bool = True,
+    ) -> Any:
+        return super().forward_backward(
+            data,
+            loss_fn,
+            with_tinker_defaults(loss_fn, loss_fn_config),
+            return_loss_fn_outputs=return_loss_fn_outputs,
+        )
+
+    async def forward_backward_async(  # type: ignore[override]
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: dict[str, float] | None = None,
+        *,
+        return_loss_fn_outputs: bool = True,
+    ) -> Any:
+        return await super().forward_backward_async(
+            data,
+            loss_fn,
+            with_tinker_defaults(loss_fn, loss_fn_config),
+            return_loss_fn_outputs=return_loss_fn_outputs,
+        )
+
+    # -- what the model is ---------------------------------------------------------------------
+    def get_info(self) -> types.GetInfoResponse:
+        record = self._session.retrieve()
+        lora = lora_of(record)
+        return types.GetInfoResponse(
+            model_id=record.id,
+            model_name=record.base_model,
+            is_lora=bool(lora),
+            lora_rank=lora.get("rank"),
+            model_data=types.ModelData(model_name=record.base_model),
+        )
+
+    async def get_info_async(self) -> types.GetInfoResponse:
+        return await asyncio.to_thread(self.get_info)
+
+    def get_tokenizer(self) -> Any:
+        info = self.get_info()
+        assert info.model_name is not None
+        return load_tokenizer(info.model_name)
+
+    def get_telemetry(self) -> None:
+        """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""
+        return None
+
+    # -- loading state -------------------------------------------------------------------------
+    def load_state(self, path: str, weights_access_token: str | None = None) -> Any:
+        """Load the weights of training checkpoint `path` (the optimizer starts afresh)."""
+        return self._load(path, weights_access_token, load_optimizer=False)
+
+    async def load_state_async(self, path: str, weights_access_token: str | None = None) -> Any:
+        return await asyncio.to_thread(self.load_state, path, weights_access_token)
+
+    def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None) -> Any:
+        """Load the weights and the optimizer state of training checkpoint `path`."""
+        return self._load(path, weights_access_token, load_optimizer=True)
+
+    async def load_state_with_optimizer_async(
+        self, path: str, weights_access_token: str | None = None
+    ) -> Any:
+        return await asyncio.to_thread(self.load_state_with_optimizer, path, weights_access_token)
+
+    def _load(self, path: str, token: str | None, *, load_optimizer: bool) -> Any:
+        if token is not None:
+            raise NotImplementedError("Post-Training has no weights_access_token; drop it")
+        state = training_state(self._conn, path)
+        old = self._session
+        record = old.retrieve()
+        if record.base_model != state.base_model:
+            raise ValueError(
+                f"checkpoint {path} is of {state.base_model!r}, this client trains "
+                f"{record.base_model!r}: open a client with "
+                "ServiceClient().create_training_client_from_state(path) instead"
+            )
+        mr = ModelResourcesClient.attach(
+            model_resources_id=record.resources_id, **self._conn.native()
+        )
+        try:
+            new = mr.create_session(
+                lora_config=state.lora_config,  # type: ignore[arg-type]
+                resume_from_checkpoint_id=state.checkpoint_id,
+                load_optimizer=load_optimizer,
+                interval=POLL_INTERVAL,
+            )
+        finally:
+            mr.detach()
+        self._session = new
+        self._published_weights = type(self._published_weights)()
+        if isinstance(self._lifecycle, Release):  # always, for clients this package opened
+            self._lifecycle.add(f"session {new.session_id}", new.stop, first=True)
+            self._lifecycle.release(f"session {old.session_id}")
+        return Resolved(types.LoadWeightsResponse(path=path))
+
+    # -- saving and sampling -------------------------------------------------------------------
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None) -> Any:
+        state = super().save_state(name, ttl_seconds)
+        return Then(state, super().save_weights_for_sampler(name, ttl_seconds))
+
+    async def save_weights_for_sampler_async(
+        self, name: str, ttl_seconds: int | None = None
+    ) -> Any:
+        state = await super().save_state_async(name, ttl_seconds)
+        return Then(state, await super().save_weights_for_sampler_async(name, ttl_seconds))
+
+    def save_weights_and_get_sampling_client(
+        self, name: str | None = None, retry_config: Any = None, **kwargs: Any
+    ) -> SamplingClient:
+        # `name` is deprecated on Tinker ("has no effect"), so it is not passed on to be warned about
+        sdk = super().save_weights_and_get_sampling_client(None, retry_config, **kwargs)
+        return SamplingClient.wrap(sdk, None)
+
+    async def save_weights_and_get_sampling_client_async(
+        self, name: str | None = None, retry_config: Any = None, **kwargs: Any
+    ) -> SamplingClient:
+        sdk = await super().save_weights_and_get_sampling_client_async(None, retry_config, **kwargs)
+        return SamplingClient.wrap(sdk, None)
+
+    def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
+        """A sampler on the weights saved at `model_path` (a session of its own)."""
+        return open_sampler(self._conn, model_path=model_path, base_model=None)
+
+    async def create_sampling_client_async(
+        self, model_path: str, retry_config: Any = None
+    ) -> SamplingClient:
+        return await asyncio.to_thread(self.create_sampling_client, model_path, retry_config)
