@@ -130,18 +130,27 @@ class RunSpec:
 
 
 def check_no_secrets(spec: RunSpec) -> None:
-    """Refuse a known secret value (the API key, the emulator key, an HF token) in env or in the
-    training config: they would be written into a script, a manifest, config.yaml or the store."""
-    from tgnb.config import holds_secret, register_env_secrets
+    """Refuse a secret in env or in the training config, for every engine alike: a variable whose
+    name looks like a secret's (`tgnb.config.looks_secret`: ``WANDB_API_KEY``, ``HF_TOKEN``...), a
+    known secret value or a piece of one (the API key, the emulator key, an HF token), and control
+    characters in a value (a NUL cannot be in an environment, a newline breaks a script): all would
+    be written into a script, a manifest, config.yaml or the store."""
+    from tgnb.config import holds_secret, looks_secret, register_env_secrets
 
     register_env_secrets()
     for name, value in spec.env.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ValidationError(f"env {name!r:.40} must map a name to a string value")
-        if holds_secret(value):
+        if looks_secret(name) or holds_secret(value):
+            why = "its name says so" if looks_secret(name) else "its value holds one"
             raise ValidationError(
-                f"env {name} looks like a secret (it holds one): pass it by reference, "
-                f"secrets={{{name!r}: SecretRef(name=..., env=...)}}, never by value"
+                f"env {name:.60} looks like a secret: pass it as secrets={{{name!r:.60}: "
+                f"SecretRef(name=..., env=...)}}, never by value in env ({why})"
+            )
+        if bad := [c for c in value if ord(c) < 32 or 127 <= ord(c) < 160]:
+            raise ValidationError(
+                f"env {name:.60} holds a control character ({ord(bad[0]):#04x}): environment "
+                "values must be printable text"
             )
     if holds_secret(dict(spec.train)):
         raise ValidationError(

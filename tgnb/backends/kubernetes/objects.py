@@ -93,15 +93,23 @@ def _plain(value: Any) -> Any:
 LAUNCH = ["python", "-m", "tgnb.train.launch"]
 
 
+def literal(text: str) -> str:
+    """`text` as the kubelet will pass it on: it expands ``$(VAR)`` in a container's command, args
+    and env values, and reduces ``$$`` to ``$`` (its documented escape), so every ``$`` of a value
+    tgnb did not write is doubled -- a run_dir holding ``$(HF_TOKEN)`` stays those characters."""
+    return text.replace("$", "$$")
+
+
 def command(spec: RunSpec) -> list[str]:
-    """The trainer container's command: one process, or torchrun for several GPUs or nodes."""
+    """The trainer container's command: one process, or torchrun for several GPUs or nodes. Only
+    tgnb's own ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
     res = spec.resources
     train = [
         "-m",
         "tgnb.train",
         f"{L.CONFIG_DIR}/{L.CONFIG_FILE}",
         "--run-dir",
-        L.run_dir_for(spec),
+        literal(L.run_dir_for(spec)),
     ]
     nproc = max(res.gpus_per_node, 1)
     if res.nodes == 1 and nproc == 1:
@@ -149,7 +157,7 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
             )
         )
-    env += [client.V1EnvVar(name=k, value=str(v)) for k, v in sorted(spec.env.items())]
+    env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]
     for name, ref in sorted(spec.secrets.items()):
         selector = client.V1SecretKeySelector(name=ref.name, key=ref.key or name)
         env.append(
