@@ -144,6 +144,7 @@ class LocalBackend:
 
     def _start_supervisor(self, rec: RunRecord, run_dir: Path) -> int:
         env = dict(os.environ)
+        env.pop(proctree.TAG_ENV, None)  # a kernel inside a run's process: the supervisor is not
         env["TOGETHER_BASE_URL"] = self.base_url
         if self._key:
             env["TOGETHER_API_KEY"] = self._key.get()
