@@ -24,8 +24,8 @@ Young/Daly on the measured *stall* and write time of a save) are asynchronous. T
 saved synchronously with the Trainer's own model export beside the DCP state.
 
 Resume (`resume_from`): rank 0 verifies the checkpoints newest first (sizes and checksums, then
-what loading reads: `dcpio.probe`); one that fails is reported (``CheckpointRejected``, a log line naming the file and the reason) and moved into
-``checkpoints/quarantine``. When checkpoints existed but none is complete the run refuses to start
+what loading reads: `dcpio.probe`); one that fails is reported (``CheckpointRejected``, a log line
+naming the file and the reason) and moved into ``checkpoints/quarantine``. When checkpoints existed but none is complete the run refuses to start
 again from step 0 (`CheckpointError`) unless ``checkpoint.allow_fresh_start`` is set. Every rank
 resumes from rank 0's choice.
 """
