@@ -10,25 +10,37 @@ The API key is held in a `Secret` whose repr never shows it, and every error mes
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 _SECRETS: set[str] = set()
+#: Every `PIECE_CHARS`-character piece of every registered secret (less its public head).
+_PIECES: set[str] = set()
+
+#: A piece of a secret this long anywhere in a text is masked (a cut message keeps a piece).
+PIECE_CHARS = 8
+#: A run of this many leading characters of a secret is masked too, its public head included.
+PREFIX_CHARS = 12
+#: A key's public head: words and separators that say what kind of key it is (``tgp_v1_``,
+#: ``tgnb-emu-``, ``hf_``), at most 10 characters; a piece lying wholly inside it is no secret.
+_HEAD = re.compile(r"^(?:[A-Za-z0-9]{1,8}[-_])+")
 
 
 def register_secret(value: str | None) -> None:
     """Remember a secret so that `scrub` removes it from any text tgnb shows."""
     if value and len(value) >= 4:
         _SECRETS.add(value)
-
-
-#: A run of this many leading characters of a secret is masked too (a cut message keeps a prefix).
-PREFIX_CHARS = 12
+        head = _HEAD.match(value)
+        skip = len(head.group(0)) if head and len(head.group(0)) <= 10 else 0
+        for i in range(len(value) - PIECE_CHARS + 1):
+            if i + PIECE_CHARS > skip:
+                _PIECES.add(value[i : i + PIECE_CHARS])
 
 
 def scrub(text: str) -> str:
-    """Replace every registered secret in `text`, and any run of its first `PREFIX_CHARS` or more
-    characters, with ``***``."""
+    """Replace every registered secret in `text`, any run of its first `PREFIX_CHARS` or more
+    characters, and any piece of `PIECE_CHARS` or more characters of it, with ``***``."""
     text = str(text)
     for secret in sorted(_SECRETS, key=len, reverse=True):
         if secret in text:
@@ -36,7 +48,28 @@ def scrub(text: str) -> str:
         head = secret[:PREFIX_CHARS]
         if len(secret) > PREFIX_CHARS and head in text:
             text = _mask_prefixes(text, secret)
-    return text
+    return _mask_pieces(text) if _PIECES else text
+
+
+def _mask_pieces(text: str) -> str:
+    """Every character of `text` covered by a piece of a secret, each run of them as one ``***``."""
+    n = PIECE_CHARS
+    covered = [False] * len(text)
+    for i in range(len(text) - n + 1):
+        if text[i : i + n] in _PIECES:
+            covered[i : i + n] = [True] * n
+    if not any(covered):
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if covered[i]:
+            out.append("***")
+            while i < len(text) and covered[i]:
+                i += 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def _mask_prefixes(text: str, secret: str) -> str:
@@ -48,6 +81,18 @@ def _mask_prefixes(text: str, secret: str) -> str:
         out.append(text[i:j] + "***")
         i = j + n
     return "".join(out) + text[i:]
+
+
+#: Names of environment variables that hold secrets by their look (``WANDB_API_KEY``, ``HF_TOKEN``,
+#: ``DB_PASSWORD``, ``AWS_SECRET_ACCESS_KEY``): refused in a run's plain `env` by every engine.
+SECRET_NAME = re.compile(
+    r"(?:^|_)TOKEN(?:_|$)|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE
+)
+
+
+def looks_secret(name: str) -> bool:
+    """Whether the environment variable `name` looks like it holds a secret (`SECRET_NAME`)."""
+    return bool(SECRET_NAME.search(name))
 
 
 def holds_secret(value: object) -> bool:

@@ -8,7 +8,6 @@ state: any process that opens the same tgnb home sees the same runs. The job id 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tgnb.backends import proctree
 from tgnb.backends.base import JobState, JobStatus, RunSpec
 from tgnb.config import Secret
 from tgnb.errors import BackendError
@@ -46,6 +46,18 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
+        return True
+    return True
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """Whether process `pid` has installed its SIGTERM handler (``SigCgt`` in /proc; True where
+    that cannot be read)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except (OSError, ValueError, IndexError):
         return True
     return True
 
@@ -137,6 +149,7 @@ class LocalBackend:
 
     def _start_supervisor(self, rec: RunRecord, run_dir: Path) -> int:
         env = dict(os.environ)
+        env.pop(proctree.TAG_ENV, None)  # a kernel inside a run's process: the supervisor is not
         env["TOGETHER_BASE_URL"] = self.base_url
         if self._key:
             env["TOGETHER_API_KEY"] = self._key.get()
@@ -197,14 +210,19 @@ class LocalBackend:
         if rec.state.finished:
             return
         pid = self._supervisor_pid(rec)
+        # a supervisor just started may not handle SIGTERM yet (it would die of it, recording
+        # nothing): wait the moment it takes to get there
+        deadline = time.monotonic() + 15.0
+        while supervisor_alive(pid) and not _handles_sigterm(pid or 0):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         if supervisor_alive(pid):
             assert pid is not None
             os.kill(pid, signal.SIGTERM)
             return
-        for job in rec.jobs:
-            for child in job.info.get("children") or ():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(int(child), signal.SIGKILL)
+        children = [int(c) for job in rec.jobs for c in job.info.get("children") or ()]
+        proctree.kill_run(rec.id, children)
         self.store.set_state(rec.id, JobState.CANCELLED, "stopped (no supervisor was running)")
 
     def recover(self, job_id: str) -> bool:
@@ -222,22 +240,16 @@ class LocalBackend:
 
     def _end_orphans(self, rec: RunRecord, grace: float = 30.0) -> None:
         """Stop training processes a dead supervisor left behind: SIGTERM (they checkpoint and
-        exit), then SIGKILL after `grace` seconds, so two never train the same run at once."""
+        exit), then SIGKILL after `grace` seconds, to the run's whole process tree
+        (`tgnb.backends.proctree`), so two never train the same run at once."""
         groups = [int(c) for job in rec.jobs for c in job.info.get("children") or ()]
-        live = []
-        for pgid in groups:
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-                live.append(pgid)
-            except (ProcessLookupError, PermissionError):
-                continue
+        live = [g for g in groups if _group_alive(g)]
+        proctree.signal_run(rec.id, live, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while live and time.monotonic() < deadline:
+        while (live or proctree.members(rec.id)) and time.monotonic() < deadline:
             time.sleep(0.1)
             live = [g for g in live if _group_alive(g)]
-        for pgid in live:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+        proctree.kill_run(rec.id, live)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         from tgnb.runs.run import Run

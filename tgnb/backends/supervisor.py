@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tgnb.backends import proctree
 from tgnb.backends.base import EXIT_PREEMPTED, JobState
 from tgnb.backends.nodes import NodeInfo, NodeSource
 from tgnb.backends.warm import ForkedProcess, fork_module, preload
@@ -71,6 +72,10 @@ def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str)
             f"--rdzv_endpoint={rdzv}",
         ]
     return node.command(sys.executable, str(config), str(run_dir), torchrun)
+
+
+class _Stopped(BaseException):
+    """Raised from the SIGTERM handler to cut the training stack's import short."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class Supervisor:
         self.warm = False  # fork each start from this process once the training stack is imported
         self._cache: dict[str, NodeInfo] = {}
         self._api_ok = True
+        self._preloading = False  # a SIGTERM then cuts the import short (`_on_stop`)
 
     # -- events and nodes ----------------------------------------------------------------------
 
@@ -186,6 +192,7 @@ class Supervisor:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        env[proctree.TAG_ENV] = proctree.tag(self.record.id, restart)  # its whole tree carries it
         if self.slurm:
             env["SLURM_RESTART_COUNT"] = str(restart)
             if where.notice_file is not None:
@@ -230,6 +237,12 @@ class Supervisor:
         return self._watch(procs, names)
 
     def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:
+        """SIGTERM to the process groups (torchrun passes it on to its workers); SIGKILL to the
+        run's whole process tree (`tgnb.backends.proctree`): torchrun's workers are in sessions of
+        their own, and would go on training once their agent is killed."""
+        if sig == signal.SIGKILL:
+            proctree.signal_run(self.record.id, [p.pid for p in procs if p.poll() is None], sig)
+            return
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -269,6 +282,9 @@ class Supervisor:
                     self._signal(procs, signal.SIGKILL)
             time.sleep(self.poll)
         codes = [p.wait() for p in procs]
+        # nothing of this attempt outlives it (a worker whose agent died): the next starts alone
+        if left := proctree.kill_run(self.record.id):
+            print(f"killed {left} process(es) the attempt left behind", flush=True)
         if preempted is None:  # the process may have heard the notice before this loop did
             preempted = next(
                 (n for n in names if self._cache.get(n) and self._cache[n].notified()), None
@@ -288,14 +304,26 @@ class Supervisor:
 
     # -- the run -------------------------------------------------------------------------------
 
+    def _on_stop(self, *_: Any) -> None:
+        self.stop_requested = True
+        if self._preloading:  # importing the training stack takes seconds: not for a stopped run
+            self._preloading = False
+            raise _Stopped
+
     def main(self) -> int:
         """Run until the run has finished; returns the supervisor's exit status."""
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_requested", True))
-        signal.signal(signal.SIGINT, lambda *_: setattr(self, "stop_requested", True))
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.environ.update({k: str(v) for k, v in self.record.spec.env.items()})
         if self.record.spec.resources.nodes == 1 and not os.environ.get(TRAIN_MODULE_ENV):
-            self.warm = preload(TRAIN_MODULE)
+            self._preloading = not self.stop_requested
+            try:
+                self.warm = self._preloading and preload(TRAIN_MODULE)
+            except _Stopped:
+                self.warm = False
+            finally:
+                self._preloading = False
         restart = self.record.restart_count
         rid = self.record.id
         while True:

@@ -118,9 +118,8 @@ class RunSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, SecretRef] = field(default_factory=dict)  # env var name -> reference
     run_dir: str | None = None  # on shared storage; stable across restarts
-    workdir: str | None = (
-        None  # the folder snapshotted at submit into run_dir/workdir (node.WORKDIR)
-    )
+    #: the folder snapshotted at submit into run_dir/workdir (`tgnb.runs.node.WORKDIR`)
+    workdir: str | None = None
 
     def validate(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -160,18 +159,27 @@ def check_env(env: Mapping[str, str]) -> None:
 
 
 def check_no_secrets(spec: RunSpec) -> None:
-    """Refuse a known secret value (the API key, the emulator key, an HF token) in env or in the
-    training config: they would be written into a script, a manifest, config.yaml or the store."""
-    from tgnb.config import holds_secret, register_env_secrets
+    """Refuse a secret in env or in the training config, for every engine alike: a variable whose
+    name looks like a secret's (`tgnb.config.looks_secret`: ``WANDB_API_KEY``, ``HF_TOKEN``...), a
+    known secret value or a piece of one (the API key, the emulator key, an HF token), and control
+    characters in a value (a NUL cannot be in an environment, a newline breaks a script): all would
+    be written into a script, a manifest, config.yaml or the store."""
+    from tgnb.config import holds_secret, looks_secret, register_env_secrets
 
     register_env_secrets()
     for name, value in spec.env.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ValidationError(f"env {name!r:.40} must map a name to a string value")
-        if holds_secret(value):
+        if looks_secret(name) or holds_secret(value):
+            why = "its name says so" if looks_secret(name) else "its value holds one"
             raise ValidationError(
-                f"env {name} looks like a secret (it holds one): pass it by reference, "
-                f"secrets={{{name!r}: SecretRef(name=..., env=...)}}, never by value"
+                f"env {name:.60} looks like a secret: pass it as secrets={{{name!r:.60}: "
+                f"SecretRef(name=..., env=...)}}, never by value in env ({why})"
+            )
+        if bad := [c for c in value if ord(c) < 32 or 127 <= ord(c) < 160]:
+            raise ValidationError(
+                f"env {name:.60} holds a control character ({ord(bad[0]):#04x}): environment "
+                "values must be printable text"
             )
     if holds_secret(dict(spec.train)):
         raise ValidationError(

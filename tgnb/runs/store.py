@@ -12,7 +12,9 @@ and processes; sqlite's WAL mode and a busy timeout serialise the writers.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
+import os
 import sqlite3
 import time
 import uuid
@@ -130,6 +132,16 @@ class RunStore:
         self.home = Path(home).expanduser()
         self.home.mkdir(parents=True, exist_ok=True)
         self.path = self.home / STORE_FILE
+        # the owner's only (a spec's env is in it): created 0600, and an older one tightened; SQLite
+        # gives its -wal and -shm files the database file's mode
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        for path in (
+            self.path,
+            *(self.path.with_name(self.path.name + x) for x in ("-wal", "-shm")),
+        ):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mode & 0o077:
+                    path.chmod(0o600)
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)

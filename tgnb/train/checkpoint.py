@@ -14,6 +14,14 @@ says which file and why.
 A torn checkpoint older than the newest complete one is removed by retention; one found while
 choosing where to resume is moved aside into `QUARANTINE` (never deleted) and reported.
 
+What a checkpoint may hold is narrow, so that a tampered or damaged one is refused quickly and never
+reaches outside its directory: the checkpoint is a real directory (not a symbolic link); the marker
+and every file it names are regular files (``lstat``: no symbolic link, FIFO, device or directory)
+inside that directory, each named once by a plain relative path (no ``..``, no empty or absolute
+name), at most `MAX_FILES` of them, in a marker of at most `MAX_MARKER_BYTES`; nothing in the
+directory is a symbolic link or a special file. Retention only removes real directories and never
+follows a link.
+
 This module is light (no torch, no transformers): the notebook side may read checkpoints too.
 """
 
@@ -24,6 +32,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +53,10 @@ ALGORITHM = "xxh3_128"
 #: Suffixes of pickle files: tgnb writes none, and the Trainer ``torch.load``s some it finds
 #: (``rng_state.pth``, ``optimizer.pt``, ``scheduler.pt``), so a checkpoint holding one is refused.
 PICKLES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
+#: The most files one checkpoint may name (a DCP shard and an RNG file per rank, a few JSON files:
+#: about 50,000 ranks), and the largest marker read (a manifest entry is about 150 bytes).
+MAX_FILES = 100_000
+MAX_MARKER_BYTES = 32 << 20
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _CHUNK = 8 << 20
 
@@ -83,12 +96,20 @@ def step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def checkpoint_dirs(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, newest step first."""
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def checkpoint_dirs(ckpt_dir: str | os.PathLike[str], real: bool = True) -> list[Path]:
+    """Every ``checkpoint-<step>`` directory under `ckpt_dir`, newest step first: real directories
+    only, unless `real` is false (then also what else bears such a name: a symbolic link, a file)."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    found = [p for p in root.iterdir() if step_of(p) is not None and (not real or _real_dir(p))]
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
@@ -111,10 +132,20 @@ def _hasher() -> Any:
     return xxhash.xxh3_128()
 
 
+def _open(path: Path) -> int:
+    """A read descriptor on the regular file `path`: never through a link, never blocking on a
+    FIFO (it is refused: the checks before it make that an error of tampering, not of tgnb)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
 def _hash(path: Path) -> tuple[int, str]:
     digest = _hasher()
     size = 0
-    with open(path, "rb", buffering=0) as fh:
+    with open(_open(path), "rb", buffering=0) as fh:
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
         while n := fh.readinto(buf):
@@ -189,11 +220,27 @@ def write_marker(
     return Checkpoint(root, int(step), now, total, tuple(entries), dict(extra))
 
 
+def _read_record(root: Path) -> dict[str, Any]:
+    """The marker's JSON: a regular file (no link, no FIFO) of at most `MAX_MARKER_BYTES`."""
+    with open(_open(root / MARKER), "rb") as fh:
+        data = fh.read(MAX_MARKER_BYTES + 1)
+    if len(data) > MAX_MARKER_BYTES:
+        raise ValueError(f"larger than {MAX_MARKER_BYTES} bytes")
+    record = json.loads(data.decode("utf-8"))
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    return record
+
+
 def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
     """The checkpoint its marker describes, or None when the marker is missing or unreadable."""
     root = Path(path)
+    if not _real_dir(root):
+        return None
     try:
-        record = json.loads((root / MARKER).read_text(encoding="utf-8"))
+        record = _read_record(root)
+        if not isinstance(record["files"], list):
+            return None
         entries = tuple(
             FileEntry(str(f["path"]), int(f["size"]), str(f[ALGORITHM])) for f in record["files"]
         )
@@ -205,24 +252,108 @@ def read_marker(path: str | os.PathLike[str]) -> Checkpoint | None:
         return None
 
 
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def _bad_name(rel: str) -> str:
+    """Why `rel` cannot name a file of a checkpoint ("" when it can)."""
+    if not rel:
+        return "an empty name"
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in rel:
+        return "not a plain path inside the checkpoint"
+    if parts[-1].startswith((MARKER, f".{MARKER}")):
+        return "the marker itself"
+    return ""
+
+
+def _strays(root: Path) -> str:
+    """The first thing in the checkpoint directory that is neither a regular file nor a real
+    directory (a symbolic link, a FIFO, a device...), or that there are too many: a reason, or ""."""
+    seen = 0
+    todo = [root]
+    while todo:
+        top = todo.pop()
+        with os.scandir(top) as it:
+            for entry in it:
+                seen += 1
+                if seen > 2 * MAX_FILES:
+                    return f"more than {2 * MAX_FILES} files"
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISDIR(mode):
+                    todo.append(Path(entry.path))
+                elif not stat.S_ISREG(mode):
+                    rel = os.path.relpath(entry.path, root)
+                    return f"{rel}: {_kind(mode)}, not a regular file (a checkpoint holds none)"
+    return ""
+
+
+def _manifest_problem(root: Path, ckpt: Checkpoint) -> str:
+    """Why the manifest of `ckpt` cannot be trusted to describe files inside `root` ("" if it can):
+    its size, names, duplicates, and each file's type and size (``lstat``)."""
+    if len(ckpt.files) > MAX_FILES:
+        return f"{MARKER}: {len(ckpt.files)} files, more than {MAX_FILES}"
+    seen: set[str] = set()
+    for e in ckpt.files:
+        if why := _bad_name(e.path):
+            return f"{e.path!r:.80}: {why}"
+        if e.path in seen:
+            return f"{e.path}: listed twice in the manifest"
+        seen.add(e.path)
+        if e.size < 0:
+            return f"{e.path}: a negative size in the manifest"
+    if stray := _strays(root):
+        return stray
+    for e in ckpt.files:
+        try:
+            st = os.lstat(root / e.path)
+        except OSError:
+            return f"{e.path}: missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{e.path}: {_kind(st.st_mode)}, not a regular file"
+        if st.st_size != e.size:
+            return f"{e.path}: {st.st_size} bytes, the manifest says {e.size} (truncated or grown)"
+    return ""
+
+
 def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpoint | None, str]:
     """``(checkpoint, "")`` when `path` is complete, else ``(None, reason)``; the reason names the
     file at fault (``missing marker``, ``dcp/__0_0.distcp: checksum mismatch``...)."""
     root = Path(path)
-    if not (root / MARKER).exists():
+    if not _real_dir(root):
+        try:
+            what = _kind(os.lstat(root).st_mode)
+        except OSError:
+            what = "missing"
+        return None, f"{root.name}: {what}, not a directory (a checkpoint is a real directory)"
+    try:
+        mode = os.lstat(root / MARKER).st_mode
+    except OSError:
         return None, f"{MARKER}: missing (the save did not finish)"
+    if not stat.S_ISREG(mode):
+        return None, f"{MARKER}: {_kind(mode)}, not a regular file"
     ckpt = read_marker(root)
     if ckpt is None or not ckpt.files:
-        return None, f"{MARKER}: unreadable or empty"
+        return None, f"{MARKER}: unreadable, empty or too large"
     if step_of(root) is not None and ckpt.step != step_of(root):
         return None, f"{MARKER}: step {ckpt.step} does not match the directory name"
-    for e in ckpt.files:
-        try:
-            size = (root / e.path).stat().st_size
-        except OSError:
-            return None, f"{e.path}: missing"
-        if size != e.size:
-            return None, f"{e.path}: {size} bytes, the manifest says {e.size} (truncated or grown)"
+    try:
+        problem = _manifest_problem(root, ckpt)
+    except OSError as exc:
+        problem = f"unreadable: {type(exc).__name__}: {exc}"
+    if problem:
+        return None, problem
     if pickled := [f for f in files(root) if f.endswith(PICKLES)]:
         return (
             None,
@@ -252,24 +383,40 @@ def latest_complete(ckpt_dir: str | os.PathLike[str], checksums: bool = True) ->
     return None
 
 
+def _free_name(base: Path) -> Path:
+    dest, n = base, 0
+    while os.path.lexists(dest):
+        n += 1
+        dest = base.with_name(f"{base.name}.{n}")
+    return dest
+
+
 def quarantine(path: Path, reason: str) -> Path:
     """Move a checkpoint that failed verification into ``QUARANTINE`` with a ``REASON.txt`` beside
-    its files (never deleted: the operator decides). Returns its new path."""
+    its files (never deleted: the operator decides). Returns its new path. A checkpoint that is not
+    a real directory (a link, a file) is moved, as it is, into a directory of that name, beside its
+    ``REASON.txt``; whatever stands where ``QUARANTINE`` should be and is not a real directory is
+    moved aside first (to ``quarantine.not-a-directory``), never followed."""
     dest_dir = path.parent / QUARANTINE
+    if os.path.lexists(dest_dir) and not _real_dir(dest_dir):
+        os.replace(dest_dir, _free_name(path.parent / f"{QUARANTINE}.not-a-directory"))
     dest_dir.mkdir(exist_ok=True)
-    dest = dest_dir / f"{path.name}.{int(time.time())}"
-    n = 0
-    while dest.exists():
-        n += 1
-        dest = dest_dir / f"{path.name}.{int(time.time())}.{n}"
-    os.replace(path, dest)
+    dest = _free_name(dest_dir / f"{path.name}.{int(time.time())}")
+    if _real_dir(path):
+        os.replace(path, dest)
+    else:
+        dest.mkdir()
+        os.replace(path, dest / path.name)
     (dest / "REASON.txt").write_text(reason + "\n", encoding="utf-8")
     fsync_path(path.parent)
     return dest
 
 
 def remove(path: Path) -> None:
-    """Remove a checkpoint directory: its marker first (a half-removed one is torn), then it."""
+    """Remove a checkpoint directory: its marker first (a half-removed one is torn), then it.
+    Anything but a real directory (a symbolic link) is left alone: nothing is followed."""
+    if not _real_dir(path):
+        return
     try:
         (path / MARKER).unlink()
         fsync_path(path)

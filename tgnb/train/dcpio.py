@@ -442,6 +442,43 @@ def load(path: Path, state: Any, adapter_only: bool) -> None:
         sched.load_state_dict(json.loads((path / "scheduler.json").read_text(encoding="utf-8")))
 
 
+def _json_object(path: Path, *keys: str) -> dict[str, Any]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or any(k not in data for k in keys):
+        raise ValueError(f"{path.name}: not the JSON object tgnb writes")
+    return data
+
+
+def probe(path: Path, ckpt: ck.Checkpoint) -> str:
+    """Why the verified checkpoint `ckpt` at `path` could not be loaded ("" when it can): its DCP
+    metadata (read by `SafeReader`), the files that metadata names (each must be in the manifest,
+    so checksummed), and the JSON and RNG files `load` and the Trainer read. Only what the files
+    say is read; no tensor is loaded."""
+    listed = {e.path for e in ckpt.files}
+    try:
+        metadata = SafeReader(path / STATE_DIR).read_metadata()
+        names = {info.relative_path for info in (metadata.storage_data or {}).values()}
+        if unlisted := sorted(
+            f"{STATE_DIR}/{n}" for n in names if f"{STATE_DIR}/{n}" not in listed
+        ):
+            return f"{unlisted[0]}: named by the DCP metadata but not in the manifest"
+        saved = _json_object(path / "optimizer.json", "param_groups", "state")
+        if not isinstance(saved["param_groups"], list) or not isinstance(saved["state"], dict):
+            return "optimizer.json: not the JSON object tgnb writes"
+        if "scheduler.json" in listed:
+            _json_object(path / "scheduler.json")
+        _json_object(path / "trainer_state.json", "global_step")
+        from safetensors import safe_open
+
+        for rel in sorted(r for r in listed if re.fullmatch(r"rng-\d+\.safetensors", r)):
+            with safe_open(str(path / rel), framework="pt") as fh:
+                json.loads((fh.metadata() or {})["json"])
+    except Exception as exc:  # whatever it is, the checkpoint cannot be used
+        first = (str(exc).splitlines() or [""])[0][:200]
+        return f"cannot be loaded: {type(exc).__name__}: {first}"
+    return ""
+
+
 def load_rng(path: Path) -> bool:
     """Restore this rank's RNG states (rank 0's when the checkpoint has none for this rank: it was
     saved with fewer ranks). False when there is none at all."""

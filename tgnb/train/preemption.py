@@ -23,9 +23,9 @@ requeues its own job. Periodic saves (`CheckpointPolicy.every_steps`, ``every_se
 Young/Daly on the measured *stall* and write time of a save) are asynchronous. The last step is
 saved synchronously with the Trainer's own model export beside the DCP state.
 
-Resume (`resume_from`): rank 0 verifies the checkpoints newest first (sizes and checksums); one that
-fails is reported (``CheckpointRejected``, a log line naming the file and the reason) and moved into
-``checkpoints/quarantine``. When checkpoints existed but none is complete the run refuses to start
+Resume (`resume_from`): rank 0 verifies the checkpoints newest first (sizes and checksums, then
+what loading reads: `dcpio.probe`); one that fails is reported (``CheckpointRejected``, a log line
+naming the file and the reason) and moved into ``checkpoints/quarantine``. When checkpoints existed but none is complete the run refuses to start
 again from step 0 (`CheckpointError`) unless ``checkpoint.allow_fresh_start`` is set. Every rank
 resumes from rank 0's choice.
 """
@@ -219,9 +219,9 @@ class CheckpointGuard:
 
     def _choose(self) -> list[Any]:
         rejected = 0
-        for path in ck.checkpoint_dirs(self.ckpt_dir):
+        for path in ck.checkpoint_dirs(self.ckpt_dir, real=False):  # a link is quarantined too
             ckpt, reason = ck.check(path)
-            if ckpt is not None:
+            if ckpt is not None and not (reason := dcpio.probe(path, ckpt)):
                 return [str(ckpt.path), None]
             rejected += 1
             moved = ck.quarantine(path, reason)

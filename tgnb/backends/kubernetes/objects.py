@@ -81,11 +81,19 @@ def render_config(spec: RunSpec) -> str:
     return text
 
 
+def literal(text: str) -> str:
+    """`text` as the kubelet will pass it on: it expands ``$(VAR)`` in a container's command, args
+    and env values, and reduces ``$$`` to ``$`` (its documented escape), so every ``$`` of a value
+    tgnb did not write is doubled -- a run_dir holding ``$(HF_TOKEN)`` stays those characters."""
+    return text.replace("$", "$$")
+
+
 def command(spec: RunSpec) -> list[str]:
     """The trainer container's command (`tgnb.runs.node.command`): one process, or torchrun
-    through tgnb's launcher for several GPUs or nodes."""
+    through tgnb's launcher for several GPUs or nodes. Only tgnb's own
+    ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
     res = spec.resources
-    config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", L.run_dir_for(spec)
+    config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", literal(L.run_dir_for(spec))
     nproc = max(res.gpus_per_node, 1)
     if res.nodes == 1 and nproc == 1:
         return node.command("python", config, run_dir)
@@ -132,7 +140,7 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
             )
         )
-    env += [client.V1EnvVar(name=k, value=str(v)) for k, v in sorted(spec.env.items())]
+    env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]
     for name, ref in sorted(spec.secrets.items()):
         selector = client.V1SecretKeySelector(name=ref.name, key=ref.key or name)
         env.append(
@@ -230,7 +238,7 @@ def workdir_tar(spec: RunSpec) -> bytes | None:
 def unpack_container(spec: RunSpec) -> client.V1Container:
     """The init container that unpacks the workdir snapshot into the run directory (each pod
     start unpacks the same snapshot: restarts run what was launched)."""
-    dest = f"{L.run_dir_for(spec)}/{node.WORKDIR}"
+    dest = literal(f"{L.run_dir_for(spec)}/{node.WORKDIR}")
     return client.V1Container(
         name="workdir",
         image=spec.image,
