@@ -47,6 +47,7 @@ LAYERS: list[set[str]] = [
     {"notebook"},
     {"batch", "demo"},
     {"session"},
+    {"prelaunch"},  # what Session.launch makes of its arguments, and the launch-time checks
     {"backends", "posttraining", "tinker"},  # tinker: the Tinker layer over Post-Training
     {"cloud", "emulator"},
     {"train"},

@@ -267,7 +267,10 @@ def test_cli_check_prints_resolved_config(
     assert code == 0 and err == ""
     resolved = yaml.safe_load(out)
     assert resolved["algorithm"] == "dpo" and resolved["max_steps"] == 9
-    assert resolved["trl"] == {"beta": 0.2} and resolved["dataset"] == "arithmetic-preference"
+    # trl: what the node passes to DPOConfig, tgnb's own defaults (CPU, tuned for tiny) included
+    assert resolved["trl"]["beta"] == 0.2 and resolved["dataset"] == "arithmetic-preference"
+    assert resolved["trl"]["learning_rate"] == 1e-3 and resolved["trl"]["max_length"] == 32
+    assert resolved["trl"]["use_cpu"] is True and resolved["trl"]["max_steps"] == 9
     assert not (tmp_path / "r").exists()  # --check writes nothing
 
     code = cli.main([str(path), "--set", "trl.bta=0.2", "--check"])

@@ -178,7 +178,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("no-script", {"what": "nosuch.py"}, "is not in the workdir"),
     ("syntax", {"what": "broken.py"}, "does not compile"),
     ("reserved-env", {"what": "train.py", "env": {"TGNB_RUN_DIR": "/x"}}, "set by tgnb"),
-    ("nul-env", {"what": "train.py", "env": {"A": "x\x00y"}}, "without NUL"),
+    ("nul-env", {"what": "train.py", "env": {"A": "x\x00y"}}, "control character"),
     ("outside", {"what": "/etc/hostname.py"}, "inside the workdir"),
     ("args-no-script", {"what": "grpo", "args": ["--x"]}, "go with a script"),
 ]

@@ -137,7 +137,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def check_env(env: Mapping[str, str]) -> None:
     """Every variable can apply on every engine and every start: a valid name that tgnb does not
-    set itself, and a string value without NUL."""
+    set itself, and a string value (`check_no_secrets` refuses control characters)."""
     from tgnb.runs.node import RESERVED_ENV
 
     if not isinstance(env, Mapping):
@@ -152,9 +152,9 @@ def check_env(env: Mapping[str, str]) -> None:
             raise ValidationError(
                 f"env {name} is set by tgnb on the node (the node contract): drop it from env"
             )
-        if not isinstance(value, str) or "\0" in value:
+        if not isinstance(value, str):
             raise ValidationError(
-                f"env {name} must be a string without NUL, got {value!r:.40}: e.g. env={{{name!r}: '1'}}"
+                f"env {name} must be a string, got {value!r:.40}: e.g. env={{{name!r}: '1'}}"
             )
 
 

@@ -113,17 +113,18 @@ def check_signature(func: Any, name: str, columns: list[str] | None = None) -> N
         ]
         if missing:
             raise TrainConfigError(
-                f"reward '{name}' needs {missing[0]!r}, which is neither a TRL argument nor a "
-                f"column of the dataset ({', '.join(extra) or 'none'}); rename it or give it a "
-                "default."
+                f"reward '{name}' has signature {short}{sig}: {missing[0]!r} is neither a TRL "
+                f"argument nor a column of the dataset ({', '.join(extra) or 'none'}); a GRPO "
+                "reward is f(prompts, completions, **kwargs) -> list[float], naming columns if "
+                "it wants them."
             )
     if not has_varkw:
         left = [k for k in passed if k not in named]
         if left or columns is None:
             raise TrainConfigError(
                 f"reward '{name}' has signature {short}{sig}; TRL also passes "
-                f"{', '.join(left or TRL_REWARD_KWARGS)} by keyword: add **kwargs, as in "
-                f"{short}(prompts, completions, **kwargs) -> list[float]."
+                f"{', '.join(left or TRL_REWARD_KWARGS)} by keyword: a GRPO reward must be "
+                "f(prompts, completions, **kwargs) -> list[float]."
             )
 
 
