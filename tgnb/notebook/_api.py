@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from tgnb.events import Event, parse_time, utcnow
+from tgnb.events import Event, utcnow
 
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, ClusterState, WaitResult
     from tgnb.notebook.cost import CostReport
     from tgnb.runs import Run
-    from tgnb.session import Session
+    from tgnb.session import Preemption, Session
 
 
 def attach(target: str | None, local: bool = False, time_scale: float | None = None) -> Session:
@@ -77,10 +77,20 @@ def find_run(session: Session, name: str) -> Run:
     try:
         return session.run(name)
     except (KeyError, NotFoundError):
-        raise UsageError(f"no run named {name!r}: %tg runs lists this session's runs") from None
+        raise UsageError(
+            f"no run named {name!r}: %tg runs --all lists the cluster's runs"
+        ) from None
 
 
-def runs_table(runs: Iterable[Run]) -> Table:
+def scope_words(every: bool, others: int) -> str:
+    """What a listing covers, and how to see the rest: the caption of ``%tg runs`` and ``%tg cost``."""
+    if every:
+        return "every run of the attached cluster"
+    more = f"; {others} more on the cluster: add --all" if others else ""
+    return f"runs launched or opened in this notebook{more}"
+
+
+def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Table:
     rows = []
     for run in runs:
         rec = run.refresh()
@@ -93,7 +103,13 @@ def runs_table(runs: Iterable[Run]) -> Table:
                 str(rec.restart_count),
             )
         )
-    return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, "no runs yet: %tg launch")
+    if every:
+        empty = "no runs on this cluster yet: %tg launch grpo"
+    else:
+        more = f" ({others} on the cluster: %tg runs --all)" if others else ""
+        empty = f"no runs launched or opened in this notebook yet: %tg launch grpo{more}"
+    caption = scope_words(every, others)
+    return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, empty, caption)
 
 
 def since(ago: timedelta | None) -> datetime | None:
@@ -126,54 +142,28 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
     return "\n".join(lines)
 
 
-def preempt(session: Session, node: str | None) -> Preempted:
+def preempt(session: Session, node: str | None) -> Preemption:
     """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
-    return Preempted.from_view(session.preempt(node))
-
-
-@dataclass(frozen=True)
-class Preempted:
-    """What ``%tg preempt`` did: the node, when the notice came, when the node goes away."""
-
-    node: str
-    notified_at: str | None
-    deadline: str | None
-
-    @classmethod
-    def from_view(cls, view: dict[str, Any]) -> Preempted:
-        return cls(str(view.get("name", "?")), view.get("notified_at"), view.get("deadline"))
-
-    def __repr__(self) -> str:
-        notice = _clock(self.notified_at)
-        gone = _clock(self.deadline)
-        return f"preempted {self.node}: notice at {notice}, removed at {gone} (end of drain window)"
-
-    def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
-
-
-def _clock(stamp: str | None) -> str:
-    """``2026-11-30T21:30:17.133Z`` as ``21:30:17Z``."""
-    if not stamp:
-        return "-"
-    try:
-        return parse_time(stamp).strftime("%H:%M:%SZ")
-    except (TypeError, ValueError):
-        return stamp
+    return session.preempt(node)
 
 
 def cost(
-    session: Session, standard_price: float | None, preemptible_price: float | None
+    runs: Iterable[Run],
+    standard_price: float | None,
+    preemptible_price: float | None,
+    scope: str = "",
 ) -> CostReport:
-    """A `CostReport` of this session's runs from their lifecycle events."""
+    """A `CostReport` of `runs` from their lifecycle events; `scope` says which runs they are."""
     from tgnb.notebook.cost import session_cost
 
-    runs: dict[str, tuple[list[Event], int]] = {}
-    for run in session.runs():
+    by_name: dict[str, tuple[list[Event], int]] = {}
+    for run in runs:
         res = run.record.spec.resources
         events = run.run_events()
-        runs[run.name] = (events, int(res.gpus_per_node) * int(res.nodes))
-    return session_cost(runs, standard_price, preemptible_price)
+        by_name[run.name] = (events, int(res.gpus_per_node) * int(res.nodes))
+    report = session_cost(by_name, standard_price, preemptible_price)
+    report.scope = scope
+    return report
 
 
 @dataclass
@@ -183,15 +173,17 @@ class Table:
     head: tuple[str, ...]
     rows: Sequence[Sequence[str]]
     empty: str = "(none)"
+    caption: str = ""
 
     def __str__(self) -> str:
         if not self.rows:
             return self.empty
         all_rows: list[Sequence[str]] = [self.head, *self.rows]
         widths = [max(len(r[i]) for r in all_rows) for i in range(len(self.head))]
-        return "\n".join(
+        lines = [
             "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in all_rows
-        )
+        ]
+        return "\n".join([f"({self.caption})", *lines] if self.caption else lines)
 
     __repr__ = __str__
 
@@ -201,6 +193,8 @@ class Table:
             return f"<div>{e(self.empty)}</div>"
         head = "".join(f"<th>{e(h.lower())}</th>" for h in self.head)
         body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in self.rows)
+        caption = f"<caption>{e(self.caption)}</caption>" if self.caption else ""
         return (
-            f"<table class='tgnb-table'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<table class='tgnb-table'>{caption}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>"
         )
