@@ -142,6 +142,50 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
     return "\n".join(lines)
 
 
+#: Table cells keep their words whole (JupyterLab's output styles break text anywhere, which cut
+#: "preempted" and "0.071 s" at the cell's edge); a table wider than the page scrolls instead.
+NO_BREAK = "word-break:normal;overflow-wrap:normal"
+
+
+@dataclass
+class EventsTable:
+    """``%tg events``: the events as aligned text, and as an HTML table whose cells do not break
+    words (the time, reason, node and run on one line each; the message wraps between words)."""
+
+    events: Sequence[Event]
+    tz: str = "UTC"
+
+    def __str__(self) -> str:
+        return events_text(self.events, self.tz)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        from tgnb.notebook.timeline import _zone
+
+        e = html.escape
+        if not self.events:
+            return "<div>(no events)</div>"
+        zone = _zone(self.tz)
+        nowrap = f"{NO_BREAK};white-space:nowrap"
+        head = "".join(
+            f"<th style='{nowrap};text-align:left'>{e(h)}</th>"
+            for h in (f"time ({self.tz})", "reason", "node", "run", "message")
+        )
+        rows = []
+        for ev in self.events:
+            when = ev.time.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+            cells = [when, ev.reason, ev.node or "-", ev.run or "-"]
+            tds = "".join(f"<td style='{nowrap};text-align:left'>{e(c)}</td>" for c in cells)
+            message = f"<td style='{NO_BREAK};text-align:left;min-width:16em'>{e(ev.message)}</td>"
+            rows.append(f"<tr>{tds}{message}</tr>")
+        return (
+            f"<div class='tgnb-events' style='overflow-x:auto'>"
+            f"<table class='tgnb-table' style='{NO_BREAK};table-layout:auto'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )
+
+
 def preempt(session: Session, node: str | None) -> Preemption:
     """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
     return session.preempt(node)
@@ -195,6 +239,6 @@ class Table:
         body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in self.rows)
         caption = f"<caption>{e(self.caption)}</caption>" if self.caption else ""
         return (
-            f"<table class='tgnb-table'>{caption}<thead><tr>{head}</tr></thead>"
+            f"<table class='tgnb-table' style='{NO_BREAK}'>{caption}<thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table>"
         )

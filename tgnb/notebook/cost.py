@@ -118,7 +118,7 @@ class CostReport:
         )
         scope = f"<caption>{e(self.scope)}</caption>" if self.scope else ""
         return (
-            f'<div class="tgnb-cost"><table>{scope}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f'<div class="tgnb-cost"><table style="word-break:normal;overflow-wrap:normal">{scope}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
             f"</table><div>{e(self._footer())}</div></div>"
         )
 

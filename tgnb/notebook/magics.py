@@ -260,7 +260,7 @@ class Tg(Magics):
             from tgnb.notebook.timeline import EventTimeline
 
             return EventTimeline(events, tz=self.timezone)
-        print(_api.events_text(events, self.timezone))
+        _display(_api.EventsTable(events, self.timezone))
         if not args.watch:
             return None
         seen = {e.key for e in events}

@@ -258,6 +258,15 @@ def refresh_displays(*_: Any) -> None:
 #: Metric names tried, in order, for the reward and the loss curves.
 REWARD_KEYS = ("reward", "rewards/margins", "rewards/chosen", "train/reward")
 LOSS_KEYS = ("loss", "train/loss")
+#: For GRPO, whose loss sits near 0 by construction, the second curve is one of these instead.
+GRPO_SPREAD_KEYS = ("kl", "reward_std")
+#: Said under a GRPO run's curves (why its loss is not the one drawn).
+GRPO_LOSS_NOTE = (
+    "GRPO's loss sits near 0 by construction: each group's advantages are normalised to mean 0, "
+    "so on-policy the loss averages 0 whatever the model learns. The second chart shows {key} "
+    "instead (reward_std: the spread of rewards within a group, which sizes the update; 0 means "
+    "no signal)."
+)
 _MARK_KINDS = {
     ev.CHECKPOINT_SAVED: "checkpoint",
     ev.SIGNAL_RECEIVED: "preemption",
@@ -300,6 +309,7 @@ class RunPanel(_Panel):
         self.reward_plot = W.HTML()
         self.loss_plot = W.HTML()
         self.error = W.HTML()
+        self.note = W.HTML()
         self.rows: list[dict[str, Any]] = []
         self.events: list[ev.Event] = []
         self.state = ""
@@ -308,6 +318,7 @@ class RunPanel(_Panel):
                 self.header,
                 W.HBox([self.progress, self.progress_label]),
                 W.HBox([self.reward_plot, self.loss_plot]),
+                self.note,
                 self.error,
             ]
         )
@@ -344,6 +355,7 @@ class RunPanel(_Panel):
         self.progress_label.value = self._progress_text()
         self.header.value = self._header_html()
         self.reward_plot.value, self.loss_plot.value = self._plots()
+        self.note.value = self._note_html()
 
     def step(self) -> int:
         steps = [int(r["step"]) for r in self.rows if isinstance(r.get("step"), int)]
@@ -393,10 +405,26 @@ class RunPanel(_Panel):
             out.append((float(step), kind))
         return out
 
+    def _second_keys(self) -> tuple[str, ...]:
+        """What the second chart draws: the loss, or for GRPO a number that moves."""
+        grpo = self.run.record.spec.train.get("algorithm") == "grpo"
+        moving = any(
+            isinstance(r.get(k), (int, float)) for r in self.rows for k in GRPO_SPREAD_KEYS
+        )
+        return GRPO_SPREAD_KEYS if grpo and moving else LOSS_KEYS
+
+    def _note_html(self) -> str:
+        keys = self._second_keys()
+        if keys is LOSS_KEYS:
+            return ""
+        key, _ = _series(self.rows, keys)
+        note = html.escape(GRPO_LOSS_NOTE.format(key=key))
+        return f"<div class='tgnb-note' style='max-width:720px;color:#555'>{note}</div>"
+
     def _plots(self) -> tuple[str, str]:
         marks = self.markers()
         rkey, reward = _series(self.rows, REWARD_KEYS)
-        lkey, loss = _series(self.rows, LOSS_KEYS)
+        lkey, loss = _series(self.rows, self._second_keys())
         return (
             curve_svg(rkey, reward, marks, colour="#2ca02c"),
             curve_svg(lkey, loss, marks, colour="#d62728"),
@@ -412,7 +440,7 @@ class RunPanel(_Panel):
         reward, loss = self._plots()
         return (
             f"<div class='tgnb-run-panel'>{self._header_html()}<br>{bar} "
-            f"{html.escape(self._progress_text())}<div>{reward}{loss}</div></div>"
+            f"{html.escape(self._progress_text())}<div>{reward}{loss}</div>{self._note_html()}</div>"
         )
 
 
