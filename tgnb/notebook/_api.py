@@ -7,6 +7,7 @@ magics stay a thin parse; everything else is `Session`/`Run`/`Cluster` methods.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -167,23 +168,42 @@ class EventsTable:
         if not self.events:
             return "<div>(no events)</div>"
         zone = _zone(self.tz)
+        days = {ev.time.astimezone(zone).date() for ev in self.events}
+        one_day = len(days) == 1  # then the date once, in the header, and clock times below
+        clock = "%H:%M:%S" if one_day else "%Y-%m-%d %H:%M:%S"
+        label = f"time ({self.tz}, {days.pop():%Y-%m-%d})" if one_day else f"time ({self.tz})"
         nowrap = f"{NO_BREAK};white-space:nowrap"
         head = "".join(
             f"<th style='{nowrap};text-align:left'>{e(h)}</th>"
-            for h in (f"time ({self.tz})", "reason", "node", "run", "message")
+            for h in (label, "reason", "node", "run", "message")
         )
         rows = []
         for ev in self.events:
-            when = ev.time.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+            when = ev.time.astimezone(zone).strftime(clock)
             cells = [when, ev.reason, ev.node or "-", ev.run or "-"]
             tds = "".join(f"<td style='{nowrap};text-align:left'>{e(c)}</td>" for c in cells)
-            message = f"<td style='{NO_BREAK};text-align:left;min-width:16em'>{e(ev.message)}</td>"
+            message = (
+                f"<td style='{NO_BREAK};text-align:left'>"
+                f"<div style='min-width:20em'>{_whole_words(ev.message)}</div></td>"
+            )
             rows.append(f"<tr>{tds}{message}</tr>")
         return (
             f"<div class='tgnb-events' style='overflow-x:auto'>"
             f"<table class='tgnb-table' style='{NO_BREAK};table-layout:auto'>"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         )
+
+
+def _whole_words(text: str) -> str:
+    """`text` escaped, each word that holds a hyphen or a slash (a node name, a time stamp, a
+    path) kept on one line: a browser may otherwise break it after the hyphen."""
+    out = []
+    for part in re.split(r"(\s+)", text):
+        if part and not part.isspace() and ("-" in part or "/" in part):
+            out.append(f"<span style='white-space:nowrap'>{html.escape(part)}</span>")
+        else:
+            out.append(html.escape(part))
+    return "".join(out)
 
 
 def preempt(session: Session, node: str | None) -> Preemption:

@@ -331,9 +331,11 @@ class PtCommands:
             from tgnb.notebook.timeline import EventTimeline
 
             return EventTimeline(events, tz=self.magics.timezone)
-        from tgnb.notebook._api import events_text
+        from IPython.display import display
 
-        print(events_text(events, self.magics.timezone))
+        from tgnb.notebook._api import EventsTable
+
+        display(EventsTable(events, self.magics.timezone))
         return None
 
 

@@ -86,8 +86,21 @@ class _Panel(W.VBox):
         from IPython.display import display
 
         self._sent = self.to_html()
-        self._handle = display(self, display_id=True)
+        self._handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
         _SHOWN.add(self)
+
+    def _ipython_display_(self) -> None:
+        """A panel that is a cell's value (``tgnb.panel(res)``, ``%tg pt panel``) is shown as
+        `show` shows it, so its export holds its last state, not the state it had when the cell
+        ended; in a terminal IPython, once."""
+        from tgnb.progress import in_kernel
+
+        if in_kernel():
+            self.show()
+        else:
+            from IPython.display import display
+
+            display(self._repr_mimebundle_(), raw=True)
 
     def refresh_display(self) -> bool:
         """Re-send the displayed bundle if the panel's static rendering changed; whether it did."""
@@ -100,7 +113,7 @@ class _Panel(W.VBox):
         if rendered == self._sent:
             return False
         self._sent = rendered
-        handle.update(self)
+        handle.update(self._repr_mimebundle_(), raw=True)
         return True
 
     def refresh(self) -> None:
