@@ -98,3 +98,12 @@ def test_unattached_errors_start_with_their_subcommand(ip: Any, tg: Any) -> None
 def test_a_trailing_comment_is_not_parsed(ip: Any, tg: Any) -> None:
     with pytest.raises(UsageError, match=r"^%tg status: no cluster attached"):
         ip.run_line_magic("tg", "status   # the cluster now")
+
+
+def test_only_a_comment_word_outside_quotes_is_dropped() -> None:
+    from tgnb.notebook.magics import _without_comment
+
+    line = "launch --set a=b#c --name 'x # y' --model \"m #1\"  # the reader's note"
+    assert _without_comment(line) == "launch --set a=b#c --name 'x # y' --model \"m #1\"  "
+    assert _without_comment("#all comment") == ""
+    assert _without_comment("status") == "status"
