@@ -34,6 +34,14 @@ CELLS = [
     "%tg cost --all",
 ]
 
+#: A notebook that never loads the magics: a panel shown as a cell's value is kept current too.
+PLAIN_CELLS = [
+    "import tgnb\n\nsession = tgnb.attach(local=True)",
+    "run = session.launch('grpo', name='plain', max_steps=5)",
+    "from tgnb.notebook.widgets import RunPanel\n\nRunPanel(run, poll_interval=0.5)",
+    "run.wait(timeout=120, progress=False).state.value",
+]
+
 #: Words of a table cell laid out on more than one line (a word cut at the cell's edge).
 BROKEN_WORDS_JS = """
 () => {
@@ -70,15 +78,26 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path = os.environ.get("PYTHONPATH")
         mp.setenv("PYTHONPATH", str(STANDIN_DIR) + (os.pathsep + path if path else ""))
         mp.setenv("STANDIN_STEP_SECONDS", "0.3")
-        nb = nbformat.v4.new_notebook()
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-        nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-        source = tmp / "export-dom.ipynb"
-        nbformat.write(nb, source)
+        sources = []
+        for name, cells in (("export-dom", CELLS), ("no-magics", PLAIN_CELLS)):
+            nb = nbformat.v4.new_notebook()
+            nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+            nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+            sources.append(tmp / f"{name}.ipynb")
+            nbformat.write(nb, sources[-1])
         with running_emulator(home, time_scale=0.01):
-            result = batch.run_notebook(source, tmp / "out")
-    assert result.html is not None
-    return result.html
+            results = [batch.run_notebook(source, tmp / "out") for source in sources]
+    assert results[0].html is not None and results[1].html is not None
+    return results[0].html
+
+
+@pytest.fixture
+def plain_page(browser: Any, export: Path) -> Any:
+    context = browser.new_context(viewport={"width": 900, "height": 1000})
+    page = context.new_page()
+    page.goto(export.with_name("no-magics.html").as_uri(), wait_until="domcontentloaded")
+    yield page
+    context.close()
 
 
 @pytest.fixture
@@ -128,3 +147,10 @@ def test_the_broken_word_check_can_fail(page: Any) -> None:
         }"""
     )
     assert page.evaluate(BROKEN_WORDS_JS) != []
+
+
+def test_a_panel_without_the_magics_shows_its_last_state(plain_page: Any) -> None:
+    panels = plain_page.locator(".tgnb-run-panel")
+    assert panels.count() == 1
+    text = panels.inner_text()
+    assert "step 5 / 5" in text and "succeeded" in text, text

@@ -155,7 +155,7 @@ _PROGRESS = re.compile(r"\d+/\d+ \[|step/s|it/s|█")
 
 def _blocks(page: str, mime: str) -> list[str]:
     """The text of each output area of one mime type in an nbconvert (lab template) page."""
-    found = re.findall(rf'data-mime-type="{re.escape(mime)}"[^>]*>(.*?)</div>', page, re.S)
+    found = re.findall(rf'<div[^>]*data-mime-type="{re.escape(mime)}"[^>]*>(.*?)</div>', page, re.S)
     return [re.sub(r"<[^>]+>", "", b) for b in found]
 
 

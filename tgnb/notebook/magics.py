@@ -314,12 +314,12 @@ def _prefixed(where: str, error: UsageError) -> UsageError:
     return UsageError(f"{where}: {message}")
 
 
-def _refresh_panels(*_: Any) -> None:
+def _refresh_panels(*args: Any) -> None:
     """After each cell: re-send the displays of shown panels whose state changed (only once a
     panel was made: widgets are not imported for this)."""
     widgets = sys.modules.get("tgnb.notebook.widgets")
     if widgets is not None:
-        widgets.refresh_displays()
+        widgets.refresh_displays(*args)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -10,6 +10,7 @@ outputs show where no widget state is saved.
 from __future__ import annotations
 
 import html
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -88,6 +89,7 @@ class _Panel(W.VBox):
         self._sent = self.to_html()
         self._handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
         _SHOWN.add(self)
+        _hook_refresh()
 
     def _ipython_display_(self) -> None:
         """A panel that is a cell's value (``tgnb.panel(res)``, ``%tg pt panel``) is shown as
@@ -258,9 +260,32 @@ class ClusterPanel(_Panel):
 _SHOWN: weakref.WeakSet[_Panel] = weakref.WeakSet()
 
 
-def refresh_displays(*_: Any) -> None:
+def _shell() -> Any:
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def _hook_refresh() -> None:
+    """Refresh shown panels after each cell also where ``%load_ext tgnb`` was never run (a
+    notebook that only ``import tgnb`` and shows ``tgnb.panel(res)``)."""
+    shell = _shell()
+    events = getattr(shell, "events", None)
+    if events is not None and refresh_displays not in events.callbacks["post_run_cell"]:
+        events.register("post_run_cell", refresh_displays)
+
+
+_REFRESHED_FOR: list[Any] = [None]  # the cell result of the last refresh (two hooks, one pass)
+
+
+def refresh_displays(*args: Any) -> None:
     """Bring the displayed bundles of shown panels up to date (an IPython ``post_run_cell`` hook,
-    so the update belongs to the cell that just ran and papermill records it)."""
+    so the update belongs to the cell that just ran and papermill records it). Once per cell:
+    ``%load_ext tgnb`` and the first shown panel may both have hooked it (both pass the cell's
+    result)."""
+    if args and args[0] is not None:
+        if args[0] is _REFRESHED_FOR[0]:
+            return
+        _REFRESHED_FOR[0] = args[0]
     for panel in list(_SHOWN):
         try:
             panel.refresh_display()
