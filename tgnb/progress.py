@@ -2,19 +2,34 @@
 ETA (`StepBar`, shown by ``Run.wait()``) and preemptible capacity against its target
 (`CapacityBar`, shown by ``%tg scale --wait`` in a terminal IPython).
 
-Both write one line to stderr, redrawn in place (``\\r``); tqdm is imported only when one is made.
+Both write one line, redrawn in place (``\\r``): to stderr in a terminal or a script (tqdm's
+convention, out of a pipe's way), to stdout in a Jupyter kernel, where stderr is drawn as an
+error (a pink block in JupyterLab and in an nbconvert HTML export) and progress is not one. An
+export reduces the redraws to the last one. tqdm is imported only when a bar is made.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, TextIO
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (IPython with a kernel attached)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def stream() -> TextIO:
+    """Where a progress bar writes: stdout in a Jupyter kernel, stderr elsewhere."""
+    return sys.stdout if in_kernel() else sys.stderr
 
 
 def _tqdm(**kwargs: Any) -> Any:
     from tqdm import tqdm
 
-    return tqdm(file=sys.stderr, dynamic_ncols=True, leave=True, **kwargs)
+    return tqdm(file=stream(), dynamic_ncols=True, leave=True, **kwargs)
 
 
 class StepBar:

@@ -17,6 +17,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,8 +148,9 @@ class Session:
         poll = poll if poll is not None else (0.5 if self.is_local else 10.0)
         return self.cluster.wait_for_capacity(timeout=timeout, poll=poll, callback=callback)
 
-    def preempt(self, node: str | None = None) -> dict[str, Any]:
-        """Emulator only: preempt `node` (default: the oldest running preemptible node) now."""
+    def preempt(self, node: str | None = None) -> Preemption:
+        """Emulator only: preempt `node` (default: the oldest running preemptible node) now; the
+        node, when its notice came and when it goes away."""
         if not self.is_local:
             raise ValidationError(
                 "preempt works only on the local emulator: Together preempts real nodes itself"
@@ -159,7 +161,7 @@ class Session:
 
         with AdminClient(self.cloud.base_url, self.cloud.settings.api_key) as admin:
             try:
-                return admin.preempt(self.cluster.id, node)
+                return Preemption.from_view(admin.preempt(self.cluster.id, node))
             except httpx.HTTPStatusError as exc:
                 raise ValidationError(self._preempt_refused(node, exc.response)) from None
 
@@ -424,3 +426,52 @@ def shutdown_local(home: str | os.PathLike[str] | None = None, timeout: float = 
                 run.wait(timeout=timeout)
     finally:
         daemon.stop(path)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """What `Session.preempt` did: the node, when its notice came (T+0) and the end of its drain
+    window, when the platform removes it (its workload checkpoints in between)."""
+
+    node: str
+    cluster_id: str
+    gpus: int
+    notified_at: datetime | None
+    deadline: datetime | None
+
+    @classmethod
+    def from_view(cls, view: Mapping[str, Any]) -> Preemption:
+        def when(key: str) -> datetime | None:
+            value = view.get(key)
+            return parse_time(value) if isinstance(value, str) and value else None
+
+        return cls(
+            node=str(view.get("name") or "?"),
+            cluster_id=str(view.get("cluster_id") or ""),
+            gpus=int(view.get("gpus") or 0),
+            notified_at=when("notified_at"),
+            deadline=when("deadline"),
+        )
+
+    @property
+    def drain_window(self) -> timedelta | None:
+        """Platform time between the notice and the removal (300 s, scaled on the emulator)."""
+        if self.notified_at is None or self.deadline is None:
+            return None
+        return self.deadline - self.notified_at
+
+    def __repr__(self) -> str:
+        def clock(t: datetime | None) -> str:
+            return t.strftime("%H:%M:%SZ") if t is not None else "-"
+
+        window = self.drain_window
+        span = f", a {window.total_seconds():g} s drain window" if window is not None else ""
+        return (
+            f"<Preemption {self.node}: notice at {clock(self.notified_at)}, "
+            f"removed at {clock(self.deadline)}{span}>"
+        )
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"

@@ -42,6 +42,7 @@ export interface IRun {
   nodes: string[];
   exit_code: number | null;
   detail: string;
+  created_at?: string | null;
   step: number;
   max_steps: number | null;
   progress: number | null;

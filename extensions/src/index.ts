@@ -39,8 +39,56 @@ function errorText(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** Toasts for what a person watching training wants to know at once. */
+const SEEN_KEY = 'tgnb:toasted';
+const SEEN_MAX = 500;
+
+/** The identity of what a toast is about (an event, or a run's change of state). */
+export function toastKey(message: api.Message): string | null {
+  if (message.type === 'event') {
+    const e = message.event;
+    return ['event', e.source, e.node ?? '', e.run ?? '', e.reason, e.time].join('|');
+  }
+  if (message.type === 'run_state') {
+    return ['run_state', message.run, message.to].join('|');
+  }
+  return null;
+}
+
+/** Whether a toast about `key` was shown already, in this page or an earlier load of it
+ * (localStorage: a reload must not replay the preemption notices of an hour ago); marks it seen. */
+export function firstTime(key: string, storage: Storage | null = window.localStorage): boolean {
+  let seen: string[] = [];
+  try {
+    seen = JSON.parse(storage?.getItem(SEEN_KEY) ?? '[]') as string[];
+  } catch {
+    seen = [];
+  }
+  if (!Array.isArray(seen)) {
+    seen = [];
+  }
+  if (seen.includes(key)) {
+    return false;
+  }
+  seen.push(key);
+  try {
+    storage?.setItem(SEEN_KEY, JSON.stringify(seen.slice(-SEEN_MAX)));
+  } catch {
+    // storage full or disabled: the toast is still shown
+  }
+  return true;
+}
+
+/** Toasts for what a person watching training wants to know at once, each shown once. */
 export function notify(message: api.Message): void {
+  const wanted =
+    (message.type === 'event' &&
+      message.live &&
+      ['TogetherPreemptionNotified', 'RunResumed'].includes(message.event.reason)) ||
+    (message.type === 'run_state' && message.to === 'failed');
+  const key = wanted ? toastKey(message) : null;
+  if (key === null || !firstTime(key)) {
+    return;
+  }
   if (message.type === 'event' && message.live) {
     const e = message.event;
     if (e.reason === 'TogetherPreemptionNotified') {

@@ -45,6 +45,27 @@ export async function confirmScale(cluster: ICluster, target: number): Promise<b
   return result.button.accept;
 }
 
+/** Runs to list: the unfinished ones first, then newest first (by creation, else by name). */
+export function orderRuns(runs: IRun[]): IRun[] {
+  const created = (r: IRun): number => (r.created_at ? Date.parse(r.created_at) || 0 : 0);
+  return [...runs].sort(
+    (a, b) =>
+      Number(a.finished) - Number(b.finished) ||
+      created(b) - created(a) ||
+      b.name.localeCompare(a.name)
+  );
+}
+
+/** Whether `run` matches the filter's words (each in its name, state or nodes). */
+export function runMatches(run: IRun, filter: string): boolean {
+  const text = [run.name, run.state, ...run.nodes].join(' ').toLowerCase();
+  return filter
+    .toLowerCase()
+    .split(/\s+/)
+    .filter(Boolean)
+    .every(word => text.includes(word));
+}
+
 export interface ISidebarActions {
   shown(): void;
   scale(target: number): Promise<void>;
@@ -69,6 +90,13 @@ export class TogetherSidebar extends Widget {
     this.errorNode.dataset.testid = 'tgnb-error';
     root.appendChild(this.errorNode);
     root.appendChild(el('h3', 'tgnb-heading', 'Runs'));
+    this.filterNode = el('input', 'jp-mod-styled tgnb-runs-filter');
+    this.filterNode.type = 'search';
+    this.filterNode.placeholder = 'filter runs';
+    this.filterNode.title = 'words of the name, state or node of the runs to show';
+    this.filterNode.dataset.testid = 'tgnb-runs-filter';
+    this.filterNode.oninput = () => this.renderRuns();
+    root.appendChild(this.filterNode);
     this.runsNode = el('ul', 'tgnb-runs');
     this.runsNode.dataset.testid = 'tgnb-runs';
     root.appendChild(this.runsNode);
@@ -155,6 +183,9 @@ export class TogetherSidebar extends Widget {
     if (where) {
       item.appendChild(el('span', 'tgnb-where', where));
     }
+    if (event.message) {
+      item.appendChild(el('span', 'tgnb-message', event.message));
+    }
     item.title = event.message;
     this.eventsNode.insertBefore(item, this.eventsNode.firstChild);
     while (this.eventsNode.childElementCount > MAX_EVENTS) {
@@ -202,7 +233,14 @@ export class TogetherSidebar extends Widget {
       this.runsNode.appendChild(el('li', 'tgnb-muted', 'no runs on this cluster'));
       return;
     }
-    for (const run of this._runs) {
+    const filter = this.filterNode.value.trim();
+    const shown = orderRuns(this._runs).filter(run => runMatches(run, filter));
+    if (shown.length === 0) {
+      const none = `no runs match "${filter}" (${this._runs.length} on this cluster)`;
+      this.runsNode.appendChild(el('li', 'tgnb-muted', none));
+      return;
+    }
+    for (const run of shown) {
       const item = el('li', `tgnb-run tgnb-state-${run.state}`);
       item.dataset.run = run.name;
       const head = el('div', 'tgnb-run-head');
@@ -229,5 +267,6 @@ export class TogetherSidebar extends Widget {
   private capacityNode: HTMLElement;
   private errorNode: HTMLElement;
   private runsNode: HTMLElement;
+  private filterNode: HTMLInputElement;
   private eventsNode: HTMLElement;
 }

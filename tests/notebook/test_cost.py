@@ -58,5 +58,5 @@ def test_report_totals_and_prices() -> None:
     report = session_cost({"a": (events, 8), "b": (events, 16)}, 3.0, 1.0)
     assert report.total("preemptible_gpu_hours") == pytest.approx(24)
     assert report.cost == pytest.approx(24.0)
-    assert "total" in str(report) and "<table>" in report._repr_html_()
+    assert "total" in str(report) and "<table " in report._repr_html_()
     assert session_cost({"a": (events, 8)}).cost is None

@@ -148,7 +148,9 @@ def test_launch_on_preemptible_nodes_needs_a_target(
 
 def test_unknown_run_names_the_fix(ip: Any, tg: Any, attached: EmulatorHandle) -> None:
     for sub in ("watch", "logs", "stop"):
-        with pytest.raises(UsageError, match=r"no run named 'nope': %tg runs lists"):
+        with pytest.raises(
+            UsageError, match=r"^%tg (watch|logs|stop): no run named .nope.: %tg runs --all lists"
+        ):
             ip.run_line_magic("tg", f"{sub} nope")
     assert sent(attached) == []
 
@@ -168,7 +170,7 @@ def test_preempt_on_a_real_cluster_is_refused(ip: Any, tg: Any, attached: Emulat
 
 
 def test_runs_and_cost_with_no_runs(ip: Any, tg: Any, attached: EmulatorHandle) -> None:
-    assert "no runs yet" in str(ip.run_line_magic("tg", "runs"))
+    assert "no runs launched or opened in this notebook yet" in str(ip.run_line_magic("tg", "runs"))
     report = ip.run_line_magic("tg", "cost")
     assert report.total("preemptible_gpu_hours") == 0
     assert "prices not set" in str(report)

@@ -141,3 +141,44 @@ def test_ten_thousand_events_are_merged_and_culled(seed: int) -> None:
     markers = [g for g in root.iter() if (g.get("class") or "").startswith("marker")]
     assert 0 < len(markers) <= 2_500
     assert root.find(f".//{SVG}text[@class='hidden-lanes']") is not None
+
+
+def test_a_runs_timeline_is_fitted_to_the_run() -> None:
+    """A node made an hour before the run: with `fit_runs` (what `timeline(run)` and the
+    sidebar's timeline tab use) the axis starts at the run, not at the node's creation, and the
+    node's lane is drawn from the left edge."""
+    early = [Event(at(-3600), "cluster", "TogetherNodeAdded", node="gpu-preemptible-dp-0")]
+    run = [
+        Event(at(0), "run", "RunStarted", run="grpo-b", node="gpu-preemptible-dp-0"),
+        Event(at(60), "run", "RunExited", run="grpo-b", node="gpu-preemptible-dp-0"),
+    ]
+    whole = EventTimeline(early + run, now=at(120))
+    fitted = EventTimeline(early + run, now=at(120), fit_runs=True)
+    assert rel(whole.bounds()[0]) == -3600
+    assert rel(fitted.bounds()[0]) == 0 and rel(fitted.bounds()[1]) == 60
+    root = ET.fromstring(fitted.to_svg())
+    spans = [r for r in root.iter(f"{SVG}rect") if (r.get("class") or "").startswith("span")]
+    run_span = next(r for r in spans if r.get("class") == "span run")
+    assert float(run_span.get("width") or 0) > 600  # the run fills the plot, not its right edge
+    node_span = next(r for r in spans if r.get("class") == "span preemptible")
+    assert float(node_span.get("x") or 0) >= float(run_span.get("x") or 0) - 20
+
+
+def test_markers_at_one_instant_are_grouped_with_a_count() -> None:
+    """Signal, checkpoint, requeue and resume within a second (a preemption handled well) sit on
+    one spot of the run's lane: drawn as one marker with "×4" and all four in its tooltip."""
+    events = [
+        Event(at(0), "run", "RunStarted", run="grpo-c", node="gpu-preemptible-dp-1"),
+        Event(at(1000), "run", "SignalReceived", run="grpo-c", node="gpu-preemptible-dp-1"),
+        Event(at(1000.2), "run", "CheckpointSaved", run="grpo-c", data={"step": 9}),
+        Event(at(1000.4), "run", "RunRequeued", run="grpo-c", node="gpu-preemptible-dp-1"),
+        Event(at(1000.9), "run", "RunResumed", run="grpo-c", node="gpu-preemptible-dp-2"),
+        Event(at(3000), "run", "RunExited", run="grpo-c", node="gpu-preemptible-dp-2"),
+    ]
+    root = ET.fromstring(EventTimeline(events, now=at(3000)).to_svg())
+    groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "marker-group"]
+    assert len(groups) == 1 and groups[0].get("data-count") == "4"
+    text = "".join(groups[0].itertext())
+    assert "×4" in text
+    for word in ("signal", "checkpoint", "requeued", "resumed"):
+        assert word in text.lower(), text

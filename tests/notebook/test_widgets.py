@@ -118,3 +118,32 @@ def test_cluster_panel_shows_a_refused_target(ip: Any, tg: Any, attached: Emulat
     assert "multiple of 8" in panel.error.value
     assert [r for r in attached.requests() if r["method"] == "PUT"] == []
     panel.close()
+
+
+def test_grpo_panel_draws_what_moves_not_a_flat_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GRPO's loss is ~0 whatever it learns (rows as TRL logs them: loss 1e-5, reward_std
+    moving): the second chart is reward_std, and the panel says why; a DPO run keeps its loss."""
+    store = RunStore(tmp_path / "home")
+    monkeypatch.setenv("TGNB_NODE", "gpu-preemptible-dp-1")
+    panels = {}
+    for algorithm in ("grpo", "dpo"):
+        spec = RunSpec(name=f"{algorithm}-b", train={"algorithm": algorithm, "max_steps": 4})
+        run_dir = tmp_path / "runs" / algorithm
+        rec = store.create(spec, backend="local", run_dir=run_dir)
+        r = Recorder(run_dir, run=f"{algorithm}-b")
+        for step in range(1, 5):
+            r.metric(
+                step, reward=0.1 * step, loss=1e-5 * (-1) ** step, reward_std=0.1 + 0.05 * step
+            )
+        panel = RunPanel(Run(store.get(rec.id), store), start=False)
+        panel.refresh()
+        panels[algorithm] = panel
+    grpo, dpo = panels["grpo"], panels["dpo"]
+    assert ">reward_std</text>" in grpo.loss_plot.value
+    assert "sits near 0 by construction" in grpo.note.value
+    assert "sits near 0 by construction" in grpo.to_html()
+    assert ">loss</text>" in dpo.loss_plot.value and dpo.note.value == ""
+    for panel in panels.values():
+        panel.close()

@@ -147,3 +147,29 @@ def test_the_api_key_leaks_nowhere(executed: Any) -> None:
     for name in executed.parameters:
         widgets = executed.nb(name).metadata.get("widgets", {})
         assert executed.fake_key not in json.dumps(widgets)
+
+
+#: Text of a progress bar (tqdm): "12/30 [00:05<00:07, 2.4 step/s]" or a bar of blocks.
+_PROGRESS = re.compile(r"\d+/\d+ \[|step/s|it/s|█")
+
+
+def _blocks(page: str, mime: str) -> list[str]:
+    """The text of each output area of one mime type in an nbconvert (lab template) page."""
+    found = re.findall(rf'<div[^>]*data-mime-type="{re.escape(mime)}"[^>]*>(.*?)</div>', page, re.S)
+    return [re.sub(r"<[^>]+>", "", b) for b in found]
+
+
+def test_exports_read_cleanly(executed: Any) -> None:
+    """Each HTML export as a newcomer reads it: progress is ordinary output, not a stderr block
+    drawn as an error; every panel shows its last state; the events are a table."""
+    for name, html_path in executed.html.items():
+        page = Path(html_path).read_text(encoding="utf-8")
+        stderr = _blocks(page, "application/vnd.jupyter.stderr")
+        progress = [b for b in stderr if _PROGRESS.search(b)]
+        assert progress == [], f"{name}: progress drawn as stderr: {progress}"
+        assert "not read yet" not in page, name
+        for panel in re.findall(r"<div class=.tgnb-run-panel.>(.*?)</svg></div>", page, re.S):
+            assert "pending" not in panel and "step 0 /" not in panel, (name, panel[:300])
+    quick = Path(executed.html["quickstart"]).read_text(encoding="utf-8")
+    assert "tgnb-run-panel" in quick and re.search(r"class=.tgnb-events.", quick)
+    assert any(_PROGRESS.search(b) for b in _blocks(quick, "text/plain")), "run.wait()'s bar"

@@ -107,6 +107,10 @@ def test_start_open_panel_cost_stop(
     assert res.id in str(resources)
     cost = ip.run_line_magic("tg", "pt cost")
     assert cost.head[3] == "GPU-MINUTES" and float(cost.rows[0][3]) > 0
+    # the emulator's minutes are its platform time, and say so; the resource prints readably
+    assert "emulator platform time" in cost.caption
+    assert "platform minutes a real minute" in str(cost)
+    assert repr(res) == f"<Resource {res.id}: READY, tgnb/tiny-llama, LoRA>"
     panel = ip.run_line_magic("tg", "pt panel")
     try:
         bundle = panel._repr_mimebundle_()

@@ -7,6 +7,7 @@ magics stay a thin parse; everything else is `Session`/`Run`/`Cluster` methods.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from tgnb.events import Event, parse_time, utcnow
+from tgnb.events import Event, utcnow
 
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, ClusterState, WaitResult
     from tgnb.notebook.cost import CostReport
     from tgnb.runs import Run
-    from tgnb.session import Session
+    from tgnb.session import Preemption, Session
 
 
 def attach(target: str | None, local: bool = False, time_scale: float | None = None) -> Session:
@@ -77,10 +78,20 @@ def find_run(session: Session, name: str) -> Run:
     try:
         return session.run(name)
     except (KeyError, NotFoundError):
-        raise UsageError(f"no run named {name!r}: %tg runs lists this session's runs") from None
+        raise UsageError(
+            f"no run named {name!r}: %tg runs --all lists the cluster's runs"
+        ) from None
 
 
-def runs_table(runs: Iterable[Run]) -> Table:
+def scope_words(every: bool, others: int) -> str:
+    """What a listing covers, and how to see the rest: the caption of ``%tg runs`` and ``%tg cost``."""
+    if every:
+        return "every run of the attached cluster"
+    more = f"; {others} more on the cluster: add --all" if others else ""
+    return f"runs launched or opened in this notebook{more}"
+
+
+def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Table:
     rows = []
     for run in runs:
         rec = run.refresh()
@@ -93,7 +104,13 @@ def runs_table(runs: Iterable[Run]) -> Table:
                 str(rec.restart_count),
             )
         )
-    return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, "no runs yet: %tg launch")
+    if every:
+        empty = "no runs on this cluster yet: %tg launch grpo"
+    else:
+        more = f" ({others} on the cluster: %tg runs --all)" if others else ""
+        empty = f"no runs launched or opened in this notebook yet: %tg launch grpo{more}"
+    caption = scope_words(every, others)
+    return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, empty, caption)
 
 
 def since(ago: timedelta | None) -> datetime | None:
@@ -126,54 +143,91 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
     return "\n".join(lines)
 
 
-def preempt(session: Session, node: str | None) -> Preempted:
-    """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
-    return Preempted.from_view(session.preempt(node))
+#: Table cells keep their words whole (JupyterLab's output styles break text anywhere, which cut
+#: "preempted" and "0.071 s" at the cell's edge); a table wider than the page scrolls instead.
+NO_BREAK = "word-break:normal;overflow-wrap:normal"
 
 
-@dataclass(frozen=True)
-class Preempted:
-    """What ``%tg preempt`` did: the node, when the notice came, when the node goes away."""
+@dataclass
+class EventsTable:
+    """``%tg events``: the events as aligned text, and as an HTML table whose cells do not break
+    words (the time, reason, node and run on one line each; the message wraps between words)."""
 
-    node: str
-    notified_at: str | None
-    deadline: str | None
+    events: Sequence[Event]
+    tz: str = "UTC"
 
-    @classmethod
-    def from_view(cls, view: dict[str, Any]) -> Preempted:
-        return cls(str(view.get("name", "?")), view.get("notified_at"), view.get("deadline"))
+    def __str__(self) -> str:
+        return events_text(self.events, self.tz)
 
-    def __repr__(self) -> str:
-        notice = _clock(self.notified_at)
-        gone = _clock(self.deadline)
-        return f"preempted {self.node}: notice at {notice}, removed at {gone} (end of drain window)"
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        from tgnb.notebook.timeline import _zone
+
+        e = html.escape
+        if not self.events:
+            return "<div>(no events)</div>"
+        zone = _zone(self.tz)
+        days = {ev.time.astimezone(zone).date() for ev in self.events}
+        one_day = len(days) == 1  # then the date once, in the header, and clock times below
+        clock = "%H:%M:%S" if one_day else "%Y-%m-%d %H:%M:%S"
+        label = f"time ({self.tz}, {days.pop():%Y-%m-%d})" if one_day else f"time ({self.tz})"
+        nowrap = f"{NO_BREAK};white-space:nowrap"
+        head = "".join(
+            f"<th style='{nowrap};text-align:left'>{e(h)}</th>"
+            for h in (label, "reason", "node", "run", "message")
+        )
+        rows = []
+        for ev in self.events:
+            when = ev.time.astimezone(zone).strftime(clock)
+            cells = [when, ev.reason, ev.node or "-", ev.run or "-"]
+            tds = "".join(f"<td style='{nowrap};text-align:left'>{e(c)}</td>" for c in cells)
+            message = (
+                f"<td style='{NO_BREAK};text-align:left'>"
+                f"<div style='min-width:20em'>{_whole_words(ev.message)}</div></td>"
+            )
+            rows.append(f"<tr>{tds}{message}</tr>")
+        return (
+            f"<div class='tgnb-events' style='overflow-x:auto'>"
+            f"<table class='tgnb-table' style='{NO_BREAK};table-layout:auto'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )
 
 
-def _clock(stamp: str | None) -> str:
-    """``2026-11-30T21:30:17.133Z`` as ``21:30:17Z``."""
-    if not stamp:
-        return "-"
-    try:
-        return parse_time(stamp).strftime("%H:%M:%SZ")
-    except (TypeError, ValueError):
-        return stamp
+def _whole_words(text: str) -> str:
+    """`text` escaped, each word that holds a hyphen or a slash (a node name, a time stamp, a
+    path) kept on one line: a browser may otherwise break it after the hyphen."""
+    out = []
+    for part in re.split(r"(\s+)", text):
+        if part and not part.isspace() and ("-" in part or "/" in part):
+            out.append(f"<span style='white-space:nowrap'>{html.escape(part)}</span>")
+        else:
+            out.append(html.escape(part))
+    return "".join(out)
+
+
+def preempt(session: Session, node: str | None) -> Preemption:
+    """`session.preempt(node)`: emulator only (the Session refuses, sending nothing, elsewhere)."""
+    return session.preempt(node)
 
 
 def cost(
-    session: Session, standard_price: float | None, preemptible_price: float | None
+    runs: Iterable[Run],
+    standard_price: float | None,
+    preemptible_price: float | None,
+    scope: str = "",
 ) -> CostReport:
-    """A `CostReport` of this session's runs from their lifecycle events."""
+    """A `CostReport` of `runs` from their lifecycle events; `scope` says which runs they are."""
     from tgnb.notebook.cost import session_cost
 
-    runs: dict[str, tuple[list[Event], int]] = {}
-    for run in session.runs():
+    by_name: dict[str, tuple[list[Event], int]] = {}
+    for run in runs:
         res = run.record.spec.resources
         events = run.run_events()
-        runs[run.name] = (events, int(res.gpus_per_node) * int(res.nodes))
-    return session_cost(runs, standard_price, preemptible_price)
+        by_name[run.name] = (events, int(res.gpus_per_node) * int(res.nodes))
+    report = session_cost(by_name, standard_price, preemptible_price)
+    report.scope = scope
+    return report
 
 
 @dataclass
@@ -183,15 +237,17 @@ class Table:
     head: tuple[str, ...]
     rows: Sequence[Sequence[str]]
     empty: str = "(none)"
+    caption: str = ""
 
     def __str__(self) -> str:
         if not self.rows:
             return self.empty
         all_rows: list[Sequence[str]] = [self.head, *self.rows]
         widths = [max(len(r[i]) for r in all_rows) for i in range(len(self.head))]
-        return "\n".join(
+        lines = [
             "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in all_rows
-        )
+        ]
+        return "\n".join([f"({self.caption})", *lines] if self.caption else lines)
 
     __repr__ = __str__
 
@@ -201,6 +257,8 @@ class Table:
             return f"<div>{e(self.empty)}</div>"
         head = "".join(f"<th>{e(h.lower())}</th>" for h in self.head)
         body = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in r) + "</tr>" for r in self.rows)
+        caption = f"<caption>{e(self.caption)}</caption>" if self.caption else ""
         return (
-            f"<table class='tgnb-table'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<table class='tgnb-table' style='{NO_BREAK}'>{caption}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>"
         )

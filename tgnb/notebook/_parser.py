@@ -136,7 +136,8 @@ def build() -> dict[str, _Parser]:
     )
     la.add_argument("-o", "--out", metavar="NAME", help="store the Run under NAME in the namespace")
 
-    sub("runs", "List this session's runs.")
+    ru = sub("runs", "List the runs this notebook launched or opened (--all: the cluster's).")
+    ru.add_argument("--all", action="store_true", help="every run of the attached cluster")
     for name, what in (("watch", "Show a live RunPanel"), ("stop", "Stop a run")):
         sub(name, f"{what}.").add_argument("run", help="run name or id")
     lg = sub("logs", "Print a run's log.")
@@ -155,10 +156,12 @@ def build() -> dict[str, _Parser]:
     pr = sub("preempt", "Preempt a node now (local emulator only).")
     pr.add_argument("node", nargs="?", help="node name (default: the oldest preemptible node)")
 
-    sub(
+    co = sub(
         "cost",
-        "GPU-hours on standard and preemptible nodes for this session's runs, and work lost.",
+        "GPU-hours on standard and preemptible nodes, and work lost, of the runs this notebook "
+        "launched or opened (--all: the cluster's).",
     )
+    co.add_argument("--all", action="store_true", help="every run of the attached cluster")
     # Routed to tgnb.notebook._pt_magics, which has its own subcommands (%tg pt --help).
     sub("pt", "Post-Training: models, resources, sessions, checkpoints, cost, panel.")
     return p

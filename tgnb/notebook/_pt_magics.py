@@ -318,7 +318,8 @@ class PtCommands:
             f"{c.amount:.2f} {c.currency}" + (" (est.)" if c.estimated else ""),
         )
         head = ("RESOURCE", "MINUTES READY", "GPUS", "GPU-MINUTES", "PRICE", "COST SO FAR")
-        return Table(head, [row])
+        clock = f"minutes in {c.clock}" if c.clock else "minutes in real time"
+        return Table(head, [row], caption=clock)
 
     def _do_panel(self, args: Any) -> Any:
         from tgnb.notebook.pt_panel import ResourcePanel
@@ -331,9 +332,11 @@ class PtCommands:
             from tgnb.notebook.timeline import EventTimeline
 
             return EventTimeline(events, tz=self.magics.timezone)
-        from tgnb.notebook._api import events_text
+        from IPython.display import display
 
-        print(events_text(events, self.magics.timezone))
+        from tgnb.notebook._api import EventsTable
+
+        display(EventsTable(events, self.magics.timezone))
         return None
 
 

@@ -128,6 +128,50 @@ def _dodge(placed: list[tuple[float, Marker]]) -> list[tuple[float, Marker]]:
     return out
 
 
+#: Markers of one lane within this many pixels of a group's first are one group: up to
+#: `_GROUP_MAX` are set side by side (`_dodge`), more are drawn as one marker with their count.
+_GROUP_PX = 3 * _MARKER_W
+_GROUP_MAX = 3
+
+
+def _groups(placed: list[tuple[float, Marker]]) -> list[list[tuple[float, Marker]]]:
+    """Markers (sorted by x) in groups that would overlap when drawn."""
+    out: list[list[tuple[float, Marker]]] = []
+    for x, m in placed:
+        if out and x - out[-1][0][0] < _GROUP_PX:
+            out[-1].append((x, m))
+        else:
+            out.append([(x, m)])
+    return out
+
+
+def _group_svg(group: list[tuple[float, Marker]], mid: float, when: Callable[[float], str]) -> str:
+    """A few markers side by side, or many (a signal, a checkpoint, the requeue and the resume
+    within a second) as the first one with a count, every event named in its tooltip."""
+
+    def title(m: Marker) -> str:
+        count = f" ×{m.count}" if m.count > 1 else ""
+        return f"{m.label}{count} at {html.escape(when(m.time))}"
+
+    def use(x: float, m: Marker, tip: str) -> str:
+        ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
+        return (
+            f'<use class="marker {m.reason}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
+            f'y="{mid:.1f}"><title>{tip}</title></use>'
+        )
+
+    if len(group) <= _GROUP_MAX:
+        return "".join(use(x, m, title(m)) for x, m in _dodge(group))
+    x, first = group[0]
+    total = sum(m.count for _, m in group)
+    tip = "&#10;".join(title(m) for _, m in group)
+    return (
+        f'<g class="marker-group" data-count="{total}">{use(x, first, tip)}'
+        f'<text class="marker-count" x="{x + 7:.1f}" y="{mid - 5:.1f}" font-size="9" '
+        f'font-weight="bold" fill="#333">×{total}<title>{tip}</title></text></g>'
+    )
+
+
 def _ticks(lo: float, hi: float, target: int) -> tuple[list[float], int]:
     span = max(hi - lo, 1.0)
     step = next((s for s in _STEPS if span / s <= target), _STEPS[-1])
@@ -167,6 +211,9 @@ def render(tl: EventTimeline) -> str:
 
     def x_of(t: float) -> float:
         return _LEFT + (t - lo) * scale
+
+    def inside(t: float) -> float:  # spans that begin before the window start at its edge
+        return min(max(t, lo), hi)
 
     top = 46 if tl.title else 30
     lanes = tl.lanes
@@ -221,7 +268,9 @@ def render(tl: EventTimeline) -> str:
             f"<title>{html.escape(lane.key)}</title></text>"
         )
         for s in _merge_spans(lane.spans, scale):
-            x0, x1 = x_of(s.start), x_of(s.end)
+            if s.end < lo or s.start > hi:
+                continue
+            x0, x1 = x_of(inside(s.start)), x_of(inside(s.end))
             w = max(x1 - x0, 1.0)
             h, yy = (_LANE_H, y_lane) if s.kind != "occupied" else (6, y_lane + _LANE_H - 6)
             opacity = (
@@ -232,13 +281,9 @@ def render(tl: EventTimeline) -> str:
                 f'<rect class="span {s.kind}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
                 f'fill="{_SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
             )
-        for x, m in _dodge(sorted(bucketed[i], key=lambda p: p[0])):
-            count = f" ×{m.count}" if m.count > 1 else ""
-            ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
-            out.append(
-                f'<use class="marker {m.reason}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
-                f'y="{mid:.1f}"><title>{m.label}{count} at {html.escape(when(m.time))}</title></use>'
-            )
+        placed = sorted((p for p in bucketed[i] if lo <= p[1].time <= hi), key=lambda p: p[0])
+        for group in _groups(placed):
+            out.append(_group_svg(group, mid, when))
         out.append("</g>")
     if tl.hidden:
         y_more = top + len(lanes) * (_LANE_H + _GAP) + _LANE_H / 2 + 4

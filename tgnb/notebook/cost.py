@@ -39,6 +39,8 @@ class CostReport:
     runs: list[RunCost] = field(default_factory=list)
     standard_price: float | None = None
     preemptible_price: float | None = None
+    #: which runs these are (``%tg cost``: this notebook's, or the cluster's with --all)
+    scope: str = ""
 
     def total(self, attr: str) -> float:
         return float(sum(getattr(r, attr) for r in self.runs))
@@ -103,7 +105,8 @@ class CostReport:
         lines = [
             "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
         ]
-        return "\n".join([*lines, self._footer()])
+        head = [f"({self.scope})"] if self.scope else []
+        return "\n".join([*head, *lines, self._footer()])
 
     __repr__ = __str__
 
@@ -113,8 +116,9 @@ class CostReport:
         body = "".join(
             "<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in self._rows()
         )
+        scope = f"<caption>{e(self.scope)}</caption>" if self.scope else ""
         return (
-            f'<div class="tgnb-cost"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f'<div class="tgnb-cost"><table style="word-break:normal;overflow-wrap:normal">{scope}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
             f"</table><div>{e(self._footer())}</div></div>"
         )
 

@@ -85,6 +85,7 @@ class Tg(Magics):
             name: getattr(self, f"_do_{name}") for name in self._parsers if name != "pt"
         }
         self._pt: Any = None  # tgnb.notebook._pt_magics.PtCommands, made on the first %tg pt
+        self._mine: dict[str, None] = {}  # ids of the runs launched or opened here, in order
 
     # -- routing -------------------------------------------------------------------------------
     def usage(self) -> str:
@@ -99,7 +100,7 @@ class Tg(Magics):
         import shlex
 
         try:
-            words = shlex.split(line)
+            words = shlex.split(_without_comment(line))
         except ValueError as e:
             raise UsageError(f"%tg: cannot split the line ({e}): check the quotes") from None
         if not words or words[0] in ("-h", "--help", "help"):
@@ -130,6 +131,8 @@ class Tg(Magics):
             return self._handlers[name](args, cell)
         except TgnbError as e:
             raise UsageError(f"%tg {name}: {as_magic(str(e))}") from None
+        except UsageError as e:
+            raise _prefixed(f"%tg {name}", e) from None
 
     def _do_pt(self, words: list[str], cell: str | None) -> Any:
         """``%tg pt ...``: the Post-Training subcommands (tgnb.notebook._pt_magics)."""
@@ -139,10 +142,13 @@ class Tg(Magics):
 
         if self._pt is None:
             self._pt = PtCommands(self)
+        where = f"%tg pt {words[0]}" if words else "%tg pt"
         try:
             return self._pt(words)
         except TgnbError as e:
-            raise UsageError(f"%tg pt {words[0] if words else ''}: {e}") from None
+            raise UsageError(f"{where}: {e}") from None
+        except UsageError as e:
+            raise _prefixed(where, e) from None
 
     # -- helpers -------------------------------------------------------------------------------
     def _session(self) -> Session:
@@ -151,7 +157,24 @@ class Tg(Magics):
         return self.session
 
     def _run(self, name: str) -> Run:
-        return _api.find_run(self._session(), name)
+        """The run `name` names: a variable holding a Run (``%tg launch ... -o run`` then
+        ``%tg watch run``), else a run of the attached cluster by name or id."""
+        session = self._session()
+        held = (getattr(self.shell, "user_ns", None) or {}).get(name)
+        from tgnb.runs import Run
+
+        run = held if isinstance(held, Run) else _api.find_run(session, name)
+        self._mine[run.id] = None
+        return run
+
+    def _runs(self, every: bool) -> list[Run]:
+        """The runs this notebook launched or opened (in that order); with `every`, all the
+        attached cluster's runs."""
+        runs = self._session().runs()
+        if every:
+            return runs
+        by_id = {r.id: r for r in runs}
+        return [by_id[i] for i in self._mine if i in by_id]
 
     # -- subcommands ---------------------------------------------------------------------------
     def _do_attach(self, args: Any, cell: str | None) -> Any:
@@ -198,6 +221,7 @@ class Tg(Magics):
             print(self._session().launch(algorithm, dry_run=True, **options), end="")
             return None
         run = self._session().launch(algorithm, **options)
+        self._mine[run.id] = None
         if args.out:
             if not args.out.isidentifier():
                 raise UsageError(f"-o {args.out!r} is not a Python name: try -o run1")
@@ -205,7 +229,11 @@ class Tg(Magics):
         return run
 
     def _do_runs(self, args: Any, cell: str | None) -> Any:
-        return _api.runs_table(self._session().runs())
+        return _api.runs_table(self._runs(args.all), every=args.all, others=self._others(args.all))
+
+    def _others(self, every: bool) -> int:
+        """How many of the cluster's runs the default scope leaves out (0 with --all)."""
+        return 0 if every else len(self._session().runs()) - len(self._runs(False))
 
     def _do_watch(self, args: Any, cell: str | None) -> Any:
         from tgnb.notebook.widgets import RunPanel
@@ -240,7 +268,7 @@ class Tg(Magics):
             from tgnb.notebook.timeline import EventTimeline
 
             return EventTimeline(events, tz=self.timezone)
-        print(_api.events_text(events, self.timezone))
+        _display(_api.EventsTable(events, self.timezone))
         if not args.watch:
             return None
         seen = {e.key for e in events}
@@ -262,15 +290,44 @@ class Tg(Magics):
         return _api.preempt(self._session(), args.node)
 
     def _do_cost(self, args: Any, cell: str | None) -> Any:
-        return _api.cost(self._session(), self.standard_price, self.preemptible_price)
+        return _api.cost(
+            self._runs(args.all),
+            self.standard_price,
+            self.preemptible_price,
+            scope=_api.scope_words(args.all, self._others(args.all)),
+        )
 
 
-def _refresh_panels(*_: Any) -> None:
+def _without_comment(line: str) -> str:
+    """`line` up to a ``#`` that starts a word outside quotes: IPython hands a line magic its
+    trailing comment (``%tg watch run  # live``), which is for the reader, not the parser."""
+    quote = None
+    after_space = True
+    for i, c in enumerate(line):
+        if quote is not None:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and after_space:
+            return line[:i]
+        after_space = c.isspace()
+    return line
+
+
+def _prefixed(where: str, error: UsageError) -> UsageError:
+    """`error` with its message starting with the subcommand (``%tg watch: ...``)."""
+    message = str(error)
+    if message.startswith(("%tg", "%%tg")):
+        return error
+    return UsageError(f"{where}: {message}")
+
+
+def _refresh_panels(*args: Any) -> None:
     """After each cell: re-send the displays of shown panels whose state changed (only once a
     panel was made: widgets are not imported for this)."""
     widgets = sys.modules.get("tgnb.notebook.widgets")
     if widgets is not None:
-        widgets.refresh_displays()
+        widgets.refresh_displays(*args)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -94,6 +94,8 @@ def header_text(state: PanelState) -> str:
         est = " (est.)" if c.estimated else ""
         parts.append(f"{c.gpu_minutes:.1f} GPU-min{est}")
         parts.append(f"{c.amount:.2f} {c.currency} so far")
+        if getattr(c, "clock", ""):
+            parts.append(f"({c.clock})")
     return " · ".join(parts)
 
 

@@ -88,6 +88,7 @@ class EventTimeline:
         width: int = 900,
         max_lanes: int = 40,
         title: str | None = None,
+        fit_runs: bool = False,
     ) -> None:
         self.events = sorted((_as_event(e) for e in events), key=lambda e: e.time)
         self.now = (now or utcnow()).timestamp()
@@ -96,6 +97,9 @@ class EventTimeline:
         self.width = int(width)
         self.max_lanes = int(max_lanes)
         self.title = title
+        #: the axis spans the runs' lanes only (a run's timeline), node lanes clipped to it: a node
+        #: made an hour before the run would otherwise squeeze the run into the right edge
+        self.fit_runs = bool(fit_runs)
         self.lanes, self.hidden = self._build()
 
     # -- model ---------------------------------------------------------------------------------
@@ -243,9 +247,12 @@ class EventTimeline:
     # -- rendering -----------------------------------------------------------------------------
     def bounds(self) -> tuple[float, float]:
         """The first and last instants on the axis (POSIX seconds)."""
-        starts = [s.start for ln in self.lanes for s in ln.spans]
-        starts += [m.time for ln in self.lanes for m in ln.markers]
-        ends = [s.end for ln in self.lanes for s in ln.spans] + starts
+        shown = self.lanes
+        if self.fit_runs and any(ln.kind == "run" and (ln.spans or ln.markers) for ln in shown):
+            shown = [ln for ln in shown if ln.kind == "run"]
+        starts = [s.start for ln in shown for s in ln.spans]
+        starts += [m.time for ln in shown for m in ln.markers]
+        ends = [s.end for ln in shown for s in ln.spans] + starts
         lo = min(starts, default=self.now - 60)
         hi = max([*ends, lo + 1.0])
         return lo, hi
@@ -311,8 +318,13 @@ def timeline(
     events: Iterable[Event | Mapping[str, Any]] | EventSource, **options: Any
 ) -> EventTimeline:
     """Build an `EventTimeline` from events, or from an `EventSource` (a Session, a Run, a
-    Post-Training resource)."""
+    Post-Training resource). A Run's timeline is fitted to the run (``fit_runs``): the nodes it
+    ran on are drawn over the run's time, not from their creation."""
     if isinstance(events, EventSource):
+        from tgnb.runs import Run
+
+        if isinstance(events, Run):  # a run's timeline: the axis fitted to the run
+            options.setdefault("fit_runs", True)
         events = events.events()
     return EventTimeline(events, **options)
 

@@ -10,6 +10,7 @@ outputs show where no widget state is saved.
 from __future__ import annotations
 
 import html
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -86,8 +87,22 @@ class _Panel(W.VBox):
         from IPython.display import display
 
         self._sent = self.to_html()
-        self._handle = display(self, display_id=True)
+        self._handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
         _SHOWN.add(self)
+        _hook_refresh()
+
+    def _ipython_display_(self) -> None:
+        """A panel that is a cell's value (``tgnb.panel(res)``, ``%tg pt panel``) is shown as
+        `show` shows it, so its export holds its last state, not the state it had when the cell
+        ended; in a terminal IPython, once."""
+        from tgnb.progress import in_kernel
+
+        if in_kernel():
+            self.show()
+        else:
+            from IPython.display import display
+
+            display(self._repr_mimebundle_(), raw=True)
 
     def refresh_display(self) -> bool:
         """Re-send the displayed bundle if the panel's static rendering changed; whether it did."""
@@ -100,7 +115,7 @@ class _Panel(W.VBox):
         if rendered == self._sent:
             return False
         self._sent = rendered
-        handle.update(self)
+        handle.update(self._repr_mimebundle_(), raw=True)
         return True
 
     def refresh(self) -> None:
@@ -245,9 +260,32 @@ class ClusterPanel(_Panel):
 _SHOWN: weakref.WeakSet[_Panel] = weakref.WeakSet()
 
 
-def refresh_displays(*_: Any) -> None:
+def _shell() -> Any:
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def _hook_refresh() -> None:
+    """Refresh shown panels after each cell also where ``%load_ext tgnb`` was never run (a
+    notebook that only ``import tgnb`` and shows ``tgnb.panel(res)``)."""
+    shell = _shell()
+    events = getattr(shell, "events", None)
+    if events is not None and refresh_displays not in events.callbacks["post_run_cell"]:
+        events.register("post_run_cell", refresh_displays)
+
+
+_REFRESHED_FOR: list[Any] = [None]  # the cell result of the last refresh (two hooks, one pass)
+
+
+def refresh_displays(*args: Any) -> None:
     """Bring the displayed bundles of shown panels up to date (an IPython ``post_run_cell`` hook,
-    so the update belongs to the cell that just ran and papermill records it)."""
+    so the update belongs to the cell that just ran and papermill records it). Once per cell:
+    ``%load_ext tgnb`` and the first shown panel may both have hooked it (both pass the cell's
+    result)."""
+    if args and args[0] is not None:
+        if args[0] is _REFRESHED_FOR[0]:
+            return
+        _REFRESHED_FOR[0] = args[0]
     for panel in list(_SHOWN):
         try:
             panel.refresh_display()
@@ -258,6 +296,15 @@ def refresh_displays(*_: Any) -> None:
 #: Metric names tried, in order, for the reward and the loss curves.
 REWARD_KEYS = ("reward", "rewards/margins", "rewards/chosen", "train/reward")
 LOSS_KEYS = ("loss", "train/loss")
+#: For GRPO, whose loss sits near 0 by construction, the second curve is one of these instead.
+GRPO_SPREAD_KEYS = ("kl", "reward_std")
+#: Said under a GRPO run's curves (why its loss is not the one drawn).
+GRPO_LOSS_NOTE = (
+    "GRPO's loss sits near 0 by construction: each group's advantages are normalised to mean 0, "
+    "so on-policy the loss averages 0 whatever the model learns. The second chart shows {key} "
+    "instead (reward_std: the spread of rewards within a group, which sizes the update; 0 means "
+    "no signal)."
+)
 _MARK_KINDS = {
     ev.CHECKPOINT_SAVED: "checkpoint",
     ev.SIGNAL_RECEIVED: "preemption",
@@ -300,6 +347,7 @@ class RunPanel(_Panel):
         self.reward_plot = W.HTML()
         self.loss_plot = W.HTML()
         self.error = W.HTML()
+        self.note = W.HTML()
         self.rows: list[dict[str, Any]] = []
         self.events: list[ev.Event] = []
         self.state = ""
@@ -308,6 +356,7 @@ class RunPanel(_Panel):
                 self.header,
                 W.HBox([self.progress, self.progress_label]),
                 W.HBox([self.reward_plot, self.loss_plot]),
+                self.note,
                 self.error,
             ]
         )
@@ -345,6 +394,7 @@ class RunPanel(_Panel):
         self.progress_label.value = self._progress_text()
         self.header.value = self._header_html()
         self.reward_plot.value, self.loss_plot.value = self._plots()
+        self.note.value = self._note_html()
 
     def step(self) -> int:
         steps = [int(r["step"]) for r in self.rows if isinstance(r.get("step"), int)]
@@ -397,10 +447,26 @@ class RunPanel(_Panel):
             out.append((float(step), kind))
         return out
 
+    def _second_keys(self) -> tuple[str, ...]:
+        """What the second chart draws: the loss, or for GRPO a number that moves."""
+        grpo = self.run.record.spec.train.get("algorithm") == "grpo"
+        moving = any(
+            isinstance(r.get(k), (int, float)) for r in self.rows for k in GRPO_SPREAD_KEYS
+        )
+        return GRPO_SPREAD_KEYS if grpo and moving else LOSS_KEYS
+
+    def _note_html(self) -> str:
+        keys = self._second_keys()
+        if keys is LOSS_KEYS:
+            return ""
+        key, _ = _series(self.rows, keys)
+        note = html.escape(GRPO_LOSS_NOTE.format(key=key))
+        return f"<div class='tgnb-note' style='max-width:720px;color:#555'>{note}</div>"
+
     def _plots(self) -> tuple[str, str]:
         marks = self.markers()
         rkey, reward = _series(self.rows, REWARD_KEYS)
-        lkey, loss = _series(self.rows, LOSS_KEYS)
+        lkey, loss = _series(self.rows, self._second_keys())
         return (
             curve_svg(rkey, reward, marks, colour="#2ca02c"),
             curve_svg(lkey, loss, marks, colour="#d62728"),
@@ -416,7 +482,7 @@ class RunPanel(_Panel):
         reward, loss = self._plots()
         return (
             f"<div class='tgnb-run-panel'>{self._header_html()}<br>{bar} "
-            f"{html.escape(self._progress_text())}<div>{reward}{loss}</div></div>"
+            f"{html.escape(self._progress_text())}<div>{reward}{loss}</div>{self._note_html()}</div>"
         )
 
 

@@ -201,6 +201,9 @@ class Cost:
     ready_at: datetime | None
     stopped_at: datetime | None
     estimated: bool
+    #: The clock `minutes` are counted in, when it is not real time: on the local emulator, its
+    #: platform time (``time_scale`` 0.02: 50 platform seconds a real second).
+    clock: str = ""
 
     @property
     def gpu_minutes(self) -> float:
@@ -213,6 +216,8 @@ class Cost:
 
     def __str__(self) -> str:
         tail = " (estimated: READY time not reported)" if self.estimated else ""
+        if self.clock:
+            tail += f" [{self.clock}]"
         return (
             f"{self.resource_id}: {self.minutes:.1f} min READY x {self.gpus} GPU = "
             f"{self.gpu_minutes:.1f} GPU-min, {self.amount:.2f} {self.currency} "

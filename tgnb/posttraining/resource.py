@@ -184,6 +184,24 @@ class PostTraining:
         return float(r.price_per_hour), str(r.currency)
 
 
+_CLOCKS: dict[tuple[Path, str], str] = {}
+
+
+def _emulator_clock(conn: Connection) -> str:
+    """What a local emulator's minutes are: its platform time, and how fast that runs (read
+    once per emulator: a restart answers on another port)."""
+    key = (conn.home, conn.base_url)
+    if key not in _CLOCKS:
+        from tgnb.emulator import daemon
+
+        scale = (daemon.status(conn.home).options or {}).get("time_scale")
+        if isinstance(scale, int | float) and 0 < scale < 1:
+            _CLOCKS[key] = f"emulator platform time: {1 / scale:g} platform minutes a real minute"
+        else:
+            _CLOCKS[key] = "emulator platform time"
+    return _CLOCKS[key]
+
+
 class Resource:
     """One model resource: ``open_session()``, ``sessions()``, ``checkpoints()``, ``cost()``,
     ``events()``, ``panel()``, ``stop()``. ``client`` is the SDK's `ModelResourcesClient`."""
@@ -196,8 +214,12 @@ class Resource:
         self._last: ResourceInfo | None = None
 
     def __repr__(self) -> str:
-        status = self._last.status if self._last else "?"
-        return f"<Resource {self.id}: {status}>"
+        """``<Resource 1945...: READY, Qwen/Qwen3-8B, LoRA>`` as last read (no request made)."""
+        last = self._last
+        if last is None:
+            return f"<Resource {self.id}: status not read yet (.status reads it)>"
+        kind = "LoRA" if last.lora_enabled else "full weight"
+        return f"<Resource {self.id}: {last.status}, {last.base_model}, {kind}>"
 
     # -- state ---------------------------------------------------------------------------------
     def info(self) -> ResourceInfo:
@@ -353,7 +375,8 @@ class Resource:
         else:
             end = stopped or utcnow()
             minutes = max((end - ready).total_seconds(), 0.0) / 60.0
-        return Cost(self.id, minutes, gpus, price, currency, ready, stopped, estimated)
+        clock = _emulator_clock(self.conn) if self.conn.local else ""
+        return Cost(self.id, minutes, gpus, price, currency, ready, stopped, estimated, clock)
 
     def events(self) -> list[Event]:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session
