@@ -6,7 +6,6 @@ magics stay a thin parse; everything else is `Session`/`Run`/`Cluster` methods.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from tgnb.events import Event, parse_time, utcnow
+from tgnb.markup import escape, plain
 
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, ClusterState, WaitResult
@@ -123,7 +123,7 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
         lines.append(row.rstrip())
     if header and not events:
         lines.append("(no events)")
-    return "\n".join(lines)
+    return plain("\n".join(lines))
 
 
 def preempt(session: Session, node: str | None) -> Preempted:
@@ -149,7 +149,7 @@ class Preempted:
         return f"preempted {self.node}: notice at {notice}, removed at {gone} (end of drain window)"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return f"<code>{escape(repr(self))}</code>"
 
 
 def _clock(stamp: str | None) -> str:
@@ -189,14 +189,17 @@ class Table:
             return self.empty
         all_rows: list[Sequence[str]] = [self.head, *self.rows]
         widths = [max(len(r[i]) for r in all_rows) for i in range(len(self.head))]
-        return "\n".join(
-            "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in all_rows
+        return plain(
+            "\n".join(
+                "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                for r in all_rows
+            )
         )
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        e = html.escape
+        e = escape
         if not self.rows:
             return f"<div>{e(self.empty)}</div>"
         head = "".join(f"<th>{e(h.lower())}</th>" for h in self.head)

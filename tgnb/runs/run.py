@@ -19,6 +19,7 @@ from tgnb.events import (
     STDOUT_PREFIX,
     Event,
     dedupe,
+    from_record,
     read_jsonl,
 )
 from tgnb.runs.backend import Backend
@@ -194,9 +195,11 @@ class Run:
             with open(path, encoding="utf-8") as fh:
                 for line in fh:
                     try:
-                        out.append(json.loads(line))
+                        rec = json.loads(line)
                     except ValueError:
                         continue  # a torn last line
+                    if isinstance(rec, dict):  # a line that is not an object is no record
+                        out.append(rec)
             return out
         for line in self.logs():
             rec = parse_record(line)
@@ -251,8 +254,8 @@ class Run:
         path = self._file("events.jsonl")
         if path is not None and path.exists():
             return dedupe(read_jsonl(path, run=self.name))
-        evs = [Event.from_dict(r) for r in self.records("events") if "reason" in r]
-        return dedupe(evs)
+        evs = (from_record(r) for r in self.records("events"))
+        return dedupe(e for e in evs if e is not None)
 
     def nodes_used(self) -> list[str]:
         """Every node the run was placed on, in order."""
