@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 # Reasons the platform emits in node_lifecycle_events.
@@ -107,6 +108,28 @@ def parse_time(value: str | float | int | datetime) -> datetime:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.astimezone(timezone.utc)
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Longest duration tgnb reads (an age, a timeout): ten years.
+MAX_DURATION = timedelta(days=3650)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``2h``, ``1d`` or plain seconds (ASCII digits) as a timedelta, more than
+    0 and at most `MAX_DURATION`; `ValueError` with the fix otherwise. The one duration parser of
+    the magics and the Python API."""
+    m = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"{str(text)[:40]!r} is not a duration: write e.g. 30m, 2h or 1d")
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not 0 < seconds <= MAX_DURATION.total_seconds():
+        raise ValueError(
+            f"{text.strip()[:40]!r} is out of range: a duration is more than 0 and at most "
+            f"{MAX_DURATION.days}d"
+        )
+    return timedelta(seconds=seconds)
 
 
 def format_time(dt: datetime) -> str:
