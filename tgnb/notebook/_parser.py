@@ -130,7 +130,9 @@ def out_name(text: str) -> str:
         or keyword.iskeyword(text)
         or (text.startswith("__") and text.endswith("__"))
     ):
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a variable name to use: try run1")
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a Python name to store into: try run1"
+        )
     return text
 
 
