@@ -24,7 +24,8 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
   Post-Training engine and the Post-Training notebooks use the model, data and rewards.
 - ``runs``: the domain types (`RunSpec`, `JobState`, `EXIT_PREEMPTED`), the `Backend` protocol and
   the run store; the backends and the training runtime depend on it, never the reverse.
-- ``events``, ``errors`` (and ``progress``, text bars); then ``config``.
+- ``events``, ``errors`` (and ``progress``, text bars); ``markup`` (the one escaping function of
+  every rendered string); then ``config``.
 
 A new subpackage must be added to `LAYERS` before its imports are checked: the test says so. An
 exception to the rule goes in `ALLOWED` (`ALLOWED_CYCLES` for a circle) with the
@@ -54,6 +55,7 @@ LAYERS: list[set[str]] = [
     {"tasks"},
     {"runs"},
     {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
+    {"markup"},  # the one escaping function of every rendered string (issue 24)
     {"config"},
 ]
 

@@ -225,8 +225,15 @@ def _value(text: str) -> Any:
     """A ``-p`` value read as YAML (numbers, lists, booleans), else the string itself."""
     import yaml
 
+    from tgnb.tasks.config import YAMLAliasError, load_yaml
+
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
+    except YAMLAliasError:
+        raise ValidationError(
+            f"-p value {text[:60]!r}: YAML anchors and aliases (&name, *name) are not "
+            "accepted; write the value out"
+        ) from None
     except yaml.YAMLError:
         return text
 

@@ -29,6 +29,7 @@ from tgnb.events import (
     PREEMPTION_NOTIFIED,
     RUN_RESUMED,
     Event,
+    from_record,
 )
 
 TARGET = 16
@@ -184,8 +185,8 @@ def _follow(
                 node = run.status.nodes[0]
                 out(f"preempting {node} (the run's node) at step {step}")
                 session.preempt(node)
-        elif rec.get("kind") == "events" and "reason" in rec:
-            out.event(Event.from_dict(rec))
+        elif rec.get("kind") == "events" and (event := from_record(rec)) is not None:
+            out.event(event)
         if time.monotonic() > deadline:
             out("timed out; stopping the run")
             run.stop()

@@ -8,9 +8,11 @@ The timeline, the widgets and the backends all speak `Event`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import logging
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 # Reasons the platform emits in node_lifecycle_events.
@@ -108,6 +110,28 @@ def parse_time(value: str | float | int | datetime) -> datetime:
     return dt.astimezone(timezone.utc)
 
 
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Longest duration tgnb reads (an age, a timeout): ten years.
+MAX_DURATION = timedelta(days=3650)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``2h``, ``1d`` or plain seconds (ASCII digits) as a timedelta, more than
+    0 and at most `MAX_DURATION`; `ValueError` with the fix otherwise. The one duration parser of
+    the magics and the Python API."""
+    m = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"{str(text)[:40]!r} is not a duration: write e.g. 30m, 2h or 1d")
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not 0 < seconds <= MAX_DURATION.total_seconds():
+        raise ValueError(
+            f"{text.strip()[:40]!r} is out of range: a duration is more than 0 and at most "
+            f"{MAX_DURATION.days}d"
+        )
+    return timedelta(seconds=seconds)
+
+
 def format_time(dt: datetime) -> str:
     """RFC 3339 in UTC with a trailing Z, as the API writes timestamps."""
     return dt.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
@@ -194,24 +218,90 @@ def dedupe(events: Iterable[Event], seen: set[tuple[Any, ...]] | None = None) ->
     return sorted(out, key=lambda e: e.time)
 
 
-def read_jsonl(path: Any, run: str | None = None) -> Iterator[Event]:
-    """Events from an ``events.jsonl`` file; a torn last line (a write cut short) is skipped."""
+#: Event times outside these years are a malformed record (a clock gone wrong, a typo).
+_YEARS = (1970, 9000)
+
+
+def from_record(record: Any) -> Event | None:
+    """The `Event` of one record (an ``events.jsonl`` line, an ``@tgnb`` line), or None when it
+    is not one: not an object, no ``reason`` or ``time``, a time that does not parse or lies
+    outside 1970-9000, a field of the wrong type."""
+    if not isinstance(record, Mapping):
+        return None
+    reason, source, data = record.get("reason"), record.get("source", "run"), record.get("data")
+    if not isinstance(reason, str) or not reason or not isinstance(source, str):
+        return None
+    if not all(isinstance(record.get(k), (str, type(None))) for k in ("node", "run")):
+        return None
+    if data is not None and not isinstance(data, Mapping):
+        return None
+    stamp = record.get("time")
+    if not isinstance(stamp, (str, int, float)) or isinstance(stamp, bool):
+        return None
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                ev = Event.from_dict(record)
-                if run is not None and ev.run is None:
-                    ev = Event(ev.time, ev.source, ev.reason, ev.message, ev.node, run, ev.data)
-                yield ev
+        ev = Event.from_dict(record)
+    except (KeyError, ValueError, TypeError, OverflowError, OSError):
+        return None
+    if not _YEARS[0] <= ev.time.year <= _YEARS[1]:
+        return None
+    return ev
+
+
+class EventLines(list[Event]):
+    """Events read from lines, with `skipped`: how many lines were not an event."""
+
+    skipped: int = 0
+
+
+_log = logging.getLogger("tgnb.events")
+#: (path, skipped) already reported, so a file read on every poll is reported once per change.
+_REPORTED: set[tuple[str, int]] = set()
+
+
+def read_lines(lines: Iterable[str], run: str | None = None, source: str = "") -> EventLines:
+    """The events among JSON lines: a blank line or a torn last line is passed over, any other
+    line that is not an event (not JSON, no ``time``, a bad time, ...) is skipped and counted
+    (`EventLines.skipped`, and one warning on the ``tgnb.events`` logger naming `source`), never
+    raised: one bad line must not hide the run's other events from any reader."""
+    out = EventLines()
+    pending_torn = False
+    for raw in lines:
+        line = raw.strip()
+        if not line:
+            continue
+        if pending_torn:  # a line that did not parse and was not the last: malformed
+            out.skipped += 1
+            pending_torn = False
+        try:
+            record = json.loads(line)
+        except ValueError:
+            pending_torn = True
+            continue
+        ev = from_record(record)
+        if ev is None:
+            out.skipped += 1
+            continue
+        if run is not None and ev.run is None:
+            ev = Event(ev.time, ev.source, ev.reason, ev.message, ev.node, run, ev.data)
+        out.append(ev)
+    if out.skipped and (source, out.skipped) not in _REPORTED:
+        _REPORTED.add((source, out.skipped))
+        _log.warning(
+            "skipped %d malformed line(s) of %s (not an event: no time or reason, or a bad value)",
+            out.skipped,
+            source or "events",
+        )
+    return out
+
+
+def read_jsonl(path: Any, run: str | None = None) -> EventLines:
+    """Events from an ``events.jsonl`` file (`read_lines`: malformed lines are skipped and
+    counted, a torn last line passed over); an empty list when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return read_lines(fh, run=run, source=str(path))
     except FileNotFoundError:
-        return
+        return EventLines()
 
 
 def program_text(line: str) -> str | None:

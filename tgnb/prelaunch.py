@@ -38,6 +38,8 @@ CHECK_TIMEOUT_S = 300.0
 def _config_file(text: str) -> dict[str, Any]:
     import yaml
 
+    from tgnb.tasks.config import load_yaml
+
     path = Path(text).expanduser()
     if not path.is_file():
         raise ValidationError(
@@ -45,12 +47,12 @@ def _config_file(text: str) -> dict[str, Any]:
             "nor a YAML config file that exists"
         )
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        loaded = load_yaml(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
         raise ValidationError(
-            f"config file {str(path)!r} is not plain YAML ({first}): python tags and other "
-            "custom tags are refused; write plain keys and values"
+            f"config file {str(path)!r} is not plain YAML ({first}): python tags, other "
+            "custom tags, anchors and aliases are refused; write plain keys and values"
         ) from None
     if not isinstance(loaded, dict):
         raise ValidationError(f"config file {str(path)!r} must hold a mapping of keys to values")

@@ -14,7 +14,6 @@ Bad input is refused before anything is sent or recorded (`tgnb.errors.Validatio
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tgnb.config import Settings
 from tgnb.errors import EmulatorError, NotFoundError, TgnbError, ValidationError
-from tgnb.events import Event, dedupe, parse_time, utcnow
+from tgnb.events import MAX_DURATION, Event, dedupe, parse_duration, parse_time, utcnow
 from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
 from tgnb.runs.spec import GPUS_PER_NODE, JobState, Resources, RunSpec, SecretRef
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 DEMO_CLUSTER = "tgnb-demo"
 #: Platform time runs this many times faster on an emulator `attach()` starts (300 s -> 6 s).
 DEFAULT_TIME_SCALE = 0.02
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 
 
 def parse_since(since: datetime | timedelta | str | float | None) -> datetime | None:
@@ -45,12 +43,16 @@ def parse_since(since: datetime | timedelta | str | float | None) -> datetime | 
     if since is None or isinstance(since, datetime):
         return None if since is None else parse_time(since)
     if isinstance(since, timedelta):
+        if not timedelta(0) <= since <= MAX_DURATION:
+            raise ValidationError(
+                f"since={since!r} must be an age from 0 to {MAX_DURATION.days} days"
+            )
         return utcnow() - since
-    if isinstance(since, str):
-        m = _DURATION.fullmatch(since)
-        if m:
-            unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-            return utcnow() - timedelta(seconds=float(m.group(1)) * unit)
+    if isinstance(since, str) and since.strip()[-1:] in ("s", "m", "h", "d"):
+        try:
+            return utcnow() - parse_duration(since)
+        except ValueError as exc:
+            raise ValidationError(f"since={exc}") from None
     try:
         return parse_time(since)
     except (TypeError, ValueError):
@@ -472,6 +474,6 @@ class Preemption:
         )
 
     def _repr_html_(self) -> str:
-        import html
+        from tgnb.markup import escape
 
-        return f"<code>{html.escape(repr(self))}</code>"
+        return f"<code>{escape(repr(self))}</code>"

@@ -6,13 +6,13 @@ reprs are safe to show in a notebook.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from tgnb.events import Event, dedupe, format_time, parse_time, utcnow
+from tgnb.markup import escape, plain
 
 #: Node names of preemptible nodes start with this; standard nodes start with ``gpu-dp``.
 PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
@@ -174,12 +174,12 @@ class ClusterState:
                 lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
         else:
             lines.append("(no GPU worker nodes)")
-        return "\n".join(lines)
+        return plain("\n".join(lines))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        e = html.escape
+        e = escape
         header = "<br>".join(e(line) for line in self._header())
         cells = "".join(
             "<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in self._rows()

@@ -6,7 +6,6 @@ magics stay a thin parse; everything else is `Session`/`Run`/`Cluster` methods.
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from tgnb.events import Event, utcnow
+from tgnb.markup import escape, plain
 
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, ClusterState, WaitResult
@@ -140,7 +140,7 @@ def events_text(events: Sequence[Event], tz: str = "UTC", header: bool = True) -
         lines.append(row.rstrip())
     if header and not events:
         lines.append("(no events)")
-    return "\n".join(lines)
+    return plain("\n".join(lines))
 
 
 #: Table cells keep their words whole (JupyterLab's output styles break text anywhere, which cut
@@ -164,7 +164,7 @@ class EventsTable:
     def _repr_html_(self) -> str:
         from tgnb.notebook.timeline import _zone
 
-        e = html.escape
+        e = escape
         if not self.events:
             return "<div>(no events)</div>"
         zone = _zone(self.tz)
@@ -200,9 +200,9 @@ def _whole_words(text: str) -> str:
     out = []
     for part in re.split(r"(\s+)", text):
         if part and not part.isspace() and ("-" in part or "/" in part):
-            out.append(f"<span style='white-space:nowrap'>{html.escape(part)}</span>")
+            out.append(f"<span style='white-space:nowrap'>{escape(part)}</span>")
         else:
-            out.append(html.escape(part))
+            out.append(escape(part))
     return "".join(out)
 
 
@@ -247,12 +247,12 @@ class Table:
         lines = [
             "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in all_rows
         ]
-        return "\n".join([f"({self.caption})", *lines] if self.caption else lines)
+        return plain("\n".join([f"({self.caption})", *lines] if self.caption else lines))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        e = html.escape
+        e = escape
         if not self.rows:
             return f"<div>{e(self.empty)}</div>"
         head = "".join(f"<th>{e(h.lower())}</th>" for h in self.head)

@@ -27,8 +27,10 @@ def parse_body(cell: str) -> dict[str, Any]:
     """The cell's YAML as a mapping; a parse error names the line and column."""
     import yaml
 
+    from tgnb.tasks.config import load_yaml
+
     try:
-        body = yaml.safe_load(cell)
+        body = load_yaml(cell)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

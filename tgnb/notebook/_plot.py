@@ -3,9 +3,10 @@ vertical markers at checkpoints, preemptions and resumes."""
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Callable, Sequence
+
+from tgnb.markup import escape
 
 #: Marker colours by kind (checkpoint, preemption, resume).
 MARKER_COLOURS = {"checkpoint": "#3366cc", "preemption": "#d62728", "resume": "#1b9e77"}
@@ -97,7 +98,7 @@ def curve_svg(
         f'<svg xmlns="http://www.w3.org/2000/svg" class="tgnb-curve" width="{width}" '
         f'height="{height}" font-family="sans-serif" font-size="10">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{html.escape(title)}</text>',
+        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{escape(title)}</text>',
     ]
     if not pts:
         out.append(f'<text x="{left}" y="{top + h / 2:.0f}" fill="#888">no data yet</text></svg>')

@@ -15,14 +15,21 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from tgnb.notebook._api import Table
-from tgnb.notebook._parser import HelpShown, _Parser, duration, nearest, unknown_options
+from tgnb.notebook._parser import (
+    HelpShown,
+    _Parser,
+    duration,
+    name_arg,
+    nearest,
+    number,
+    out_name,
+    unknown_options,
+    whole,
+)
 
 
 def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write e.g. 8") from None
+    n = whole(text)  # ASCII digits only
     if n < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return n
@@ -52,55 +59,61 @@ def build() -> dict[str, _Parser]:
         "--inactive-timeout", type=duration, default=None, help="stop after idling, e.g. 15m"
     )
     s.add_argument("--full-weight", action="store_true", help="one full-weight session, no LoRA")
-    s.add_argument("-o", "--out", metavar="NAME", help="store the Resource under NAME")
+    s.add_argument(
+        "-o", "--out", type=out_name, metavar="NAME", help="store the Resource under NAME"
+    )
 
     a = sub("attach", "Make an existing model resource the current one.")
-    a.add_argument("resource", help="resource id (see %%tg pt resources)")
-    a.add_argument("-o", "--out", metavar="NAME", help="store the Resource under NAME")
+    a.add_argument("resource", type=name_arg, help="resource id (see %%tg pt resources)")
+    a.add_argument(
+        "-o", "--out", type=out_name, metavar="NAME", help="store the Resource under NAME"
+    )
 
     ss = sub("sessions", "The training sessions of the current resource.")
-    ss.add_argument("--resource", help="another resource id")
+    ss.add_argument("--resource", type=name_arg, help="another resource id")
     ss.add_argument("--active", action="store_true", help="only running ones")
 
     o = sub("open", "Open a training session (a LoRA adapter) on the current resource.")
     o.add_argument("--rank", type=_positive, help="LoRA rank, e.g. 8")
     o.add_argument("--alpha", type=_positive, help="LoRA alpha, e.g. 16")
-    o.add_argument("--dropout", type=float, help="LoRA dropout, e.g. 0.05")
+    o.add_argument("--dropout", type=number, help="LoRA dropout, e.g. 0.05")
     o.add_argument("--seed", type=_positive, help="LoRA init seed")
     o.add_argument("--name", help="display name, e.g. lr-1e-4")
     o.add_argument("--resume", metavar="CHECKPOINT", help="training checkpoint id to resume")
-    o.add_argument("--resource", help="another resource id")
-    o.add_argument("-o", "--out", metavar="NAME", help="store the TrainingSession under NAME")
+    o.add_argument("--resource", type=name_arg, help="another resource id")
+    o.add_argument(
+        "-o", "--out", type=out_name, metavar="NAME", help="store the TrainingSession under NAME"
+    )
 
     st = sub(
         "stop", "Stop a session (--session) or the current resource (--force: its sessions too)."
     )
-    st.add_argument("--session", metavar="ID_OR_NAME", help="stop this session only")
+    st.add_argument("--session", type=name_arg, metavar="ID_OR_NAME", help="stop this session only")
     st.add_argument("--force", action="store_true", help="stop the resource's sessions too")
-    st.add_argument("--resource", help="another resource id")
+    st.add_argument("--resource", type=name_arg, help="another resource id")
 
     ck = sub("checkpoints", "Checkpoints of the current resource's sessions.")
-    ck.add_argument("--resource", help="another resource id")
+    ck.add_argument("--resource", type=name_arg, help="another resource id")
 
     sv = sub("save", "Save a checkpoint of a session.")
-    sv.add_argument("session", metavar="ID_OR_NAME", help="the session")
+    sv.add_argument("session", type=name_arg, metavar="ID_OR_NAME", help="the session")
     sv.add_argument("--kind", choices=["inference", "training"], default="inference")
-    sv.add_argument("--resource", help="another resource id")
+    sv.add_argument("--resource", type=name_arg, help="another resource id")
 
     d = sub("download", "Download a checkpoint's files (adapter: LoRA weights; merged).")
-    d.add_argument("checkpoint", help="checkpoint id (see %%tg pt checkpoints)")
+    d.add_argument("checkpoint", type=name_arg, help="checkpoint id (see %%tg pt checkpoints)")
     d.add_argument("--variant", default="adapter", help="adapter (default) or merged")
     d.add_argument("--out", default=".", metavar="DIR", help="directory (default: .)")
 
     co = sub("cost", "GPU-minutes READY and their price so far.")
-    co.add_argument("--resource", help="another resource id")
+    co.add_argument("--resource", type=name_arg, help="another resource id")
 
     for name in ("panel", "watch"):
         w = sub(name, "A live panel of the current resource: sessions, curves, cost.")
-        w.add_argument("--resource", help="another resource id")
+        w.add_argument("--resource", type=name_arg, help="another resource id")
 
     ev = sub("events", "Lifecycle events of the current resource and its sessions.")
-    ev.add_argument("--resource", help="another resource id")
+    ev.add_argument("--resource", type=name_arg, help="another resource id")
     ev.add_argument("--timeline", action="store_true", help="draw them as an EventTimeline")
     return p
 
@@ -150,8 +163,8 @@ class PtCommands:
         if extras:
             raise unknown_options(parser.prog, extras, parser)
         out = getattr(args, "out", None)
-        if name in ("start", "attach", "open") and out is not None and not out.isidentifier():
-            raise UsageError(f"-o {out!r} is not a Python name: try -o res")
+        if name in ("start", "attach", "open") and out is not None:
+            self.magics.check_out(out)
         handler = getattr(self, f"_do_{'panel' if name == 'watch' else name}")
         return handler(args)
 
@@ -221,7 +234,11 @@ class PtCommands:
         return Table(head, rows, "no model resources: %tg pt start MODEL")
 
     def _do_start(self, args: Any) -> None:
-        timeout = int(args.inactive_timeout.total_seconds()) if args.inactive_timeout else None
+        timeout = None
+        if args.inactive_timeout is not None:
+            timeout = int(args.inactive_timeout.total_seconds())
+            if timeout < 1:
+                raise UsageError("%tg pt start: --inactive-timeout must be at least 1s, e.g. 15m")
         res = self.handle().start(
             args.model,
             generators=args.generators,

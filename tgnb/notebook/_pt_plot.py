@@ -3,10 +3,10 @@ LoRA runs on one resource compare at a glance. Same look as `tgnb.notebook._plot
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping, Sequence
 
+from tgnb.markup import escape
 from tgnb.notebook._plot import _nice_axis, axes
 
 #: Series colours, in order (a colour-blind-safe palette).
@@ -45,7 +45,7 @@ def multi_curve_svg(
         f'<svg xmlns="http://www.w3.org/2000/svg" class="tgnb-curves" width="{width}" '
         f'height="{height}" font-family="sans-serif" font-size="10">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{html.escape(title)}</text>',
+        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{escape(title)}</text>',
     ]
     allp = [p for pts in clean.values() for p in pts]
     if not allp:
@@ -60,7 +60,7 @@ def multi_curve_svg(
     out.append(frame)
     for i, (label, pts) in enumerate(clean.items()):
         c = colour(i)
-        name = html.escape(label)
+        name = escape(label)
         if len(pts) == 1:
             x, y = pts[0]
             out.append(
@@ -78,7 +78,7 @@ def multi_curve_svg(
         short = label if len(label) <= 22 else label[:10] + "…" + label[-10:]
         out.append(
             f'<rect x="{lx:.0f}" y="{ly - 8}" width="10" height="3" fill="{c}"/>'
-            f'<text x="{lx + 14:.0f}" y="{ly - 4}">{html.escape(short)}</text>'
+            f'<text x="{lx + 14:.0f}" y="{ly - 4}">{escape(short)}</text>'
         )
     out.append("</svg>")
     return "".join(out)

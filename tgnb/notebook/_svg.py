@@ -6,12 +6,12 @@ are drawn once with a count, so the element count is bounded by lanes x width, n
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tgnb import events as ev
+from tgnb.markup import escape
 from tgnb.notebook._lanes import _LABEL, _MARKER_STYLE, _SPAN_STYLE, Marker, Span
 
 if TYPE_CHECKING:
@@ -151,12 +151,12 @@ def _group_svg(group: list[tuple[float, Marker]], mid: float, when: Callable[[fl
 
     def title(m: Marker) -> str:
         count = f" ×{m.count}" if m.count > 1 else ""
-        return f"{m.label}{count} at {html.escape(when(m.time))}"
+        return f"{m.label}{count} at {escape(when(m.time))}"
 
     def use(x: float, m: Marker, tip: str) -> str:
         ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
         return (
-            f'<use class="marker {m.reason}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
+            f'<use class="marker {escape(m.reason)}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
             f'y="{mid:.1f}"><title>{tip}</title></use>'
         )
 
@@ -233,7 +233,7 @@ def render(tl: EventTimeline) -> str:
     ]
     if tl.title:
         out.append(
-            f'<text x="8" y="18" font-size="14" font-weight="bold">{html.escape(tl.title)}</text>'
+            f'<text x="8" y="18" font-size="14" font-weight="bold">{escape(tl.title)}</text>'
         )
 
     # Time axis: grid lines and labels in the display time zone.
@@ -242,13 +242,13 @@ def render(tl: EventTimeline) -> str:
     if step < 86400 and hi - lo > 86400:
         fmt = "%m-%d %H:%M"
     tzname = datetime.fromtimestamp(lo, tl.tz).strftime("%Z") or str(tl.tz)
-    out.append(f'<text x="8" y="{top - 8}" fill="#555">time ({html.escape(tzname)})</text>')
+    out.append(f'<text x="8" y="{top - 8}" fill="#555">time ({escape(tzname)})</text>')
     for t in ticks:
         x = x_of(t)
         label = datetime.fromtimestamp(t, tl.tz).strftime(fmt)
         out.append(
             f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>'
-            f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle" fill="#555">{label}</text>'
+            f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle" fill="#555">{escape(label)}</text>'
         )
 
     when = tl.short_time if hi - lo < 86400 else tl.format_time
@@ -262,10 +262,10 @@ def render(tl: EventTimeline) -> str:
         )
         swatch = _SPAN_STYLE.get(lane.kind, "#7570b3")
         out.append(
-            f'<g class="lane lane-{lane.kind}" data-key="{html.escape(lane.key, quote=True)}">'
-            f'<rect x="6" y="{mid - 5:.1f}" width="10" height="10" fill="{swatch}"><title>{tag}</title></rect>'
-            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">{html.escape(name)}'
-            f"<title>{html.escape(lane.key)}</title></text>"
+            f'<g class="lane lane-{escape(lane.kind)}" data-key="{escape(lane.key)}">'
+            f'<rect x="6" y="{mid - 5:.1f}" width="10" height="10" fill="{swatch}"><title>{escape(tag)}</title></rect>'
+            f'<text x="{_LEFT - 6}" y="{mid + 4:.1f}" text-anchor="end">{escape(name)}'
+            f"<title>{escape(lane.key)}</title></text>"
         )
         for s in _merge_spans(lane.spans, scale):
             if s.end < lo or s.start > hi:
@@ -276,9 +276,9 @@ def render(tl: EventTimeline) -> str:
             opacity = (
                 ' fill-opacity="0.55"' if s.open and s.kind in ("standard", "preemptible") else ""
             )
-            title = html.escape(f"{s.label} {when(s.start)} → {when(s.end)}".strip())
+            title = escape(f"{s.label} {when(s.start)} → {when(s.end)}".strip())
             out.append(
-                f'<rect class="span {s.kind}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
+                f'<rect class="span {escape(s.kind)}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
                 f'fill="{_SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
             )
         placed = sorted((p for p in bucketed[i] if lo <= p[1].time <= hi), key=lambda p: p[0])
@@ -289,7 +289,7 @@ def render(tl: EventTimeline) -> str:
         y_more = top + len(lanes) * (_LANE_H + _GAP) + _LANE_H / 2 + 4
         more = ", ".join(f"{n} {kind}" for kind, n in sorted(tl.hidden.items()))
         out.append(
-            f'<text class="hidden-lanes" x="8" y="{y_more:.1f}" fill="#888">+ {more} nodes not shown</text>'
+            f'<text class="hidden-lanes" x="8" y="{y_more:.1f}" fill="#888">+ {escape(more)} nodes not shown</text>'
         )
 
     if lo <= tl.now <= hi:
@@ -314,7 +314,7 @@ def render(tl: EventTimeline) -> str:
         out.append(
             f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{_SPAN_STYLE[kind]}"/>'
         )
-        out.append(f'<text x="{x + 18:.0f}" y="{y}">{label}</text>')
+        out.append(f'<text x="{x + 18:.0f}" y="{y}">{escape(label)}</text>')
         x += 24 + 7 * len(label)
     y += 18
     x = 8.0
@@ -331,7 +331,7 @@ def render(tl: EventTimeline) -> str:
     ):
         shape, color = _MARKER_STYLE[reason]
         out.append(_shape(shape, x + 5, y - 4, color))
-        out.append(f'<text x="{x + 14:.0f}" y="{y}">{_LABEL[reason]}</text>')
+        out.append(f'<text x="{x + 14:.0f}" y="{y}">{escape(_LABEL[reason])}</text>')
         x += 22 + 6.5 * len(_LABEL[reason])
     out.append("</svg>")
     return "".join(out)

@@ -8,13 +8,13 @@ redone after the resume. Prices are per GPU-hour and optional.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from tgnb import events as ev
 from tgnb.events import Event, utcnow
+from tgnb.markup import escape
 from tgnb.notebook.timeline import node_class
 from tgnb.runs.spec import EXIT_PREEMPTED
 
@@ -111,7 +111,7 @@ class CostReport:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        e = html.escape
+        e = escape
         head = "".join(f"<th>{e(h.lower())}</th>" for h in self._HEAD)
         body = "".join(
             "<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in self._rows()

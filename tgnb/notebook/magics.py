@@ -18,7 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import (
+    Magics,
+    line_cell_magic,
+    magics_class,
+    needs_local_scope,
+    no_var_expand,
+)
 from traitlets import Float, TraitError, Unicode, validate
 
 from tgnb.errors import TgnbError
@@ -29,6 +35,10 @@ from tgnb.notebook._wording import as_magic
 if TYPE_CHECKING:
     from tgnb.runs import Run
     from tgnb.session import Session
+
+
+#: Longest ``%tg`` line read (characters); checked before any variable expansion.
+MAX_LINE = 2000
 
 
 def _display(obj: Any) -> None:
@@ -95,10 +105,13 @@ class Tg(Magics):
         return "\n".join(lines)
 
     @line_cell_magic
-    def tg(self, line: str, cell: str | None = None) -> Any:
+    @no_var_expand
+    @needs_local_scope
+    def tg(self, line: str, cell: str | None = None, local_ns: Any = None) -> Any:
         """Control tgnb clusters and runs: ``%tg --help`` lists the subcommands."""
         import shlex
 
+        line = self._expand(line, local_ns)
         try:
             words = shlex.split(_without_comment(line))
         except ValueError as e:
@@ -133,6 +146,34 @@ class Tg(Magics):
             raise UsageError(f"%tg {name}: {as_magic(str(e))}") from None
         except UsageError as e:
             raise _prefixed(f"%tg {name}", e) from None
+
+    def _expand(self, line: str, local_ns: Any) -> str:
+        """`line` with ``$name`` and ``{expr}`` expanded as IPython does for every magic, once
+        it is known to be at most `MAX_LINE` characters: IPython's expansion takes time that
+        grows faster than the line (a 200,000-character line took minutes), so the magic opts
+        out of it (``@no_var_expand``) and does it itself after the length check."""
+        if len(line) > MAX_LINE:
+            raise UsageError(
+                f"%tg: the line is {len(line):,} characters; at most {MAX_LINE:,} are read "
+                "(put a run's config in a %%tg launch cell body)"
+            )
+        if "$" not in line and "{" not in line:
+            return line
+        from IPython.utils.text import DollarFormatter
+
+        ns = dict(getattr(self.shell, "user_ns", None) or {})
+        ns.update(local_ns or {})
+        try:
+            return str(DollarFormatter().vformat(line, args=[], kwargs=ns))
+        except Exception:  # what IPython does: a line that does not expand is left as it is
+            return line
+
+    def check_out(self, out: str) -> None:
+        """Refuse an ``-o`` name that IPython itself keeps in the namespace (``In``, ``Out``,
+        ``_``, ``get_ipython``, ...): storing a run there would replace it."""
+        hidden = getattr(self.shell, "user_ns_hidden", None) or {}
+        if out in hidden:
+            raise UsageError(f"-o {out!r} is a name IPython keeps for itself: try -o run1")
 
     def _do_pt(self, words: list[str], cell: str | None) -> Any:
         """``%tg pt ...``: the Post-Training subcommands (tgnb.notebook._pt_magics)."""
@@ -216,6 +257,8 @@ class Tg(Magics):
     def _do_launch(self, args: Any, cell: str | None) -> Any:
         from tgnb.notebook._launch import launch_request
 
+        if args.out:
+            self.check_out(args.out)  # before the launch: a bad -o must not leave a run behind
         algorithm, options = launch_request(args, cell)
         if args.dry_run:
             print(self._session().launch(algorithm, dry_run=True, **options), end="")
@@ -223,8 +266,6 @@ class Tg(Magics):
         run = self._session().launch(algorithm, **options)
         self._mine[run.id] = None
         if args.out:
-            if not args.out.isidentifier():
-                raise UsageError(f"-o {args.out!r} is not a Python name: try -o run1")
             self.shell.user_ns[args.out] = run  # type: ignore[union-attr]
         return run
 

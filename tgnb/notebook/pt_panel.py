@@ -13,12 +13,12 @@ versions and checkpoints from the API.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from typing import Any
 
 import ipywidgets as W
 
+from tgnb.markup import escape
 from tgnb.notebook._pt_plot import colour, multi_curve_svg
 from tgnb.notebook.widgets import Poller, _Panel
 
@@ -100,7 +100,7 @@ def header_text(state: PanelState) -> str:
 
 
 def table_html(state: PanelState) -> str:
-    e = html.escape
+    e = escape
     rows = session_rows(state)
     if not rows:
         return "<div>no sessions yet: res.open_session(lora={'rank': 8})</div>"
@@ -135,7 +135,7 @@ def render_html(state: PanelState) -> str:
     """The whole panel as static HTML (what papermill / nbconvert outputs keep)."""
     loss, reward = plots_html(state)
     return (
-        f"<div class='tgnb-pt-panel'><b>{html.escape(header_text(state))}</b>"
+        f"<div class='tgnb-pt-panel'><b>{escape(header_text(state))}</b>"
         f"{table_html(state)}<div>{loss}{reward}</div></div>"
     )
 
@@ -199,14 +199,14 @@ class ResourcePanel(_Panel):
 
     def update(self, state: PanelState) -> None:
         self.state = state
-        self.header.value = f"<b>{html.escape(header_text(state))}</b>"
+        self.header.value = f"<b>{escape(header_text(state))}</b>"
         self.table.value = table_html(state)
         self.loss_plot.value, self.reward_plot.value = plots_html(state)
         self.error.value = ""
 
     def to_html(self) -> str:
         if self.state is None:
-            return f"<div class='tgnb-pt-panel'>resource {html.escape(self.resource.id)}</div>"
+            return f"<div class='tgnb-pt-panel'>resource {escape(self.resource.id)}</div>"
         return render_html(self.state)
 
     def __repr__(self) -> str:

@@ -17,7 +17,6 @@ line, so 10,000 events draw in a few milliseconds.
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone, tzinfo
@@ -304,7 +303,7 @@ def _describe(e: Event) -> str:
         parts.append(f"step {step}")
     if e.message:
         parts.append(e.message)
-    return html.escape(" · ".join(str(p) for p in parts), quote=True)
+    return " · ".join(str(p) for p in parts)  # plain text: the renderer escapes it
 
 
 @runtime_checkable

@@ -9,7 +9,6 @@ outputs show where no widget state is saved.
 
 from __future__ import annotations
 
-import html
 import sys
 import threading
 import weakref
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from tgnb import events as ev
+from tgnb.markup import escape
 from tgnb.notebook._plot import curve_svg
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class _Panel(W.VBox):
         except Exception as e:  # a failed poll is shown, the next one may succeed
             from tgnb.config import scrub
 
-            self.error.value = f"<span style='color:#b00'>{html.escape(scrub(str(e)))}</span>"
+            self.error.value = f"<span style='color:#b00'>{escape(scrub(str(e)))}</span>"
             return None
         return None if result is None else bool(result)
 
@@ -219,7 +219,7 @@ class ClusterPanel(_Panel):
 
     def _header_html(self) -> str:
         s = self.state
-        e = html.escape
+        e = escape
         return (
             f"<b>{e(s.name)}</b> <code>{e(s.id)}</code> {e(s.type)} · {e(s.status)} · "
             f"{e(s.gpu_type)} {e(s.region)}<br>standard: {s.num_gpus} GPUs on "
@@ -228,7 +228,7 @@ class ClusterPanel(_Panel):
         )
 
     def _nodes_html(self) -> str:
-        e = html.escape
+        e = escape
         rows = "".join(
             f"<tr><td>{e(n.name)}</td><td>{e(n.kind)}</td><td>{n.gpus}</td>"
             f"<td>{e(n.status)}</td><td>{e(n.phase or '')}</td></tr>"
@@ -420,7 +420,7 @@ class RunPanel(_Panel):
         return f"{text}: {error}" if error and self.state == "failed" else text
 
     def _header_html(self) -> str:
-        e = html.escape
+        e = escape
         restarts = sum(1 for x in self.events if x.reason == ev.RUN_RESUMED)
         ckpts = sum(1 for x in self.events if x.reason == ev.CHECKPOINT_SAVED)
         node = next((x.node for x in reversed(self.events) if x.node), None) or "-"
@@ -460,7 +460,7 @@ class RunPanel(_Panel):
         if keys is LOSS_KEYS:
             return ""
         key, _ = _series(self.rows, keys)
-        note = html.escape(GRPO_LOSS_NOTE.format(key=key))
+        note = escape(GRPO_LOSS_NOTE.format(key=key))
         return f"<div class='tgnb-note' style='max-width:720px;color:#555'>{note}</div>"
 
     def _plots(self) -> tuple[str, str]:
@@ -482,7 +482,7 @@ class RunPanel(_Panel):
         reward, loss = self._plots()
         return (
             f"<div class='tgnb-run-panel'>{self._header_html()}<br>{bar} "
-            f"{html.escape(self._progress_text())}<div>{reward}{loss}</div>{self._note_html()}</div>"
+            f"{escape(self._progress_text())}<div>{reward}{loss}</div>{self._note_html()}</div>"
         )
 
 

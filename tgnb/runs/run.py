@@ -23,6 +23,7 @@ from tgnb.events import (
     SIGNAL_RECEIVED,
     Event,
     dedupe,
+    from_record,
     parse_record,
     program_text,
     read_jsonl,
@@ -224,9 +225,11 @@ class Run:
             with open(path, encoding="utf-8") as fh:
                 for line in fh:
                     try:
-                        out.append(json.loads(line))
+                        rec = json.loads(line)
                     except ValueError:
                         continue  # a torn last line
+                    if isinstance(rec, dict):  # a line that is not an object is no record
+                        out.append(rec)
             return out
         for line in self.logs(raw=True):
             rec = parse_record(line)
@@ -284,8 +287,8 @@ class Run:
         path = self._file("events.jsonl")
         if path is not None and path.exists():
             return dedupe(read_jsonl(path, run=self.name))
-        evs = [Event.from_dict(r) for r in self.records("events") if "reason" in r]
-        return dedupe(evs)
+        evs = (from_record(r) for r in self.records("events"))
+        return dedupe(e for e in evs if e is not None)
 
     def nodes_used(self) -> list[str]:
         """Every node the run was placed on, in order."""

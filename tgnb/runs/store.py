@@ -326,7 +326,7 @@ class RunStore:
             row = db.execute("SELECT id FROM runs WHERE id = ? OR name = ?", (run, run)).fetchone()
         if row is None:
             raise NotFoundError(
-                f"no run named {run!r} in {self.path}: list runs with session.runs()"
+                f"no run named {run!r} in this run store: list runs with session.runs()"
             )
         return str(row[0])
 

@@ -1,8 +1,10 @@
 """The HTTP API of the server extension, under ``<base_url>/tgnb/``.
 
 Every handler method is ``@tornado.web.authenticated``; `APIHandler` checks the XSRF token on
-every non-GET request. Errors are JSON ``{"message": "..."}`` (one line, secrets scrubbed): bad
-input 400, unknown run or cluster 404, the clusters API unreachable or refusing the key 502/503.
+every non-GET request. Errors are JSON ``{"message": "..."}`` (one line, secrets scrubbed, local
+paths cut to their last part): bad input 400 (a body that is not a flat JSON object of the route's
+fields, naming an unknown one), a body over `MAX_BODY` bytes 413, unknown run or cluster 404, the
+clusters API unreachable or refusing the key 502/503.
 
 - ``GET  /tgnb/status``            whether a session is attached (never attaches)
 - ``GET  /tgnb/cluster``           the attached cluster (attaches on first use; a read starts no
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,8 +65,26 @@ def _status_of(exc: TgnbError) -> int:
     return 500
 
 
+#: Largest request body read (bytes): the bodies are a few fields; larger ones are refused (413)
+#: before any parsing, so a 60 MB body does not hold the server's IO loop.
+MAX_BODY = 1 << 20
+#: Deepest nesting of a request body's JSON (the routes' bodies are flat objects).
+MAX_DEPTH = 8
+#: An absolute path (not a URL's): shown by its last part only, so answers leak no local paths.
+_PATH = re.compile(r"(?<![\w:/.])/(?:[\w.@+-]+/)+([\w.@+-]+)")
+
+
 def one_line(text: str) -> str:
-    return scrub(" ".join(str(text).split()))[:500]
+    """One scrubbed line of at most 500 characters, absolute paths cut to their last part."""
+    return _PATH.sub(r"…/\1", scrub(" ".join(str(text).split())))[:500]
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep `value` nests (a scalar is 0), counting no further than `limit` + 1."""
+    if limit < 0 or not isinstance(value, dict | list):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 class TgnbHandler(APIHandler):
@@ -101,14 +122,32 @@ class TgnbHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(payload))
 
-    def body_object(self) -> dict[str, Any] | None:
-        """The request body as a JSON object; None (after a 400) when it is not one."""
+    def body_object(self, fields: tuple[str, ...], example: str) -> dict[str, Any] | None:
+        """The request body as a JSON object with no fields but `fields`; None (after a 4xx)
+        when it is not one: more than `MAX_BODY` bytes (413, before parsing), not JSON, nested
+        deeper than `MAX_DEPTH`, not an object, or with a field the route does not know (400,
+        naming it)."""
+        raw = self.request.body or b"{}"
+        if len(raw) > MAX_BODY:
+            self.fail(413, f"the request body is {len(raw):,} bytes; at most {MAX_BODY:,} are read")
+            return None
+        deep = False
         try:
-            body = json.loads(self.request.body or b"{}")
+            body = json.loads(raw)
         except ValueError:
             body = None
+        except RecursionError:
+            body, deep = None, True
+        if deep or _depth(body, MAX_DEPTH) > MAX_DEPTH:
+            self.fail(400, f"the request body nests deeper than {MAX_DEPTH} levels: send {example}")
+            return None
         if not isinstance(body, dict):
-            self.fail(400, 'the request body must be a JSON object, e.g. {"preemptible": 16}')
+            self.fail(400, f"the request body must be a JSON object, e.g. {example}")
+            return None
+        unknown = sorted(str(k) for k in body if k not in fields)
+        if unknown:
+            names = ", ".join(repr(k[:40]) for k in unknown[:5])
+            self.fail(400, f"unknown field(s) {names}: this route takes {', '.join(fields)}")
             return None
         return body
 
@@ -141,7 +180,7 @@ class ClusterHandler(TgnbHandler):
 class AttachHandler(TgnbHandler):
     @web.authenticated
     async def post(self) -> None:
-        body = self.body_object()
+        body = self.body_object(("cluster", "local"), '{"cluster": "my-cluster"}')
         if body is None:
             return
         target, local = body.get("cluster"), body.get("local", False)
@@ -172,7 +211,7 @@ class AttachHandler(TgnbHandler):
 class ScaleHandler(TgnbHandler):
     @web.authenticated
     async def post(self) -> None:
-        body = self.body_object()
+        body = self.body_object(("preemptible",), '{"preemptible": 16}')
         if body is None:
             return
         if "preemptible" not in body:

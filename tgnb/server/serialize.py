@@ -1,7 +1,9 @@
 """What the server extension sends to the browser: plain JSON of clusters, runs and events.
 
 Only the fields listed here leave the server. A `ClusterState` holds no ``kube_config`` and no key,
-and nothing below reads the `Cloud`'s settings, so the API key never reaches a response.
+and nothing below reads the `Cloud`'s settings, so the API key never reaches a response. Every
+string goes through `tgnb.markup.plain` (no bidi or C0 control characters reach the sidebar, which
+renders them as text).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tgnb.events import Event, format_time
+from tgnb.markup import plain_json
 
 if TYPE_CHECKING:
     from tgnb.cloud import ClusterState, NodeState
@@ -47,7 +50,7 @@ def cluster_json(state: ClusterState, session: Session | None = None) -> dict[st
     if session is not None:
         out["backend"] = session.backend_name
         out["local"] = session.is_local
-    return out
+    return plain_json(out)
 
 
 def _step(run: Run) -> int:
@@ -82,8 +85,8 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
             for h in run.history()
         ]
         out["events"] = [e.to_dict() for e in run.run_events()]
-    return out
+    return plain_json(out)
 
 
 def event_json(event: Event) -> dict[str, Any]:
-    return event.to_dict()
+    return plain_json(event.to_dict())

@@ -69,8 +69,44 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+#: Longest YAML text tgnb reads as a run's config or a value (characters).
+MAX_YAML_CHARS = 1_000_000
+
+
+class YAMLAliasError(yaml.composer.ComposerError):
+    """An anchor (``&name``) or alias (``*name``) in YAML tgnb reads: refused, so a few hundred
+    bytes cannot expand into gigabytes (the "billion laughs")."""
+
+
+class _PlainLoader(_Loader):
+    """`_Loader` without anchors, aliases or merge keys: each node is written out once."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise YAMLAliasError(
+                None,
+                None,
+                "YAML anchors and aliases (&name, *name, <<: *name) are not accepted: "
+                "write each value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """The one reader of YAML that tgnb takes from users (config files, ``--set`` values, the
+    ``%%tg launch`` body, papermill parameters): safe tags only, ``1e-3`` a float, no anchors or
+    aliases, at most `MAX_YAML_CHARS` characters and no deeper than Python's recursion allows.
+    Raises `yaml.YAMLError` (`YAMLAliasError` for an alias) for what it refuses."""
+    if len(text) > MAX_YAML_CHARS:
+        raise yaml.YAMLError(
+            f"the YAML is {len(text):,} characters; at most {MAX_YAML_CHARS:,} are read"
+        )
+    try:
+        return yaml.load(text, Loader=_PlainLoader)  # a SafeLoader subclass
+    except RecursionError:
+        raise yaml.YAMLError("the YAML is nested too deeply: flatten it") from None
 
 
 @dataclass
@@ -170,7 +206,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
             f"override '{item}' is not key=value; write e.g. --set max_steps=50."
         )
     try:
-        value = _yaml(text) if text.strip() else ""
+        value = load_yaml(text) if text.strip() else ""
+    except YAMLAliasError:
+        raise TrainConfigError(
+            f"override '{key.strip()}': YAML anchors and aliases (&name, *name) are not "
+            "accepted; write the value out"
+        ) from None
     except yaml.YAMLError:
         value = text
     return key.strip().split("."), value
@@ -204,7 +245,7 @@ def load(
         if not p.is_file():
             raise TrainConfigError(f"config file '{p}' does not exist; check the path.")
         try:
-            loaded = _yaml(p.read_text(encoding="utf-8"))
+            loaded = load_yaml(p.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TrainConfigError(f"config file '{p}' is not valid YAML ({first}).") from None

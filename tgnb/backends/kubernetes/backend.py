@@ -26,7 +26,7 @@ from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
 from tgnb.errors import AuthenticationError, BackendError, NotFoundError, TgnbError
-from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, parse_record, parse_time
+from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, from_record, parse_record, parse_time
 
 
 class KubernetesBackend:
@@ -368,9 +368,8 @@ def run_records(lines: Iterator[str] | list[str], run: str) -> list[Event]:
         record = parse_record(line)
         if record is None or record.pop("kind", None) != "events":
             continue
-        try:
-            ev = Event.from_dict(record)
-        except (KeyError, ValueError, TypeError):
+        ev = from_record(record)
+        if ev is None:
             continue
         if ev.run is None:
             ev = Event(ev.time, ev.source, ev.reason, ev.message, ev.node, run, ev.data)

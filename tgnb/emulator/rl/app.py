@@ -205,12 +205,13 @@ class RLApi:
 
     async def update_session(self, request: Request, body: Any) -> Any:
         b = checks.require_object(body)
+        if "display_name" in b and not isinstance(b["display_name"], str):
+            raise checks.bad("display_name", "must be a string")
+        name = checks.display_name(b.get("display_name"))
         with self.p.lock:
             s = self.p.session(request.path_params["sid"])
             if "display_name" in b:
-                if not isinstance(b["display_name"], str):
-                    raise checks.bad("display_name", "must be a string")
-                s.display_name = b["display_name"] or None
+                s.display_name = name or None
             if "metadata" in b:
                 meta = checks.require_object(b["metadata"], "metadata")
                 s.metadata = {k: v for k, v in {**s.metadata, **meta}.items() if v != ""}

@@ -82,15 +82,32 @@ def resource_create(body: Any, extra: Sequence[str]) -> dict[str, Any]:
     }
 
 
+#: Longest display name of a training session (characters).
+MAX_DISPLAY_NAME = 256
+
+
+def display_name(value: Any) -> str | None:
+    """A session's display name: a string of at most `MAX_DISPLAY_NAME` printable characters
+    (no NUL, no other control or bidi formatting character), or null."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad("display_name", "must be a string")
+    if len(value) > MAX_DISPLAY_NAME or not value.isprintable():
+        raise bad(
+            "display_name",
+            f"must be at most {MAX_DISPLAY_NAME} printable characters (no control characters)",
+        )
+    return value
+
+
 def session_create(body: Any) -> dict[str, Any]:
     """Shape checks of a training-sessions create body (references are checked by the caller)."""
     body = require_object(body)
     rid = body.get("model_resources_id")
     if not isinstance(rid, str) or not rid:
         raise bad("model_resources_id", "required: the id of a READY model resource")
-    name = body.get("display_name")
-    if name is not None and not isinstance(name, str):
-        raise bad("display_name", "must be a string")
+    name = display_name(body.get("display_name"))
     metadata = require_object(body.get("metadata"), "metadata")
     resume = body.get("resume_from_checkpoint_id")
     if resume is not None and (not isinstance(resume, str) or not resume):
