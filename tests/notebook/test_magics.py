@@ -117,7 +117,7 @@ def test_launch_with_unknown_option_sends_nothing(
 ) -> None:
     with pytest.raises(UsageError, match=r"unknown option '--stpes': did you mean '--steps'"):
         ip.run_line_magic("tg", "launch grpo --stpes 5 -o r")
-    with pytest.raises(UsageError, match=r"invalid choice: 'ppo'"):
+    with pytest.raises(UsageError, match=r"'ppo' is neither an algorithm \(grpo, dpo, sft\)"):
         ip.run_line_magic("tg", "launch ppo")
     with pytest.raises(UsageError, match=r"unknown config key 'max_step'"):
         ip.run_line_magic("tg", "launch grpo --set max_step=3")

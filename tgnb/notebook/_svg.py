@@ -151,7 +151,7 @@ def _group_svg(group: list[tuple[float, Marker]], mid: float, when: Callable[[fl
 
     def title(m: Marker) -> str:
         count = f" ×{m.count}" if m.count > 1 else ""
-        return f"{m.label}{count} at {escape(when(m.time))}"
+        return f"{escape(m.label)}{count} at {escape(when(m.time))}"
 
     def use(x: float, m: Marker, tip: str) -> str:
         ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
