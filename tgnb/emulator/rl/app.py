@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +61,10 @@ def _status(r: Request) -> list[str]:
     return [v for raw in r.query_params.getlist("status") for v in raw.split(",") if v]
 
 
-#: The largest payload an upload URL takes (the SDK sends bodies over 0.5 MiB through them).
-MAX_PAYLOAD = 256 << 20
+#: The largest payload an upload URL takes (the SDK sends bodies over 0.5 MiB through them): the
+#: work caps (`tgnb.emulator.rl.inputs`) fit in a few MiB of JSON.
+MAX_PAYLOAD = 16 << 20
+INTERNAL = 13
 
 
 class RLApi:
@@ -122,6 +125,10 @@ class RLApi:
                 response.headers["retry-after-ms"] = str(e.retry_after_ms)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
+            except Exception as e:  # a bug: still one JSON answer, in the request log too
+                traceback.print_exception(e)
+                err = RequestError(500, INTERNAL, f"internal error: {type(e).__name__}")
+                response = JSONResponse(err.body(), 500)
             self.emu._log(request, response.status_code, summarize(body), chaos)
             return response
 

@@ -32,7 +32,11 @@ weights (and the value does not depend on how a batch is split into calls):
 
 Metrics: ``loss:sum`` (the loss, as tinker's compat layer names it), ``num_tokens`` (tokens that
 count), and for ratio losses ``ratio_mean`` and ``clip_fraction`` (tokens whose ratio lies outside
-the clip range or, for DPPO, the trust region); GRPO adds ``kl`` when β > 0.
+the clip range or, for DPPO, the trust region); GRPO adds ``kl`` when β > 0. A loss that is not
+finite is refused before any gradient is applied (NON_FINITE_LOSS); a metric that is not finite
+while the loss is (a ratio that overflows float32 because the sampler's logprobs lie far below the
+policy's: the clipped term carries the loss) is reported as ``null``, and the step is applied.
+Numeric parameters lie within ±`MAX_PARAM`.
 """
 
 from __future__ import annotations
@@ -100,6 +104,8 @@ LOSSES: dict[str, tuple[str, frozenset[str], frozenset[str], dict[str, Any], fro
     ),
     "LOSS_TYPE_DRO": ("dro_params", *_POLICY, {"beta": 0.0}, frozenset({"beta"})),
 }
+#: The largest magnitude of a numeric loss parameter (a clip threshold of 1e308 is inf in float32).
+MAX_PARAM = 1e6
 _AGG = {
     "GRPO_LOSS_AGGREGATION_TYPE_UNSPECIFIED",
     "GRPO_LOSS_AGGREGATION_TYPE_FIXED_HORIZON",
@@ -155,6 +161,8 @@ def parse_loss(loss: Any) -> LossSpec:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise RLInputError(field, f"must be a finite number, got {v!r}")
+        if abs(v) > MAX_PARAM:  # the losses compute in float32
+            raise RLInputError(field, f"must lie in [-{MAX_PARAM:g}, {MAX_PARAM:g}], got {v!r}")
         params[k] = float(v)
     if "clip_low_threshold" in params:
         if not 0 <= params["clip_low_threshold"] <= 1:
