@@ -33,9 +33,10 @@ weights (and the value does not depend on how a batch is split into calls):
 Metrics: ``loss:sum`` (the loss, as tinker's compat layer names it), ``num_tokens`` (tokens that
 count), and for ratio losses ``ratio_mean`` and ``clip_fraction`` (tokens whose ratio lies outside
 the clip range or, for DPPO, the trust region); GRPO adds ``kl`` when β > 0. A loss that is not
-finite is refused before any gradient is applied (NON_FINITE_LOSS); a metric that is not finite
-while the loss is (a ratio that overflows float32 because the sampler's logprobs lie far below the
-policy's: the clipped term carries the loss) is reported as ``null``, and the step is applied.
+finite, or gradients that are not, are refused before anything is applied (NON_FINITE_LOSS).
+Log-ratios are capped at `MAX_LOG_RATIO` before exp(), so a ratio never overflows float32 (sampler
+logprobs far below the policy's: the capped token gets no gradient, as a clipped one does); a
+metric that is still not finite is reported as ``null`` (`tgnb.emulator.rl.operations.json_safe`).
 Numeric parameters lie within ±`MAX_PARAM`.
 """
 
@@ -104,6 +105,8 @@ LOSSES: dict[str, tuple[str, frozenset[str], frozenset[str], dict[str, Any], fro
     ),
     "LOSS_TYPE_DRO": ("dro_params", *_POLICY, {"beta": 0.0}, frozenset({"beta"})),
 }
+#: Log-ratios above it are capped before exp() (float32 holds exp(88) at most).
+MAX_LOG_RATIO = 80.0
 #: The largest magnitude of a numeric loss parameter (a clip threshold of 1e308 is inf in float32).
 MAX_PARAM = 1e6
 _AGG = {
@@ -198,7 +201,9 @@ def compute(
     q = inputs["logprobs"].to(logp.dtype)
     adv = inputs["advantages"].to(logp.dtype)
     p = spec.params
-    log_ratio = (logp - q) * m  # zero where not counted, so exp() stays finite on padding
+    # zero where not counted, so exp() stays finite on padding; capped so a ratio never overflows
+    # float32 (exp(80) ~ 5.5e34): beyond the cap a token gets no gradient, as a clipped one
+    log_ratio = ((logp - q) * m).clamp(max=MAX_LOG_RATIO)
     if spec.type == "LOSS_TYPE_GRPO" and p["ratio_type"] == "GRPO_LOSS_RATIO_TYPE_SEQUENCE":
         per_seq = log_ratio.sum(-1) / m.sum(-1).clamp(min=1)
         ratio = torch.exp(per_seq)[:, None].expand_as(logp)
