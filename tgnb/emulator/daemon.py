@@ -7,7 +7,10 @@ Everything lives under ``$TGNB_HOME/emulator/`` (default ``~/.tgnb/emulator``):
   that started it (`start` restarts, and ``tgnb notebooks run --stop`` stops, only its own);
 - ``emulator.log``: the server's output; ``state/``: its persisted fleet (`tgnb.emulator.store`);
 - ``api_key`` (mode 0600): the key clients must send, generated once unless ``--api-key`` or
-  ``TGNB_EMULATOR_API_KEY`` gives one; ``lock``: held by the running server, so two never share a home.
+  ``TGNB_EMULATOR_API_KEY`` gives one; ``lock``: held by the running server, so two never share a home
+  (`status` and `stop` trust a ``server.json`` only when its pid holds this lock).
+
+Numeric options are checked against `OPTION_RANGES` before anything starts (`check_options`).
 
 `start` launches ``serve`` in a new session through a shell that exits at once, so the daemon is
 nobody's child: it keeps running after the starting process (a test, a Jupyter kernel) exits.
@@ -256,8 +259,9 @@ def status(home: Path | None = None, timeout: float = 3.0) -> EmulatorStatus:
     """Is an emulator running for this tgnb home? Checks the pid and asks its health endpoint."""
     eh = emulator_home(home)
     info = _read_server(eh)
-    if not info or not _alive(int(info.get("pid", 0))):
-        return EmulatorStatus(running=False, home=eh)
+    pid = int(info.get("pid", 0)) if info else 0
+    if not info or not _alive(pid) or not _serves(pid, eh, probe=False):
+        return EmulatorStatus(running=False, home=eh)  # none, or another home's server
     key = _saved_key(eh)
     port = int(info["port"])
     try:
@@ -399,10 +403,10 @@ def _is_emulator(pid: int) -> bool:
         return True  # no /proc (macOS): trust server.json
 
 
-def _serves(pid: int, eh: Path) -> bool:
+def _serves(pid: int, eh: Path, *, probe: bool = True) -> bool:
     """Does `pid` hold this home's ``lock`` (so a ``server.json`` copied from, or pointing at,
     another home never gets that home's server killed)? Read from ``/proc/locks``; without it,
-    whether anyone holds the lock."""
+    whether anyone holds the lock (`probe`: by trying to take it) or, not probing, True."""
     lock = eh / "lock"
     try:
         inode = os.stat(lock).st_ino
@@ -412,9 +416,11 @@ def _serves(pid: int, eh: Path) -> bool:
         with open("/proc/locks", encoding="ascii", errors="replace") as fh:
             table = fh.read()
     except OSError:  # no /proc (macOS): is the lock held at all?
-        with open(lock, "a+") as probe:
+        if not probe:
+            return True
+        with open(lock, "a+") as fh:
             try:
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
             return False
