@@ -29,7 +29,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(name: str, fn: Callable[[], Any]) -> None:
+def measure(name: str, fn: Callable[[], object]) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
     row = {
@@ -52,10 +52,12 @@ def tensor(values: list[float], dtype: str = "float32") -> dict[str, Any]:
 def main() -> None:
     torch.set_num_threads(1)
     spec = resolve("tgnb/tiny-llama", ())
-    measure("load the model", lambda: None)
-    host = ResourceHost(spec, lora_enabled=True, device="cpu")
-    host.open_session("s", {"rank": 64})
-    measure("open a rank-64 session", lambda: None)
+    hosts: list[ResourceHost] = []
+    measure(
+        "load the model", lambda: hosts.append(ResourceHost(spec, lora_enabled=True, device="cpu"))
+    )
+    host = hosts[0]
+    measure("open a rank-64 session", lambda: host.open_session("s", {"rank": 64}))
     n, length = MAX_OP_TOKENS // (spec.context_length - 1), spec.context_length - 1
     target = tensor([6] * length, "int64")
     ce = [{"model_input": seq(length), "loss_fn_inputs": {

@@ -107,6 +107,10 @@ LIVE_CASES: list[LiveCase] = [
     LiveCase("grpo-logprobs-minus-1e39", "forward-backward",
              {"loss": {"type": "LOSS_TYPE_GRPO"}, "samples": [policy_sample(q=-1e39)]},
              "logprobs"),
+    # optimizer numbers: eps 0 divides 0 by 0 where a gradient is 0; lr 1e308 is inf in float32
+    LiveCase("adam-eps-0", "optim-step", {"adam_params": {"eps": 0}}, "eps"),
+    LiveCase("adam-lr-1e308", "optim-step", {"adam_params": {"learning_rate": 1e308}},
+             "learning_rate"),
     # item 6: per-operation work caps (max_batch_size 512, 32768 tokens)
     LiveCase("forward-backward-2000-samples", "forward-backward",
              {"loss": CE, "samples": [ce_sample(1)] * 2000}, "max_batch_size"),

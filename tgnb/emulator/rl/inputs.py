@@ -243,8 +243,8 @@ def lora_config(config: Any, max_rank: int) -> dict[str, Any]:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
         raise RLInputError("lora_config.rank", f"must be an integer in 1..{limit}, got {rank!r}")
     alpha = given.get("alpha", cfg["alpha"])
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise RLInputError("lora_config.alpha", f"must be a positive number, got {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1e6:
+        raise RLInputError("lora_config.alpha", f"must be a number in (0, 1e6], got {alpha!r}")
     dropout = given.get("dropout", cfg["dropout"])
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise RLInputError("lora_config.dropout", f"must be in [0, 1), got {dropout!r}")
@@ -255,7 +255,9 @@ def lora_config(config: Any, max_rank: int) -> dict[str, Any]:
     if seed is not None:
         try:
             seed = int(seed)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise RLInputError("lora_config.seed", f"must be an integer, got {seed!r}") from None
+        if not 0 <= seed < 2**63:  # torch.manual_seed's range
+            raise RLInputError("lora_config.seed", f"must be in [0, 2**63), got {seed}")
     return {"rank": rank, "alpha": alpha, "dropout": float(dropout), "seed": seed,
             "train_unembed": unembed}  # fmt: skip
