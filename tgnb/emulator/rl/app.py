@@ -8,7 +8,9 @@ loop: the engine runs on each session's worker thread, model loads and exports o
 handlers await them with a bound, so a quick operation finishes inside its POST and a GET
 long-polls (`POST_WAIT_S`, `GET_WAIT_S`); the first GET after a create answers READY when the
 (scaled) provisioning delay is short. An operation that fails ``INVALID_INPUT`` while its POST waits
-is answered 400 (message naming the field); a GET shows it FAILED.
+is answered 400 (message naming the field); a GET shows it FAILED. An Idempotency-Key reused with
+another body is a 422. A bug in a route is still a one-line JSON 500, in the request log (its
+traceback in the emulator's log); operation outputs are JSON-safe (`operations.json_safe`).
 
 Unauthenticated, unguessable URLs (the SDK sends no Authorization there): ``PUT /rl-blobs/{token}``
 (payload uploads) and ``GET /rl-files/{token}/{filename}`` (checkpoint downloads).
@@ -26,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -125,6 +127,8 @@ class RLApi:
                 response.headers["retry-after-ms"] = str(e.retry_after_ms)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
+            except ClientDisconnect:
+                raise
             except Exception as e:  # a bug: still one JSON answer, in the request log too
                 traceback.print_exception(e)
                 err = RequestError(500, INTERNAL, f"internal error: {type(e).__name__}")

@@ -122,11 +122,11 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
 
 def submit(p: Platform, sid: str, kind: str, key: str | None, body: Any) -> tuple[Operation, bool]:
     """Queue one operation on the session's FIFO (the original one for a known key)."""
+    body = checks.require_object(body)
+    digest = body_digest(body) if key else None  # outside the lock: bodies reach 1 MiB
     with p.lock:
         s = p.session(sid)
-        body = checks.require_object(body)
         ended = s.status not in S_ACTIVE
-        digest = body_digest(body) if key else None
         try:
             return p.ops.submit(
                 sid, kind, key, lambda: _run(p, s, kind, body), p.clock(), inline=ended,
