@@ -19,7 +19,10 @@ means requeue on a fresh node; anything else failed. Every state change goes to 
 the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued) go to the run's
 ``events.jsonl`` with source ``"tgnb"``, timed by the same clock as the emulator's node events.
 When the emulator cannot be reached it keeps going: the notice and removal files are on disk, and
-the node list is fetched again at the next poll.
+the node list is fetched again at the next poll. When the emulator of its tgnb home was *stopped*
+(``tgnb emulator stop`` removed its ``server.json``) and has not come back within
+`EMULATOR_GONE_S`, it stops the run as a cancel does (SIGTERM: the run checkpoints) and exits, so
+no supervisor outlives the emulator it plays the platform for.
 
 Run it as ``python -m tgnb.backends.supervisor --home HOME --run RUN_ID --cluster ID --type T``.
 """
@@ -54,6 +57,10 @@ TRAIN_MODULE = "tgnb.train"
 Proc = subprocess.Popen[bytes] | ForkedProcess
 #: The module a node runs (default ``tgnb.train``); tests of the supervisor alone set a stand-in.
 TRAIN_MODULE_ENV = "TGNB_TRAIN_MODULE"
+#: Seconds the home's emulator may stay stopped (no ``server.json``: a restart takes a few) before
+#: the supervisor stops its run and exits.
+EMULATOR_GONE_S = 20.0
+EMULATOR_STOPPED = "stopped with the local emulator (tgnb emulator stop); launch it again to resume"
 
 
 def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str) -> list[str]:
@@ -107,6 +114,7 @@ class Supervisor:
         *,
         cluster_type: str,
         poll: float = 0.2,
+        emulator_stopped: Any = None,
     ) -> None:
         self.store = store
         self.record = store.get(run)
@@ -119,6 +127,9 @@ class Supervisor:
         self._cache: dict[str, NodeInfo] = {}
         self._api_ok = True
         self._preloading = False  # a SIGTERM then cuts the import short (`_on_stop`)
+        #: () -> bool: the home's emulator was stopped on purpose, long enough ago
+        self.emulator_stopped = emulator_stopped or (lambda: False)
+        self.stop_reason = ""
 
     # -- events and nodes ----------------------------------------------------------------------
 
@@ -135,6 +146,9 @@ class Supervisor:
             if self._api_ok:
                 self._api_ok = False
                 print(f"emulator unreachable ({type(exc).__name__}); retrying", flush=True)
+            if not self.stop_requested and self.emulator_stopped():
+                print("the emulator was stopped: stopping the run", flush=True)
+                self.stop_requested, self.stop_reason = True, EMULATOR_STOPPED
             return None
         if not self._api_ok:
             print("emulator reachable again", flush=True)
@@ -329,7 +343,8 @@ class Supervisor:
         while True:
             nodes = self.place(restart)
             if nodes is None:
-                self.store.set_state(rid, JobState.CANCELLED, "stopped before it was placed")
+                detail = self.stop_reason or "stopped before it was placed"
+                self.store.set_state(rid, JobState.CANCELLED, detail)
                 return 0
             outcome = self.attempt(nodes, restart)
             code = outcome.exit_code
@@ -337,7 +352,8 @@ class Supervisor:
                 self.store.set_state(rid, JobState.SUCCEEDED, "finished", exit_code=0)
                 return 0
             if outcome.kind == "cancelled":
-                self.store.set_state(rid, JobState.CANCELLED, "stopped", exit_code=code)
+                detail = self.stop_reason or "stopped"
+                self.store.set_state(rid, JobState.CANCELLED, detail, exit_code=code)
                 return 0
             if outcome.kind == "failed" or restart >= MAX_RESTARTS:
                 self.store.set_state(rid, JobState.FAILED, f"exit code {code}", exit_code=code)
@@ -378,6 +394,31 @@ def _endpoint_for(home: Path) -> Any:
     return endpoint
 
 
+class _HomeEmulator:
+    """Whether the emulator daemon of tgnb home `home` was stopped on purpose: it was found through
+    the home's files once, and its ``server.json`` has been missing for `grace` seconds since
+    (``tgnb emulator stop`` removes it; a killed daemon leaves it, and is expected back)."""
+
+    def __init__(self, home: Path, grace: float = EMULATOR_GONE_S) -> None:
+        from tgnb.emulator.daemon import emulator_home
+
+        self.server_file = emulator_home(home) / "server.json"
+        self.grace = grace
+        self.seen = self.server_file.exists()
+        self.missing_since: float | None = None
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self.server_file.exists():
+            self.seen, self.missing_since = True, None
+            return False
+        if not self.seen:
+            return False  # this home never had a daemon: the environment names the emulator
+        if self.missing_since is None:
+            self.missing_since = now
+        return now - self.missing_since >= self.grace
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tgnb.backends.supervisor")
     p.add_argument("--home", required=True)
@@ -389,7 +430,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     home = Path(args.home)
     store = RunStore(home)
     source = NodeSource(args.cluster, _endpoint_for(home))
-    sup = Supervisor(store, args.run, source, cluster_type=args.type, poll=args.poll)
+    gone = _HomeEmulator(home, float(os.environ.get("TGNB_EMULATOR_GONE_S") or EMULATOR_GONE_S))
+    sup = Supervisor(
+        store, args.run, source, cluster_type=args.type, poll=args.poll, emulator_stopped=gone
+    )
     print(json.dumps({"supervisor": os.getpid(), "run": sup.record.name}), flush=True)
     try:
         return sup.main()

@@ -304,6 +304,9 @@ class EmulatorApp:
             "rl_resources": 0 if self.rl is None else len(self.rl.resources),
             "rl_operations_running": 0 if self.rl is None else self.rl.ops.running,
             "chaos": self.chaos.to_dict(),
+            # state files kept aside at start (unreadable; renamed *.corrupt-<time>)
+            "state_problems": self.fleet.store.problems
+            + ([] if self.rl is None else self.rl.store.problems),
         }
 
     async def nodes(self, request: Request, body: Any) -> Any:

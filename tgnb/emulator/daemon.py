@@ -7,7 +7,10 @@ Everything lives under ``$TGNB_HOME/emulator/`` (default ``~/.tgnb/emulator``):
   that started it (`start` restarts, and ``tgnb notebooks run --stop`` stops, only its own);
 - ``emulator.log``: the server's output; ``state/``: its persisted fleet (`tgnb.emulator.store`);
 - ``api_key`` (mode 0600): the key clients must send, generated once unless ``--api-key`` or
-  ``TGNB_EMULATOR_API_KEY`` gives one; ``lock``: held by the running server, so two never share a home.
+  ``TGNB_EMULATOR_API_KEY`` gives one; ``lock``: held by the running server, so two never share a home
+  (`status` and `stop` trust a ``server.json`` only when its pid holds this lock).
+
+Numeric options are checked against `OPTION_RANGES` before anything starts (`check_options`).
 
 `start` launches ``serve`` in a new session through a shell that exits at once, so the daemon is
 nobody's child: it keeps running after the starting process (a test, a Jupyter kernel) exits.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import secrets
 import shlex
@@ -38,7 +42,7 @@ from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.fleet import FleetConfig
 from tgnb.emulator.models import DEFAULT_PROJECT_ID
 from tgnb.emulator.store import atomic_write_json
-from tgnb.errors import EmulatorError, EmulatorMismatchError
+from tgnb.errors import EmulatorError, EmulatorMismatchError, ValidationError
 
 KEY_ENV = "TGNB_EMULATOR_API_KEY"
 #: A token naming the command that starts the daemon (``tgnb notebooks run`` sets one for its
@@ -74,6 +78,40 @@ FLEET_KNOBS = (
 
 _NOT_FLAT = ("port", "fleet")  # port comes first in the flat view; the fleet is spread out
 
+#: The range of each numeric option (flat name -> (low, high), both included). A time scale under
+#: 0.001 prunes every lifecycle event at once (retention 72 h x scale); chaos is a fraction.
+OPTION_RANGES: dict[str, tuple[float, float]] = {
+    "port": (0, 65535),
+    "time_scale": (0.001, 1000.0),
+    "drain_window_s": (0.0, 86400.0),
+    "provision_delay_s": (0.0, 86400.0),
+    "preemption_rate": (0.0, 3600.0),
+    "seed": (-(2**63), 2**63 - 1),
+    "capacity_gpus": (0, 1_000_000),
+    "chaos": (0.0, 1.0),
+    "chaos_seed": (-(2**63), 2**63 - 1),
+    "chaos_delay_s": (0.0, 3600.0),
+    "rl_price_per_gpu_hour": (0.0, 1_000_000.0),
+}
+
+
+def check_options(flat: dict[str, Any]) -> None:
+    """Refuse an option out of `OPTION_RANGES` (or not finite) with a one-line
+    `ValidationError` naming the flag and its range; None (not given) passes."""
+    for name, (lo, hi) in OPTION_RANGES.items():
+        value = flat.get(name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-").removesuffix("-gpus")
+        integral = isinstance(lo, int) and isinstance(hi, int)
+        kind = "an integer" if integral else "a number"
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and (isinstance(value, int) or not integral) and math.isfinite(value)
+        if not ok or not lo <= value <= hi:
+            raise ValidationError(
+                f"{flag} must be {kind} in [{_shown(lo)}, {_shown(hi)}], got {value!r}"
+            )
+
 
 @dataclass
 class ServeOptions:
@@ -108,6 +146,11 @@ class ServeOptions:
         out["project_id"] = None if project == DEFAULT_PROJECT_ID else project
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_FLAT})
         return out
+
+    def check(self) -> ServeOptions:
+        """`check_options` on these options; self."""
+        check_options(self.flat())
+        return self
 
     def to_argv(self) -> list[str]:
         argv = []
@@ -216,8 +259,9 @@ def status(home: Path | None = None, timeout: float = 3.0) -> EmulatorStatus:
     """Is an emulator running for this tgnb home? Checks the pid and asks its health endpoint."""
     eh = emulator_home(home)
     info = _read_server(eh)
-    if not info or not _alive(int(info.get("pid", 0))):
-        return EmulatorStatus(running=False, home=eh)
+    pid = int(info.get("pid", 0)) if info else 0
+    if not info or not _alive(pid) or not _serves(pid, eh, probe=False):
+        return EmulatorStatus(running=False, home=eh)  # none, or another home's server
     key = _saved_key(eh)
     port = int(info["port"])
     try:
@@ -291,9 +335,9 @@ def start(
     them). When it does not: restarted with `options` if the current command started it (`owned`),
     else `EmulatorMismatchError`, which names what differs and the fix.
     """
+    options = (options or ServeOptions()).check()  # before anything starts
     eh = emulator_home(home)
     current = status(home)
-    options = options or ServeOptions()
     if current.running:
         diff = differences(current, options, asked)
         if not diff:
@@ -336,8 +380,8 @@ def stop(home: Path | None = None, timeout: float = 10.0) -> bool:
     if not info:
         return False
     pid = int(info.get("pid", 0))
-    if not pid or not _alive(pid) or not _is_emulator(pid):
-        (eh / "server.json").unlink(missing_ok=True)
+    if not pid or not _alive(pid) or not _is_emulator(pid) or not _serves(pid, eh):
+        (eh / "server.json").unlink(missing_ok=True)  # stale, or naming another home's server
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -357,6 +401,35 @@ def _is_emulator(pid: int) -> bool:
             return b"tgnb.emulator" in fh.read()
     except FileNotFoundError:
         return True  # no /proc (macOS): trust server.json
+
+
+def _serves(pid: int, eh: Path, *, probe: bool = True) -> bool:
+    """Does `pid` hold this home's ``lock`` (so a ``server.json`` copied from, or pointing at,
+    another home never gets that home's server killed)? Read from ``/proc/locks``; without it,
+    whether anyone holds the lock (`probe`: by trying to take it) or, not probing, True."""
+    lock = eh / "lock"
+    try:
+        inode = os.stat(lock).st_ino
+    except FileNotFoundError:
+        return False
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            table = fh.read()
+    except OSError:  # no /proc (macOS): is the lock held at all?
+        if not probe:
+            return True
+        with open(lock, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            return False
+    for line in table.splitlines():
+        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 7746 fe:00:2149001 0 EOF"
+        held = len(parts) >= 6 and parts[1] == "FLOCK" and parts[4] == str(pid)
+        if held and parts[5].rsplit(":", 1)[-1] == str(inode):
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -415,7 +488,7 @@ def serve(
     from tgnb.emulator.fleet import Fleet
     from tgnb.emulator.store import StateStore
 
-    options = options or ServeOptions()
+    options = (options or ServeOptions()).check()  # before the lock is taken
     eh = emulator_home(home)
     with _home_lock(eh):
         secret = api_key(eh, key)

@@ -131,8 +131,8 @@ class Fleet:
     def _load(self) -> None:
         try:
             data = self.store.load()
-        except ValueError as exc:  # a torn or foreign state.json: start empty, say why
-            _log(f"state file {self.store.state_file} is not JSON ({exc}); starting empty")
+        except ValueError as exc:  # a torn or foreign state.json: kept aside, start empty
+            _log(f"{exc}; starting empty")
             return
         if not data:
             return

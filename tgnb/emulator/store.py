@@ -4,7 +4,9 @@ Layout under the state directory:
 
 - ``state.json``: every cluster with its nodes, lifecycle events and pending deadlines (absolute
   POSIX times, so a drain window that ended while the emulator was down is processed at start-up),
-  plus the admin knobs that outlive a restart (the capacity cap).
+  plus the admin knobs that outlive a restart (the capacity cap). One that cannot be read is
+  renamed ``state.json.corrupt-<UTC time>`` and reported (log, health's ``state_problems``), never
+  overwritten.
 - ``nodes/<node_name>/``: one directory per node, the workload plane's view (see `tgnb.emulator.fleet`).
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed over the
@@ -17,6 +19,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,24 @@ def atomic_write_json(path: Path, data: Any) -> None:
         os.close(dfd)
 
 
+class CorruptState(ValueError):
+    """A state file that cannot be read was renamed aside (never overwritten); the message says
+    where it is kept."""
+
+
+def keep_aside(path: Path, why: str) -> CorruptState:
+    """Rename the unreadable `path` to ``<name>.corrupt-<UTC time>`` (a new name each time) and
+    return the error that reports it, for the caller to log and to start without it."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while kept.exists():
+        n += 1
+        kept = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    os.replace(path, kept)
+    return CorruptState(f"{path} is unreadable ({why[:200]}); kept as {kept.name}")
+
+
 class StateStore:
     """Reads and writes ``state.json`` and the per-node directories under `root`."""
 
@@ -55,14 +76,29 @@ class StateStore:
         self.root = Path(root)
         self.state_file = self.root / "state.json"
         self.nodes_dir = self.root / "nodes"
+        self.problems: list[str] = []  # files kept aside at load (health reports them)
 
     def load(self) -> dict[str, Any] | None:
+        """The stored state; None when there is none. `CorruptState` (after renaming the file
+        aside) when it cannot be read."""
         try:
             text = self.state_file.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
-        data = json.loads(text)
-        return data if isinstance(data, dict) else None
+        except UnicodeDecodeError as exc:
+            raise self._aside(str(exc)) from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:  # torn or foreign: kept aside, never overwritten
+            raise self._aside(str(exc)) from None
+        if not isinstance(data, dict):
+            raise self._aside(f"a JSON {type(data).__name__}, not an object")
+        return data
+
+    def _aside(self, why: str) -> CorruptState:
+        err = keep_aside(self.state_file, why)
+        self.problems.append(str(err))
+        return err
 
     def save(self, data: dict[str, Any]) -> None:
         atomic_write_json(self.state_file, data)

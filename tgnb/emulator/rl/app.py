@@ -8,7 +8,9 @@ loop: the engine runs on each session's worker thread, model loads and exports o
 handlers await them with a bound, so a quick operation finishes inside its POST and a GET
 long-polls (`POST_WAIT_S`, `GET_WAIT_S`); the first GET after a create answers READY when the
 (scaled) provisioning delay is short. An operation that fails ``INVALID_INPUT`` while its POST waits
-is answered 400 (message naming the field); a GET shows it FAILED.
+is answered 400 (message naming the field); a GET shows it FAILED. An Idempotency-Key reused with
+another body is a 422. A bug in a route is still a one-line JSON 500, in the request log (its
+traceback in the emulator's log); operation outputs are JSON-safe (`operations.json_safe`).
 
 Unauthenticated, unguessable URLs (the SDK sends no Authorization there): ``PUT /rl-blobs/{token}``
 (payload uploads) and ``GET /rl-files/{token}/{filename}`` (checkpoint downloads).
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -60,8 +63,10 @@ def _status(r: Request) -> list[str]:
     return [v for raw in r.query_params.getlist("status") for v in raw.split(",") if v]
 
 
-#: The largest payload an upload URL takes (the SDK sends bodies over 0.5 MiB through them).
-MAX_PAYLOAD = 256 << 20
+#: The largest payload an upload URL takes (the SDK sends bodies over 0.5 MiB through them): the
+#: work caps (`tgnb.emulator.rl.inputs`) fit in a few MiB of JSON.
+MAX_PAYLOAD = 16 << 20
+INTERNAL = 13
 
 
 class RLApi:
@@ -122,6 +127,12 @@ class RLApi:
                 response.headers["retry-after-ms"] = str(e.retry_after_ms)
             except RequestError as e:
                 response = JSONResponse(e.body(), e.status)
+            except ClientDisconnect:
+                raise
+            except Exception as e:  # a bug: still one JSON answer, in the request log too
+                traceback.print_exception(e)
+                err = RequestError(500, INTERNAL, f"internal error: {type(e).__name__}")
+                response = JSONResponse(err.body(), 500)
             self.emu._log(request, response.status_code, summarize(body), chaos)
             return response
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tgnb.emulator.rl.inputs import MAX_BATCH_SIZE  # enforced per operation (inputs.batch)
+
 TINY_NAME = "tgnb/tiny-llama"
 EXTRA_ENV = "TGNB_RL_MODELS"
 GPU_TYPE = "B200-SXM"
 DEFAULT_MAX_LORA_RANK = 64
-MAX_BATCH_SIZE = 512
 #: What a sample request gets when it omits num_samples / max_tokens (listed in supported-models).
 SAMPLING_DEFAULTS: dict[str, Any] = {"logprobs": 1, "max_tokens": 64, "n": 1, "temperature": 1.0}
 

@@ -89,6 +89,7 @@ class ResourceHost:
         self.published_model: Any = None  # full weight: the published copy
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.sessions: dict[str, _Session] = {}
+        self._cancelled: set[str] = set()  # stopped sessions: their running work ends early
         self._counter = 0
         self._active = ""  # the adapter computing now (PeftModel.active_adapter can be stale)
         self._trained_in_place = False
@@ -105,7 +106,14 @@ class ResourceHost:
         self._linears = sorted(linears - {self._head})
 
     # ---- sessions ------------------------------------------------------------------------------
+    def cancel(self, sid: str) -> None:
+        """The session was stopped: its running sample ends at the next token and nothing else
+        runs for it (no lock: the running operation holds it)."""
+        self._cancelled.add(sid)
+
     def _session(self, sid: str) -> _Session:
+        if sid in self._cancelled:
+            raise inputs.OperationCancelled(f"training session {sid} was stopped")
         sess = self.sessions.get(sid)
         if sess is None:
             raise RLInputError("session_id", f"session {sid!r} is not open on this resource")
@@ -208,6 +216,7 @@ class ResourceHost:
     def close_session(self, sid: str) -> None:
         """Drop the session's adapters (or the full-weight copy) and optimizer."""
         with self.lock:
+            self._cancelled.discard(sid)
             sess = self._session(sid)
             del self.sessions[sid]
             if sess.train:
@@ -281,8 +290,10 @@ class ResourceHost:
                     raise NonFiniteLoss(
                         f"the {spec.type} loss is {float(loss.detach())}; no gradient applied"
                     )
-                loss.backward()
-                model.eval()
+                try:
+                    _accumulate(sess.params, loss)
+                finally:
+                    model.eval()
             if not bool(torch.isfinite(loss)):
                 raise NonFiniteLoss(f"the {spec.type} loss is {float(loss.detach())}")
             out: dict[str, Any] = {"loss": float(loss.detach()), "metrics": metrics}
@@ -306,8 +317,15 @@ class ResourceHost:
             model = self._activate(sess, publish=False)
             logp = self._logprobs(model.train(), batch)
             surrogate = (g.to(logp.dtype) * logp).sum()
-            surrogate.backward()
-            model.eval()
+            try:
+                if not bool(torch.isfinite(surrogate)):
+                    raise NonFiniteLoss(
+                        "sum(gradients x logprobs) overflows float32; no gradient applied "
+                        "(scale the gradients down)"
+                    )
+                _accumulate(sess.params, surrogate)
+            finally:
+                model.eval()
             return {}
 
     def _batch(
@@ -376,7 +394,14 @@ class ResourceHost:
                 body, self.vocab_size, self.spec.context_length, SAMPLING_DEFAULTS
             )
             model = self._activate(sess, publish=True).eval()
-            return sampling.generate(model, self.tokenizer, request, sess.version, self.device)
+            return sampling.generate(
+                model,
+                self.tokenizer,
+                request,
+                sess.version,
+                self.device,
+                cancelled=lambda: sid in self._cancelled,
+            )
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_training_checkpoint(self, sid: str, directory: Path) -> None:
@@ -433,6 +458,34 @@ def export_checkpoint(directory: Path, variant: str, out: Path) -> list[Path]:
     from tgnb.emulator.rl import checkpoints
 
     return checkpoints.export(Path(directory), variant, Path(out))
+
+
+def _accumulate(params: list[Any], loss: torch.Tensor) -> None:
+    """Backpropagate `loss` and add its gradients to what `params` hold, only when every sum is
+    finite: else NonFiniteLoss and the accumulated gradients stay as they were (the weights can
+    never be stepped to NaN)."""
+    import torch
+
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        loss.backward()
+        total = [
+            new if old is None or new is None else old + new
+            for old, new in zip(saved, (p.grad for p in params), strict=True)
+        ]
+        finite = all(t is None or bool(torch.isfinite(t).all()) for t in total)
+    except BaseException:
+        for p, old in zip(params, saved, strict=True):
+            p.grad = old
+        raise
+    if not finite:
+        for p, old in zip(params, saved, strict=True):
+            p.grad = old
+        raise NonFiniteLoss("the gradients are not finite in float32; no gradient applied")
+    for p, t in zip(params, total, strict=True):
+        p.grad = t
 
 
 def _body(body: Any) -> dict[str, Any]:

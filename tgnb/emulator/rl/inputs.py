@@ -25,12 +25,26 @@ class RLInputError(ValidationError):
         self.message = message
 
 
+#: Per-operation work caps (README, "Post-Training limits"): samples (or sampled rows) per
+#: operation, as supported-models' ``max_batch_size`` says; tokens one forward-backward reads;
+#: tokens one sample operation generates (rows x max_tokens).
+MAX_BATCH_SIZE = 512
+MAX_OP_TOKENS = 32768
+MAX_SAMPLE_TOKENS = 32768
+#: The largest magnitude a float32 holds: an input beyond it would be inf once on the device.
+FLOAT32_MAX = 3.4028234663852886e38
+INT64_RANGE = (-(2**63), 2**63 - 1)
+
 #: A session's LoRA settings when the request leaves them out (train_unembed: a LoRA on the head).
 DEFAULT_LORA: dict[str, Any] = {"rank": 32, "alpha": 32, "dropout": 0.0, "train_unembed": True}
 
 
 class NonFiniteLoss(TgnbError, RuntimeError):
     """The loss was NaN or infinite; no gradient was accumulated (-> FAILED NON_FINITE_LOSS)."""
+
+
+class OperationCancelled(TgnbError, RuntimeError):
+    """The session was stopped while its operation ran (-> FAILED SESSION_NOT_ACTIVE)."""
 
 
 class ResourceAtCapacity(TgnbError, RuntimeError):
@@ -87,19 +101,27 @@ def tensor(value: Any, field: str, dtypes: frozenset[str], length: int) -> torch
             raise RLInputError(field, "sparse tensors are not supported; send dense 1-D data")
     data = value["data"]
     shape = value.get("shape")
-    if shape is not None and list(shape) != [len(data)]:
-        raise RLInputError(field, f"shape {shape} is not 1-D [{len(data)}]")
+    if shape is not None and (not isinstance(shape, list) or shape != [len(data)]):
+        raise RLInputError(field, f"shape {str(shape)[:40]} is not the 1-D list [{len(data)}]")
     if len(data) != length:
         raise RLInputError(
             field, f"has {len(data)} values, expected {length} (one per model_input token)"
         )
     if any(isinstance(x, (bool, str)) or not isinstance(x, (int, float)) for x in data):
         raise RLInputError(field, "data must be a list of numbers")
+    lo, hi = INT64_RANGE
+    if any(isinstance(x, int) and not lo <= x <= hi for x in data):  # beyond float64 too
+        raise RLInputError(field, "holds an integer outside the int64 range")
     t = torch.tensor(data, dtype=torch.float64)
     if not bool(torch.isfinite(t).all()):
         raise RLInputError(field, "contains NaN or infinite values")
     if dtype == "int64" and not bool((t == t.round()).all()):
         raise RLInputError(field, "int64 data must hold integers")
+    if "float32" in str(dtype).lower() and bool((t.abs() > FLOAT32_MAX).any()):
+        big = float(t.abs().max())
+        raise RLInputError(
+            field, f"holds {big:.3g}, beyond float32's range (|x| <= {FLOAT32_MAX:.4g})"
+        )
     return t
 
 
@@ -131,6 +153,11 @@ def batch(
 
     if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)) or not samples:
         raise RLInputError(field, "must be a non-empty list of samples")
+    if len(samples) > MAX_BATCH_SIZE:
+        raise RLInputError(
+            field, f"{len(samples)} samples exceed max_batch_size {MAX_BATCH_SIZE}; split the batch"
+        )
+    total = 0
     tokens: list[list[int]] = []
     columns: dict[str, list[torch.Tensor]] = {}
     names: set[str] | None = None
@@ -139,6 +166,11 @@ def batch(
         if not isinstance(sample, Mapping):
             raise RLInputError(where, "must be {'model_input': ..., 'loss_fn_inputs': {...}}")
         toks = model_tokens(sample.get("model_input"), f"{where}.model_input", vocab_size, max_len)
+        total += len(toks)
+        if total > MAX_OP_TOKENS:
+            raise RLInputError(
+                field, f"more than {MAX_OP_TOKENS} tokens in one operation; split the batch"
+            )
         fn_inputs = sample.get("loss_fn_inputs") or {}
         if not isinstance(fn_inputs, Mapping):
             raise RLInputError(f"{where}.loss_fn_inputs", "must be an object of TensorData")
@@ -211,8 +243,8 @@ def lora_config(config: Any, max_rank: int) -> dict[str, Any]:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
         raise RLInputError("lora_config.rank", f"must be an integer in 1..{limit}, got {rank!r}")
     alpha = given.get("alpha", cfg["alpha"])
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise RLInputError("lora_config.alpha", f"must be a positive number, got {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1e6:
+        raise RLInputError("lora_config.alpha", f"must be a number in (0, 1e6], got {alpha!r}")
     dropout = given.get("dropout", cfg["dropout"])
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise RLInputError("lora_config.dropout", f"must be in [0, 1), got {dropout!r}")
@@ -223,7 +255,9 @@ def lora_config(config: Any, max_rank: int) -> dict[str, Any]:
     if seed is not None:
         try:
             seed = int(seed)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise RLInputError("lora_config.seed", f"must be an integer, got {seed!r}") from None
+        if not 0 <= seed < 2**63:  # torch.manual_seed's range
+            raise RLInputError("lora_config.seed", f"must be in [0, 2**63), got {seed}")
     return {"rank": rank, "alpha": alpha, "dropout": float(dropout), "seed": seed,
             "train_unembed": unembed}  # fmt: skip

@@ -357,6 +357,8 @@ class Platform:
         host = self.hosts.get(s.resource_id)
         if host is not None:
             sid = s.id
+            if hasattr(host, "cancel"):  # its running operation ends early (a sample: next token)
+                host.cancel(sid)
 
             def close() -> None:
                 with contextlib.suppress(Exception):  # never opened, or already gone

@@ -39,7 +39,12 @@ weights (and the value does not depend on how a batch is split into calls):
 
 Metrics: ``loss:sum`` (the loss, as tinker's compat layer names it), ``num_tokens`` (tokens that
 count), and for ratio losses ``ratio_mean`` and ``clip_fraction`` (tokens whose ratio lies outside
-the clip range or, for DPPO, the trust region); GRPO adds ``kl`` when β > 0.
+the clip range or, for DPPO, the trust region); GRPO adds ``kl`` when β > 0. A loss that is not
+finite, or gradients that are not, are refused before anything is applied (NON_FINITE_LOSS).
+Log-ratios are capped at `MAX_LOG_RATIO` before exp(), so a ratio never overflows float32 (sampler
+logprobs far below the policy's: the capped token gets no gradient, as a clipped one does); a
+metric that is still not finite is reported as ``null`` (`tgnb.emulator.rl.operations.json_safe`).
+Numeric parameters lie within ±`MAX_PARAM`.
 """
 
 from __future__ import annotations
@@ -107,6 +112,10 @@ LOSSES: dict[str, tuple[str, frozenset[str], frozenset[str], dict[str, Any], fro
     ),
     "LOSS_TYPE_DRO": ("dro_params", *_POLICY, {"beta": 0.0}, frozenset({"beta"})),
 }
+#: Log-ratios above it are capped before exp() (float32 holds exp(88) at most).
+MAX_LOG_RATIO = 80.0
+#: The largest magnitude of a numeric loss parameter (a clip threshold of 1e308 is inf in float32).
+MAX_PARAM = 1e6
 _AGG = {
     "GRPO_LOSS_AGGREGATION_TYPE_UNSPECIFIED",
     "GRPO_LOSS_AGGREGATION_TYPE_FIXED_HORIZON",
@@ -162,6 +171,8 @@ def parse_loss(loss: Any) -> LossSpec:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise RLInputError(field, f"must be a finite number, got {v!r}")
+        if abs(v) > MAX_PARAM:  # the losses compute in float32
+            raise RLInputError(field, f"must lie in [-{MAX_PARAM:g}, {MAX_PARAM:g}], got {v!r}")
         params[k] = float(v)
     if "clip_low_threshold" in params:
         if not 0 <= params["clip_low_threshold"] <= 1:
@@ -197,7 +208,9 @@ def compute(
     q = inputs["logprobs"].to(logp.dtype)
     adv = inputs["advantages"].to(logp.dtype)
     p = spec.params
-    log_ratio = (logp - q) * m  # zero where not counted, so exp() stays finite on padding
+    # zero where not counted, so exp() stays finite on padding; capped so a ratio never overflows
+    # float32 (exp(80) ~ 5.5e34): beyond the cap a token gets no gradient, as a clipped one
+    log_ratio = ((logp - q) * m).clamp(max=MAX_LOG_RATIO)
     if spec.type == "LOSS_TYPE_GRPO" and p["ratio_type"] == "GRPO_LOSS_RATIO_TYPE_SEQUENCE":
         per_seq = log_ratio.sum(-1) / m.sum(-1).clamp(min=1)
         ratio = torch.exp(per_seq)[:, None].expand_as(logp)

@@ -1,7 +1,10 @@
 """Training operations: idempotency, first-in-first-out per session, run on worker threads.
 
 - ``submit(session, kind, key, work)``: the same ``Idempotency-Key`` for the same session and kind
-  gives back the original operation (never a second application); no key, a new operation.
+  gives back the original operation (never a second application); no key, a new operation; the
+  same key with another body is `KeyReused` (422: not retried by the SDK, unlike 409).
+- Outputs are made JSON-safe (`json_safe`: a float that is not finite becomes null), so an
+  operation that was applied is always answered and stored.
 - Each session has one worker thread that runs its operations in the order they were submitted;
   the engine's own lock serialises sessions that share a resource (one GPU). Nothing runs on the
   HTTP event loop: handlers await an operation's completion through `wait`, with a bound.
@@ -17,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import json
+import math
 import queue
 import threading
 import time
@@ -62,11 +67,43 @@ class OperationError(Exception):
         self.message = message
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every float that is not finite replaced by None (JSON has no NaN or
+    Infinity: an output holding one could be neither answered nor stored)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def body_digest(body: Any) -> str:
+    """A fingerprint of an operation's body (canonical JSON): a reused key must bring the same."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class KeyReused(Exception):
+    """An Idempotency-Key already names an operation with another body (-> 422)."""
+
+    def __init__(self, key: str, op_id: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key[:64]!r} was used for operation {op_id} with a different "
+            "body; send a new key for a new request (a retry must resend the same body)"
+        )
+
+
 def classify(exc: BaseException) -> tuple[str, str]:
     """(error code, message) of an exception raised by an operation's work."""
     if isinstance(exc, OperationError):
         return exc.code, exc.message
     from tgnb.emulator.rl.engine import NonFiniteLoss, RLInputError
+    from tgnb.emulator.rl.inputs import OperationCancelled
+
+    if isinstance(exc, OperationCancelled):
+        return SESSION_NOT_ACTIVE, str(exc)
 
     if isinstance(exc, RLInputError):
         field = getattr(exc, "field", "")
@@ -175,8 +212,10 @@ class Operations:
         now: float,
         *,
         inline: bool = False,
+        digest: str | None = None,
     ) -> tuple[Operation, bool]:
-        """Queue `work` on the session's FIFO; (operation, created). A known key: the original.
+        """Queue `work` on the session's FIFO; (operation, created). A known key: the original,
+        or `KeyReused` when the original's body `digest` differs.
 
         `inline`: run `work` now in the caller (it only refuses: an ended session has no worker).
         """
@@ -184,6 +223,9 @@ class Operations:
             if key:
                 known = self._keys.get((session_id, kind, key))
                 if known is not None:
+                    had = self._ops[known].record.body_digest
+                    if digest and had and had != digest:
+                        raise KeyReused(key, known)
                     return self._load(self._ops[known]), False
             rec = OperationRecord(
                 id=str(uuid.uuid4()),
@@ -192,6 +234,7 @@ class Operations:
                 created_at=now,
                 updated_at=now,
                 idempotency_key=key,
+                body_digest=digest,
             )
             op = Operation(rec)
             self._ops[rec.id] = op
@@ -261,7 +304,7 @@ class Operations:
             rec.error = {"code": code, "message": message}
             rec.status = O_FAILED
         else:
-            rec.output = output if output is not None else {}
+            rec.output = json_safe(output) if output is not None else {}
             rec.status = "TRAINING_OPERATION_STATUS_COMPLETED"
         finally:
             with self._lock:

@@ -3,7 +3,8 @@
 Per-step parameters override the group's settings each step; omitted fields keep the defaults
 (tinker's Adam: lr 1e-4, betas 0.9/0.95, eps 1e-12, weight decay 0; Muon: torch's, lr 1e-3,
 momentum 0.95, 5 Newton-Schulz steps, weight decay 0.1). ``grad_clip_norm`` unset clips the global
-gradient norm at 1.0; 0 turns clipping off. A session keeps the optimizer kind of its first step
+gradient norm at 1.0; 0 turns clipping off. Numbers lie in [0, `MAX_VALUE`], Adam's eps in
+[`MIN_EPS`, 1]. A session keeps the optimizer kind of its first step
 (Muon on the 2-D weights and Adam on the rest, as ``MuonParams.adam`` describes).
 """
 
@@ -30,6 +31,10 @@ MUON_DEFAULTS: dict[str, float] = {
     "weight_decay": 0.1,
 }
 DEFAULT_CLIP = 1.0
+#: Every optimizer number lies in [0, MAX_VALUE]; Adam's eps in [MIN_EPS, 1] (eps 0 divides 0 by 0
+#: for a weight whose gradient is 0, and the weight becomes NaN).
+MAX_VALUE = 1e6
+MIN_EPS = 1e-30
 
 
 @dataclass
@@ -65,9 +70,11 @@ def _numbers(
             or not math.isfinite(value)
         ):
             raise RLInputError(f"{field}.{key}", f"must be a finite number, got {value!r}")
-        if value < 0:
-            raise RLInputError(f"{field}.{key}", "must be >= 0")
+        if not 0 <= value <= MAX_VALUE:  # a float32 update: far from overflowing
+            raise RLInputError(f"{field}.{key}", f"must be in [0, {MAX_VALUE:g}], got {value!r}")
         out[key] = value
+    if "eps" in out and not MIN_EPS <= out["eps"] <= 1:  # 0: 0/0 = NaN where a gradient is 0
+        raise RLInputError(f"{field}.eps", f"must be in [{MIN_EPS:g}, 1], got {out['eps']!r}")
     for key in ("beta1", "beta2", "momentum"):
         if key in out and not 0 <= out[key] < 1:
             raise RLInputError(f"{field}.{key}", "must be in [0, 1)")

@@ -3,7 +3,11 @@
 All ``len(model_inputs) x num_samples`` rows run as ONE left-padded batch: one prefill, then one
 forward per generated token for the whole batch (the same work as ``model.generate``).
 
-- ``temperature`` 0 is greedy; ``top_k`` -1 (or 0) is off; ``top_p`` 1 is off.
+- ``temperature`` 0 is greedy, else at least `MIN_TEMPERATURE`; ``top_k`` -1 (or 0) is off;
+  ``top_p`` 1 is off, at least `MIN_TOP_P`.
+- Work caps: ``len(model_inputs) x num_samples`` rows <= `MAX_BATCH_SIZE`, rows x ``max_tokens``
+  <= `MAX_SAMPLE_TOKENS`, prompt tokens x samples <= `MAX_OP_TOKENS`; a stopped session's running
+  sample ends at the next token (`generate`'s ``cancelled``).
 - ``seed``: the same seed and request give the same tokens (a dedicated torch.Generator).
 - A row stops at the tokenizer's EOS token or a stop token id (``stop_reason`` STOP; the stop token
   is kept as the last token), at a stop string (STOP; the tokens up to and including the one that
@@ -21,13 +25,23 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tgnb.emulator.rl.inputs import RLInputError, model_tokens
+from tgnb.emulator.rl.inputs import (
+    MAX_BATCH_SIZE,
+    MAX_OP_TOKENS,
+    MAX_SAMPLE_TOKENS,
+    OperationCancelled,
+    RLInputError,
+    model_tokens,
+)
 
 MAX_TOPK_PROMPT = 20
+#: Below it, logits / temperature overflow float32 (use 0 for greedy); top_p below it is a float32 0.
+MIN_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-6
 
 
 @dataclass
@@ -67,7 +81,16 @@ def parse(
         raise RLInputError("model_inputs", "must be a non-empty list of ModelInput")
     prompts = [model_tokens(m, f"model_inputs[{i}]", vocab, context) for i, m in enumerate(raw)]
     n = body.get("num_samples")
-    n = _int(defaults["n"] if n is None else n, "num_samples", 1, 1024)
+    n = _int(defaults["n"] if n is None else n, "num_samples", 1, MAX_BATCH_SIZE)
+    if len(prompts) * n > MAX_BATCH_SIZE:
+        raise RLInputError(
+            "num_samples",
+            f"{len(prompts)} model_inputs x {n} samples exceed max_batch_size {MAX_BATCH_SIZE}",
+        )
+    if sum(len(p) for p in prompts) * n > MAX_OP_TOKENS:
+        raise RLInputError(
+            "model_inputs", f"more than {MAX_OP_TOKENS} prompt tokens x samples in one operation"
+        )
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, Mapping):
         raise RLInputError("sampling_params", "must be an object")
@@ -79,6 +102,12 @@ def parse(
     max_tokens = _int(
         get("max_tokens", defaults["max_tokens"]), "sampling_params.max_tokens", 1, context
     )
+    if len(prompts) * n * max_tokens > MAX_SAMPLE_TOKENS:
+        raise RLInputError(
+            "sampling_params.max_tokens",
+            f"{len(prompts) * n} rows x {max_tokens} tokens exceed {MAX_SAMPLE_TOKENS} generated "
+            "tokens per operation; ask for fewer samples or tokens",
+        )
     longest = max(len(p) for p in prompts)
     if longest >= context:
         raise RLInputError(
@@ -87,10 +116,18 @@ def parse(
     temperature = _num(
         get("temperature", defaults["temperature"]), "sampling_params.temperature", 0, 100
     )
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise RLInputError(
+            "sampling_params.temperature",
+            f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature!r}",
+        )
     top_k = _int(get("top_k", -1), "sampling_params.top_k", -1, vocab)
     top_p = _num(get("top_p", 1.0), "sampling_params.top_p", 0, 1)
-    if top_p == 0:
-        raise RLInputError("sampling_params.top_p", "must be > 0 (1 turns it off)")
+    if top_p < MIN_TOP_P:
+        raise RLInputError(
+            "sampling_params.top_p",
+            f"must be in [{MIN_TOP_P:g}, 1] (1 turns it off), got {top_p!r}",
+        )
     seed = get("seed", None)
     if seed is None:
         seed = secrets.randbits(63)
@@ -142,8 +179,16 @@ def _pick(logits: Any, req: Request, gen: Any) -> Any:
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def generate(model: Any, tokenizer: Any, req: Request, version: int, device: str) -> dict[str, Any]:
-    """Run `req` on `model` (already holding the weights to sample from)."""
+def generate(
+    model: Any,
+    tokenizer: Any,
+    req: Request,
+    version: int,
+    device: str,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Run `req` on `model` (already holding the weights to sample from); `OperationCancelled`
+    at the next token once `cancelled()` (the session was stopped)."""
     import torch
 
     rows = [p for p in req.prompts for _ in range(req.num_samples)]
@@ -181,6 +226,8 @@ def generate(model: Any, tokenizer: Any, req: Request, version: int, device: str
         cache = _cache_of(result)
         logits = result.logits[:, -1, :].float()
         for t in range(steps):
+            if cancelled():
+                raise OperationCancelled("the training session was stopped during this sample")
             tok = _pick(logits, req, gen)
             lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
             out_tok[:, t], out_lp[:, t] = tok, lp

@@ -2,7 +2,9 @@
 
 Layout under ``<state_dir>/rl/``:
 
-- ``records.json``: every model resource, training session and checkpoint (written atomically);
+- ``records.json``: every model resource, training session and checkpoint (written atomically;
+  one that cannot be read is renamed ``records.json.corrupt-<UTC time>`` and reported, and
+  Post-Training starts empty while the clusters API serves on);
 - ``operations/<session_id>/<operation_id>.json``: one file per operation (its idempotency key,
   status, output or error), rewritten on each transition;
 - ``checkpoints/<checkpoint_id>/``: the engine's checkpoint files (safetensors + JSON, no pickle);
@@ -19,12 +21,13 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tgnb.emulator.store import atomic_write_json
+from tgnb.emulator.store import atomic_write_json, keep_aside
 from tgnb.events import format_time, parse_time
 
 R_PENDING = "MODEL_RESOURCES_STATUS_PENDING"
@@ -126,6 +129,7 @@ class OperationRecord:
     updated_at: float
     status: str = O_PENDING
     idempotency_key: str | None = None
+    body_digest: str | None = None  # sha256 of the body's canonical JSON (a reused key's check)
     output: Any = None
     error: dict[str, Any] | None = None
 
@@ -170,6 +174,7 @@ class RLStore:
         self.checkpoints_dir = self.root / "checkpoints"
         self.exports_dir = self.root / "exports"
         self.payloads_dir = self.root / "payloads"
+        self.problems: list[str] = []  # files kept aside at load (health reports them)
 
     def load(
         self,
@@ -180,12 +185,15 @@ class RLStore:
         dict[str, OperationRecord],
     ]:
         try:
-            data = json.loads(self.records_file.read_text(encoding="utf-8"))
+            res, ses, cks = self._records()
         except FileNotFoundError:
-            data = {}
-        res = {r["id"]: from_dict(ResourceRecord, r) for r in data.get("resources", [])}
-        ses = {s["id"]: from_dict(SessionRecord, s) for s in data.get("sessions", [])}
-        cks = {c["id"]: from_dict(CheckpointRecord, c) for c in data.get("checkpoints", [])}
+            res, ses, cks = {}, {}, {}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # torn or hand-edited: kept aside (never overwritten), reported; the rest starts
+            err = keep_aside(self.records_file, f"{type(exc).__name__}: {exc}")
+            self.problems.append(str(err))
+            print(f"tgnb emulator: {err}; Post-Training starts empty", file=sys.stderr, flush=True)
+            res, ses, cks = {}, {}, {}
         ops: dict[str, OperationRecord] = {}
         if self.ops_dir.is_dir():
             for path in self.ops_dir.glob("*/*.json"):
@@ -195,6 +203,17 @@ class RLStore:
                     continue  # a torn file cannot happen (rename), but never refuse to start
                 ops[op.id] = op
         return res, ses, cks, ops
+
+    def _records(
+        self,
+    ) -> tuple[dict[str, ResourceRecord], dict[str, SessionRecord], dict[str, CheckpointRecord]]:
+        data = json.loads(self.records_file.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        res = {r["id"]: from_dict(ResourceRecord, r) for r in data.get("resources", [])}
+        ses = {s["id"]: from_dict(SessionRecord, s) for s in data.get("sessions", [])}
+        cks = {c["id"]: from_dict(CheckpointRecord, c) for c in data.get("checkpoints", [])}
+        return res, ses, cks
 
     def save(
         self,

@@ -15,7 +15,14 @@ from typing import Any
 
 from tgnb.emulator.rl import checks
 from tgnb.emulator.rl.lifecycle import RESOURCE_EXHAUSTED, Platform
-from tgnb.emulator.rl.operations import INVALID_INPUT, SESSION_NOT_ACTIVE, Operation, OperationError
+from tgnb.emulator.rl.operations import (
+    INVALID_INPUT,
+    SESSION_NOT_ACTIVE,
+    KeyReused,
+    Operation,
+    OperationError,
+    body_digest,
+)
 from tgnb.emulator.rl.state import (
     CKPT_INFERENCE,
     CKPT_TRAINING,
@@ -29,7 +36,8 @@ from tgnb.emulator.rl.state import (
     strict_json,
     ts,
 )
-from tgnb.emulator.validation import NOT_FOUND, RequestError
+from tgnb.emulator.validation import INVALID_ARGUMENT, NOT_FOUND, RequestError
+from tgnb.emulator.wire import MAX_DEPTH, depth_ok
 
 VARIANTS = ("CHECKPOINT_VARIANT_MERGED", "CHECKPOINT_VARIANT_ADAPTER")
 
@@ -114,11 +122,18 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
 
 def submit(p: Platform, sid: str, kind: str, key: str | None, body: Any) -> tuple[Operation, bool]:
     """Queue one operation on the session's FIFO (the original one for a known key)."""
+    body = checks.require_object(body)
+    digest = body_digest(body) if key else None  # outside the lock: bodies reach 1 MiB
     with p.lock:
         s = p.session(sid)
-        body = checks.require_object(body)
         ended = s.status not in S_ACTIVE
-        return p.ops.submit(sid, kind, key, lambda: _run(p, s, kind, body), p.clock(), inline=ended)
+        try:
+            return p.ops.submit(
+                sid, kind, key, lambda: _run(p, s, kind, body), p.clock(), inline=ended,
+                digest=digest,
+            )  # fmt: skip
+        except KeyReused as e:
+            raise RequestError(422, INVALID_ARGUMENT, str(e)) from None
 
 
 def _run(p: Platform, s: SessionRecord, kind: str, body: dict[str, Any]) -> Any:
@@ -205,8 +220,12 @@ def _merge_payload(p: Platform, s: SessionRecord, body: dict[str, Any]) -> dict[
         payload = strict_json(path.read_bytes())
     except NonFiniteJSON as e:
         raise OperationError(INVALID_INPUT, f"payload {e}") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise OperationError(INVALID_INPUT, f"payload_id: payload {pid} is not JSON") from None
+    if not depth_ok(payload, MAX_DEPTH):
+        raise OperationError(
+            INVALID_INPUT, f"payload_id: payload {pid} nests deeper than {MAX_DEPTH}"
+        )
     if not isinstance(payload, dict):
         raise OperationError(INVALID_INPUT, f"payload_id: payload {pid} is not a JSON object")
     inline = {k: v for k, v in body.items() if k != "payload_id"}
