@@ -82,6 +82,9 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
         raise checks.bad(
             "lora_config", f"model resource {r.id} is full-weight (lora_enabled=false)"
         )
+    note = ""
+    if resume is not None and r.lora_enabled:
+        lora, note = resumed_lora(p, resume, c["lora_config"])
     with p.lock:
         cap = p.config.max_lora_sessions if r.lora_enabled else 1
         active = p.active_sessions(r.id)
@@ -101,7 +104,7 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
             updated_at=now,
             status=S_CREATING,
             display_name=c["display_name"],
-            metadata=c["metadata"],
+            metadata={**c["metadata"], **({RESUME_NOTE: note} if note else {})},
             lora_config=lora,
             resume_from_checkpoint_id=c["resume_from_checkpoint_id"],
             load_optimizer=c["load_optimizer"],
@@ -110,6 +113,37 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
         r.last_activity = now
         p.save()
         return s, p.open_session(s, resume, "")
+
+
+#: The session metadata key that says once how a resume's LoRA config differed from the asked one.
+RESUME_NOTE = "resume_lora_config"
+
+
+def resumed_lora(p: Platform, resume: CheckpointRecord, asked: Any) -> tuple[dict[str, Any], str]:
+    """The LoRA config a session resuming from `resume` trains with: the checkpoint's (its adapter
+    shapes are fixed), and a note naming what of `asked` differed ("" when nothing did; a seed
+    never counts: the weights are the checkpoint's). A checkpoint that cannot be read is a 400."""
+    from tgnb.emulator.rl.checkpoints import read_meta
+    from tgnb.emulator.rl.inputs import RLInputError
+
+    try:
+        meta = read_meta(p.store.checkpoint_dir(resume.id))
+    except RLInputError as e:
+        raise checks.bad("resume_from_checkpoint_id", e.message) from None
+    saved = meta.get("lora_config")
+    if not isinstance(saved, dict):
+        raise checks.bad(
+            "resume_from_checkpoint_id", f"checkpoint {resume.id} holds no LoRA adapter"
+        )
+    given = {k: v for k, v in (asked or {}).items() if v is not None and k != "seed"}
+    diff = [f"{k} {given[k]!r}" for k in sorted(given) if k in saved and given[k] != saved[k]]
+    if not diff:
+        return dict(saved), ""
+    kept = ", ".join(f"{k} {saved[k]!r}" for k in ("rank", "alpha", "dropout", "train_unembed"))
+    return dict(saved), (
+        f"lora_config {', '.join(diff)} was not used: a session resuming from checkpoint "
+        f"{resume.id} trains with that checkpoint's LoRA config ({kept})"
+    )
 
 
 def submit(p: Platform, sid: str, kind: str, key: str | None, body: Any) -> tuple[Operation, bool]:
