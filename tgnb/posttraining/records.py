@@ -4,6 +4,7 @@ checkpoints, cost), built from the SDK's response models. Statuses lose their lo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -117,16 +118,64 @@ class CheckpointInfo:
     session_id: str
     step: int
     created_at: datetime | None
+    #: the policy version of the weights it holds (an inference checkpoint holds the published
+    #: weights: the step they were published at); None when the service does not say
+    weights_version: int | None = None
 
     @classmethod
     def from_sdk(cls, c: Any, kind: str, session_id: str) -> CheckpointInfo:
+        version = getattr(c, "weights_version", None)
+        if version is None:
+            extra = getattr(c, "model_extra", None) or {}
+            version = extra.get("weights_version") if isinstance(extra, dict) else None
         return cls(
             id=str(c.id),
             kind=kind,
             session_id=session_id,
             step=_int(getattr(c, "step", 0)),
             created_at=_time(getattr(c, "created_at", None)),
+            weights_version=None if version is None else _int(version),
         )
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """The service put a session back to a training checkpoint (the local emulator after a
+    restart): from `from_step` to `to_step`, at `at`."""
+
+    at: datetime | None
+    checkpoint: str
+    from_step: int
+    to_step: int
+
+    @classmethod
+    def list_from(cls, metadata: Any) -> tuple[Rollback, ...]:
+        raw = _metadata(metadata).get("emulator_rollbacks")
+        out = []
+        for r in raw if isinstance(raw, list) else []:
+            if isinstance(r, dict):
+                out.append(
+                    cls(
+                        at=_time(r.get("at")),
+                        checkpoint=str(r.get("checkpoint") or ""),
+                        from_step=_int(r.get("from_step")),
+                        to_step=_int(r.get("to_step")),
+                    )
+                )
+        return tuple(out)
+
+
+def _metadata(metadata: Any) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if isinstance(metadata, dict):
+        return metadata
+    to_dict = getattr(metadata, "to_dict", None)
+    if callable(to_dict):
+        with contextlib.suppress(Exception):
+            out = to_dict()
+            return out if isinstance(out, dict) else {}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -146,6 +195,9 @@ class SessionInfo:
     created_at: datetime | None
     updated_at: datetime | None
     error: str | None
+    rollbacks: tuple[Rollback, ...] = ()
+    #: what the service said once about how the session was opened (a resume's LoRA config)
+    note: str | None = None
 
     @property
     def active(self) -> bool:
@@ -182,6 +234,8 @@ class SessionInfo:
             created_at=_time(getattr(s, "created_at", None)),
             updated_at=_time(getattr(s, "updated_at", None)),
             error=(f"{err.code}: {err.message}" if err is not None else None),
+            rollbacks=Rollback.list_from(getattr(s, "metadata", None)),
+            note=_metadata(getattr(s, "metadata", None)).get("resume_lora_config") or None,
         )
 
 
@@ -220,4 +274,4 @@ class Cost:
         )
 
 
-__all__ = ["CheckpointInfo", "Cost", "ModelInfo", "ResourceInfo", "SessionInfo"]
+__all__ = ["CheckpointInfo", "Cost", "ModelInfo", "ResourceInfo", "Rollback", "SessionInfo"]

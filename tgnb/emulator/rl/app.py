@@ -361,7 +361,7 @@ class RLApi:
         with self.p.lock:
             r = self.p.resource(request.path_params["rid"])
             r.extended_until = None
-            r.last_activity = self.p.clock() - self.p.config.real(r.inactive_timeout) - 1
+            r.last_activity = self.p.clock() - r.inactive_timeout - 1
         self.p.tick()
         return self._resource(r.id)
 

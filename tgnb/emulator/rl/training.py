@@ -201,6 +201,13 @@ def _checkpoint(p: Platform, host: Any, s: SessionRecord, kind: str) -> dict[str
         host.save_inference_checkpoint(s.id, tmp)
     tmp.rename(target)
     now = p.clock()
+    step = int(host.step(s.id))
+    # a training checkpoint holds the trainer's weights (its step), an inference one the
+    # published weights: the policy version they were published at (behind the step until a
+    # weights-sync)
+    version = (
+        step if kind == CKPT_TRAINING else int(host.policy_state(s.id)["applied_weights_version"])
+    )
     rec = CheckpointRecord(
         id=cid,
         project_id=s.project_id,
@@ -208,15 +215,23 @@ def _checkpoint(p: Platform, host: Any, s: SessionRecord, kind: str) -> dict[str
         resource_id=s.resource_id,
         base_model=s.base_model,
         type=kind,
-        step=int(host.step(s.id)),
+        step=step,
         created_at=now,
         lora_rank=(s.lora_config or {}).get("rank"),
+        weights_version=version,
     )
     with p.lock:
         p.checkpoints[cid] = rec
         (s.training_checkpoints if kind == CKPT_TRAINING else s.inference_checkpoints).append(cid)
         p.save()
-    return {"checkpoint": {"id": cid, "created_at": ts(now), "step": str(rec.step)}}
+    return {
+        "checkpoint": {
+            "id": cid,
+            "created_at": ts(now),
+            "step": str(rec.step),
+            "weights_version": str(version),
+        }
+    }
 
 
 # ---- payloads -------------------------------------------------------------------------------
