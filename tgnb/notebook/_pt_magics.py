@@ -311,13 +311,14 @@ class PtCommands:
         c = self._resource(args.resource).cost()
         row = (
             c.resource_id,
-            f"{c.minutes:.1f}",
+            f"{c.minutes:.1f} {c.unit}",
             str(c.gpus),
             f"{c.gpu_minutes:.1f}",
             f"{c.price_per_hour:.2f} {c.currency}/h",
             f"{c.amount:.2f} {c.currency}" + (" (est.)" if c.estimated else ""),
         )
-        head = ("RESOURCE", "MINUTES READY", "GPUS", "GPU-MINUTES", "PRICE", "COST SO FAR")
+        head = ("RESOURCE", "READY", "GPUS", "GPU-MINUTES", "PRICE", "COST SO FAR")
+        print(f"minutes and cost in {c.clock_note}")
         return Table(head, [row])
 
     def _do_panel(self, args: Any) -> Any:

@@ -92,7 +92,8 @@ def header_text(state: PanelState) -> str:
     c = state.cost
     if c is not None:
         est = " (est.)" if c.estimated else ""
-        parts.append(f"{c.gpu_minutes:.1f} GPU-min{est}")
+        clock = " (platform)" if c.unit != "min" else ""
+        parts.append(f"{c.gpu_minutes:.1f} GPU-min{clock}{est}")
         parts.append(f"{c.amount:.2f} {c.currency} so far")
     return " · ".join(parts)
 

@@ -255,10 +255,29 @@ class Cost:
     ready_at: datetime | None
     stopped_at: datetime | None
     estimated: bool
+    #: which clock `minutes` are on: "platform" (the local emulator's compressed platform time at
+    #: `time_scale`: 1 real second is 1/time_scale platform seconds) or "wall" (the service's)
+    clock: str = "wall"
+    time_scale: float | None = None
 
     @property
     def gpu_minutes(self) -> float:
         return self.minutes * self.gpus
+
+    @property
+    def unit(self) -> str:
+        """``"platform min"`` on a compressed clock, else ``"min"``."""
+        return "platform min" if self.clock == "platform" and self.time_scale != 1 else "min"
+
+    @property
+    def clock_note(self) -> str:
+        """Which clock the minutes are on, in words."""
+        if self.clock == "platform" and self.time_scale not in (None, 1):
+            return (
+                f"platform time of the local emulator at time scale {self.time_scale:g} "
+                f"(1 real s = {1 / float(self.time_scale or 1):g} platform s)"
+            )
+        return "wall-clock time"
 
     @property
     def amount(self) -> float:
@@ -267,10 +286,12 @@ class Cost:
 
     def __str__(self) -> str:
         tail = " (estimated: READY time not reported)" if self.estimated else ""
+        unit = self.unit
         return (
-            f"{self.resource_id}: {self.minutes:.1f} min READY x {self.gpus} GPU = "
-            f"{self.gpu_minutes:.1f} GPU-min, {self.amount:.2f} {self.currency} "
-            f"at {self.price_per_hour:.2f} {self.currency}/h{tail}"
+            f"{self.resource_id}: {self.minutes:.1f} {unit} READY x {self.gpus} GPU = "
+            f"{self.gpu_minutes:.1f} {unit.replace('min', 'GPU-min')}, "
+            f"{self.amount:.2f} {self.currency} at {self.price_per_hour:.2f} {self.currency}/h; "
+            f"{self.clock_note}{tail}"
         )
 
 

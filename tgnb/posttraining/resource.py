@@ -54,6 +54,26 @@ class PostTraining:
         )
         return [ModelInfo.from_sdk(m) for m in (r.data or [])]
 
+    def tokenizer(self, base_model: str | None = None) -> Any:
+        """The Hugging Face tokenizer of `base_model` (default: the first supported model), by the
+        name ``models()`` lists. On the local emulator it is read from the local Hugging Face cache
+        without asking the Hub (``local_files_only``: no network, no retries, no environment
+        variable; the emulator's built-in model is written there in the Hub's own layout), else
+        from the Hub as ``AutoTokenizer.from_pretrained`` does."""
+        from transformers import AutoTokenizer
+
+        name = base_model if base_model is not None else self.models()[0].name
+        if not isinstance(name, str) or not name.strip():
+            raise ValidationError(
+                f"base_model={name!r}: give a model name (pt.models() lists them)"
+            )
+        if self.conn.local:
+            try:
+                return AutoTokenizer.from_pretrained(name, local_files_only=True)
+            except OSError:
+                pass  # not in the local cache (a hub id the emulator serves from elsewhere)
+        return AutoTokenizer.from_pretrained(name)
+
     def resources(self, all: bool = False) -> list[ResourceInfo]:
         """This project's model resources (active ones unless `all`), newest first."""
         items: list[Any] = []
@@ -353,7 +373,20 @@ class Resource:
         else:
             end = stopped or utcnow()
             minutes = max((end - ready).total_seconds(), 0.0) / 60.0
-        return Cost(self.id, minutes, gpus, price, currency, ready, stopped, estimated)
+        platform = usage.get("clock") == "platform"
+        scale = usage.get("time_scale")
+        return Cost(
+            self.id,
+            minutes,
+            gpus,
+            price,
+            currency,
+            ready,
+            stopped,
+            estimated,
+            clock="platform" if platform else "wall",
+            time_scale=float(scale) if platform and isinstance(scale, (int, float)) else None,
+        )
 
     def events(self) -> list[Event]:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session
