@@ -28,6 +28,14 @@ def _positive(text: str) -> int:
     return n
 
 
+def _whole(text: str) -> int:
+    """Any whole number: its range is the Python check's to say (it knows the model's)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write e.g. 8") from None
+
+
 def build() -> dict[str, _Parser]:
     p: dict[str, _Parser] = {}
 
@@ -63,8 +71,8 @@ def build() -> dict[str, _Parser]:
     ss.add_argument("--active", action="store_true", help="only running ones")
 
     o = sub("open", "Open a training session (a LoRA adapter) on the current resource.")
-    o.add_argument("--rank", type=_positive, help="LoRA rank, e.g. 8")
-    o.add_argument("--alpha", type=_positive, help="LoRA alpha, e.g. 16")
+    o.add_argument("--rank", type=_whole, help="LoRA rank, e.g. 8 (%%tg pt models: its maximum)")
+    o.add_argument("--alpha", type=_whole, help="LoRA alpha, e.g. 16")
     o.add_argument("--dropout", type=float, help="LoRA dropout, e.g. 0.05")
     o.add_argument("--seed", type=_positive, help="LoRA init seed")
     o.add_argument("--name", help="display name, e.g. lr-1e-4")

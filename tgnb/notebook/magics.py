@@ -24,7 +24,7 @@ from traitlets import Float, TraitError, Unicode, validate
 from tgnb.errors import TgnbError
 from tgnb.notebook import _api
 from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
-from tgnb.notebook._wording import as_magic
+from tgnb.notebook._wording import as_magic, as_pt_magic
 
 if TYPE_CHECKING:
     from tgnb.runs import Run
@@ -137,7 +137,7 @@ class Tg(Magics):
         try:
             return self._pt(words)
         except TgnbError as e:
-            raise UsageError(f"%tg pt {words[0] if words else ''}: {e}") from None
+            raise UsageError(f"%tg pt {words[0] if words else ''}: {as_pt_magic(str(e))}") from None
 
     # -- helpers -------------------------------------------------------------------------------
     def _session(self) -> Session:

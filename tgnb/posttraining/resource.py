@@ -214,6 +214,7 @@ class Resource:
         self.id = client.model_resources_id
         self._price: tuple[float, str] | None = None
         self._last: ResourceInfo | None = None
+        self._max_rank: int | None = None  # the model's LoRA rank limit, once looked up
 
     def __repr__(self) -> str:
         status = self._last.status if self._last else "?"
@@ -255,7 +256,13 @@ class Resource:
     ) -> TrainingSession:
         """Open a training session: `lora` = ``{"rank": 8, "alpha": 16, ...}`` (LoRA resources),
         `name` a display name, `resume_from` a training checkpoint id to start from."""
-        config = v.check_lora(lora)
+        try:
+            config = v.check_lora(lora, max_rank=self._max_rank)
+        except ValidationError:
+            if self._max_rank is not None or not isinstance(lora, dict) or "rank" not in lora:
+                raise
+            self._max_rank = self._model_max_rank()  # read-only: to say the model's real range
+            config = v.check_lora(lora, max_rank=self._max_rank)
         v.check_name(name)
         if resume_from is not None:
             v.check_id(resume_from, "resume_from", "res.checkpoints() lists training checkpoints")
@@ -271,6 +278,10 @@ class Resource:
                 f"resource {self.id} trains full weights: open its session without lora=, "
                 "or start a LoRA resource (pt.start(..., lora=True))"
             )
+        if config and "rank" in config:  # the model's own maximum, as the service lists it
+            if self._max_rank is None:
+                self._max_rank = self._model_max_rank()
+            v.check_lora(config, max_rank=self._max_rank)
         active = self.sessions(active=True)
         cap = v.MAX_LORA_SESSIONS if info.lora_enabled else 1
         if len(active) >= cap:
@@ -293,6 +304,12 @@ class Resource:
         )
         sess = TrainingSession(self.conn, client, SessionInfo.from_sdk(client.retrieve()))
         return sess
+
+    def _model_max_rank(self) -> int | None:
+        """The largest LoRA rank the resource's model takes, as ``pt.models()`` lists it."""
+        base = (self._last or self.info()).base_model
+        limits = [m.max_lora_rank for m in PostTraining(self.conn).models() if m.name == base]
+        return next((r for r in limits if r), None)
 
     def session(self, id_or_name: str) -> TrainingSession:
         """A handle on one of this resource's sessions, by id or display name."""
