@@ -275,7 +275,10 @@ class PtCommands:
         }
         from tgnb.posttraining import validate
 
-        validate.check_lora(lora)  # before anything is sent, even the attach of --resource
+        if args.resource is None and self.resource is not None:
+            self.resource.check_lora(lora)  # the model's own rank range
+        else:
+            validate.check_lora(lora)  # before anything is sent, even the attach of --resource
         validate.check_name(args.name)
         res = self._resource(args.resource)
         sess = res.open_session(lora=lora or None, name=args.name, resume_from=args.resume)

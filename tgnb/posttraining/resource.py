@@ -256,13 +256,7 @@ class Resource:
     ) -> TrainingSession:
         """Open a training session: `lora` = ``{"rank": 8, "alpha": 16, ...}`` (LoRA resources),
         `name` a display name, `resume_from` a training checkpoint id to start from."""
-        try:
-            config = v.check_lora(lora, max_rank=self._max_rank)
-        except ValidationError:
-            if self._max_rank is not None or not isinstance(lora, dict) or "rank" not in lora:
-                raise
-            self._max_rank = self._model_max_rank()  # read-only: to say the model's real range
-            config = v.check_lora(lora, max_rank=self._max_rank)
+        config = self.check_lora(lora)
         v.check_name(name)
         if resume_from is not None:
             v.check_id(resume_from, "resume_from", "res.checkpoints() lists training checkpoints")
@@ -304,6 +298,17 @@ class Resource:
         )
         sess = TrainingSession(self.conn, client, SessionInfo.from_sdk(client.retrieve()))
         return sess
+
+    def check_lora(self, lora: Any) -> dict[str, Any] | None:
+        """`lora` checked against this resource's model (its rank range is the model's own, as
+        ``pt.models()`` lists it; looked up once, read-only, when a rank is out of range)."""
+        try:
+            return v.check_lora(lora, max_rank=self._max_rank)
+        except ValidationError:
+            if self._max_rank is not None or not isinstance(lora, dict) or "rank" not in lora:
+                raise
+            self._max_rank = self._model_max_rank()
+            return v.check_lora(lora, max_rank=self._max_rank)
 
     def _model_max_rank(self) -> int | None:
         """The largest LoRA rank the resource's model takes, as ``pt.models()`` lists it."""
