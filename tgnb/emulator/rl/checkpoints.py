@@ -114,9 +114,9 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 
 def load(host: ResourceHost, sid: str, directory: Path, *, load_optimizer: bool) -> None:
-    """Load a TRAINING checkpoint into the open session `sid` (opened with the checkpoint's LoRA
-    config: `tgnb.emulator.rl.training.resumed_lora`), publish it, and restore the optimizer if
-    asked."""
+    """Load a TRAINING checkpoint into the open session `sid` (reopened with the checkpoint's
+    LoRA config when it differs; the platform opens it with that config in the first place:
+    `tgnb.emulator.rl.training.resumed_lora`), publish it, and restore the optimizer if asked."""
     import torch
     from safetensors.torch import load_file
 
@@ -134,11 +134,9 @@ def load(host: ResourceHost, sid: str, directory: Path, *, load_optimizer: bool)
         from peft.utils import set_peft_model_state_dict
 
         if sess.lora != meta["lora_config"]:  # the platform opens it with the checkpoint's
-            raise RLInputError(
-                "lora_config",
-                f"the session's LoRA config {sess.lora} is not the checkpoint's "
-                f"{meta['lora_config']}",
-            )
+            host.close_session(sid)
+            host.open_session(sid, meta["lora_config"])
+            sess = host._session(sid)
         state = load_file(str(directory / ADAPTER_FILES[0]), device=host.device)
         result = set_peft_model_state_dict(host.model, state, adapter_name=sess.train)
         unexpected = getattr(result, "unexpected_keys", [])
