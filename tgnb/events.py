@@ -71,6 +71,9 @@ SESSION_STOPPED = "TrainingSessionStopped"
 SESSION_EXPIRED = "TrainingSessionExpired"
 SESSION_ERROR = "TrainingSessionError"
 SESSION_CHECKPOINT = "TrainingSessionCheckpoint"  # data["kind"]: "training" | "inference"
+#: A restart of the service put the session back to its last training checkpoint:
+#: data["from_step"], data["to_step"], data["checkpoint"].
+SESSION_ROLLED_BACK = "TrainingSessionRolledBack"
 POST_TRAINING_REASONS = frozenset(
     {
         RESOURCE_CREATED,
@@ -83,6 +86,7 @@ POST_TRAINING_REASONS = frozenset(
         SESSION_EXPIRED,
         SESSION_ERROR,
         SESSION_CHECKPOINT,
+        SESSION_ROLLED_BACK,
     }
 )
 

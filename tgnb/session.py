@@ -388,11 +388,14 @@ def attach(
         asked = daemon.ServeOptions.of(
             time_scale=DEFAULT_TIME_SCALE if time_scale is None else time_scale
         )
-        st, started = daemon.start(settings.home, asked, asked=["time_scale"])
+        st, started = daemon.start(
+            settings.home, asked, asked=["time_scale"] if time_scale is not None else []
+        )
         if started:
             again = "restarted" if was.running else "started"
             print(
-                f"{again} the local emulator on {st.base_url} (time scale {asked.fleet.time_scale:g}); "
+                f"{again} the local emulator on {st.base_url} (time scale "
+                f"{(st.options or {}).get('time_scale', asked.fleet.time_scale):g}); "
                 "`tgnb emulator stop` stops it"
             )
     key = st.api_key.get() if st.api_key else None

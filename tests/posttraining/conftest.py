@@ -1,8 +1,8 @@
 """Fixtures shared by the Post-Training tests (server, client, recipes).
 
 - ``rl_daemon`` (module scope): one real emulator daemon for the test module (time scale 0.01:
-  provisioning 0.6 s, the default 3600 s inactivity timeout 36 s). Loading torch and the model is
-  paid once per module, not per test.
+  provisioning 0.6 s; inactivity timeouts stay real seconds, ``rl_expire`` ends one now). Loading
+  torch and the model is paid once per module, not per test.
 - ``rl_emulator`` (function scope): that daemon, with ``TOGETHER_BASE_URL`` / ``TOGETHER_API_KEY``
   set through monkeypatch (so the unmodified SDK's ``Together()``, ``ModelResourcesClient``,
   ``download_checkpoint`` and the Tinker layer find it), ``HF_HUB_OFFLINE=1``, and chaos reset

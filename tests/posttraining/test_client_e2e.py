@@ -161,7 +161,8 @@ def test_bad_input_is_refused_before_anything_is_sent(emu: EmulatorHandle) -> No
     for call in bad:
         with pytest.raises(ValidationError):
             call()
-    assert emu.requests() == []
+    # nothing sent but reads (a rank out of range looks up the model's own range, to say it)
+    assert [r for r in emu.requests() if r["method"] != "GET"] == []
 
     # A generator-less resource's session says how to get one; a sixth LoRA session is refused
     # before the create is sent.
@@ -238,9 +239,9 @@ def test_local_starts_the_emulator_when_none_runs(tmp_path: Path) -> None:
 def test_server_refusals_and_a_wrong_key_read_as_one_line(
     emu: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What only the server can check (a model's own LoRA rank limit, an unknown model) comes back
-    as an ApiError quoting the server's reason; a wrong key is an AuthenticationError that never
-    shows the key."""
+    """What only the server can check (an unknown model) comes back as an ApiError quoting the
+    server's reason; a model's own LoRA rank limit is read from the service's model list and said
+    before anything is opened; a wrong key is an AuthenticationError that never shows the key."""
     pt = tgnb.post_training(local=True, home=emu.home)
     with pytest.raises(ApiError, match=r"refused to start a model resource.*\(400\)") as info:
         pt.start("no-such/model")
@@ -248,9 +249,8 @@ def test_server_refusals_and_a_wrong_key_read_as_one_line(
     res = pt.start(MODEL, generators=0)
     max_rank = next(m.max_lora_rank for m in pt.models() if m.name == MODEL)
     assert max_rank is not None
-    with pytest.raises(ApiError, match="rank") as info:
+    with pytest.raises(ValidationError, match=f"use 1 to {max_rank} \\(this model's maximum\\)"):
         res.open_session(lora={"rank": max_rank + 1})
-    assert info.value.status_code == 400
     assert res.sessions() == []  # nothing was opened
     res.stop()
 

@@ -307,7 +307,7 @@ def test_queue_position_under_the_shared_gpu_cap(rl_emulator: EmulatorHandle) ->
 
 def test_inactivity_expiry_stops_the_resource(rl_emulator: EmulatorHandle) -> None:
     with http(rl_emulator) as c:
-        res = ready_resource(c, inactive_timeout=300)  # 3 s at time scale 0.01
+        res = ready_resource(c, inactive_timeout=300)  # real seconds at any time scale
         rid = res["id"]
         sid = open_session(c, rid, display_name="a")["id"]
         later = c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": 400}).json()["expires_at"]
@@ -315,6 +315,9 @@ def test_inactivity_expiry_stops_the_resource(rl_emulator: EmulatorHandle) -> No
         assert c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": -1}).status_code == 400
         renamed = together.Together().post_training.sessions.update(sid, display_name="b")
         assert renamed.display_name == "b"
+        time.sleep(3.5)  # 300 x 0.01 s: the idle time is the user's, not scaled
+        assert c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_READY"
+        rl_emulator.rl_expire(rid)  # as if the 300 real seconds had passed
         rl_emulator.wait_for(
             lambda: c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_STOPPED",
             timeout=60,

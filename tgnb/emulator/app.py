@@ -146,6 +146,12 @@ class EmulatorApp:
         self.requests: list[dict[str, Any]] = []
         self._log_lock = threading.Lock()
         self.started_at = time.time()
+        from tgnb.emulator.volumes import Volumes
+
+        regions = tuple(r["name"] for r in regions_to_api()["regions"])
+        self.volumes = Volumes(
+            fleet.store.root / "volumes.json", fleet.config.default_project_id, regions
+        )
 
     def _authorized(self, request: Request) -> bool:
         header = request.headers.get("authorization", "")
@@ -261,8 +267,33 @@ class EmulatorApp:
         return await asyncio.to_thread(self.fleet.list_clusters, project)
 
     async def create_cluster(self, request: Request, body: Any) -> Any:
-        # node building runs off the event loop: health and reads answer meanwhile
-        return await asyncio.to_thread(self.fleet.create, validate_create(require_object(body)))
+        checked = validate_create(require_object(body))
+        project = checked.get("project_id") or self.fleet.config.default_project_id
+        volume = self.volumes.for_cluster(checked, project)  # 400 for an unknown volume_id
+        made = None
+        sv = checked.get("shared_volume")
+        if volume is None and isinstance(sv, dict) and sv.get("volume_name"):
+            made = self.volumes.create(
+                {
+                    "volume_name": sv["volume_name"],
+                    "size_tib": int(sv.get("size_tib") or 1),
+                    "region": sv.get("region") or checked["region"],
+                    "project_id": project,
+                }
+            )
+            volume = self.volumes.to_api(made)
+        if volume is not None:
+            checked = {**checked, "volume": volume}
+        try:
+            # node building runs off the event loop: health and reads answer meanwhile
+            out = await asyncio.to_thread(self.fleet.create, checked)
+        except BaseException:
+            if made is not None:
+                self.volumes.delete(made["volume_id"])
+            raise
+        if volume is not None:
+            self.volumes.bind(volume["volume_id"], out["cluster_id"], attached_only=made is None)
+        return out
 
     async def retrieve_cluster(self, request: Request, body: Any) -> Any:
         return self.fleet.retrieve(request.path_params["cluster_id"])
@@ -273,7 +304,25 @@ class EmulatorApp:
         return await asyncio.to_thread(self.fleet.update, cluster_id, checked)
 
     async def delete_cluster(self, request: Request, body: Any) -> Any:
-        return self.fleet.delete(request.path_params["cluster_id"])
+        out = self.fleet.delete(request.path_params["cluster_id"])
+        self.volumes.release(request.path_params["cluster_id"])
+        return out
+
+    # ---- shared volumes (tgnb.emulator.volumes) ----------------------------------------------
+    async def create_volume(self, request: Request, body: Any) -> Any:
+        return self.volumes.to_api(self.volumes.create(require_object(body)))
+
+    async def list_volumes(self, request: Request, body: Any) -> Any:
+        return self.volumes.list(request.query_params.get("project_id"))
+
+    async def retrieve_volume(self, request: Request, body: Any) -> Any:
+        return self.volumes.retrieve(request.path_params["volume_id"])
+
+    async def update_volume(self, request: Request, body: Any) -> Any:
+        return self.volumes.update(require_object(body))
+
+    async def delete_volume(self, request: Request, body: Any) -> Any:
+        return self.volumes.delete(request.path_params["volume_id"])
 
     async def regions(self, request: Request, body: Any) -> Any:
         return regions_to_api()
@@ -379,7 +428,13 @@ class EmulatorApp:
     def build(self) -> ASGIApp:
         api, admin = self.api, self.admin
         c = "/v1/compute/clusters"
+        v = c + "/storage/volumes"
         routes = [
+            Route(v, api(self.list_volumes), methods=["GET"]),
+            Route(v, api(self.create_volume), methods=["POST"]),
+            Route(v, api(self.update_volume), methods=["PUT"]),
+            Route(v + "/{volume_id}", api(self.retrieve_volume), methods=["GET"]),
+            Route(v + "/{volume_id}", api(self.delete_volume), methods=["DELETE"]),
             Route(c, api(self.list_clusters), methods=["GET"]),
             Route(c, api(self.create_cluster), methods=["POST"]),
             Route(c + "/{cluster_id}", api(self.retrieve_cluster), methods=["GET"]),

@@ -333,11 +333,16 @@ def start(
 
     A running one is reused when it matches `options` (the fields in `asked`; by default all of
     them). When it does not: restarted with `options` if the current command started it (`owned`),
-    else `EmulatorMismatchError`, which names what differs and the fix.
+    else `EmulatorMismatchError`, which names what differs and the fix. After a crash (a
+    ``server.json`` left by a daemon that is gone) it comes back with the options it had
+    (`after_crash`): every option not in `asked`, and its port when that is free and none is asked,
+    so the base URL a running client holds stays valid.
     """
     options = (options or ServeOptions()).check()  # before anything starts
     eh = emulator_home(home)
     current = status(home)
+    if not current.running:
+        options = after_crash(eh, options, asked)
     if current.running:
         diff = differences(current, options, asked)
         if not diff:
@@ -371,6 +376,38 @@ def start(
     raise EmulatorError(
         f"the emulator did not come up within {timeout:.0f}s; see {log}. Last output:\n{tail}"
     )
+
+
+def after_crash(eh: Path, options: ServeOptions, asked: Iterable[str] | None) -> ServeOptions:
+    """`options` completed with what the crashed daemon of `eh` ran with: the recorded value of
+    every option not in `asked` (None: all were asked), and the recorded port when no port is asked
+    (0) and it is free. Unchanged when no daemon crashed there (a clean stop removes its record)."""
+    info = _read_server(eh)
+    had = (info or {}).get("options")
+    if not isinstance(had, dict) or _alive(int((info or {}).get("pid") or 0)):
+        return options
+    flat = options.flat()
+    given = set(flat) if asked is None else set(asked)
+    for name, value in had.items():
+        if name in flat and name != "port" and name not in given:
+            flat[name] = value
+    port = (info or {}).get("port")
+    if not flat["port"] and isinstance(port, int) and _port_free(port):
+        flat["port"] = port
+    try:
+        return ServeOptions.of(**flat)
+    except (TypeError, ValueError):  # a record from another version: start as asked
+        return options
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def stop(home: Path | None = None, timeout: float = 10.0) -> bool:

@@ -64,6 +64,7 @@ from tgnb.emulator.models import (
     LifecycleEvent,
     NodeState,
     _ts,
+    add_ons_from_body,
     check_record,
     cluster_to_api,
 )
@@ -400,6 +401,8 @@ class Fleet:
             for name in ("cluster_config", "reservation_end_time"):
                 if name in body:
                     c.extra[name] = body[name]
+            if "add_ons" in body:  # the new list replaces the old one, as the API's PUT does
+                c.add_ons = add_ons_from_body(body["add_ons"])
             self._reconcile(c, now)
             return cluster_to_api(c)
 

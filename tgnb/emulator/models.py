@@ -176,7 +176,7 @@ class ClusterState:
             num_capacity_pool_gpus=body.get("num_capacity_pool_gpus") or 0,
             capacity_pool_id=body.get("capacity_pool_id"),
             duration_days=body.get("duration_days"),
-            add_ons=_add_ons(body.get("add_ons")),
+            add_ons=add_ons_from_body(body.get("add_ons")),
             volumes=_volumes(body),
             extra={k: v for k, v in body.items() if k not in _STATE_FIELDS and v is not None},
         )
@@ -237,11 +237,13 @@ _STATE_FIELDS = frozenset(
         "add_ons",
         "volume_id",
         "shared_volume",
+        "volume",
     }
 )
 
 
-def _add_ons(raw: Any) -> list[dict[str, Any]]:
+def add_ons_from_body(raw: Any) -> list[dict[str, Any]]:
+    """The ``add_ons`` of a validated create or update body, as a Cluster shows them."""
     out = []
     for a in raw or []:
         if isinstance(a, dict) and a.get("name"):
@@ -257,6 +259,10 @@ def _add_ons(raw: Any) -> list[dict[str, Any]]:
 
 
 def _volumes(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cluster's volumes: ``volume`` is the one `tgnb.emulator.volumes` resolved (from
+    ``volume_id`` or made for ``shared_volume``)."""
+    if isinstance(body.get("volume"), dict):
+        return [dict(body["volume"], status="bound")]
     sv = body.get("shared_volume")
     if isinstance(sv, dict) and sv.get("volume_name"):
         return [
@@ -264,15 +270,6 @@ def _volumes(body: dict[str, Any]) -> list[dict[str, Any]]:
                 "volume_id": f"vol-{uuid.uuid4().hex[:12]}",
                 "volume_name": sv["volume_name"],
                 "size_tib": int(sv.get("size_tib") or 1),
-                "status": "Available",
-            }
-        ]
-    if body.get("volume_id"):
-        return [
-            {
-                "volume_id": body["volume_id"],
-                "volume_name": body["volume_id"],
-                "size_tib": 1,
                 "status": "Available",
             }
         ]

@@ -47,6 +47,7 @@ _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.SESSION_EXPIRED: ("bar", "#ff7f0e"),
     ev.SESSION_ERROR: ("down", "#d62728"),
     ev.SESSION_CHECKPOINT: ("circle", "#3366cc"),
+    ev.SESSION_ROLLED_BACK: ("down", "#ff7f0e"),
 }
 _LABEL = {
     ev.RUN_STARTED: "started",

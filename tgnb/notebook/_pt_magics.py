@@ -10,6 +10,7 @@ fallback. Imported on the first ``%tg pt`` line, not by ``%load_ext tgnb``.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -33,6 +34,14 @@ def _positive(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return n
+
+
+def _whole(text: str) -> int:
+    """Any whole number in ASCII digits, signed: its range is the Python check's to say (it knows
+    the model's)."""
+    if not re.fullmatch(r"-?[0-9]{1,12}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write e.g. 8")
+    return int(text)
 
 
 def build() -> dict[str, _Parser]:
@@ -74,8 +83,8 @@ def build() -> dict[str, _Parser]:
     ss.add_argument("--active", action="store_true", help="only running ones")
 
     o = sub("open", "Open a training session (a LoRA adapter) on the current resource.")
-    o.add_argument("--rank", type=_positive, help="LoRA rank, e.g. 8")
-    o.add_argument("--alpha", type=_positive, help="LoRA alpha, e.g. 16")
+    o.add_argument("--rank", type=_whole, help="LoRA rank, e.g. 8 (%%tg pt models: its maximum)")
+    o.add_argument("--alpha", type=_whole, help="LoRA alpha, e.g. 16")
     o.add_argument("--dropout", type=number, help="LoRA dropout, e.g. 0.05")
     o.add_argument("--seed", type=_positive, help="LoRA init seed")
     o.add_argument("--name", help="display name, e.g. lr-1e-4")
@@ -284,7 +293,10 @@ class PtCommands:
         }
         from tgnb.posttraining import validate
 
-        validate.check_lora(lora)  # before anything is sent, even the attach of --resource
+        if args.resource is None and self.resource is not None:
+            self.resource.check_lora(lora)  # the model's own rank range
+        else:
+            validate.check_lora(lora)  # before anything is sent, even the attach of --resource
         validate.check_name(args.name)
         res = self._resource(args.resource)
         sess = res.open_session(lora=lora or None, name=args.name, resume_from=args.resume)
@@ -328,15 +340,14 @@ class PtCommands:
         c = self._resource(args.resource).cost()
         row = (
             c.resource_id,
-            f"{c.minutes:.1f}",
+            f"{c.minutes:.1f} {c.unit}",
             str(c.gpus),
             f"{c.gpu_minutes:.1f}",
             f"{c.price_per_hour:.2f} {c.currency}/h",
             f"{c.amount:.2f} {c.currency}" + (" (est.)" if c.estimated else ""),
         )
-        head = ("RESOURCE", "MINUTES READY", "GPUS", "GPU-MINUTES", "PRICE", "COST SO FAR")
-        clock = f"minutes in {c.clock}" if c.clock else "minutes in real time"
-        return Table(head, [row], caption=clock)
+        head = ("RESOURCE", "READY", "GPUS", "GPU-MINUTES", "PRICE", "COST SO FAR")
+        return Table(head, [row], caption=f"minutes and cost in {c.clock_note}")
 
     def _do_panel(self, args: Any) -> Any:
         from tgnb.notebook.pt_panel import ResourcePanel

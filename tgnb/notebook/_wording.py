@@ -28,3 +28,36 @@ def as_magic(message: str) -> str:
     for pattern, repl in _REWRITES:
         message = pattern.sub(repl, message)
     return message
+
+
+#: The Post-Training API's Python fixes, as the ``%tg pt`` lines that do them (applied in order).
+_PT_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), repl)
+    for pattern, repl in (
+        (r"res\.stop\(force=True\)", "%tg pt stop --force"),
+        (r"sess\.stop\(\) or (%tg pt stop --session ID)", r"\1"),
+        (r"sess\.stop\(\)", "%tg pt stop --session ID"),
+        (r"sess\.save\('inference'\)", "%tg pt save SESSION"),
+        (r"pt\.start\(\.\.\., generators=(\d+)\)", r"%tg pt start MODEL --generators \1"),
+        (r"pt\.start\(\.\.\., lora=True\)", "%tg pt start MODEL (without --full-weight)"),
+        (r"pt\.start\(\.\.\.\)", "%tg pt start MODEL"),
+        (r"pt\.models\(\)", "%tg pt models"),
+        (r"pt\.resources\(\)", "%tg pt resources"),
+        (r"res\.sessions\(\)", "%tg pt sessions"),
+        (r"res\.checkpoints\(\)", "%tg pt checkpoints"),
+        (r"\(e\.g\. lora=\{'rank': 8\}\)", "(e.g. --rank 8)"),
+        (r"try lora=\{'rank': 8\}", "try --rank 8"),
+        (r"open its session without lora=", "open its session without --rank/--alpha"),
+        (r"\brank=(\d+)", r"--rank \1"),
+        (r"\balpha=(\d+)", r"--alpha \1"),
+        (r"\bdropout=([0-9.]+)", r"--dropout \1"),
+        (r"\binactive_timeout=900\b", "--inactive-timeout 15m"),
+    )
+)
+
+
+def as_pt_magic(message: str) -> str:
+    """`message` with the Post-Training API's Python fixes written as ``%tg pt`` lines."""
+    for pattern, repl in _PT_REWRITES:
+        message = pattern.sub(repl, message)
+    return message

@@ -30,7 +30,7 @@ from traitlets import Float, TraitError, Unicode, validate
 from tgnb.errors import TgnbError
 from tgnb.notebook import _api
 from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
-from tgnb.notebook._wording import as_magic
+from tgnb.notebook._wording import as_magic, as_pt_magic
 
 if TYPE_CHECKING:
     from tgnb.runs import Run
@@ -187,7 +187,7 @@ class Tg(Magics):
         try:
             return self._pt(words)
         except TgnbError as e:
-            raise UsageError(f"{where}: {e}") from None
+            raise UsageError(f"{where}: {as_pt_magic(str(e))}") from None
         except UsageError as e:
             raise _prefixed(where, e) from None
 

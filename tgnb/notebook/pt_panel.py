@@ -92,10 +92,11 @@ def header_text(state: PanelState) -> str:
     c = state.cost
     if c is not None:
         est = " (est.)" if c.estimated else ""
-        parts.append(f"{c.gpu_minutes:.1f} GPU-min{est}")
+        clock = " (platform)" if c.unit != "min" else ""
+        parts.append(f"{c.gpu_minutes:.1f} GPU-min{clock}{est}")
         parts.append(f"{c.amount:.2f} {c.currency} so far")
-        if getattr(c, "clock", ""):
-            parts.append(f"({c.clock})")
+        if c.unit != "min":
+            parts.append(f"({c.clock_note})")
     return " · ".join(parts)
 
 

@@ -106,11 +106,14 @@ def connect(
         options = daemon.ServeOptions.of(
             time_scale=LOCAL_TIME_SCALE if time_scale is None else time_scale
         )
-        st, started = daemon.start(settings.home, options, asked=["time_scale"])
+        st, started = daemon.start(
+            settings.home, options, asked=["time_scale"] if time_scale is not None else []
+        )
         if started:
             print(
                 f"{'restarted' if was else 'started'} the local emulator on {st.base_url} "
-                f"(time scale {options.fleet.time_scale:g}); `tgnb emulator stop` stops it"
+                f"(time scale {(st.options or {}).get('time_scale', options.fleet.time_scale):g}); "
+                "`tgnb emulator stop` stops it"
             )
     if not (st.base_url and st.api_key):
         raise ConfigError(f"the local emulator under {st.home} did not say where it answers")

@@ -87,6 +87,25 @@ def session_events(s: SessionInfo) -> list[Event]:
                     {**data, "kind": c.kind, "step": c.step, "checkpoint": c.id},
                 )
             )
+    for rb in s.rollbacks:
+        if rb.at is not None:
+            out.append(
+                Event(
+                    rb.at,
+                    SOURCE,
+                    ev.SESSION_ROLLED_BACK,
+                    f"rolled back from step {rb.from_step} to step {rb.to_step} "
+                    f"(training checkpoint {rb.checkpoint})",
+                    None,
+                    lane,
+                    {
+                        **data,
+                        "from_step": rb.from_step,
+                        "to_step": rb.to_step,
+                        "checkpoint": rb.checkpoint,
+                    },
+                )
+            )
     reason = _SESSION_END.get(s.status)
     if reason is not None and s.updated_at is not None:
         out.append(

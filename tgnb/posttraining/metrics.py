@@ -19,16 +19,19 @@ from typing import Any
 class MetricLog:
     """The metrics of one session; thread-safe (a panel reads while the loop writes)."""
 
-    def __init__(self, path: Path | None, step: int = 0) -> None:
+    def __init__(self, path: Path | None, step: int | None = None) -> None:
+        """`step`: the session's step as the API says it now (it wins over the rows: a session
+        rolled back to a checkpoint is at that checkpoint's step); None: the last row's."""
         self.path = path
-        self.step = step
+        self.step = step or 0
         self.rows: list[dict[str, Any]] = []
         self.write_error: str | None = None  # why the file could not be written (kept in memory)
         self._lock = threading.Lock()
         if path is not None:
             self.rows = read(path)
             steps = [r["step"] for r in self.rows if isinstance(r.get("step"), int)]
-            self.step = max([step, *steps])
+            if step is None:
+                self.step = max([0, *steps])
 
     def _append(self, row: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -54,8 +57,10 @@ class MetricLog:
         self._append({"time": time.time(), "step": self.step, "op": kind})
 
     def set_step(self, step: int) -> None:
+        """The step the API answered (never a count of this client's own: after a rollback the
+        session's step goes down)."""
         with self._lock:
-            self.step = max(self.step, int(step))
+            self.step = int(step)
 
     # -- reading -------------------------------------------------------------------------------
     def series(self, key: str) -> list[tuple[float, float]]:

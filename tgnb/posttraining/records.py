@@ -4,6 +4,7 @@ checkpoints, cost), built from the SDK's response models. Statuses lose their lo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -117,16 +118,64 @@ class CheckpointInfo:
     session_id: str
     step: int
     created_at: datetime | None
+    #: the policy version of the weights it holds (an inference checkpoint holds the published
+    #: weights: the step they were published at); None when the service does not say
+    weights_version: int | None = None
 
     @classmethod
     def from_sdk(cls, c: Any, kind: str, session_id: str) -> CheckpointInfo:
+        version = getattr(c, "weights_version", None)
+        if version is None:
+            extra = getattr(c, "model_extra", None) or {}
+            version = extra.get("weights_version") if isinstance(extra, dict) else None
         return cls(
             id=str(c.id),
             kind=kind,
             session_id=session_id,
             step=_int(getattr(c, "step", 0)),
             created_at=_time(getattr(c, "created_at", None)),
+            weights_version=None if version is None else _int(version),
         )
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """The service put a session back to a training checkpoint (the local emulator after a
+    restart): from `from_step` to `to_step`, at `at`."""
+
+    at: datetime | None
+    checkpoint: str
+    from_step: int
+    to_step: int
+
+    @classmethod
+    def list_from(cls, metadata: Any) -> tuple[Rollback, ...]:
+        raw = _metadata(metadata).get("emulator_rollbacks")
+        out = []
+        for r in raw if isinstance(raw, list) else []:
+            if isinstance(r, dict):
+                out.append(
+                    cls(
+                        at=_time(r.get("at")),
+                        checkpoint=str(r.get("checkpoint") or ""),
+                        from_step=_int(r.get("from_step")),
+                        to_step=_int(r.get("to_step")),
+                    )
+                )
+        return tuple(out)
+
+
+def _metadata(metadata: Any) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if isinstance(metadata, dict):
+        return metadata
+    to_dict = getattr(metadata, "to_dict", None)
+    if callable(to_dict):
+        with contextlib.suppress(Exception):
+            out = to_dict()
+            return out if isinstance(out, dict) else {}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -146,6 +195,9 @@ class SessionInfo:
     created_at: datetime | None
     updated_at: datetime | None
     error: str | None
+    rollbacks: tuple[Rollback, ...] = ()
+    #: what the service said once about how the session was opened (a resume's LoRA config)
+    note: str | None = None
 
     @property
     def active(self) -> bool:
@@ -182,6 +234,8 @@ class SessionInfo:
             created_at=_time(getattr(s, "created_at", None)),
             updated_at=_time(getattr(s, "updated_at", None)),
             error=(f"{err.code}: {err.message}" if err is not None else None),
+            rollbacks=Rollback.list_from(getattr(s, "metadata", None)),
+            note=_metadata(getattr(s, "metadata", None)).get("resume_lora_config") or None,
         )
 
 
@@ -201,13 +255,29 @@ class Cost:
     ready_at: datetime | None
     stopped_at: datetime | None
     estimated: bool
-    #: The clock `minutes` are counted in, when it is not real time: on the local emulator, its
-    #: platform time (``time_scale`` 0.02: 50 platform seconds a real second).
-    clock: str = ""
+    #: which clock `minutes` are on: "platform" (the local emulator's compressed platform time at
+    #: `time_scale`: 1 real second is 1/time_scale platform seconds) or "wall" (the service's)
+    clock: str = "wall"
+    time_scale: float | None = None
 
     @property
     def gpu_minutes(self) -> float:
         return self.minutes * self.gpus
+
+    @property
+    def unit(self) -> str:
+        """``"platform min"`` on a compressed clock, else ``"min"``."""
+        return "platform min" if self.clock == "platform" and self.time_scale != 1 else "min"
+
+    @property
+    def clock_note(self) -> str:
+        """Which clock the minutes are on, in words."""
+        if self.clock == "platform" and self.time_scale not in (None, 1):
+            return (
+                f"platform time of the local emulator at time scale {self.time_scale:g} "
+                f"(1 real s = {1 / float(self.time_scale or 1):g} platform s)"
+            )
+        return "wall-clock time"
 
     @property
     def amount(self) -> float:
@@ -216,13 +286,13 @@ class Cost:
 
     def __str__(self) -> str:
         tail = " (estimated: READY time not reported)" if self.estimated else ""
-        if self.clock:
-            tail += f" [{self.clock}]"
+        unit = self.unit
         return (
-            f"{self.resource_id}: {self.minutes:.1f} min READY x {self.gpus} GPU = "
-            f"{self.gpu_minutes:.1f} GPU-min, {self.amount:.2f} {self.currency} "
-            f"at {self.price_per_hour:.2f} {self.currency}/h{tail}"
+            f"{self.resource_id}: {self.minutes:.1f} {unit} READY x {self.gpus} GPU = "
+            f"{self.gpu_minutes:.1f} {unit.replace('min', 'GPU-min')}, "
+            f"{self.amount:.2f} {self.currency} at {self.price_per_hour:.2f} {self.currency}/h; "
+            f"{self.clock_note}{tail}"
         )
 
 
-__all__ = ["CheckpointInfo", "Cost", "ModelInfo", "ResourceInfo", "SessionInfo"]
+__all__ = ["CheckpointInfo", "Cost", "ModelInfo", "ResourceInfo", "Rollback", "SessionInfo"]

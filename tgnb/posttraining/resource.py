@@ -54,6 +54,26 @@ class PostTraining:
         )
         return [ModelInfo.from_sdk(m) for m in (r.data or [])]
 
+    def tokenizer(self, base_model: str | None = None) -> Any:
+        """The Hugging Face tokenizer of `base_model` (default: the first supported model), by the
+        name ``models()`` lists. On the local emulator it is read from the local Hugging Face cache
+        without asking the Hub (``local_files_only``: no network, no retries, no environment
+        variable; the emulator's built-in model is written there in the Hub's own layout), else
+        from the Hub as ``AutoTokenizer.from_pretrained`` does."""
+        from transformers import AutoTokenizer
+
+        name = base_model if base_model is not None else self.models()[0].name
+        if not isinstance(name, str) or not name.strip():
+            raise ValidationError(
+                f"base_model={name!r}: give a model name (pt.models() lists them)"
+            )
+        if self.conn.local:
+            try:
+                return AutoTokenizer.from_pretrained(name, local_files_only=True)
+            except OSError:
+                pass  # not in the local cache (a hub id the emulator serves from elsewhere)
+        return AutoTokenizer.from_pretrained(name)
+
     def resources(self, all: bool = False) -> list[ResourceInfo]:
         """This project's model resources (active ones unless `all`), newest first."""
         items: list[Any] = []
@@ -184,24 +204,6 @@ class PostTraining:
         return float(r.price_per_hour), str(r.currency)
 
 
-_CLOCKS: dict[tuple[Path, str], str] = {}
-
-
-def _emulator_clock(conn: Connection) -> str:
-    """What a local emulator's minutes are: its platform time, and how fast that runs (read
-    once per emulator: a restart answers on another port)."""
-    key = (conn.home, conn.base_url)
-    if key not in _CLOCKS:
-        from tgnb.emulator import daemon
-
-        scale = (daemon.status(conn.home).options or {}).get("time_scale")
-        if isinstance(scale, int | float) and 0 < scale < 1:
-            _CLOCKS[key] = f"emulator platform time: {1 / scale:g} platform minutes a real minute"
-        else:
-            _CLOCKS[key] = "emulator platform time"
-    return _CLOCKS[key]
-
-
 class Resource:
     """One model resource: ``open_session()``, ``sessions()``, ``checkpoints()``, ``cost()``,
     ``events()``, ``panel()``, ``stop()``. ``client`` is the SDK's `ModelResourcesClient`."""
@@ -212,6 +214,7 @@ class Resource:
         self.id = client.model_resources_id
         self._price: tuple[float, str] | None = None
         self._last: ResourceInfo | None = None
+        self._max_rank: int | None = None  # the model's LoRA rank limit, once looked up
 
     def __repr__(self) -> str:
         """``<Resource 1945...: READY, Qwen/Qwen3-8B, LoRA>`` as last read (no request made)."""
@@ -257,7 +260,7 @@ class Resource:
     ) -> TrainingSession:
         """Open a training session: `lora` = ``{"rank": 8, "alpha": 16, ...}`` (LoRA resources),
         `name` a display name, `resume_from` a training checkpoint id to start from."""
-        config = v.check_lora(lora)
+        config = self.check_lora(lora)
         v.check_name(name)
         if resume_from is not None:
             v.check_id(resume_from, "resume_from", "res.checkpoints() lists training checkpoints")
@@ -273,6 +276,10 @@ class Resource:
                 f"resource {self.id} trains full weights: open its session without lora=, "
                 "or start a LoRA resource (pt.start(..., lora=True))"
             )
+        if config and "rank" in config:  # the model's own maximum, as the service lists it
+            if self._max_rank is None:
+                self._max_rank = self._model_max_rank()
+            v.check_lora(config, max_rank=self._max_rank)
         active = self.sessions(active=True)
         cap = v.MAX_LORA_SESSIONS if info.lora_enabled else 1
         if len(active) >= cap:
@@ -295,6 +302,23 @@ class Resource:
         )
         sess = TrainingSession(self.conn, client, SessionInfo.from_sdk(client.retrieve()))
         return sess
+
+    def check_lora(self, lora: Any) -> dict[str, Any] | None:
+        """`lora` checked against this resource's model (its rank range is the model's own, as
+        ``pt.models()`` lists it; looked up once, read-only, when a rank is out of range)."""
+        try:
+            return v.check_lora(lora, max_rank=self._max_rank)
+        except ValidationError:
+            if self._max_rank is not None or not isinstance(lora, dict) or "rank" not in lora:
+                raise
+            self._max_rank = self._model_max_rank()
+            return v.check_lora(lora, max_rank=self._max_rank)
+
+    def _model_max_rank(self) -> int | None:
+        """The largest LoRA rank the resource's model takes, as ``pt.models()`` lists it."""
+        base = (self._last or self.info()).base_model
+        limits = [m.max_lora_rank for m in PostTraining(self.conn).models() if m.name == base]
+        return next((r for r in limits if r), None)
 
     def session(self, id_or_name: str) -> TrainingSession:
         """A handle on one of this resource's sessions, by id or display name."""
@@ -375,8 +399,20 @@ class Resource:
         else:
             end = stopped or utcnow()
             minutes = max((end - ready).total_seconds(), 0.0) / 60.0
-        clock = _emulator_clock(self.conn) if self.conn.local else ""
-        return Cost(self.id, minutes, gpus, price, currency, ready, stopped, estimated, clock)
+        platform = usage.get("clock") == "platform"
+        scale = usage.get("time_scale")
+        return Cost(
+            self.id,
+            minutes,
+            gpus,
+            price,
+            currency,
+            ready,
+            stopped,
+            estimated,
+            clock="platform" if platform else "wall",
+            time_scale=float(scale) if platform and isinstance(scale, (int, float)) else None,
+        )
 
     def events(self) -> list[Event]:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session

@@ -150,8 +150,9 @@ class TrainingSession:
 
     @property
     def step(self) -> int:
-        """The optimizer steps taken (as last seen by this client)."""
-        return self.log.step
+        """The session's step, read from the API (not counted here: a session the service
+        rolled back to its last training checkpoint is at that checkpoint's step)."""
+        return self.info().step
 
     def record(self, step: int | None = None, **metrics: Any) -> dict[str, Any]:
         """Note client-side metrics (``reward_mean=0.4``) at `step` (default: the current step).
@@ -166,11 +167,22 @@ class TrainingSession:
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, kind: str = "inference") -> CheckpointInfo:
         """Create a checkpoint: ``"training"`` (weights and optimizer, to resume) or
-        ``"inference"`` (the sampling weights, to download or serve)."""
+        ``"inference"`` (the sampling weights, to download or serve).
+
+        An inference checkpoint holds the PUBLISHED weights (the API's rule), which lag the
+        trainer until a weights-sync; so ``save("inference")`` publishes first (a weights-sync:
+        sampling sees the trained weights from then on) and the checkpoint holds the trainer's
+        weights at its current step (``weights_version`` says which policy version). To keep
+        what is published as it is, call the SDK's ``client.create_inference_checkpoint()``."""
         if kind not in ("training", "inference"):
             from tgnb.errors import ValidationError
 
             raise ValidationError(f"checkpoint kind {kind!r}: use 'training' or 'inference'")
+        if kind == "inference":
+            self.conn.call(
+                lambda: self.trainer.weights_sync(),
+                f"publish session {self.id}'s weights before its inference checkpoint",
+            )
         fn = (
             self.client.create_training_checkpoint
             if kind == "training"

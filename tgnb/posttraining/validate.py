@@ -69,9 +69,10 @@ def check_inactive_timeout(value: Any) -> int | None:
     return n
 
 
-def check_lora(config: Any) -> dict[str, Any] | None:
-    """A LoRA config as the SDK's ``LoraConfig``: rank (1-512), alpha > 0, dropout in [0, 1),
-    seed, train_unembed. None keeps the server's defaults."""
+def check_lora(config: Any, max_rank: int | None = None) -> dict[str, Any] | None:
+    """A LoRA config as the SDK's ``LoraConfig``: rank (1 to the model's `max_rank`, as the
+    service lists it; 512 when not known), alpha > 0, dropout in [0, 1), seed, train_unembed.
+    None keeps the server's defaults."""
     if config is None:
         return None
     if not isinstance(config, Mapping):
@@ -84,10 +85,15 @@ def check_lora(config: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     if "rank" in config:
         rank = _int(config["rank"], "LoRA rank", "rank=8")
-        if not 1 <= rank <= MAX_LORA_RANK:
+        limit = max_rank or MAX_LORA_RANK
+        if not 1 <= rank <= limit:
+            where = (
+                "this model's maximum"
+                if max_rank
+                else "the model's own maximum may be lower; pt.models() shows it"
+            )
             raise ValidationError(
-                f"LoRA rank {rank} is out of range: use 1 to {MAX_LORA_RANK} "
-                "(the model's own maximum may be lower; pt.models() shows it), e.g. 8"
+                f"LoRA rank {rank} is out of range: use 1 to {limit} ({where}), e.g. rank=8"
             )
         out["rank"] = rank
     if "alpha" in config:

@@ -35,7 +35,13 @@ from starlette.routing import Route
 from tgnb.emulator.rl import checks, operations, training, views
 from tgnb.emulator.rl.lifecycle import Platform
 from tgnb.emulator.rl.operations import INVALID_INPUT, KINDS
-from tgnb.emulator.rl.state import O_FAILED, R_CREATING, NonFiniteJSON, strict_json
+from tgnb.emulator.rl.state import (
+    CKPT_INFERENCE,
+    O_FAILED,
+    R_CREATING,
+    NonFiniteJSON,
+    strict_json,
+)
 from tgnb.emulator.validation import INVALID_ARGUMENT, NOT_FOUND, UNAUTHENTICATED, RequestError
 from tgnb.emulator.wire import MAX_DEPTH, depth_ok
 
@@ -330,6 +336,13 @@ class RLApi:
         from tgnb.emulator.rl.engine import RLInputError
 
         c = training.checkpoint(self.p, request.path_params["cid"])
+        if c.type != CKPT_INFERENCE:  # the SDK: "ID of the inference checkpoint to download"
+            raise checks.bad(
+                "checkpoint_id",
+                f"checkpoint {c.id} is a TRAINING checkpoint (weights and optimizer state, to "
+                "resume a session from); only inference checkpoints download: create one "
+                "(create_inference_checkpoint, after a weights-sync) and download that",
+            )
         variant = request.query_params.get("variant") or training.VARIANTS[0]
         if variant not in training.VARIANTS:
             raise checks.bad("variant", f"must be one of {list(training.VARIANTS)}")
@@ -373,7 +386,7 @@ class RLApi:
         with self.p.lock:
             r = self.p.resource(request.path_params["rid"])
             r.extended_until = None
-            r.last_activity = self.p.clock() - self.p.config.real(r.inactive_timeout) - 1
+            r.last_activity = self.p.clock() - r.inactive_timeout - 1
         self.p.tick()
         return self._resource(r.id)
 

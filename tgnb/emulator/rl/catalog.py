@@ -4,8 +4,13 @@ The built-in model (`tgnb.tasks.assets`, a tiny Llama with a character tokenizer
 hub-style name ``tgnb/tiny-llama``. `materialize_tiny` writes it into the local Hugging Face cache
 (``$HF_HUB_CACHE``, default ``$HF_HOME/hub``) in the hub's own layout
 (``models--tgnb--tiny-llama/{refs/main,snapshots/<rev>/...}``), so users and Tinker scripts load its
-tokenizer by name, offline, exactly as they would a real model:
-``AutoTokenizer.from_pretrained("tgnb/tiny-llama")`` with ``HF_HUB_OFFLINE=1``.
+tokenizer by name, offline, exactly as they would a real model, with the files it lacks recorded as
+missing (``.no_exist``) so nothing is asked of the Hub:
+``AutoTokenizer.from_pretrained("tgnb/tiny-llama", local_files_only=True)`` (or
+``tgnb.post_training().tokenizer(name)``, which does that on the emulator) in well under a second.
+A bare ``from_pretrained("tgnb/tiny-llama")`` still asks the Hub first (huggingface_hub resolves the
+revision and lists the repo before it reads the cache; without network it retries for about two
+minutes, with network the Hub answers 404), unless ``HF_HUB_OFFLINE=1``.
 
 A local directory holding a Hugging Face causal LM (``config.json`` + weights + tokenizer) is also a
 valid ``base_model``: its name is its path. Directories listed by the daemon (``extra``) or in
@@ -28,6 +33,17 @@ from typing import Any
 from tgnb.emulator.rl.inputs import MAX_BATCH_SIZE  # enforced per operation (inputs.batch)
 
 TINY_NAME = "tgnb/tiny-llama"
+#: Files transformers looks for when loading a tokenizer or model by a hub name.
+PROBED_MISSING = (
+    "tokenizer.model",
+    "added_tokens.json",
+    "special_tokens_map.json",
+    "chat_template.json",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "model.safetensors.index.json",
+    "adapter_config.json",
+)
 EXTRA_ENV = "TGNB_RL_MODELS"
 GPU_TYPE = "B200-SXM"
 DEFAULT_MAX_LORA_RANK = 64
@@ -92,6 +108,14 @@ def materialize_tiny(cache: str | os.PathLike[str] | None = None) -> Path:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+    # the files `AutoTokenizer` / `AutoModel` probe that this model lacks, recorded as missing as
+    # the Hub's cache does (``.no_exist/<rev>/<name>``): a load pinned to the revision or with
+    # ``local_files_only`` then asks the Hub nothing at all
+    missing = repo / ".no_exist" / revision
+    for name in PROBED_MISSING:
+        if not (snapshot / name).exists() and not (missing / name).exists():
+            missing.mkdir(parents=True, exist_ok=True)
+            (missing / name).touch()
     ref = repo / "refs" / "main"
     if not ref.is_file() or ref.read_text().strip() != revision:
         ref.parent.mkdir(parents=True, exist_ok=True)

@@ -115,7 +115,8 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 def load(host: ResourceHost, sid: str, directory: Path, *, load_optimizer: bool) -> None:
     """Load a TRAINING checkpoint into the open session `sid` (reopened with the checkpoint's
-    LoRA config when it differs), publish it, and restore the optimizer if asked."""
+    LoRA config when it differs; the platform opens it with that config in the first place:
+    `tgnb.emulator.rl.training.resumed_lora`), publish it, and restore the optimizer if asked."""
     import torch
     from safetensors.torch import load_file
 
@@ -132,7 +133,7 @@ def load(host: ResourceHost, sid: str, directory: Path, *, load_optimizer: bool)
     if sess.train:
         from peft.utils import set_peft_model_state_dict
 
-        if sess.lora != meta["lora_config"]:
+        if sess.lora != meta["lora_config"]:  # the platform opens it with the checkpoint's
             host.close_session(sid)
             host.open_session(sid, meta["lora_config"])
             sess = host._session(sid)

@@ -235,7 +235,10 @@ class ResourceHost:
             return self.published_model if publish else self.base
         name = sess.published if publish else sess.train
         if self._active != name:
-            self.model.base_model.set_adapter(name, inference_mode=publish)
+            # PeftModel's own set_adapter: it also sets `PeftModel.active_adapter`, which peft's
+            # forward reads (the tuner's alone left it naming a deleted adapter once the last
+            # session closed: KeyError 's1_pub' on every operation of the next session)
+            self.model.set_adapter(name, inference_mode=publish)
             self._active = name
         if not publish:  # peft freezes adapters it is not activating (add_adapter too)
             for p in sess.params:

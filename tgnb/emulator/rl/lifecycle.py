@@ -5,10 +5,16 @@ preemptible nodes count against, `tgnb.emulator.fleet`) leaves too few GPUs, it 
 with ``status_details.queue_position`` (1 = next). Once granted it is ``CREATING`` for the
 provisioning delay (``provision_delay_s`` x ``time_scale``) while the engine loads the base model
 on a thread, then ``READY``. A resource holds 1 + ``num_generator_replicas`` GPUs from CREATING
-until STOPPED. It stops itself (sessions ``EXPIRED``) after ``inactive_timeout`` x ``time_scale``
-seconds without an operation (never while one runs); ``extend-expiry`` pushes that later. Stop is
+until STOPPED. It stops itself (sessions ``EXPIRED``) after ``inactive_timeout``
+seconds (real, see below) without an operation (never while one runs); ``extend-expiry`` pushes that later. Stop is
 refused (400) while sessions are active unless ``force``; it answers ``STOPPED`` at once.
 GPU-seconds count from READY to STOPPED, in platform seconds (real seconds / ``time_scale``).
+
+The time scale compresses the platform, never the user: provisioning and queueing are scaled, but
+``inactive_timeout`` and ``extend-expiry`` are the user's idle time and count in REAL seconds at
+any time scale (a resource left idle for less than its timeout is still there). Billing stays in
+platform seconds (the usage report says so: ``clock: "platform"`` with its ``time_scale``), so an
+idle hour at time scale 0.02 bills 50 platform hours, as that hour of platform time would.
 
 Sessions. Up to `RLConfig.max_lora_sessions` (5) active sessions on a LoRA resource, 1 on a
 full-weight one; over that a create answers 429 with ``retry-after-ms``. A session's operations run
@@ -16,10 +22,16 @@ on its FIFO (`tgnb.emulator.rl.operations`); opening the adapter (and loading
 ``resume_from_checkpoint_id``) is the first job on it.
 
 After a daemon restart (the trainer state lived in memory). Records, checkpoints and operations are
-on disk; each resource that held GPUs loads its base model again (billing continues, it was never
-stopped; its inactivity count restarts). A session that was active resumes from its newest training checkpoint (weights, optimizer
-and step as saved then; operations after it are lost): ``metadata.emulator_restart`` says so, and
-the session is RUNNING again. A session with no training checkpoint goes to ``ERROR`` with
+on disk; each resource that held GPUs loads its base model again (it was never stopped; its
+inactivity count restarts). Its GPU time billed before the crash is kept as it was, in platform
+seconds at the time scale it ran under (``billed_s``); the downtime, from the daemon's last
+heartbeat (``rl/heartbeat``, touched every `HEARTBEAT_S`) to the restart, is NOT billed and the
+usage report says how long it was (``unbilled_downtime_s``, real seconds); billing goes on from the
+restart at the new daemon's time scale. A session that was active resumes from its newest training
+checkpoint (weights, optimizer and step as saved then; operations after it are lost) and says so:
+``metadata.emulator_restart`` (a sentence) and ``metadata.emulator_rollbacks`` (a list of
+``{at, checkpoint, from_step, to_step}``: the step it had reached, as last saved, and the
+checkpoint's), and the session is RUNNING again at the checkpoint's step. A session with no training checkpoint goes to ``ERROR`` with
 ``TRAINING_SESSION_ERROR_CODE_SESSION_FAILED`` and a message to start a new session (from a
 checkpoint when there is one). Nothing is silently reset. Operations cut short are FAILED.
 """
@@ -62,6 +74,9 @@ from tgnb.emulator.validation import NOT_FOUND, RequestError
 
 RESOURCE_EXHAUSTED = 8
 HOST_LOAD_TIMEOUT_S = 600.0
+HEARTBEAT_S = 1.0
+#: Session metadata: every rollback to a training checkpoint a daemon restart made.
+ROLLBACKS = "emulator_rollbacks"
 
 
 @dataclass
@@ -106,6 +121,7 @@ class Platform:
         self.dirty = False  # a session's step/policy state changed since the last save
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beat = 0.0
         self._recover()
 
     # ---- persistence and clock ---------------------------------------------------------------
@@ -142,6 +158,10 @@ class Platform:
         left = self.capacity_left()  # outside our lock: the fleet takes its own
         now = self.clock()
         changed = False
+        if now - self._beat >= HEARTBEAT_S:
+            self._beat = now
+            with contextlib.suppress(OSError):
+                self.store.beat()
         with self.lock:
             left -= self.held_gpus
             for r in sorted(self.resources.values(), key=lambda r: r.created_at):
@@ -158,6 +178,7 @@ class Platform:
                     if self._loaded[r.id].is_set() and now >= (r.ready_due or now):
                         if r.id in self.hosts:
                             r.status, r.ready_at, r.last_activity = R_READY, now, now
+                            r.billing_since, r.billing_scale = now, self.config.time_scale
                         else:
                             r.status, r.stopped_at = R_ERROR, now
                             r.error = {
@@ -181,9 +202,8 @@ class Platform:
                 self.save(durable=False)
 
     def expires_at(self, r: ResourceRecord) -> float:
-        idle = (r.last_activity or r.ready_at or r.created_at) + self.config.real(
-            r.inactive_timeout
-        )
+        """The user's idle time: REAL seconds at any time scale (see the module docstring)."""
+        idle = (r.last_activity or r.ready_at or r.created_at) + r.inactive_timeout
         return max(idle, r.extended_until or 0.0)
 
     def queue_position(self, r: ResourceRecord) -> int | None:
@@ -307,7 +327,7 @@ class Platform:
                     400, 3, f"model resource {r.id} is {r.status}; extend-expiry needs READY"
                 )
             now = self.clock()
-            r.extended_until = max(r.extended_until or 0.0, now + self.config.real(seconds))
+            r.extended_until = max(r.extended_until or 0.0, now + seconds)  # real: the user's
             r.updated_at = now
             self.save()
             return r
@@ -317,8 +337,12 @@ class Platform:
         with self.lock:
             r = self.resource(resource_id)
             end = r.stopped_at if r.stopped_at is not None else self.clock()
-            wall = max(0.0, end - r.ready_at) if r.ready_at is not None else 0.0
-            gpu_seconds = r.gpus * wall / (self.config.time_scale or 1.0)
+            platform_s = 0.0
+            if r.ready_at is not None:
+                since = r.billing_since if r.billing_since is not None else r.ready_at
+                scale = r.billing_scale or self.config.time_scale or 1.0
+                platform_s = r.billed_s + max(0.0, end - since) / scale
+            gpu_seconds = r.gpus * platform_s
             price = self.config.price_per_gpu_hour
             granted = r.creating_at if r.creating_at is not None else (r.stopped_at or self.clock())
             return {
@@ -329,8 +353,14 @@ class Platform:
                 "queued_s": max(0.0, granted - r.created_at),  # real seconds spent PENDING
                 "gpus": r.gpus,
                 "gpu_type": r.gpu_type,
+                "clock": "platform",  # GPU-seconds/minutes and cost: platform time
+                "time_scale": self.config.time_scale,
                 "gpu_seconds": gpu_seconds,
                 "gpu_minutes": gpu_seconds / 60.0,
+                "unbilled_downtime_s": r.unbilled_downtime_s,  # real seconds, daemon down
+                # since when this daemon's life bills (READY, or its restart); before: billed_s
+                "billing_since": views.ts(r.billing_since),
+                "billed_before_s": r.billed_s * r.gpus,  # GPU-seconds of earlier lives
                 "price_per_gpu_hour": price,
                 "cost": gpu_seconds / 3600.0 * price,
                 "currency": "USD",
@@ -423,11 +453,18 @@ class Platform:
     # ---- restart -----------------------------------------------------------------------------
     def _recover(self) -> None:
         now = self.clock()
+        down_at = min(self.store.last_alive() or now, now)
         for r in self.resources.values():
             if r.status == R_STOPPING:
-                r.status, r.stopped_at, r.updated_at = R_STOPPED, now, now
+                r.status, r.stopped_at, r.updated_at = R_STOPPED, down_at, now
             elif r.status in (R_CREATING, R_READY):
                 r.last_activity = now  # the emulator's downtime does not eat the idle budget
+                if r.ready_at is not None:  # bill up to the crash, at the scale it ran under
+                    since = r.billing_since if r.billing_since is not None else r.ready_at
+                    scale = r.billing_scale or self.config.time_scale or 1.0
+                    r.billed_s += max(0.0, down_at - since) / scale
+                    r.unbilled_downtime_s += max(0.0, now - max(down_at, since))
+                    r.billing_since, r.billing_scale = now, self.config.time_scale
                 self._load_host(r)
         for s in self.sessions.values():
             if s.status not in S_ACTIVE:
@@ -454,8 +491,20 @@ class Platform:
             latest = max(ckpts, key=lambda c: (c.step, c.created_at))
             s.status, s.updated_at = S_CREATING, now
             note = (
-                f"the emulator restarted at {views.ts(now)}: resumed from training checkpoint "
-                f"{latest.id} (step {latest.step}); operations after it were lost"
+                f"the emulator restarted at {views.ts(now)}: rolled back from step {s.step} to "
+                f"training checkpoint {latest.id} (step {latest.step}); operations after it were "
+                "lost"
             )
+            rollback = {
+                "at": views.ts(now),
+                "checkpoint": latest.id,
+                "from_step": s.step,
+                "to_step": latest.step,
+            }
+            history = s.metadata.get(ROLLBACKS)
+            s.metadata = {
+                **s.metadata,
+                ROLLBACKS: [*(history if isinstance(history, list) else []), rollback],
+            }
             self.open_session(s, latest, note)
         self.save()

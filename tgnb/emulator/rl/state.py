@@ -84,6 +84,12 @@ class ResourceRecord:
     extended_until: float | None = None
     error: dict[str, Any] | None = None
     base_weights_ref: str | None = None
+    # GPU time across daemon restarts: platform seconds READY in earlier lives of the daemon, and
+    # the real time (and time scale) the current life's count starts from (None: ready_at, now's)
+    billed_s: float = 0.0
+    billing_since: float | None = None
+    billing_scale: float | None = None
+    unbilled_downtime_s: float = 0.0  # real seconds the daemon was down while it held GPUs
 
 
 @dataclass
@@ -118,6 +124,7 @@ class CheckpointRecord:
     step: int
     created_at: float
     lora_rank: int | None = None
+    weights_version: int | None = None  # the policy version of the weights it holds
 
 
 @dataclass
@@ -175,6 +182,19 @@ class RLStore:
         self.exports_dir = self.root / "exports"
         self.payloads_dir = self.root / "payloads"
         self.problems: list[str] = []  # files kept aside at load (health reports them)
+        #: touched every `HEARTBEAT_S` while the daemon runs: after a crash, when it stopped
+        self.heartbeat_file = self.root / "heartbeat"
+
+    def beat(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.heartbeat_file.touch()
+
+    def last_alive(self) -> float | None:
+        """When the previous daemon was last seen running (None: no trace of one)."""
+        for path in (self.heartbeat_file, self.records_file):
+            with contextlib.suppress(OSError):
+                return path.stat().st_mtime
+        return None
 
     def load(
         self,

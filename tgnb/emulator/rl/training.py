@@ -90,6 +90,9 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
         raise checks.bad(
             "lora_config", f"model resource {r.id} is full-weight (lora_enabled=false)"
         )
+    note = ""
+    if resume is not None and r.lora_enabled:
+        lora, note = resumed_lora(p, resume, c["lora_config"])
     with p.lock:
         cap = p.config.max_lora_sessions if r.lora_enabled else 1
         active = p.active_sessions(r.id)
@@ -109,7 +112,7 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
             updated_at=now,
             status=S_CREATING,
             display_name=c["display_name"],
-            metadata=c["metadata"],
+            metadata={**c["metadata"], **({RESUME_NOTE: note} if note else {})},
             lora_config=lora,
             resume_from_checkpoint_id=c["resume_from_checkpoint_id"],
             load_optimizer=c["load_optimizer"],
@@ -118,6 +121,37 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
         r.last_activity = now
         p.save()
         return s, p.open_session(s, resume, "")
+
+
+#: The session metadata key that says once how a resume's LoRA config differed from the asked one.
+RESUME_NOTE = "resume_lora_config"
+
+
+def resumed_lora(p: Platform, resume: CheckpointRecord, asked: Any) -> tuple[dict[str, Any], str]:
+    """The LoRA config a session resuming from `resume` trains with: the checkpoint's (its adapter
+    shapes are fixed), and a note naming what of `asked` differed ("" when nothing did; a seed
+    never counts: the weights are the checkpoint's). A checkpoint that cannot be read is a 400."""
+    from tgnb.emulator.rl.checkpoints import read_meta
+    from tgnb.emulator.rl.inputs import RLInputError
+
+    try:
+        meta = read_meta(p.store.checkpoint_dir(resume.id))
+    except RLInputError as e:
+        raise checks.bad("resume_from_checkpoint_id", e.message) from None
+    saved = meta.get("lora_config")
+    if not isinstance(saved, dict):
+        raise checks.bad(
+            "resume_from_checkpoint_id", f"checkpoint {resume.id} holds no LoRA adapter"
+        )
+    given = {k: v for k, v in (asked or {}).items() if v is not None and k != "seed"}
+    diff = [f"{k} {given[k]!r}" for k in sorted(given) if k in saved and given[k] != saved[k]]
+    if not diff:
+        return dict(saved), ""
+    kept = ", ".join(f"{k} {saved[k]!r}" for k in ("rank", "alpha", "dropout", "train_unembed"))
+    return dict(saved), (
+        f"lora_config {', '.join(diff)} was not used: a session resuming from checkpoint "
+        f"{resume.id} trains with that checkpoint's LoRA config ({kept})"
+    )
 
 
 def submit(p: Platform, sid: str, kind: str, key: str | None, body: Any) -> tuple[Operation, bool]:
@@ -182,6 +216,13 @@ def _checkpoint(p: Platform, host: Any, s: SessionRecord, kind: str) -> dict[str
         host.save_inference_checkpoint(s.id, tmp)
     tmp.rename(target)
     now = p.clock()
+    step = int(host.step(s.id))
+    # a training checkpoint holds the trainer's weights (its step), an inference one the
+    # published weights: the policy version they were published at (behind the step until a
+    # weights-sync)
+    version = (
+        step if kind == CKPT_TRAINING else int(host.policy_state(s.id)["applied_weights_version"])
+    )
     rec = CheckpointRecord(
         id=cid,
         project_id=s.project_id,
@@ -189,15 +230,23 @@ def _checkpoint(p: Platform, host: Any, s: SessionRecord, kind: str) -> dict[str
         resource_id=s.resource_id,
         base_model=s.base_model,
         type=kind,
-        step=int(host.step(s.id)),
+        step=step,
         created_at=now,
         lora_rank=(s.lora_config or {}).get("rank"),
+        weights_version=version,
     )
     with p.lock:
         p.checkpoints[cid] = rec
         (s.training_checkpoints if kind == CKPT_TRAINING else s.inference_checkpoints).append(cid)
         p.save()
-    return {"checkpoint": {"id": cid, "created_at": ts(now), "step": str(rec.step)}}
+    return {
+        "checkpoint": {
+            "id": cid,
+            "created_at": ts(now),
+            "step": str(rec.step),
+            "weights_version": str(version),
+        }
+    }
 
 
 # ---- payloads -------------------------------------------------------------------------------

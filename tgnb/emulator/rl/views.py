@@ -57,7 +57,10 @@ def resource(r: ResourceRecord, queue_position: int | None, expires_at: float | 
 
 
 def checkpoint_ref(c: CheckpointRecord) -> dict[str, Any]:
-    return {"id": c.id, "created_at": ts(c.created_at), "step": str(c.step)}
+    out = {"id": c.id, "created_at": ts(c.created_at), "step": str(c.step)}
+    if c.weights_version is not None:  # the policy version of the weights it holds
+        out["weights_version"] = str(c.weights_version)
+    return out
 
 
 def _policy_state(raw: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +111,8 @@ def checkpoint(c: CheckpointRecord) -> dict[str, Any]:
     }
     if c.lora_rank is not None:
         out["lora_rank"] = c.lora_rank
+    if c.weights_version is not None:
+        out["weights_version"] = str(c.weights_version)
     return out
 
 
