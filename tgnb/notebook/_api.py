@@ -95,10 +95,14 @@ def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Tabl
     rows = []
     for run in runs:
         rec = run.refresh()
+        summary = run.summary()  # steps as the program logged them, against its own max steps
+        total = summary["max_steps"]
         rows.append(
             (
                 rec.name,
+                summary["kind"],
                 rec.state.value,
+                f"{summary['steps']}/{total}" if total else str(summary["steps"]),
                 rec.backend,
                 ",".join(rec.nodes) or "-",
                 str(rec.restart_count),
@@ -110,7 +114,8 @@ def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Tabl
         more = f" ({others} on the cluster: %tg runs --all)" if others else ""
         empty = f"no runs launched or opened in this notebook yet: %tg launch grpo{more}"
     caption = scope_words(every, others)
-    return Table(("RUN", "STATE", "BACKEND", "NODES", "RESTARTS"), rows, empty, caption)
+    head = ("RUN", "KIND", "STATE", "STEPS", "BACKEND", "NODES", "RESTARTS")
+    return Table(head, rows, empty, caption)
 
 
 def since(ago: timedelta | None) -> datetime | None:
