@@ -114,6 +114,14 @@ BAD_LAUNCH: dict[str, dict[str, Any]] = {
     "gpus-per-node-string": {"gpus_per_node": "8\n"},
     "min-nodes-above": {"min_nodes": 5},
     "time-limit-newline": {"time_limit": "01:00:00\n"},
+    # issue 24, item 24: checks that were left to the node, now made at launch
+    "lr-negative": {"trl": {"learning_rate": -1}},
+    "lr-1e308": {"trl": {"learning_rate": 1e308}},
+    "trl-typo": {"trl": {"learning_rte": 0.1}},
+    "num-generations-1": {"trl": {"num_generations": 1}},
+    "dataset-relative-missing": {"dataset": "data/missing.jsonl"},
+    "env-reserved": {"env": {"TGNB_RUN_DIR": "/elsewhere"}},
+    "script-args-without-script": {"args": ["--lr", "1"]},
 }
 
 
