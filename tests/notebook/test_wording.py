@@ -49,8 +49,8 @@ def test_preempt_returns_one_line_and_refuses_in_words(
     assert "{" not in text and '"code"' not in text
     done = ip.run_line_magic("tg", f"preempt {node}")
     assert re.fullmatch(
-        rf"preempted {node}: notice at \d\d:\d\d:\d\dZ, removed at \d\d:\d\d:\d\dZ "
-        r"\(end of drain window\)",
+        rf"<Preemption {node}: notice at \d\d:\d\d:\d\dZ, removed at \d\d:\d\d:\d\dZ, "
+        r"a \d+ s drain window>",
         repr(done),
     )
 
