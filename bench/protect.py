@@ -8,7 +8,7 @@
     (``python -m tgnb.train``, algorithm sft), same tiny model, batch and ranks (target <= 1.1):
     SIGTERM sent from here once a run has logged `--at` steps, until the checkpoint's completion
     marker exists, alternately, `--rounds` times each. The user's script runs with the built-in
-    runtime's training arguments for the tiny model (activation checkpointing off), so that the
+    runtime's training arguments for the tiny model (activation checkpointing and tqdm off), so the
     step in flight when the signal lands costs the same on both sides.
 
 Usage: ``python bench/protect.py [--rounds 3] [--steps 40]``. The tiny model on the CPU is the
@@ -51,7 +51,9 @@ def _workdir(tmp: Path, protect: bool, timer: bool, same_args: bool = False) -> 
     if not protect:
         text = text.replace("tgnb.train.protect(trainer)\n", "")
     if same_args:
-        text = text.replace("use_cpu=True,", "use_cpu=True, activation_checkpointing=False,")
+        text = text.replace(
+            "use_cpu=True,", "use_cpu=True, activation_checkpointing=False, disable_tqdm=True,"
+        )
     if timer:
         text = STEP_TIMER + text.replace(
             "trainer.train()\n",
