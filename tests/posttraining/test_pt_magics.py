@@ -108,8 +108,8 @@ def test_start_open_panel_cost_stop(
     cost = ip.run_line_magic("tg", "pt cost")
     assert cost.head[3] == "GPU-MINUTES" and float(cost.rows[0][3]) > 0
     # the emulator's minutes are its platform time, and say so; the resource prints readably
-    assert "emulator platform time" in cost.caption
-    assert "platform minutes a real minute" in str(cost)
+    assert "platform time of the local emulator" in cost.caption
+    assert "platform s)" in str(cost) and "platform min" in str(cost)
     assert repr(res) == f"<Resource {res.id}: READY, tgnb/tiny-llama, LoRA>"
     panel = ip.run_line_magic("tg", "pt panel")
     try:
