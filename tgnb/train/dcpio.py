@@ -452,7 +452,7 @@ def _json_object(path: Path, *keys: str) -> dict[str, Any]:
 def probe(path: Path, ckpt: ck.Checkpoint) -> str:
     """Why the verified checkpoint `ckpt` at `path` could not be loaded ("" when it can): its DCP
     metadata (read by `SafeReader`), the files that metadata names (each must be in the manifest,
-    so checksummed), and the JSON and RNG files `load` and the Trainer read. Only what the files
+    so checksummed), and the JSON and RNG files `load` and the Trainer (or a loop) read. Only what the files
     say is read; no tensor is loaded."""
     listed = {e.path for e in ckpt.files}
     try:
@@ -467,7 +467,10 @@ def probe(path: Path, ckpt: ck.Checkpoint) -> str:
             return "optimizer.json: not the JSON object tgnb writes"
         if "scheduler.json" in listed:
             _json_object(path / "scheduler.json")
-        _json_object(path / "trainer_state.json", "global_step")
+        if "loop.json" in listed:  # a `tgnb.train.Checkpointer` loop's own state
+            _json_object(path / "loop.json", "step", "states")
+        else:  # a Trainer's
+            _json_object(path / "trainer_state.json", "global_step")
         from safetensors import safe_open
 
         for rel in sorted(r for r in listed if re.fullmatch(r"rng-\d+\.safetensors", r)):
