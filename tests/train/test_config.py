@@ -6,6 +6,7 @@ engineer's real `latest_complete`; nothing is faked.
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -281,12 +282,18 @@ def test_cli_check_prints_resolved_config(
 
 
 def test_model_missing_from_offline_cache_is_a_config_error(tmp_path: Path) -> None:
-    """A Hugging Face id that is neither reachable (HF_HUB_OFFLINE=1) nor cached."""
-    from tgnb.train import runner
+    """A Hugging Face id that is neither reachable (HF_HUB_OFFLINE=1) nor cached. In a fresh
+    process: huggingface_hub reads HF_HUB_OFFLINE when it is first imported, which in a whole-suite
+    run happened before this folder's conftest set it."""
+    import subprocess
+    import sys
 
-    cfg = tc.load(
-        None, ["model=tgnb-test-owner/no-such-model", "max_steps=2"], run_dir=tmp_path / "r"
-    )
-    with pytest.raises(TrainConfigError) as exc:
-        runner.run(cfg)
-    assert "model 'tgnb-test-owner/no-such-model' could not be loaded" in one_line(exc)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    sets = ["--set", "model=tgnb-test-owner/no-such-model", "--set", "max_steps=2"]
+    out = subprocess.run(
+        [sys.executable, "-m", "tgnb.train", *sets, "--run-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert "model 'tgnb-test-owner/no-such-model' could not be loaded" in lines[-1], lines[-3:]
