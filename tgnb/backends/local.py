@@ -255,10 +255,10 @@ class LocalBackend:
         from tgnb.runs.run import Run
 
         run = Run(self.store.get(job_id), self.store, None)
-        if follow:
-            yield from run.follow()
+        if follow:  # raw: the caller's Run parses the @tgnb records or leaves them out
+            yield from run.follow(raw=True)
         else:
-            yield from run.logs()
+            yield from run.logs(raw=True)
 
     def events(self, job_id: str) -> list[Event]:
         rec = self.store.get(job_id)

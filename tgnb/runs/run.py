@@ -333,7 +333,7 @@ class Run:
             lines = list(self.backend.logs(self._record.job_id, follow=False))
         return lines if raw else [out for ln in lines if (out := program_text(ln)) is not None]
 
-    def follow(self, records: bool = False, poll: float = 0.2) -> Iterator[Any]:
+    def follow(self, records: bool = False, poll: float = 0.2, raw: bool = False) -> Iterator[Any]:
         """Yield log lines as they are written, until the run has finished.
 
         With ``records=True`` yield only the ``@tgnb`` records (dicts with a ``kind`` of
@@ -341,7 +341,9 @@ class Run:
         """
         lines = self._follow_lines(poll)
         for line in lines:
-            if not records:
+            if raw:
+                yield line
+            elif not records:
                 text = program_text(line)
                 if text is not None:
                     yield text
