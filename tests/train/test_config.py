@@ -289,11 +289,11 @@ def test_model_missing_from_offline_cache_is_a_config_error(tmp_path: Path) -> N
     import sys
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    sets = ["--set", "model=tgnb-test-owner/no-such-model", "--set", "max_steps=2"]
+    sets = ["--set", "model=acme-lab/no-such-model", "--set", "max_steps=2"]
     out = subprocess.run(
         [sys.executable, "-m", "tgnb.train", *sets, "--run-dir", str(tmp_path / "r")],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
-    assert "model 'tgnb-test-owner/no-such-model' could not be loaded" in lines[-1], lines[-3:]
+    assert "model 'acme-lab/no-such-model' could not be loaded" in lines[-1], lines[-3:]
