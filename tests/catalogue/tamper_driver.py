@@ -1,5 +1,5 @@
 """Restart real runs, one after another, as the local backend's warm starts do: import the training
-stack once (`tgnb.backends.warm.preload`), then fork ``python -m tgnb.train`` per run directory.
+stack once (`tgnb.backends.local.warm.preload`), then fork ``python -m tgnb.train`` per run directory.
 
 ``python tamper_driver.py TIMEOUT DIR [DIR...] -- --set k=v ...`` prints one JSON line per
 directory: ``{"dir": ..., "code": exit code, or null when it was still running after TIMEOUT s
@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from tgnb.backends.warm import fork_module, preload
+from tgnb.backends.local.warm import fork_module, preload
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ HEAVY = ("torch", "trl", "transformers", "kubernetes", "datasets", "accelerate",
 def test_session_and_local_backend_import_light() -> None:
     code = (
         "import sys, json, tgnb, tgnb.session, tgnb.runs, tgnb.demo, tgnb.backends.local,"
-        " tgnb.backends.registry, tgnb.backends.supervisor, tgnb.backends.warm\n"
+        " tgnb.backends.registry, tgnb.backends.local.supervisor, tgnb.backends.local.warm\n"
         "assert tgnb.attach is tgnb.session.attach and tgnb.Session is tgnb.session.Session\n"
         "print(json.dumps(sorted(sys.modules)))"
     )

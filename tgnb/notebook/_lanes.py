@@ -33,7 +33,7 @@ _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.PREEMPTION_NOTIFIED: ("down", "#d62728"),
     ev.TARGET_CHANGED: ("diamond", "#7570b3"),
     ev.SCALED_UP: ("up", "#7570b3"),
-    # What a workload backend records about a run's job (tgnb.backends.supervisor).
+    # What a workload backend records about a run's job (tgnb.backends.local.supervisor).
     ev.JOB_PLACED: ("circle", "#999999"),
     ev.SIGNAL_SENT: ("down", "#e377c2"),
     ev.JOB_KILLED: ("bar", "#d62728"),

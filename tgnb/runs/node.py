@@ -66,7 +66,7 @@ RESERVED_ENV = frozenset(
     | {"SLURM_RESTART_COUNT", "SLURM_JOB_ID", "PYTHONUNBUFFERED"}
 )
 #: Read by the interpreter or native libraries when a process starts: a warm (forked) start cannot
-#: apply them, so a run that sets one is started cold (see `tgnb.backends.warm`).
+#: apply them, so a run that sets one is started cold (see `tgnb.backends.local.warm`).
 STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "MALLOC_", "CUDA_", "NCCL_")
 
 

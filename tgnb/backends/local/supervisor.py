@@ -4,7 +4,7 @@ slurmd for that run.
 It is started in a new session (``start_new_session=True``), so it outlives the notebook kernel
 that launched the run. It places the run on emulated nodes of the right kind, launches
 ``python -m tgnb.train`` as a process group per node (a single-node run is forked from this
-process once it has imported the training stack: see `tgnb.backends.warm`), watches those nodes and behaves as the
+process once it has imported the training stack: see `tgnb.backends.local.warm`), watches those nodes and behaves as the
 platform does when one is preempted:
 
 - KUBERNETES-type cluster: SIGTERM to the process group at T+0 (when the preemption notice
@@ -24,7 +24,7 @@ the node list is fetched again at the next poll. When the emulator of its tgnb h
 `EMULATOR_GONE_S`, it stops the run as a cancel does (SIGTERM: the run checkpoints) and exits, so
 no supervisor outlives the emulator it plays the platform for.
 
-Run it as ``python -m tgnb.backends.supervisor --home HOME --run RUN_ID --cluster ID --type T``.
+Run it as ``python -m tgnb.backends.local.supervisor --home HOME --run RUN_ID --cluster ID --type T``.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tgnb.backends import proctree
 from tgnb.backends.base import EXIT_PREEMPTED, JobState
-from tgnb.backends.nodes import NodeInfo, NodeSource
-from tgnb.backends.warm import ForkedProcess, fork_module, preload
+from tgnb.backends.local import proctree
+from tgnb.backends.local.nodes import NodeInfo, NodeSource
+from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.events import JOB_KILLED, JOB_PLACED, RUN_REQUEUED, SIGNAL_SENT, Event, utcnow
 from tgnb.runs import node
 from tgnb.runs.store import RunStore
@@ -252,7 +252,7 @@ class Supervisor:
 
     def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:
         """SIGTERM to the process groups (torchrun passes it on to its workers); SIGKILL to the
-        run's whole process tree (`tgnb.backends.proctree`): torchrun's workers are in sessions of
+        run's whole process tree (`tgnb.backends.local.proctree`): torchrun's workers are in sessions of
         their own, and would go on training once their agent is killed."""
         if sig == signal.SIGKILL:
             proctree.signal_run(self.record.id, [p.pid for p in procs if p.poll() is None], sig)
@@ -382,7 +382,7 @@ def _endpoint_for(home: Path) -> Any:
 
     def endpoint() -> tuple[str, str | None]:
         try:
-            from tgnb.backends.local import emulator_endpoint
+            from tgnb.backends.local.backend import emulator_endpoint
 
             found = emulator_endpoint(home)
         except Exception:
@@ -420,7 +420,7 @@ class _HomeEmulator:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tgnb.backends.supervisor")
+    p = argparse.ArgumentParser(prog="python -m tgnb.backends.local.supervisor")
     p.add_argument("--home", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--cluster", required=True)

@@ -1,6 +1,6 @@
 """The local backend: runs on the emulated nodes of a cluster served by the local emulator.
 
-Each run gets a detached supervisor process (`tgnb.backends.supervisor`) that places it on
+Each run gets a detached supervisor process (`tgnb.backends.local.supervisor`) that places it on
 emulated nodes and plays the platform's part when a node is preempted. The supervisor outlives the
 kernel that launched it and writes everything to the run store, so the backend itself holds no
 state: any process that opens the same tgnb home sees the same runs. The job id is the run id.
@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tgnb.backends import proctree
 from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.backends.local import proctree
 from tgnb.config import Secret
 from tgnb.errors import BackendError
 from tgnb.events import Event, read_jsonl
@@ -25,7 +25,7 @@ from tgnb.runs import node, workdir
 from tgnb.runs.store import RunRecord, RunStore
 
 SUPERVISOR_LOG = "supervisor.log"
-_SUPERVISOR_MODULE = "tgnb.backends.supervisor"
+_SUPERVISOR_MODULE = "tgnb.backends.local.supervisor"
 #: Supervisors this process started; polled so that none stays a zombie while the kernel lives.
 _STARTED: list[subprocess.Popen[bytes]] = []
 
@@ -241,7 +241,7 @@ class LocalBackend:
     def _end_orphans(self, rec: RunRecord, grace: float = 30.0) -> None:
         """Stop training processes a dead supervisor left behind: SIGTERM (they checkpoint and
         exit), then SIGKILL after `grace` seconds, to the run's whole process tree
-        (`tgnb.backends.proctree`), so two never train the same run at once."""
+        (`tgnb.backends.local.proctree`), so two never train the same run at once."""
         groups = [int(c) for job in rec.jobs for c in job.info.get("children") or ()]
         live = [g for g in groups if _group_alive(g)]
         proctree.signal_run(rec.id, live, signal.SIGTERM)
