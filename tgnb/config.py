@@ -20,10 +20,11 @@ first segment that is not a word to the end of the last one. So the public heads
 ``-token-value``) give no pieces, and a test key made only of words (``tgnb-test-restart-key``)
 gives none at all (it is found whole or by its prefix). Why this rule and not the others weighed:
 
-- Pieces of any 8 characters less a head of at most 10 (the rule before) made ordinary text a secret: ``tgnb-tes`` of a test
-  key in the model id ``tgnb-test-owner/model`` and ``-restart`` in the run name
-  ``through-restart`` refused run configs ("the training config holds a secret value") and masked
-  words as ``***``. What such text shares with a key is its public words, never its random part.
+- Pieces of any 8 characters less a head of at most 10 (the rule before) made ordinary text a
+  secret: ``tgnb-tes`` of a test key in the model id ``tgnb-test-owner/model`` and ``-restart``
+  in the run name ``through-restart`` refused run configs ("the training config holds a secret
+  value") and masked words as ``***``. What such text shares with a key is its public words,
+  never its random part.
 - A fixed 8 characters of the random part, not a length relative to the secret's: a key's
   strength is per random character (8 base64 characters are 48 bits, 8 hex 32), so text matching
   one by chance is as rare in a long key as in a short one, while half of a 40-character key would
@@ -33,6 +34,11 @@ gives none at all (it is found whole or by its prefix). Why this rule and not th
   window that happens to repeat characters) to save nothing real keys contain.
 - The prefix rule stays as it was: 12 leading characters of exactly the key are specific enough,
   and a cut message keeps just those (``tgp_FAKE_SEC`` in the catalogue lies wholly in the head).
+
+Limits: a random part under 8 characters gives no pieces (``hf_Zx9-this-is-the-token-value`` is
+found whole or by its prefix only); a word-like segment at an end of a generated part (``ab`` in
+``tgnb-emu-ab-X...``) is left out of it; text beginning with the first 12 characters of a key made
+of words (``tgnb-test-re`` of ``tgnb-test-restart-key``) is still masked.
 
 The registry is one `Scrubber` per process (`register_secret`, `scrub`, `holds_secret` use it); a
 test that needs a registry of its own makes a `Scrubber`.
