@@ -5,6 +5,43 @@ official SDK reads too) and ``TGNB_HOME`` (default ``~/.tgnb``), where the emula
 pid, port, log and state and where the run store lives.
 
 The API key is held in a `Secret` whose repr never shows it, and every error message is scrubbed.
+
+What counts as a secret in a text (`scrub`, `holds_secret`)
+-----------------------------------------------------------
+A registered secret is found in three forms: whole; a run of its first `PREFIX_CHARS` (12) or more
+characters (a message cut after ``Bearer tgp_v1_abcde``); and any `PIECE_CHARS` (8) characters of
+its **random part** (a message cut at both ends, a key pasted into a longer value).
+
+The random part (`random_part`) is the secret less its leading and trailing *words*: split at
+every character that is not a letter or digit, a word is 2-12 letters in one case or capitalized
+(``tgnb``, ``test``, ``FAKE``, ``Secret``) or a version tag (``v1``); the random part runs from the
+first segment that is not a word to the end of the last one. So the public heads ``tgnb-``,
+``tgnb-test-``, ``tgnb-emu-``, ``tgp_v1_``, ``sk-live-``, ``hf_`` and mnemonic tails (``-key``,
+``-token-value``) give no pieces, and a test key made only of words (``tgnb-test-restart-key``)
+gives none at all (it is found whole or by its prefix). Why this rule and not the others weighed:
+
+- Pieces of any 8 characters less a head of at most 10 (the rule before) made ordinary text a
+  secret: ``tgnb-tes`` of a test key in the model id ``tgnb-test-owner/model`` and ``-restart``
+  in the run name ``through-restart`` refused run configs ("the training config holds a secret
+  value") and masked words as ``***``. What such text shares with a key is its public words,
+  never its random part.
+- A fixed 8 characters of the random part, not a length relative to the secret's: a key's
+  strength is per random character (8 base64 characters are 48 bits, 8 hex 32), so text matching
+  one by chance is as rare in a long key as in a short one, while half of a 40-character key would
+  let a 10-character leak through (the catalogue's ``key-middle-10``).
+- No demand that a piece mix letters and digits or hold many distinct characters: a random part is
+  random, and such floors would open holes in it (``efghijkl`` of the catalogue's key, or an 8-hex
+  window that happens to repeat characters) to save nothing real keys contain.
+- The prefix rule stays as it was: 12 leading characters of exactly the key are specific enough,
+  and a cut message keeps just those (``tgp_FAKE_SEC`` in the catalogue lies wholly in the head).
+
+Limits: a random part under 8 characters gives no pieces (``hf_Zx9-this-is-the-token-value`` is
+found whole or by its prefix only); a word-like segment at an end of a generated part (``ab`` in
+``tgnb-emu-ab-X...``) is left out of it; text beginning with the first 12 characters of a key made
+of words (``tgnb-test-re`` of ``tgnb-test-restart-key``) is still masked.
+
+The registry is one `Scrubber` per process (`register_secret`, `scrub`, `holds_secret` use it); a
+test that needs a registry of its own makes a `Scrubber`.
 """
 
 from __future__ import annotations
@@ -14,62 +51,79 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_SECRETS: set[str] = set()
-#: Every `PIECE_CHARS`-character piece of every registered secret (less its public head).
-_PIECES: set[str] = set()
-
-#: A piece of a secret this long anywhere in a text is masked (a cut message keeps a piece).
+#: This many characters of a secret's random part anywhere in a text are masked.
 PIECE_CHARS = 8
 #: A run of this many leading characters of a secret is masked too, its public head included.
 PREFIX_CHARS = 12
-#: A key's public head: words and separators that say what kind of key it is (``tgp_v1_``,
-#: ``tgnb-emu-``, ``hf_``), at most 10 characters; a piece lying wholly inside it is no secret.
-_HEAD = re.compile(r"^(?:[A-Za-z0-9]{1,8}[-_])+")
+_SEGMENT = re.compile(r"[A-Za-z0-9]+")
+_WORD = re.compile(r"[a-z]{2,12}|[A-Z]{2,12}|[A-Z][a-z]{1,11}|v[0-9]{1,3}")
 
 
-def register_secret(value: str | None) -> None:
-    """Remember a secret so that `scrub` removes it from any text tgnb shows."""
-    if value and len(value) >= 4:
-        _SECRETS.add(value)
-        head = _HEAD.match(value)
-        skip = len(head.group(0)) if head and len(head.group(0)) <= 10 else 0
-        for i in range(len(value) - PIECE_CHARS + 1):
-            if i + PIECE_CHARS > skip:
-                _PIECES.add(value[i : i + PIECE_CHARS])
+def random_part(secret: str) -> str:
+    """`secret` less its leading and trailing words (see the module's docstring); ``""`` when it
+    is made of words only."""
+    if not _SEGMENT.search(secret):  # no letter or digit at all: nothing public to leave out
+        return secret
+    spans = [m.span() for m in _SEGMENT.finditer(secret) if not _WORD.fullmatch(m.group())]
+    return secret[spans[0][0] : spans[-1][1]] if spans else ""
 
 
-def scrub(text: str) -> str:
-    """Replace every registered secret in `text`, any run of its first `PREFIX_CHARS` or more
-    characters, and any piece of `PIECE_CHARS` or more characters of it, with ``***``."""
-    text = str(text)
-    for secret in sorted(_SECRETS, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, "***")
-        head = secret[:PREFIX_CHARS]
-        if len(secret) > PREFIX_CHARS and head in text:
-            text = _mask_prefixes(text, secret)
-    return _mask_pieces(text) if _PIECES else text
+class Scrubber:
+    """The registered secrets and the pieces of their random parts."""
 
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+        self.pieces: set[str] = set()
 
-def _mask_pieces(text: str) -> str:
-    """Every character of `text` covered by a piece of a secret, each run of them as one ``***``."""
-    n = PIECE_CHARS
-    covered = [False] * len(text)
-    for i in range(len(text) - n + 1):
-        if text[i : i + n] in _PIECES:
-            covered[i : i + n] = [True] * n
-    if not any(covered):
-        return text
-    out, i = [], 0
-    while i < len(text):
-        if covered[i]:
-            out.append("***")
-            while i < len(text) and covered[i]:
+    def register(self, value: str | None) -> None:
+        """Remember a secret (4 characters or more) so that `scrub` removes it."""
+        if value and len(value) >= 4:
+            self.secrets.add(value)
+            body = random_part(value)
+            for i in range(len(body) - PIECE_CHARS + 1):
+                self.pieces.add(body[i : i + PIECE_CHARS])
+
+    def scrub(self, text: str) -> str:
+        """`text` with every registered secret, any run of its first `PREFIX_CHARS` or more
+        characters, and any `PIECE_CHARS` characters of its random part replaced by ``***``."""
+        text = str(text)
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            if secret in text:
+                text = text.replace(secret, "***")
+            if len(secret) > PREFIX_CHARS and secret[:PREFIX_CHARS] in text:
+                text = _mask_prefixes(text, secret)
+        return self._mask_pieces(text) if self.pieces else text
+
+    def holds(self, value: object) -> bool:
+        """Whether `value` (a string, or a mapping or list of them) holds a secret in any of the
+        three forms."""
+        if isinstance(value, str):
+            return self.scrub(value) != value
+        if isinstance(value, dict):
+            return any(self.holds(k) or self.holds(v) for k, v in value.items())
+        if isinstance(value, list | tuple):
+            return any(self.holds(v) for v in value)
+        return False
+
+    def _mask_pieces(self, text: str) -> str:
+        """Every character of `text` covered by a piece, each run of them as one ``***``."""
+        n = PIECE_CHARS
+        covered = [False] * len(text)
+        for i in range(len(text) - n + 1):
+            if text[i : i + n] in self.pieces:
+                covered[i : i + n] = [True] * n
+        if not any(covered):
+            return text
+        out, i = [], 0
+        while i < len(text):
+            if covered[i]:
+                out.append("***")
+                while i < len(text) and covered[i]:
+                    i += 1
+            else:
+                out.append(text[i])
                 i += 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+        return "".join(out)
 
 
 def _mask_prefixes(text: str, secret: str) -> str:
@@ -83,6 +137,25 @@ def _mask_prefixes(text: str, secret: str) -> str:
     return "".join(out) + text[i:]
 
 
+_SCRUBBER = Scrubber()
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a secret so that `scrub` removes it from any text tgnb shows."""
+    _SCRUBBER.register(value)
+
+
+def scrub(text: str) -> str:
+    """`text` with every registered secret masked (`Scrubber.scrub`)."""
+    return _SCRUBBER.scrub(text)
+
+
+def holds_secret(value: object) -> bool:
+    """Whether `value` (a string, or a mapping or list of them) holds a registered secret, a long
+    prefix of one or a piece of its random part."""
+    return _SCRUBBER.holds(value)
+
+
 #: Names of environment variables that hold secrets by their look (``WANDB_API_KEY``, ``HF_TOKEN``,
 #: ``DB_PASSWORD``, ``AWS_SECRET_ACCESS_KEY``): refused in a run's plain `env` by every engine.
 SECRET_NAME = re.compile(
@@ -93,18 +166,6 @@ SECRET_NAME = re.compile(
 def looks_secret(name: str) -> bool:
     """Whether the environment variable `name` looks like it holds a secret (`SECRET_NAME`)."""
     return bool(SECRET_NAME.search(name))
-
-
-def holds_secret(value: object) -> bool:
-    """Whether `value` (a string, or a mapping or list of them) holds a registered secret or a
-    long prefix of one."""
-    if isinstance(value, str):
-        return scrub(value) != value
-    if isinstance(value, dict):
-        return any(holds_secret(k) or holds_secret(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(holds_secret(v) for v in value)
-    return False
 
 
 #: Environment variables whose values are secrets wherever they appear.

@@ -1,10 +1,11 @@
 """The fault catalogue's table for secrets and hostile values in a run's ``env``, on every engine.
 
 One rule for every engine (`tgnb.runs.spec.check_no_secrets`, run by `RunSpec.validate`): a variable
-whose name looks like a secret's, a value holding a registered secret or any 8-character piece of
-one, and a value holding a control character are refused with the fix (``secrets={...}``) before
-anything is written -- no ``job.sbatch``, no Kubernetes object, no row in ``runs.sqlite`` (which is
-the owner's only, 0600). Through a real emulator daemon and `Session.launch` for the local backend,
+whose name looks like a secret's, a value holding a registered secret, a 12-character prefix of
+one or any 8 characters of its random part (`tgnb.config.random_part`: the key less its public
+words, here ``1234567890abc...xyz`` of `FAKE_KEY`), and a value holding a control character are
+refused with the fix (``secrets={...}``) before anything is written -- no ``job.sbatch``, no
+Kubernetes object, no row in ``runs.sqlite`` (which is the owner's only, 0600). Through a real emulator daemon and `Session.launch` for the local backend,
 the real Slurm script renderer and the real Kubernetes objects. The kubelet's ``$(VAR)`` expansion
 cannot run here: `kubelet_expand` follows its documented rules (``$(NAME)`` replaced when NAME is
 defined, ``$$`` reduced to ``$``) to show what a pod would receive.
@@ -38,6 +39,7 @@ BAD_ENV: dict[str, dict[str, str]] = {
     "DB_PASSWORD": {"DB_PASSWORD": PLAIN},
     "AWS_SECRET_ACCESS_KEY": {"AWS_SECRET_ACCESS_KEY": PLAIN},
     "openai_api_key-lowercase": {"openai_api_key": PLAIN},
+    # the three below lie in FAKE_KEY's random part: caught by its 8-character pieces
     "key-suffix-20": {"OPTS": FAKE_KEY[-20:]},
     "key-middle-10": {"OPTS": "x" + FAKE_KEY[20:30] + "y"},
     "key-piece-8": {"OPTS": FAKE_KEY[30 : 30 + PIECE_CHARS]},
@@ -112,6 +114,8 @@ def test_plain_variables_pass_on_every_engine() -> None:
 
 @pytest.mark.parametrize("start", [0, 9, 20, len(FAKE_KEY) - 20, len(FAKE_KEY) - PIECE_CHARS])
 def test_any_piece_of_a_registered_key_is_scrubbed(start: int) -> None:
+    """Start 0 (``tgp_FAKE_SEC``, public words only) is caught by the prefix rule; start 9 by the
+    pieces of its random part (``SECRET_`` may stay); the others lie in the random part."""
     piece = FAKE_KEY[start : start + max(PIECE_CHARS, 20 if start else 12)]
     text = scrub(f"error: the header was 'Bearer {piece}' (cut)")
     leaked = piece in text

@@ -76,22 +76,3 @@ def make_session(home: Path, cluster_type: str = "KUBERNETES", target: int = 16)
 def session(emu: EmulatorHandle, tmp_path: Path) -> Session:
     """A KUBERNETES-type demo cluster with the preemptible target at 16 (two nodes up)."""
     return make_session(tmp_path)
-
-
-@pytest.fixture(autouse=True)
-def _own_secrets() -> Iterator[None]:
-    """Each test starts with no secrets registered by earlier tests of the same process (the
-    scrubber masks any 8-character piece of a registered one: an earlier test's key could match
-    a piece of this test's config), and leaves the registry as it found it."""
-    from tgnb import config
-
-    saved = (set(config._SECRETS), set(config._PIECES))
-    config._SECRETS.clear()
-    config._PIECES.clear()
-    try:
-        yield
-    finally:
-        config._SECRETS.clear()
-        config._PIECES.clear()
-        config._SECRETS.update(saved[0])
-        config._PIECES.update(saved[1])

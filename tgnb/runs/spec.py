@@ -161,9 +161,10 @@ def check_env(env: Mapping[str, str]) -> None:
 def check_no_secrets(spec: RunSpec) -> None:
     """Refuse a secret in env or in the training config, for every engine alike: a variable whose
     name looks like a secret's (`tgnb.config.looks_secret`: ``WANDB_API_KEY``, ``HF_TOKEN``...), a
-    known secret value or a piece of one (the API key, the emulator key, an HF token), and control
-    characters in a value (a NUL cannot be in an environment, a newline breaks a script): all would
-    be written into a script, a manifest, config.yaml or the store."""
+    known secret value, its prefix or a piece of its random part (the API key, the emulator key,
+    an HF token: `tgnb.config.holds_secret`), and control characters in a value (a NUL cannot be
+    in an environment, a newline breaks a script): all would be written into a script, a
+    manifest, config.yaml or the store."""
     from tgnb.config import holds_secret, looks_secret, register_env_secrets
 
     register_env_secrets()

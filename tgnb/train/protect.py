@@ -63,18 +63,38 @@ def _policy(given: CheckpointPolicy | dict[str, Any] | None) -> CheckpointPolicy
     if isinstance(given, CheckpointPolicy):
         policy = given
     else:
-        fields = {f.name for f in dataclasses.fields(CheckpointPolicy)}
-        unknown = sorted(set(given or {}) - fields)
-        if unknown:
-            from tgnb.tasks.config import unknown as unknown_key
-
-            raise unknown_key("checkpoint key", unknown[0], fields)
-        policy = CheckpointPolicy(**(given or {}))
+        policy = CheckpointPolicy(**_known(given or {}, "checkpoint key"))
     launched = os.environ.get(node.CHECKPOINT_ENV)
     if launched:  # the launch's policy wins: the cockpit set it
-        policy = dataclasses.replace(policy, **json.loads(launched))
+        policy = dataclasses.replace(policy, **_launched(launched))
     check_policy(policy)
     return policy
+
+
+def _known(keys: dict[str, Any], kind: str) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(CheckpointPolicy)}
+    unknown = sorted(set(keys) - fields)
+    if unknown:
+        from tgnb.tasks.config import unknown as unknown_key
+
+        raise unknown_key(kind, unknown[0], fields)
+    return keys
+
+
+def _launched(text: str) -> dict[str, Any]:
+    """The policy in ``$TGNB_CHECKPOINT``: a JSON object of `CheckpointPolicy` keys."""
+    name = node.CHECKPOINT_ENV
+    fix = (
+        f"set it to a JSON object of checkpoint keys, e.g. {name}='{{\"every_steps\": 50}}', "
+        "or unset it (tgnb sets it for the runs it launches)"
+    )
+    try:
+        keys = json.loads(text)
+    except ValueError as exc:  # json.JSONDecodeError, or a number too long to convert
+        raise TrainConfigError(f"${name} is not valid JSON ({exc}): {fix}") from None
+    if not isinstance(keys, dict):
+        raise TrainConfigError(f"${name} holds {text!r:.40}, not a JSON object: {fix}")
+    return _known(keys, f"checkpoint key in ${name}")
 
 
 def run_context(
