@@ -329,6 +329,8 @@ def check_policy(p: CheckpointPolicy) -> None:
     if p.every_steps is not None:
         _bounded("checkpoint.every_steps", p.every_steps, 1, MAX_STEPS)
     _bounded("checkpoint.keep_last", p.keep_last, 1, 1000)
+    if p.preemptions_source is not None and not isinstance(p.preemptions_source, str):
+        raise TrainConfigError("checkpoint.preemptions_source must be text (or left out).")
     for key in ("every_seconds", "preemptions_per_hour", "failures_per_hour", "drain_poll_seconds"):
         value = getattr(p, key)
         if value is None and key == "every_seconds":
