@@ -198,32 +198,22 @@ def check_on_a_node_like_process(
 def observed_preemption_rate(
     train: dict[str, Any], state: ClusterState, nodes: int, now: datetime | None = None
 ) -> str | None:
-    """With ``checkpoint.auto``, set the run's ``checkpoint.preemptions_per_hour`` from what the
-    cluster observed, the setting being the prior; return the line that says so (also kept as
-    ``checkpoint.preemptions_source``), or None when ``auto`` is off.
-
-    The cluster's rate is per preemptible node-hour (`tgnb.cloud.rates.estimate`); a run on
-    `nodes` nodes is stopped when any of them is preempted, so its rate is `nodes` times the
-    node's, and the setting (a rate of the run) is spread over its nodes as the node's prior.
-    With nothing observed the run keeps its setting."""
-    from tgnb.cloud.rates import estimate
+    """With ``checkpoint.auto``, set the run's ``checkpoint.observed_preemptions_per_hour`` from
+    what the cluster observed, its ``preemptions_per_hour`` setting being the prior
+    (`tgnb.cloud.rates.for_run`), and ``checkpoint.preemptions_source`` to the line that says so;
+    return that line, or None when ``auto`` is off (nothing changed)."""
+    from tgnb.cloud.rates import for_run
     from tgnb.tasks.policy import CheckpointPolicy
 
     policy = train.get("checkpoint") or {}
     if not isinstance(policy, Mapping) or policy.get("auto") is not True:
         return None
     setting = float(policy.get("preemptions_per_hour", CheckpointPolicy.preemptions_per_hour))
-    nodes = max(1, int(nodes))
-    rate = estimate(state, setting / nodes, now)
-    run_rate = rate.per_node_hour * nodes
-    per_run = f"; x {nodes} nodes = {run_rate:.3g} per hour of the run" if nodes > 1 else ""
-    line = (
-        f"checkpoint.auto weighs {rate}{per_run} (setting {setting:g} per hour; cluster "
-        f"{state.name})"
-    )
+    rate, line = for_run(state, setting, nodes, now)
+    line = f"checkpoint.auto weighs {line}"
     train["checkpoint"] = {
         **policy,
-        "preemptions_per_hour": run_rate,
+        "observed_preemptions_per_hour": rate,
         "preemptions_source": line,
     }
     return line

@@ -89,7 +89,8 @@ def test_launch_sets_the_runs_rate_from_the_observed_one_the_setting_the_prior()
     train: dict[str, Any] = {"checkpoint": {"auto": True, "preemptions_per_hour": 1.0}}
     line = prelaunch.observed_preemption_rate(train, s, 2, NOW)
     per_node = (0.5 * 1 + 1) / (1 + 2)  # prior: the run's 1/h spread over its 2 nodes
-    assert train["checkpoint"]["preemptions_per_hour"] == pytest.approx(2 * per_node)
+    assert train["checkpoint"]["observed_preemptions_per_hour"] == pytest.approx(2 * per_node)
+    assert train["checkpoint"]["preemptions_per_hour"] == 1.0  # the setting stays, the prior
     assert train["checkpoint"]["preemptions_source"] == line and line
     assert "1 over 2.0 node-hours" in line and "x 2 nodes = 1 per hour of the run" in line
     assert "setting 1 per hour" in line and "cluster train" in line

@@ -157,7 +157,8 @@ def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
     source = "0.8 preemptions per node-hour (0.8 observed: 2 over 2.5 node-hours ...)"
     guard, _ = make_guard(
         auto=True,
-        preemptions_per_hour=3600.0,
+        preemptions_per_hour=0.5,  # the setting: a prior the observed rate replaced
+        observed_preemptions_per_hour=3600.0,
         failures_per_hour=3600.0,
         preemptions_source=source,
     )

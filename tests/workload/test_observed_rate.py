@@ -26,6 +26,7 @@ def test_launch_puts_the_observed_rate_and_its_source_in_the_runs_config(
     assert source.startswith("checkpoint.auto weighs ")
     assert ": 1 over " in source  # one preemption seen
     assert "prior 0.5 as 1 node-hour" in source and "setting 0.5 per hour" in source
-    assert 0.5 < policy["preemptions_per_hour"] <= 1.5  # (0.5 + 1) / (1 + a few node-seconds)
+    assert 0.5 < policy["observed_preemptions_per_hour"] <= 1.5  # (0.5 + 1) / (1 + node-seconds)
+    assert policy["preemptions_per_hour"] == 0.5  # the setting stays: the prior of a restart
     plain = session.launch("grpo", max_steps=5, checkpoint={"every_steps": 2}, dry_run=True)
     assert yaml.safe_load(plain)["checkpoint"]["preemptions_source"] is None  # auto off

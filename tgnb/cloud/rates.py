@@ -110,3 +110,18 @@ def estimate(
         prior_node_hours=prior_node_hours,
         window_hours=retention.total_seconds() / 3600.0,
     )
+
+
+def for_run(
+    state: ClusterState, setting: float, nodes: int, now: datetime | None = None
+) -> tuple[float, str]:
+    """The preemptions per hour of a run on `nodes` preemptible nodes of `state`'s cluster, and
+    the line that says where it came from. A run stops when any of its nodes is preempted, so its
+    rate is `nodes` times the node's; the `setting` (a rate of the run) is spread over its nodes
+    as the node's prior. With nothing observed it is the setting. At a restart, call it again on
+    the cluster read then, with the same setting."""
+    nodes = max(1, int(nodes))
+    rate = estimate(state, setting / nodes, now)
+    run_rate = rate.per_node_hour * nodes
+    per_run = f"; x {nodes} nodes = {run_rate:.3g} per hour of the run" if nodes > 1 else ""
+    return run_rate, f"{rate}{per_run} (setting {setting:g} per hour; cluster {state.name})"
