@@ -35,6 +35,8 @@ CHECKPOINT_FAILED = (
 CHECKPOINT_REJECTED = "CheckpointRejected"  # failed verification at resume; moved aside
 RUN_REQUEUED = "RunRequeued"
 RUN_EXITED = "RunExited"
+#: `checkpoint.auto` chose its interval (data: every_steps, every_s, the rates and their source)
+CHECKPOINT_INTERVAL = "CheckpointIntervalChosen"
 RUN_REASONS = frozenset(
     {
         RUN_STARTED,
@@ -46,6 +48,7 @@ RUN_REASONS = frozenset(
         CHECKPOINT_REJECTED,
         RUN_REQUEUED,
         RUN_EXITED,
+        CHECKPOINT_INTERVAL,
     }
 )
 

@@ -16,6 +16,9 @@ policy); the script exists and compiles; and, when the config names something on
 user's code can answer for (a TRL or LoRA option, a reward module), ``python -m tgnb.train
 --check`` in a subprocess run in the workdir -- TRL option names (``Did you mean
 'learning_rate'?``), reward modules importable there with a signature TRL accepts.
+
+With ``checkpoint.auto`` on preemptible nodes, the preemption rate it weighs comes from the
+cluster's own history (`observed_preemption_rate`), the setting being the prior.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import workdir as wd
+
+if TYPE_CHECKING:
+    from tgnb.cloud import ClusterState
 
 BUILTIN = ("grpo", "dpo", "sft")
 CHECK_TIMEOUT_S = 300.0
@@ -186,3 +193,27 @@ def check_on_a_node_like_process(
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else f"exit {proc.returncode}"
     raise TrainConfigError(last.removeprefix("tgnb train: "))
+
+
+def observed_preemption_rate(
+    train: dict[str, Any], state: ClusterState, nodes: int, now: datetime | None = None
+) -> str | None:
+    """With ``checkpoint.auto``, set the run's ``checkpoint.observed_preemptions_per_hour`` from
+    what the cluster observed, its ``preemptions_per_hour`` setting being the prior
+    (`tgnb.cloud.rates.for_run`), and ``checkpoint.preemptions_source`` to the line that says so;
+    return that line, or None when ``auto`` is off (nothing changed)."""
+    from tgnb.cloud.rates import for_run
+    from tgnb.tasks.policy import CheckpointPolicy
+
+    policy = train.get("checkpoint") or {}
+    if not isinstance(policy, Mapping) or policy.get("auto") is not True:
+        return None
+    setting = float(policy.get("preemptions_per_hour", CheckpointPolicy.preemptions_per_hour))
+    rate, line = for_run(state, setting, nodes, now)
+    line = f"checkpoint.auto weighs {line}"
+    train["checkpoint"] = {
+        **policy,
+        "observed_preemptions_per_hour": rate,
+        "preemptions_source": line,
+    }
+    return line

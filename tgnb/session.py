@@ -310,7 +310,10 @@ class Session:
             raise ValidationError(
                 f"a run named {name!r} already exists: choose another name= (or session.run(name))"
             )
-        self._check_capacity(res, self.cluster.state())
+        state = self.cluster.state()
+        self._check_capacity(res, state)
+        if preemptible:  # checkpoint.auto weighs what this cluster's nodes saw, the setting a prior
+            prelaunch.observed_preemption_rate(train, state, nodes)
         backend = self.backend
         backend.preflight(spec)  # engine checks (commands, controller, image) before recording
         if dry_run:

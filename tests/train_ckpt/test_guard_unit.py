@@ -151,6 +151,35 @@ def test_auto_uses_young_daly_with_the_measured_stall(make_guard: Any) -> None:
     assert not guard._periodic_due(119) and guard._periodic_due(120)
 
 
+def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    source = "0.8 preemptions per node-hour (0.8 observed: 2 over 2.5 node-hours ...)"
+    guard, _ = make_guard(
+        auto=True,
+        preemptions_per_hour=0.5,  # the setting: a prior the observed rate replaced
+        observed_preemptions_per_hour=3600.0,
+        failures_per_hour=3600.0,
+        preemptions_source=source,
+    )
+    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, None
+    guard.saver.last_step, guard._step_began = 100, None
+    guard._periodic_due(110)
+    guard._periodic_due(120)
+    lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    chosen = [json.loads(x) for x in lines if "CheckpointIntervalChosen" in x]
+    assert len(chosen) == 1  # once per start
+    assert chosen[0]["message"] == f"checkpoint every 20 steps (0 s): {source}"
+    assert chosen[0]["data"]["every_steps"] == 20 and chosen[0]["data"]["source"] == "observed"
+    other = tmp_path / "other"
+    guard, _ = make_guard(run_dir=other, auto=True, preemptions_per_hour=2.0)
+    guard.step_time_s, guard.saver.stall_s, guard.saver.last_step = 1.0, 0.5, 0
+    guard._step_began = None
+    guard._periodic_due(1)
+    said = (other / "events.jsonl").read_text(encoding="utf-8")
+    assert "2 preemptions per hour (the setting)" in said
+
+
 class BlockedWriter(dcpio.FileSystemWriter):
     """DCP's file writer, held at its first write until `gate` opens (a slow disk, made slow on
     purpose so the test can see training go on while the save is in flight)."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tgnb.cloud.feed import EventFeed
 from tgnb.cloud.models import ClusterState
+from tgnb.cloud.rates import PreemptionRate, estimate
 from tgnb.cloud.validate import check_target
 from tgnb.errors import TransientApiError
 from tgnb.events import TARGET_CHANGED, Event, parse_time, utcnow
@@ -95,6 +96,12 @@ class Cluster:
             return list(events)
         start = parse_time(since)
         return [e for e in events if e.time >= start]
+
+    def preemption_rate(self, prior: float, state: ClusterState | None = None) -> PreemptionRate:
+        """Preemptions per preemptible node-hour over the events' 72 hours, with `prior` (per
+        node-hour) as one node-hour of pseudo-observation (`tgnb.cloud.rates`); from `state`, or
+        the cluster read now."""
+        return estimate(state or self.state(), prior)
 
     def poll_events(self) -> list[Event]:
         """Only the events that are new since the previous call (the first call returns all)."""

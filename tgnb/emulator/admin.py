@@ -2,7 +2,7 @@
 
 The platform's own routes (``/v1/...``) are reached through the ``together`` SDK; these are the
 emulator's extras, which the SDK does not know: health, a cluster's nodes with their state, preempt
-a node now, end a drain window, chaos, capacity and the request log. `Session.preempt`, the local
+a node now, end a drain window, chaos, capacity (a cap, a capacity trace) and the request log. `Session.preempt`, the local
 backend's node reader, the backend registry, the demo, the daemon's health check and the test
 harness all go through it, so no URL under ``/_emulator`` is built anywhere else.
 
@@ -12,6 +12,7 @@ Errors are httpx's: `httpx.TransportError` when the daemon cannot be reached,
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -115,6 +116,34 @@ class AdminClient:
         """Cap preemptible GPUs (all clusters, or one); None lifts the cap."""
         body = {"gpus": gpus, "cluster_id": cluster_id}
         return dict(self._call("POST", f"{PREFIX}/capacity", json=body))
+
+    def set_capacity_trace(
+        self,
+        segments: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        generate: Mapping[str, Any] | None = None,
+        cluster_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a capacity trace now (`tgnb.emulator.trace`): `segments` (``[{"at_s": 0,
+        "gpus": 16}, {"at_s": 600, "gpus": 8}, ...]``, platform seconds) or a seeded `generate`
+        document; for one cluster or, without `cluster_id`, all. Returns the trace in force."""
+        body: dict[str, Any] = {}
+        if segments is not None:
+            body["segments"] = [dict(s) for s in segments]
+        if generate is not None:
+            body["generate"] = dict(generate)
+        if cluster_id is not None:
+            body["cluster_id"] = cluster_id
+        return dict(self._call("POST", f"{PREFIX}/capacity/trace", json=body)["trace"])
+
+    def clear_capacity_trace(self) -> None:
+        """End the capacity trace in force (the capacity it left is no longer limited by it)."""
+        self._call("DELETE", f"{PREFIX}/capacity/trace")
+
+    def capacity_trace(self) -> dict[str, Any] | None:
+        """The trace in force: its segments, ``now_s`` and ``gpus_now`` (platform time); or None."""
+        trace = self._call("GET", f"{PREFIX}/capacity/trace")["trace"]
+        return None if trace is None else dict(trace)
 
     # -- Post-Training resources ---------------------------------------------------------------
     def rl_usage(self, resource_id: str) -> dict[str, Any]:

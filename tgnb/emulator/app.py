@@ -22,7 +22,9 @@ Emulator-only admin routes under ``/_emulator/`` (same key; never subject to cha
 optional), ``POST clusters/{id}/nodes/{node}/release`` (end a drain window early),
 ``GET/POST chaos`` (``{"fraction", "seed", "kinds", "delay_s"}``; kinds 429, 503, delay, and the
 opt-in "lost": applied, then answered 503), ``POST capacity``
-(``{"gpus": int | null, "cluster_id": optional}``), ``GET/DELETE requests`` (the request log: every
+(``{"gpus": int | null, "cluster_id": optional}``), ``GET/POST/DELETE capacity/trace`` (a
+capacity trace, `tgnb.emulator.trace`: started when posted; GET answers ``{"trace": ... | null}``
+with its segments and ``now_s``, in platform seconds), ``GET/DELETE requests`` (the request log: every
 /v1 and /v3 request with method, path, query, status, JSON body with secret-looking keys masked, and
 the chaos applied; a body that is not JSON is kept cut to 200 characters with ``word=value``
 secrets and the key masked; kept in memory, the last 10 000, gone after a restart).
@@ -348,6 +350,7 @@ class EmulatorApp:
             "provision_delay_s": cfg.provision_delay_s,
             "preemption_rate": cfg.preemption_rate,
             "capacity_gpus": cfg.capacity_gpus,
+            "capacity_trace": self.fleet.capacity_trace() is not None,
             "state_dir": str(self.fleet.store.root),
             "clusters": len(self.fleet.clusters),
             "rl_resources": 0 if self.rl is None else len(self.rl.resources),
@@ -408,6 +411,15 @@ class EmulatorApp:
             gpus = integer(gpus, "gpus (or null)", 0, 100 * MAX_GPUS)
         return self.fleet.set_capacity(gpus, optional_name(body.get("cluster_id"), "cluster_id"))
 
+    async def trace_get(self, request: Request, body: Any) -> Any:
+        return {"trace": self.fleet.capacity_trace()}
+
+    async def trace_set(self, request: Request, body: Any) -> Any:
+        return {"trace": self.fleet.set_capacity_trace(body)}
+
+    async def trace_clear(self, request: Request, body: Any) -> Any:
+        return {"trace": self.fleet.set_capacity_trace(None)}
+
     async def requests_get(self, request: Request, body: Any) -> Any:
         with self._log_lock:
             return {"requests": list(self.requests)}
@@ -456,6 +468,9 @@ class EmulatorApp:
             Route("/_emulator/chaos", admin(self.chaos_get), methods=["GET"]),
             Route("/_emulator/chaos", admin(self.chaos_set), methods=["POST"]),
             Route("/_emulator/capacity", admin(self.capacity), methods=["POST"]),
+            Route("/_emulator/capacity/trace", admin(self.trace_get), methods=["GET"]),
+            Route("/_emulator/capacity/trace", admin(self.trace_set), methods=["POST"]),
+            Route("/_emulator/capacity/trace", admin(self.trace_clear), methods=["DELETE"]),
             Route("/_emulator/requests", admin(self.requests_get), methods=["GET"]),
             Route("/_emulator/requests", admin(self.requests_clear), methods=["DELETE"]),
             *self._rl_routes(),

@@ -65,6 +65,15 @@ def _parser() -> argparse.ArgumentParser:
         help="cap on preemptible GPUs across all clusters",
     )
     knobs.add_argument(
+        "--capacity-trace",
+        default=None,
+        metavar="FILE",
+        help="preemptible capacity over platform time, JSON or YAML: "
+        '{"segments": [{"at_s": 0, "gpus": 16}, {"at_s": 600, "gpus": 8}, ...]} '
+        '(or {"generate": {"seed": 0, "capacity_gpus": 16, "withdrawn_gpus": 8, '
+        '"mean_between_s": 3600, "mean_outage_s": 600}})',
+    )
+    knobs.add_argument(
         "--chaos",
         type=float,
         default=0.0,
@@ -113,6 +122,9 @@ def _options(ns: argparse.Namespace) -> daemon.ServeOptions:
         project_id=ns.project_id,
         rl_price_per_gpu_hour=ns.rl_price_per_gpu_hour,
         rl_models=ns.rl_models,
+        capacity_trace=None
+        if ns.capacity_trace is None
+        else str(Path(ns.capacity_trace).resolve()),
     )
 
 

@@ -58,6 +58,7 @@ _LABELS = {
     "preemption_rate": "preemption rate",
     "seed": "seed",
     "capacity_gpus": "capacity",
+    "capacity_trace": "capacity trace",
     "chaos": "chaos",
     "chaos_seed": "chaos seed",
     "chaos_delay_s": "chaos delay",
@@ -127,6 +128,7 @@ class ServeOptions:
     chaos_delay_s: float = 65.0
     rl_price_per_gpu_hour: float | None = None  # None: $TGNB_EMULATOR_RL_PRICE, else 9.0
     rl_models: str | None = None  # extra local model dirs for /v1/rl (os.pathsep-separated)
+    capacity_trace: str | None = None  # a capacity trace file, JSON or YAML (`tgnb.emulator.trace`)
 
     @classmethod
     def of(cls, **flat: Any) -> ServeOptions:
@@ -148,9 +150,22 @@ class ServeOptions:
         return out
 
     def check(self) -> ServeOptions:
-        """`check_options` on these options; self."""
+        """`check_options` on these options, and the capacity trace file read and checked; self."""
         check_options(self.flat())
+        self.trace()
         return self
+
+    def trace(self) -> Any:
+        """The `CapacityTrace` of `capacity_trace` (None: no file); `ValidationError` naming
+        the file and the fix when it cannot be read or is not a valid trace."""
+        from tgnb.emulator.trace import load_file
+
+        if self.capacity_trace is None:
+            return None
+        try:
+            return load_file(self.capacity_trace)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
 
     def to_argv(self) -> list[str]:
         argv = []
@@ -532,6 +547,9 @@ def serve(
         fleet = Fleet(replace(options.fleet), StateStore(eh / "state"))
         if options.fleet.capacity_gpus is not None:  # over the cap a restarted state kept
             fleet.config.capacity_gpus = options.fleet.capacity_gpus
+        trace = options.trace()
+        if trace is not None:  # the same trace a restarted state kept goes on where it was
+            fleet.install_trace(trace, keep_same=True)
         chaos = Chaos(
             fraction=options.chaos, seed=options.chaos_seed, delay_s=options.chaos_delay_s
         )

@@ -10,6 +10,10 @@ the 300 s drain window last 6 s; timestamps stay on the real clock):
   becomes live with a ``TogetherNodeAdded`` event. A capacity cap (global and/or per cluster, in
   GPUs) can keep ``allocated_preemptible_gpus`` below ``desired_preemptible_gpus`` for as long as it
   is set.
+- A capacity trace (`tgnb.emulator.trace`: segments in platform time, or drawn from a seed) limits
+  preemptible GPUs as the clock advances; when it drops below what is live, the newest preemptible
+  nodes are cancelled (provisioning) or preempted (notice, drain window, removal), and when it
+  rises the target is provisioned again.
 - Lowering the target first cancels nodes still provisioning, then removes running nodes, newest
   first (``TogetherScaledDown``). Draining nodes are left to finish their drain window.
 - A preemption (admin endpoint, or a seeded random schedule at `FleetConfig.preemption_rate` per
@@ -69,6 +73,7 @@ from tgnb.emulator.models import (
     cluster_to_api,
 )
 from tgnb.emulator.store import StateStore
+from tgnb.emulator.trace import CapacityTrace, parse
 from tgnb.emulator.validation import NOT_FOUND, RequestError
 from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN
 
@@ -126,6 +131,7 @@ class Fleet:
         self._thread: threading.Thread | None = None
         #: GPUs held elsewhere under the same cap (Post-Training resources); read without a lock
         self.external_gpus: Callable[[], int] = lambda: 0
+        self.trace: CapacityTrace | None = None
         self._load()
 
     # ---- persistence -------------------------------------------------------------------------
@@ -147,12 +153,17 @@ class Fleet:
             cap is None or (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0)
         ):
             self.config.capacity_gpus = cap
+        if data.get("capacity_trace") is not None:
+            self.trace = CapacityTrace.from_dict(data["capacity_trace"])
+            if self.trace is None:
+                _log("skipping the stored capacity trace: it cannot be read back")
 
     def _save(self) -> None:
         self.store.save(
             {
                 "version": 1,
                 "capacity_gpus": self.config.capacity_gpus,
+                "capacity_trace": None if self.trace is None else self.trace.to_dict(),
                 "clusters": [c.to_dict() for c in self.clusters.values()],
             }
         )
@@ -194,7 +205,7 @@ class Fleet:
         """Apply every transition due by now; return when the next one is due (None: none planned)."""
         with self._lock:
             now = self.clock()
-            changed = False
+            changed = self._apply_trace(now)
             for c in list(self.clusters.values()):
                 changed |= self._advance_cluster(c, now)
             if changed:
@@ -211,6 +222,10 @@ class Fleet:
                     times.append(n.deadline)
                 elif n.state == RUNNING and n.preempt_at is not None:
                     times.append(n.preempt_at)
+        if self.trace is not None:
+            at = self.trace.next_change(self._trace_s(self.clock()))
+            if at is not None:
+                times.append(self.trace.started_at + self.config.real(at))
         return min(times) if times else None
 
     def _advance_cluster(self, c: ClusterState, now: float) -> bool:
@@ -266,14 +281,14 @@ class Fleet:
         label = "preemptible" if n.kind == PREEMPTIBLE else "standard"
         self._event(c, n.name, NODE_ADDED, f"{label} node {n.name} joined the cluster", t)
 
-    def _notify(self, c: ClusterState, n: NodeState, t: float) -> None:
+    def _notify(self, c: ClusterState, n: NodeState, t: float, why: str = "") -> None:
         window = self.config.real(self.config.drain_window_s)
         n.state, n.notified_at, n.deadline = DRAINING, t, t + window
         self._event(
             c,
             n.name,
             PREEMPTION_NOTIFIED,
-            f"node {n.name} will be preempted; drain window ends at {_ts(n.deadline)}",
+            f"node {n.name} will be preempted{why}; drain window ends at {_ts(n.deadline)}",
             t,
         )
         self.store.write_node_file(
@@ -322,7 +337,48 @@ class Fleet:
             left -= self.external_gpus()
         if c.capacity_gpus is not None:
             left = min(left, c.capacity_gpus - used([c]))
+        cap = self._trace_gpus(c, self.clock())
+        if cap is not None:
+            scope = [c] if self.trace and self.trace.cluster_id else list(self.clusters.values())
+            left = min(left, cap - used(scope))
         return left
+
+    # ---- the capacity trace ------------------------------------------------------------------
+    def _trace_s(self, now: float) -> float:
+        """Platform seconds since the trace started."""
+        assert self.trace is not None
+        return (now - self.trace.started_at) / self.config.time_scale
+
+    def _trace_gpus(self, c: ClusterState | None, now: float) -> int | None:
+        """The trace's limit on `c` now (None: none; `c` None: the scope the trace covers)."""
+        t = self.trace
+        if t is None or (c is not None and t.cluster_id not in (None, c.cluster_id)):
+            return None
+        return t.gpus_at(self._trace_s(now))
+
+    def _apply_trace(self, now: float) -> bool:
+        """Bring the preemptible nodes under the trace's limit: cancel the newest provisioning
+        ones, then preempt the newest running ones (at the segment's start when it is past)."""
+        t = self.trace
+        cap = self._trace_gpus(None, now)
+        if t is None or cap is None:
+            return False
+        scope = [self.clusters[t.cluster_id]] if t.cluster_id in self.clusters else []
+        if t.cluster_id is None:
+            scope = list(self.clusters.values())
+        pairs = [(c, n) for c in scope for n in c.live_nodes(PREEMPTIBLE) if n.state != DRAINING]
+        over = GPUS_PER_NODE * len(pairs) - cap
+        if over <= 0:
+            return False
+        began = t.started_at + self.config.real(t.segment_start(self._trace_s(now)) or 0.0)
+        why = f" (capacity withdrawn: {cap} preemptible GPUs available)"
+        pairs.sort(key=lambda cn: (cn[1].state != PROVISIONING, -cn[1].ready_at))
+        for c, n in pairs[: math.ceil(over / GPUS_PER_NODE)]:
+            if n.state == PROVISIONING:
+                self._remove(c, n, now, SCALED_DOWN)
+            else:
+                self._notify(c, n, min(now, max(began, n.ready_at)), why)
+        return True
 
     def _reconcile(self, c: ClusterState, now: float) -> bool:
         """Move the preemptible node count toward the target."""
@@ -500,6 +556,35 @@ class Fleet:
             for c in self.clusters.values():
                 self._reconcile(c, self.clock())
             return {"capacity_gpus": gpus, "cluster_id": cluster_id}
+
+    def set_capacity_trace(self, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Start the trace `spec` now (`tgnb.emulator.trace.parse`; None ends the trace in force)."""
+        trace = None if spec is None else parse(spec)
+        self.advance()
+        with self._changing():
+            if trace is not None and trace.cluster_id is not None:
+                self._get(trace.cluster_id)
+            self.install_trace(trace)
+            return self.capacity_trace()
+
+    def install_trace(self, trace: CapacityTrace | None, keep_same: bool = False) -> None:
+        """Make `trace` the one in force, started now (with `keep_same`, the one already in force
+        when it is the same document: a restarted daemon goes on where its trace was)."""
+        with self._changing():
+            if keep_same and trace and self.trace and self.trace.same_as(trace):
+                return
+            if trace is not None:
+                trace.started_at = self.clock()
+            self.trace = trace
+            self._apply_trace(self.clock())
+            for c in self.clusters.values():
+                self._reconcile(c, self.clock())
+
+    def capacity_trace(self) -> dict[str, Any] | None:
+        """The trace in force (its segments, where the clock is in it), or None."""
+        with self._lock:
+            t = self.trace
+            return None if t is None else t.view(self._trace_s(self.clock()))
 
     def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
         self.advance()

@@ -329,12 +329,15 @@ def check_policy(p: CheckpointPolicy) -> None:
     if p.every_steps is not None:
         _bounded("checkpoint.every_steps", p.every_steps, 1, MAX_STEPS)
     _bounded("checkpoint.keep_last", p.keep_last, 1, 1000)
-    for key in ("every_seconds", "preemptions_per_hour", "failures_per_hour", "drain_poll_seconds"):
+    if p.preemptions_source is not None and not isinstance(p.preemptions_source, str):
+        raise TrainConfigError("checkpoint.preemptions_source must be text (or left out).")
+    rates = ("preemptions_per_hour", "observed_preemptions_per_hour")
+    for key in ("every_seconds", *rates, "failures_per_hour", "drain_poll_seconds"):
         value = getattr(p, key)
-        if value is None and key == "every_seconds":
+        if value is None and key in ("every_seconds", "observed_preemptions_per_hour"):
             continue
         number = isinstance(value, int | float) and not isinstance(value, bool)
-        zero_ok = key == "preemptions_per_hour"
+        zero_ok = key in rates
         if not (number and math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
             raise TrainConfigError(
                 f"checkpoint.{key} must be a number {'>= 0' if zero_ok else 'above 0'}, "

@@ -15,7 +15,10 @@ class CheckpointPolicy:
     It weighs `failures_per_hour`, interruptions with no notice (a crash, a node lost outright: they
     lose the work since the last complete checkpoint), against `preemptions_per_hour`, those with
     one (SIGTERM, a drain: they lose nothing, but the save in flight is waited for; with both
-    `on_signal` and `watch_drain` off they count as failures). The default, one failure per ten
+    `on_signal` and `watch_drain` off they count as failures). On preemptible nodes tgnb sets
+    `observed_preemptions_per_hour` at launch from the rate the cluster's ``node_lifecycle_events``
+    show, the setting being the prior (`tgnb.cloud.rates`), and says so in `preemptions_source`;
+    `preemption_rate` is the one weighed. The default, one failure per ten
     hours of a run, is far more than hardware alone (Llama 3's 54-day run on 2,048 eight-GPU nodes
     saw 419 unexpected interruptions: one per 6,300 node-hours); raise it where runs crash more
     often. Periodic saves are asynchronous unless `async_save` is false.
@@ -30,6 +33,11 @@ class CheckpointPolicy:
     every_seconds: float | None = None
     auto: bool = False
     preemptions_per_hour: float = 1.0
+    #: Set by tgnb at launch from what the cluster observed, the setting being the prior
+    #: (`tgnb.prelaunch.observed_preemption_rate`); None: the setting is weighed.
+    observed_preemptions_per_hour: float | None = None
+    #: Where `observed_preemptions_per_hour` came from, in words.
+    preemptions_source: str | None = None
     failures_per_hour: float = 0.1
     keep_last: int = 2
     on_signal: bool = True
@@ -38,3 +46,9 @@ class CheckpointPolicy:
     requeue_on_drain: bool = True
     async_save: bool = True
     allow_fresh_start: bool = False
+
+    @property
+    def preemption_rate(self) -> float:
+        """Preemptions per hour of the run that ``auto`` weighs: observed, else the setting."""
+        observed = self.observed_preemptions_per_hour
+        return self.preemptions_per_hour if observed is None else observed

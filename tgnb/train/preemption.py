@@ -43,6 +43,7 @@ from typing import Any
 
 from tgnb.errors import CheckpointError, TrainConfigError
 from tgnb.events import (
+    CHECKPOINT_INTERVAL,
     CHECKPOINT_REJECTED,
     DRAIN_NOTICE,
     RUN_EXITED,
@@ -341,6 +342,24 @@ class CheckpointGuard:
                 **{k: v for k, v in details.items() if k in ("node", "state", "path", "notice")},
             )
 
+    def _report_interval(self, every: int) -> None:
+        """Once per start: the interval `checkpoint.auto` chose, and the rates behind it."""
+        if "interval" in self._reported or not self.step_time_s:
+            return
+        self._reported.add("interval")
+        p = self.policy
+        seconds = every * self.step_time_s
+        source = p.preemptions_source or f"{p.preemption_rate:g} preemptions per hour (the setting)"
+        self.recorder.event(
+            CHECKPOINT_INTERVAL,
+            f"checkpoint every {every} steps ({seconds:.0f} s): {source}",
+            every_steps=every,
+            every_s=round(seconds, 3),
+            preemptions_per_hour=p.preemption_rate,
+            failures_per_hour=p.failures_per_hour,
+            source="setting" if p.observed_preemptions_per_hour is None else "observed",
+        )
+
     def _periodic_due(self, step: int) -> bool:
         p = self.policy
         last = self.saver.last_step if self.saver else 0
@@ -355,9 +374,10 @@ class CheckpointGuard:
                 nbytes = sum(t.numel() * t.element_size() * 3 for t in params if t.requires_grad)
                 stall = nbytes / _ASSUMED_STAGE_BPS
             write = (write or stall) if p.async_save else 0.0  # a sync save is never in flight
-            notices = p.preemptions_per_hour if p.on_signal or p.watch_drain else 0.0
-            failures = p.failures_per_hour + p.preemptions_per_hour - notices  # unseen: failures
+            notices = p.preemption_rate if p.on_signal or p.watch_drain else 0.0
+            failures = p.failures_per_hour + p.preemption_rate - notices  # unseen: failures
             every = ck.young_daly_steps(self.step_time_s, stall, failures, write, notices)
+            self._report_interval(every)
             return step - last >= every
         return False
 
