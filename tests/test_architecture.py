@@ -16,6 +16,9 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
 - ``batch`` (papermill sweeps) and ``demo``: scripts over a `Session`.
 - ``session``: the attached cluster, its backend and the run store.
 - ``backends`` (workload plane) and ``posttraining`` (managed plane).
+- ``connection``: where the platform answers, Together or the local emulator (its peer), and the
+  emulator-only operations; the one module of the product that starts, finds or talks to
+  ``tgnb.emulator`` (with the local backend, which runs processes on its nodes: `EMULATOR_SEAMS`).
 - ``cloud`` (control plane over the ``together`` SDK) and ``emulator`` (the platform's stand-in,
   served over HTTP; its admin client is used by the planes above).
 - ``train``: the runtime on the node.
@@ -26,6 +29,10 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
   the run store; the backends and the training runtime depend on it, never the reverse.
 - ``events``, ``errors`` (and ``progress``, text bars); ``markup`` (the one escaping function of
   every rendered string); then ``config``.
+
+The emulator's own units (``tgnb.emulator.*``) may import each other; outside it, only
+`EMULATOR_SEAMS` import it. ``cli`` dispatches ``tgnb emulator ...`` to ``tgnb.emulator.cli`` by
+module name (the entry point, through importlib, not an import statement).
 
 A new subpackage must be added to `LAYERS` before its imports are checked: the test says so. An
 exception to the rule goes in `ALLOWED` (`ALLOWED_CYCLES` for a circle) with the
@@ -50,6 +57,7 @@ LAYERS: list[set[str]] = [
     {"session"},
     {"prelaunch"},  # what Session.launch makes of its arguments, and the launch-time checks
     {"backends", "posttraining", "tinker"},  # tinker: the Tinker layer over Post-Training
+    {"connection"},  # Together or the local emulator: the one way to the emulator (issue 25)
     {"cloud", "emulator"},
     {"train"},
     {"tasks"},
@@ -61,6 +69,10 @@ LAYERS: list[set[str]] = [
 
 #: (file relative to the package, imported module) -> why this import may go against the planes.
 ALLOWED: dict[tuple[str, str], str] = {}
+
+#: The only product code outside the emulator that imports it: the connection module, and the
+#: local backend (a package), which runs processes on the emulator's nodes (issue 25).
+EMULATOR_SEAMS = ("tgnb.connection", "tgnb.backends.local")
 
 #: The modules of a circle (lazy imports that call each other back) -> why it is sound.
 ALLOWED_CYCLES: dict[frozenset[str], str] = {}
@@ -170,6 +182,34 @@ def test_imports_go_down_the_planes() -> None:
     )
 
 
+def _seam(module: str) -> bool:
+    return any(module == s or module.startswith(s + ".") for s in EMULATOR_SEAMS)
+
+
+def emulator_imports(module: str, source: str | None = None) -> list[str]:
+    """Where `module` (or `source`, read as its text) imports tgnb.emulator against the rule."""
+    if module == "tgnb.emulator" or module.startswith("tgnb.emulator.") or _seam(module):
+        return []
+    rel = str(MODULES[module].relative_to(PACKAGE))
+    return [
+        f"tgnb/{rel}:{line} imports {target}"
+        for target, line, _ in imports(module, source)
+        if (target == "tgnb.emulator" or target.startswith("tgnb.emulator."))
+        and (rel, target) not in ALLOWED
+    ]
+
+
+def test_only_the_connection_and_the_local_backend_import_the_emulator() -> None:
+    """The emulator is a peer of the Together API, not a mode of the product (ARCHITECTURE.md):
+    the rest of the product reaches it through `tgnb.connection` (its `Endpoint.emulator`)."""
+    wrong = [w for module in MODULES for w in emulator_imports(module)]
+    assert not wrong, (
+        "only tgnb/connection.py and tgnb/backends/local/ may import tgnb.emulator (go through "
+        "tgnb.connection, or move a shared constant down to tgnb/config.py or tgnb/tasks/):\n"
+        + "\n".join(wrong)
+    )
+
+
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -248,3 +288,13 @@ def test_the_checks_can_fail() -> None:
     assert plane("notebook") < plane("session") < plane("backends") < plane("runs")  # type: ignore[operator]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+    lazy = "def f():\n    from tgnb.emulator.admin import AdminClient\n"
+    assert emulator_imports("tgnb.session", lazy) == [
+        "tgnb/session.py:2 imports tgnb.emulator.admin"
+    ]
+    assert emulator_imports("tgnb.posttraining.resource", "from tgnb import emulator\n") == [
+        "tgnb/posttraining/resource.py:1 imports tgnb.emulator"
+    ]
+    assert emulator_imports("tgnb.connection", lazy) == []
+    assert emulator_imports("tgnb.backends.local.backend", lazy) == []
+    assert plane("posttraining") < plane("connection") < plane("cloud")  # type: ignore[operator]

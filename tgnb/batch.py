@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _owner_token() -> Iterator[str]:
     """``$TGNB_EMULATOR_OWNER`` for the notebooks' kernels: an emulator they start is this
     command's, which it may restart (other options asked) and stop (``--stop``)."""
-    from tgnb.emulator.daemon import OWNER_ENV
+    from tgnb.config import EMULATOR_OWNER_ENV as OWNER_ENV
 
     before = os.environ.get(OWNER_ENV)
     os.environ[OWNER_ENV] = before or secrets.token_hex(8)
@@ -319,22 +319,22 @@ def _owner_token() -> Iterator[str]:
 
 def _stop_own(home: Path | None, owner: str) -> None:
     """``--stop``: stop the emulator (and its runs) if this command started it, else say why not."""
-    from tgnb.emulator import daemon
+    from tgnb import connection
 
-    st = daemon.status(home)
-    if not st.running:
+    found = connection.find(home)
+    if found is None:
         return
-    if st.owner != owner:
+    if found.owner != owner:
         print(
-            f"left the local emulator on {st.base_url} running: this command did not start it "
-            "(`tgnb emulator stop` stops it)",
+            f"left the local emulator on {found.base_url} running: this command did not start "
+            "it (`tgnb emulator stop` stops it)",
             flush=True,
         )
         return
     from tgnb.session import shutdown_local
 
     shutdown_local(home)
-    print(f"stopped the local emulator on {st.base_url}", flush=True)
+    print(f"stopped the local emulator on {found.base_url}", flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -205,6 +205,11 @@ class Secret:
         return hash(self._value)
 
 
+#: Set for the kernels a command starts (``tgnb notebooks run``): a local emulator they start is
+#: that command's, which it may restart with other options and stop (`tgnb.emulator.daemon`).
+EMULATOR_OWNER_ENV = "TGNB_EMULATOR_OWNER"
+
+
 def default_home() -> Path:
     return Path(os.environ.get("TGNB_HOME") or Path.home() / ".tgnb").expanduser()
 

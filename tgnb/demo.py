@@ -98,9 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out = Printer()
     ctype = "SLURM" if args.slurm else "KUBERNETES"
-    from tgnb.emulator import daemon
+    from tgnb import connection
 
-    ours = not daemon.status(args.home).running  # --stop stops only an emulator started here
+    ours = not connection.running(args.home)  # --stop stops only an emulator started here
     try:
         session = attach(local=True, home=args.home, cluster_type=ctype, time_scale=args.time_scale)
     except TgnbError as exc:
@@ -222,15 +222,7 @@ def _follow(
 
 
 def _time_scale(session: Any) -> float | None:
-    import httpx
-
-    from tgnb.emulator.admin import AdminClient
-
-    try:
-        with AdminClient(session.cloud.base_url, session.cloud.settings.api_key, 5.0) as admin:
-            return float(admin.health()["time_scale"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return None
+    return None if session.emulator is None else session.emulator.time_scale()
 
 
 def _first(evs: list[Event], reason: str) -> Any:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.config import Settings
-from tgnb.errors import EmulatorError, NotFoundError, TgnbError, ValidationError
+from tgnb.connection import REMOTE_POLL, Emulator
+from tgnb.errors import NotFoundError, TgnbError, ValidationError
 from tgnb.events import MAX_DURATION, Event, dedupe, parse_duration, parse_time, utcnow
 from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 
 #: The cluster `attach()` creates on the local emulator when none is named.
 DEMO_CLUSTER = "tgnb-demo"
-#: Platform time runs this many times faster on an emulator `attach()` starts (300 s -> 6 s).
-DEFAULT_TIME_SCALE = 0.02
 
 
 def parse_since(since: datetime | timedelta | str | float | None) -> datetime | None:
@@ -71,7 +70,10 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Session:
-    """One attached cluster (`cluster`, through `cloud`), its `backend` and the run `store`."""
+    """One attached cluster (`cluster`, through `cloud`), its `backend` and the run `store`.
+
+    `emulator`: the emulator-only operations (`tgnb.connection.Emulator`) when the cluster is on
+    the local emulator, else None; `poll`: seconds between status reads while waiting."""
 
     def __init__(
         self,
@@ -81,8 +83,12 @@ class Session:
         store: RunStore | None = None,
         backend: str | Backend | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        emulator: Emulator | None = None,
+        poll: float = REMOTE_POLL,
     ) -> None:
         self.cloud = cloud
+        self.emulator = emulator
+        self.poll = poll
         self.cluster = cluster
         self.home = cloud.settings.home
         self.store = store or RunStore(self.home)
@@ -125,10 +131,6 @@ class Session:
             )
         return self._backend
 
-    @property
-    def is_local(self) -> bool:
-        return self.backend_name == "local"
-
     # -- the cluster ---------------------------------------------------------------------------
 
     def status(self) -> ClusterState:
@@ -147,33 +149,23 @@ class Session:
         state = self.cluster.scale(preemptible)
         if not wait:
             return state
-        poll = poll if poll is not None else (0.5 if self.is_local else 10.0)
+        poll = poll if poll is not None else self.poll
         return self.cluster.wait_for_capacity(timeout=timeout, poll=poll, callback=callback)
 
     def preempt(self, node: str | None = None) -> Preemption:
         """Emulator only: preempt `node` (default: the oldest running preemptible node) now; the
         node, when its notice came and when it goes away."""
-        if not self.is_local:
+        if self.emulator is None:
             raise ValidationError(
                 "preempt works only on the local emulator: Together preempts real nodes itself"
             )
-        import httpx
-
-        from tgnb.emulator.admin import AdminClient
-
-        with AdminClient(self.cloud.base_url, self.cloud.settings.api_key) as admin:
-            try:
-                return Preemption.from_view(admin.preempt(self.cluster.id, node))
-            except httpx.HTTPStatusError as exc:
-                raise ValidationError(self._preempt_refused(node, exc.response)) from None
-
-    def _preempt_refused(self, node: str | None, response: Any) -> str:
-        """The emulator's refusal in words (its message, not its JSON) and the nodes to choose."""
         try:
-            message = str(response.json().get("message") or "")
-        except (ValueError, AttributeError):
-            message = ""
-        message = message or f"the emulator answered {response.status_code}"
+            return Preemption.from_view(self.emulator.preempt(self.cluster.id, node))
+        except ValidationError as exc:
+            raise ValidationError(self._preempt_refused(node, str(exc))) from None
+
+    def _preempt_refused(self, node: str | None, message: str) -> str:
+        """The emulator's refusal in words (its message, not its JSON) and the nodes to choose."""
         try:
             running = [n.name for n in self.status().preemptible_nodes if n.status == "Ready"]
         except TgnbError:
@@ -338,7 +330,7 @@ class Session:
 
 def attach(
     name_or_id: str | None = None,
-    local: bool = False,
+    local: bool | None = None,
     *,
     home: str | os.PathLike[str] | None = None,
     create: bool | None = None,
@@ -350,21 +342,24 @@ def attach(
 ) -> Session:
     """Attach to a cluster by name or id and return a `Session`.
 
-    With `local`, or with no ``TOGETHER_API_KEY``, the local emulator daemon is started (or the
-    running one reused, under the tgnb home) and the session attaches to `name_or_id` there; with
-    no name, to the demo cluster ``tgnb-demo`` (``tgnb-demo-slurm`` for a SLURM `cluster_type`),
-    created if it does not exist. `create=True` creates a missing named cluster on the emulator.
-    A daemon started here runs with `time_scale` (default 0.02) and is announced once on stdout;
-    a running one is reused when `time_scale` is None or matches it (else `EmulatorMismatchError`,
-    unless the current command started it: then it is restarted). `start=False` starts nothing:
-    `EmulatorError` when no emulator runs.
+    Where (the default `tgnb.post_training` shares, `tgnb.connection.wants_local`): with no
+    ``TOGETHER_API_KEY`` set, or with `local` True, the local emulator daemon is started (or the
+    running one reused, under the tgnb home); with a key, or `local` False, Together. On the
+    emulator, with no name, the session attaches to the demo cluster ``tgnb-demo``
+    (``tgnb-demo-slurm`` for a SLURM `cluster_type`), created if it does not exist;
+    `create=True` creates a missing named cluster there. A daemon started here runs with
+    `time_scale` (default 0.02) and is announced once on stdout; a running one is reused when
+    `time_scale` is None or matches it (else `EmulatorMismatchError`, unless the current command
+    started it: then it is restarted). `start=False` starts nothing: `EmulatorError` when no
+    emulator runs.
     """
+    from tgnb import connection
     from tgnb.cloud import Cloud
 
     settings = Settings.from_env()
     if home is not None:
         settings = Settings(settings.api_key, settings.project_id, settings.base_url, Path(home))
-    if not (local or settings.api_key is None):
+    if not connection.wants_local(local, settings):
         cloud = Cloud(settings)
         if name_or_id is None:
             states = cloud.clusters()
@@ -377,35 +372,11 @@ def attach(
         return Session(
             cloud, cloud.attach(name_or_id), backend=backend, backend_options=backend_options
         )
-    from tgnb.emulator import daemon
-    from tgnb.emulator.models import DEFAULT_PROJECT_ID
-
-    st = daemon.status(settings.home)
-    if not start and not st.running:
-        raise EmulatorError(
-            f"no local emulator runs for {st.home}: start it with `tgnb emulator start` "
-            "(or attach from a notebook: `%tg attach --local`)"
-        )
-    if time_scale is not None or not st.running:
-        was = st
-        asked = daemon.ServeOptions.of(
-            time_scale=DEFAULT_TIME_SCALE if time_scale is None else time_scale
-        )
-        st, started = daemon.start(
-            settings.home, asked, asked=["time_scale"] if time_scale is not None else []
-        )
-        if started:
-            again = "restarted" if was.running else "started"
-            print(
-                f"{again} the local emulator on {st.base_url} (time scale "
-                f"{(st.options or {}).get('time_scale', asked.fleet.time_scale):g}); "
-                "`tgnb emulator stop` stops it"
-            )
-    key = st.api_key.get() if st.api_key else None
+    end = connection.connect(True, time_scale=time_scale, start=start, settings=settings)
     cloud = Cloud(
-        Settings(None, settings.project_id or DEFAULT_PROJECT_ID, st.base_url, settings.home),
-        api_key=key,
-        base_url=st.base_url,
+        Settings(None, end.project_id, end.base_url, end.home),
+        api_key=end.api_key.get() if end.api_key else None,
+        base_url=end.base_url,
     )
     default = DEMO_CLUSTER if cluster_type.upper() == "KUBERNETES" else f"{DEMO_CLUSTER}-slurm"
     target = name_or_id or default
@@ -415,16 +386,23 @@ def attach(
         if not (create or (create is None and name_or_id is None)):
             raise
         cluster = cloud.create(target, cluster_type=cluster_type.upper())
-    return Session(cloud, cluster, backend=backend, backend_options=backend_options)
+    return Session(
+        cloud,
+        cluster,
+        backend=backend,
+        backend_options=backend_options,
+        emulator=end.emulator,
+        poll=end.poll,
+    )
 
 
 def shutdown_local(home: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> None:
     """Stop what runs on the local emulator of `home`: its unfinished runs (their supervisors are
     detached, so they would outlive the daemon), then the emulator daemon itself."""
-    from tgnb.emulator import daemon
+    from tgnb import connection
 
     path = Path(home) if home is not None else Settings.from_env().home
-    if not daemon.status(path).running:
+    if not connection.running(path):
         return
     try:
         session = attach(local=True, home=path)
@@ -433,7 +411,7 @@ def shutdown_local(home: str | os.PathLike[str] | None = None, timeout: float = 
                 run.stop()
                 run.wait(timeout=timeout)
     finally:
-        daemon.stop(path)
+        connection.stop(path)
 
 
 @dataclass(frozen=True)

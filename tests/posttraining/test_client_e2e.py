@@ -44,7 +44,7 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     from together.post_training import AdamParams
 
     pt = tgnb.post_training(local=True, home=emu.home)
-    assert pt.conn.local and pt.base_url == emu.base_url
+    assert pt.conn.emulator is not None and pt.base_url == emu.base_url
     assert MODEL in [m.name for m in pt.models()]
 
     res = pt.start(MODEL, generators=1, inactive_timeout=900)
@@ -194,7 +194,7 @@ def test_native_clients_tracked_and_the_remote_mode(
     for key, value in emu.env.items():
         monkeypatch.setenv(key, value)
     pt = tgnb.post_training(local=False)
-    assert not pt.conn.local and pt.base_url == emu.base_url
+    assert pt.conn.emulator is None and pt.base_url == emu.base_url
     with ModelResourcesClient.create(
         base_model=MODEL, compute_config={"num_generator_replicas": 0}, interval=0.2
     ) as mr:

@@ -42,7 +42,7 @@ from tgnb.backends.base import EXIT_PREEMPTED
 from .conftest import torchrun, worker_pids
 
 STEPS = 14
-GLOBAL_BATCH = 16  # TINY_DEFAULTS["dpo"]["per_device_train_batch_size"] x 2 ranks
+GLOBAL_BATCH = 16  # TINY_TUNING.trl["dpo"]["per_device_train_batch_size"] x 2 ranks
 LOSS_TOL = 1e-6
 WEIGHT_TOL = 1e-6
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from tgnb.config import Secret, default_home, register_secret
+from tgnb.config import EMULATOR_OWNER_ENV, Secret, default_home, register_secret
 from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.fleet import FleetConfig
 from tgnb.emulator.models import DEFAULT_PROJECT_ID
@@ -47,7 +47,7 @@ from tgnb.errors import EmulatorError, EmulatorMismatchError, ValidationError
 KEY_ENV = "TGNB_EMULATOR_API_KEY"
 #: A token naming the command that starts the daemon (``tgnb notebooks run`` sets one for its
 #: kernels): a daemon whose owner is the caller's may be restarted or stopped by it.
-OWNER_ENV = "TGNB_EMULATOR_OWNER"
+OWNER_ENV = EMULATOR_OWNER_ENV
 RL_PRICE_ENV = "TGNB_EMULATOR_RL_PRICE"  # $ per GPU-hour of Post-Training resources (default 9)
 HOST = "127.0.0.1"
 #: How `differences` names the options a running emulator was asked for, with the fix's flag.

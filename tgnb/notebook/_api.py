@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from tgnb.session import Preemption, Session
 
 
-def attach(target: str | None, local: bool = False, time_scale: float | None = None) -> Session:
+def attach(
+    target: str | None, local: bool | None = None, time_scale: float | None = None
+) -> Session:
     """`tgnb.session.attach(name_or_id, local=, time_scale=)`: the Session the magics work on."""
     from tgnb.session import attach as _attach
 

@@ -207,8 +207,7 @@ class PtCommands:
     def _do_connect(self, args: Any) -> None:
         pt = self.handle(remote=args.remote)
         self.resource = None
-        where = "the local emulator" if pt.conn.local else "Together"
-        print(f"Post-Training: {where} at {pt.conn.base_url}")
+        print(f"Post-Training: {pt.conn.where} at {pt.conn.base_url}")
 
     def _do_models(self, args: Any) -> Table:
         rows = [

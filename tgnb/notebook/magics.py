@@ -220,8 +220,9 @@ class Tg(Magics):
     # -- subcommands ---------------------------------------------------------------------------
     def _do_attach(self, args: Any, cell: str | None) -> Any:
         target = args.cluster or self.default_cluster or None
-        session = self.session = _api.attach(target, local=args.local, time_scale=args.time_scale)
-        if session.is_local:
+        local = args.local or None  # no --local: the key decides (tgnb.attach's default)
+        session = self.session = _api.attach(target, local=local, time_scale=args.time_scale)
+        if session.emulator is not None:
             print(f"attached to the local emulator at {session.cloud.base_url}")
         return session
 

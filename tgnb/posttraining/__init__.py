@@ -1,8 +1,9 @@
 """The Together Post-Training API from Python and the notebook, over the SDK's
-``together.post_training`` clients (the local emulator by default)::
+``together.post_training`` clients (the local emulator when no ``TOGETHER_API_KEY`` is set, else
+Together: the default `tgnb.attach` shares)::
 
     import tgnb
-    pt = tgnb.post_training(local=True)       # or post_training(local=False): TOGETHER_API_KEY
+    pt = tgnb.post_training()    # local=True: always the emulator; local=False: always Together
     res = pt.start("tgnb/tiny-llama", generators=1, inactive_timeout=900)
     sess = res.open_session(lora={"rank": 8, "alpha": 16}, name="lr-1e-4")
     sess.trainer.forward_backward(...); sess.trainer.optim_step(...)   # the SDK's own objects

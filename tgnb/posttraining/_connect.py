@@ -1,53 +1,56 @@
 """Where the Post-Training API answers and with which key, and the SDK errors it can raise,
 translated to `tgnb.errors` with the key scrubbed.
 
-`connect(local=True)` starts (or reuses) the local emulator daemon of the tgnb home and points the
-SDK at it; `connect(local=False)` reads ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL`` as the SDK does.
-``together`` is imported inside functions, so ``import tgnb`` stays light.
+`connect` finds where the API answers through `tgnb.connection` (the default `tgnb.attach` shares:
+the local emulator when no ``TOGETHER_API_KEY`` is set, else Together; ``local=True`` the
+emulator, ``local=False`` Together as the SDK reads its environment). ``together`` is imported
+inside functions, so ``import tgnb`` stays light.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from tgnb import connection
 from tgnb.cloud.client import (
     DEFAULT_BASE_URL,
     normalize_base_url,
     raise_translated,
     server_message,
 )
-from tgnb.config import Secret, Settings, register_secret, scrub
-from tgnb.errors import ApiError, ConfigError, NotFoundError, TgnbError, ValidationError
+from tgnb.config import Secret, register_secret, scrub
+from tgnb.connection import Emulator
+from tgnb.errors import ApiError, NotFoundError, TgnbError, ValidationError
 
 if TYPE_CHECKING:
     from together import Together
 
 T = TypeVar("T")
 
-#: Seconds between the SDK's status polls while a resource or session comes up (local: short).
-LOCAL_INTERVAL = 0.25
-#: Platform time scale of an emulator started here (as `tgnb.attach(local=True)`'s): provisioning
-#: and inactivity timeouts run 50x faster than on the service; `res.extend()` keeps a resource up.
-LOCAL_TIME_SCALE = 0.02
-REMOTE_INTERVAL = 10.0
-
 
 @dataclass
 class Connection:
-    """The API root (no ``/v1``), its key, and whether it is the local emulator."""
+    """The API root (no ``/v1``), its key, the tgnb home, the seconds between the SDK's status
+    polls while a resource or session comes up, and the emulator's own operations (None on the
+    service). `seen_ready`: when this connection saw each resource become READY (the real API
+    does not report it)."""
 
     base_url: str
     api_key: Secret = field(repr=False)
-    local: bool
     home: Path
+    interval: float = connection.REMOTE_POLL
+    emulator: Emulator | None = None
+    seen_ready: dict[str, datetime] = field(default_factory=dict, repr=False)
     _client: Any = field(default=None, repr=False)
 
     @property
-    def interval(self) -> float:
-        return LOCAL_INTERVAL if self.local else REMOTE_INTERVAL
+    def where(self) -> str:
+        """``the local emulator`` or ``Together``."""
+        return "the local emulator" if self.emulator is not None else "Together"
 
     def native(self) -> dict[str, Any]:
         """The ``api_key=`` / ``base_url=`` keywords of the SDK's native clients."""
@@ -79,45 +82,16 @@ class Connection:
 
 
 def connect(
-    local: bool = True, *, home: str | Path | None = None, time_scale: float | None = None
+    local: bool | None = None, *, home: str | Path | None = None, time_scale: float | None = None
 ) -> Connection:
-    """A `Connection` to the local emulator (started if needed) or to the real service."""
-    settings = Settings.from_env()
-    if home is not None:
-        settings = Settings(
-            settings.api_key, settings.project_id, settings.base_url, Path(home).expanduser()
-        )
-    if not local:
-        if settings.api_key is None or not settings.api_key:
-            raise ConfigError(
-                "no TOGETHER_API_KEY is set: export it, or use tgnb.post_training(local=True) "
-                "for the local emulator"
-            )
-        register_secret(settings.api_key.get())
-        base = normalize_base_url(settings.base_url) or DEFAULT_BASE_URL
-        return Connection(base, settings.api_key, False, settings.home)
-    from tgnb.emulator import daemon
-
-    # As `tgnb.attach`: a daemon already running for this home is reused whatever its time scale
-    # unless one is asked; a mismatch with an asked one restarts it only if this command started it.
-    st = daemon.status(settings.home)
-    if time_scale is not None or not st.running:
-        was = st.running
-        options = daemon.ServeOptions.of(
-            time_scale=LOCAL_TIME_SCALE if time_scale is None else time_scale
-        )
-        st, started = daemon.start(
-            settings.home, options, asked=["time_scale"] if time_scale is not None else []
-        )
-        if started:
-            print(
-                f"{'restarted' if was else 'started'} the local emulator on {st.base_url} "
-                f"(time scale {(st.options or {}).get('time_scale', options.fleet.time_scale):g}); "
-                "`tgnb emulator stop` stops it"
-            )
-    if not (st.base_url and st.api_key):
-        raise ConfigError(f"the local emulator under {st.home} did not say where it answers")
-    return Connection(st.base_url, st.api_key, True, settings.home)
+    """A `Connection` to the local emulator (started if needed) or to the real service
+    (`tgnb.connection.connect`: the same default as `tgnb.attach`)."""
+    end = connection.connect(local, home=home, time_scale=time_scale)
+    assert end.api_key is not None  # connect refuses a missing key
+    if end.emulator is None:
+        register_secret(end.api_key.get())
+    base = normalize_base_url(end.base_url) or DEFAULT_BASE_URL
+    return Connection(base, end.api_key, end.home, end.poll, end.emulator)
 
 
 def _status_label(status: str | None) -> str:

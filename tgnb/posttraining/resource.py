@@ -29,19 +29,15 @@ from tgnb.posttraining.session import TrainingSession
 if TYPE_CHECKING:
     from together.post_training import ModelResourcesClient
 
-#: When this process saw each resource become READY (the real API does not report it).
-_SEEN_READY: dict[str, datetime] = {}
-
 
 class PostTraining:
-    """The Post-Training API of one connection: ``tgnb.post_training(local=True)``."""
+    """The Post-Training API of one connection: ``tgnb.post_training()``."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
     def __repr__(self) -> str:
-        where = "local emulator" if self.conn.local else "Together"
-        return f"<PostTraining {where} at {self.conn.base_url}>"
+        return f"<PostTraining {self.conn.where.removeprefix('the ')} at {self.conn.base_url}>"
 
     @property
     def base_url(self) -> str:
@@ -67,7 +63,7 @@ class PostTraining:
             raise ValidationError(
                 f"base_model={name!r}: give a model name (pt.models() lists them)"
             )
-        if self.conn.local:
+        if self.conn.emulator is not None:
             try:
                 return AutoTokenizer.from_pretrained(name, local_files_only=True)
             except OSError:
@@ -131,7 +127,7 @@ class PostTraining:
             ),
             f"start a model resource for {base_model}",
         )
-        _SEEN_READY.setdefault(client.model_resources_id, utcnow())
+        self.conn.seen_ready.setdefault(client.model_resources_id, utcnow())
         return Resource(self.conn, client)
 
     def attach(self, resource_id: str) -> Resource:
@@ -232,7 +228,7 @@ class Resource:
         )
         self._last = ResourceInfo.from_sdk(r)
         if self._last.status == "READY":
-            _SEEN_READY.setdefault(self.id, utcnow())
+            self.conn.seen_ready.setdefault(self.id, utcnow())
         return self._last
 
     @property
@@ -358,18 +354,8 @@ class Resource:
     def usage(self) -> dict[str, Any] | None:
         """The local emulator's usage report (READY/STOPPED times, GPUs, GPU-minutes); None on
         the real service, which does not report it."""
-        if not self.conn.local:
-            return None
-        import httpx
-
-        from tgnb.emulator.admin import AdminClient
-
-        try:
-            with AdminClient(self.conn.base_url, self.conn.api_key) as admin:
-                body: Any = admin.rl_usage(self.id)
-        except httpx.HTTPError:
-            return None
-        return body if isinstance(body, dict) else None
+        emulator = self.conn.emulator
+        return None if emulator is None else emulator.usage(self.id)
 
     def price(self) -> tuple[float, str]:
         if self._price is None:
@@ -387,7 +373,7 @@ class Resource:
         ready = _time(usage.get("ready_at"))
         estimated = ready is None
         if ready is None:
-            ready = _SEEN_READY.get(self.id) or info.created_at
+            ready = self.conn.seen_ready.get(self.id) or info.created_at
         stopped = _time(usage.get("stopped_at"))
         if stopped is None and not info.active:
             stopped = info.updated_at
@@ -418,7 +404,7 @@ class Resource:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session
         started/stopped/expired/error, checkpoints), for ``tgnb.timeline``."""
         info = self.info()
-        return all_events(info, self.sessions(), self.usage(), _SEEN_READY.get(self.id))
+        return all_events(info, self.sessions(), self.usage(), self.conn.seen_ready.get(self.id))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stop(self, force: bool = False) -> ResourceInfo:
@@ -459,11 +445,12 @@ class Resource:
 
 
 def post_training(
-    local: bool = True, *, home: str | Path | None = None, time_scale: float | None = None
+    local: bool | None = None, *, home: str | Path | None = None, time_scale: float | None = None
 ) -> PostTraining:
-    """The Post-Training API: ``local=True`` starts (or reuses) the local emulator of the tgnb home
-    and points the SDK at it; ``local=False`` uses ``TOGETHER_API_KEY`` and
-    ``TOGETHER_BASE_URL`` as the SDK does."""
+    """The Post-Training API, where `tgnb.attach` goes by the same default: with no
+    ``TOGETHER_API_KEY`` set, or ``local=True``, the local emulator of the tgnb home (started, or
+    the running one reused) with the SDK pointed at it; with a key, or ``local=False``, Together,
+    through ``TOGETHER_API_KEY`` and ``TOGETHER_BASE_URL`` as the SDK reads them."""
     return PostTraining(connect(local, home=home, time_scale=time_scale))
 
 

@@ -49,7 +49,7 @@ def cluster_json(state: ClusterState, session: Session | None = None) -> dict[st
     }
     if session is not None:
         out["backend"] = session.backend_name
-        out["local"] = session.is_local
+        out["local"] = session.emulator is not None
     return plain_json(out)
 
 

@@ -86,7 +86,8 @@ class Cockpit:
             return self._attach(cluster, local=local, start=start)
         from tgnb.session import attach
 
-        return attach(cluster, local=local, start=start)
+        # local False: not asked for, so the key decides (the default of `tgnb.attach`)
+        return attach(cluster, local=local or None, start=start)
 
     def attach(self, cluster: str | None, local: bool | None = None) -> Session:
         """Attach to another cluster (by name or id); the feed starts again from its history."""

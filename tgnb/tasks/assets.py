@@ -20,6 +20,8 @@ from typing import Any
 from tgnb.config import default_home
 
 TINY = "tiny"
+#: The name the Post-Training API lists the tiny model under (the emulator's model catalogue).
+TINY_NAME = "tgnb/tiny-llama"
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]

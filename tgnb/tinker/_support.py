@@ -225,10 +225,8 @@ def load_tokenizer(name: str) -> Any:
         cached = None
     if isinstance(cached, str):
         return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    from tgnb.emulator.rl.catalog import TINY_NAME
+    from tgnb.tasks.assets import TINY_NAME, build_tokenizer
 
     if name == TINY_NAME:
-        from tgnb.tasks.assets import build_tokenizer
-
         return build_tokenizer()
     return AutoTokenizer.from_pretrained(name)

@@ -29,53 +29,35 @@ from typing import Any
 from tgnb.errors import TrainConfigError
 from tgnb.tasks import assets, data, rewards
 from tgnb.tasks.config import DEFAULT_REWARDS, TrainConfig
+from tgnb.tasks.tuning import tuning
 from tgnb.train.record import Recorder, rank
 from tgnb.train.validate import trl_config_class, validate
-
-#: TRL options for the built-in tiny model on the built-in tasks: a large learning rate, one-token
-#: answers (the built-in answers are single digits), 8 prompts x 8 generations per step. Tuned so
-#: that correctness (not only the format) is learnt within about 100 steps: at 5e-3 the policy
-#: collapses onto the most frequent answer before it learns to read the question.
-TINY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "grpo": {
-        "learning_rate": 2e-3,
-        "num_generations": 8,
-        "per_device_train_batch_size": 64,
-        "max_completion_length": 1,
-        "temperature": 1.0,
-    },
-    # DPO: rewards/accuracies goes from about 0.65 to 0.89 in 60 steps (5e-3 oscillates)
-    "dpo": {"learning_rate": 1e-3, "per_device_train_batch_size": 8, "max_length": 32},
-    # SFT on prompt/completion: the loss on the one-token answers falls within about 50 steps
-    "sft": {"learning_rate": 1e-3, "per_device_train_batch_size": 8, "max_length": 32},
-}
-
-#: Weights of the default rewards [correctness, format] for tiny: the format reward is a small
-#: shaping term, so that answering right dominates the mean reward.
-DEFAULT_REWARD_WEIGHTS = (1.0, 0.1)
 
 
 def training_kwargs(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
     """Keyword arguments for ``GRPOConfig``/``DPOConfig`` before the guard adds its own: our
-    defaults (CPU-friendly when there is no GPU; tuned ones for ``tiny``), then ``cfg.trl``."""
+    defaults (CPU-friendly when there is no GPU; a built-in model's `tgnb.tasks.tuning`), then
+    ``cfg.trl``."""
     kwargs: dict[str, Any] = {"logging_steps": 1, "report_to": "none", "disable_tqdm": True}
     if not cuda:
         kwargs.update(use_cpu=True, bf16=False)
-    tiny = cfg.model == assets.TINY
-    if tiny:
-        kwargs.update(TINY_DEFAULTS[cfg.algorithm])
+    tune = tuning(cfg.model)
+    if tune is not None:
+        kwargs.update(tune.trl.get(cfg.algorithm, {}))
     if not {"gradient_checkpointing", "activation_checkpointing"} & set(cfg.trl):
         # transformers 5 renamed gradient_checkpointing (TRL defaults it to True; the old name
-        # warns): keep TRL's default under the new name, and turn it off for tiny
+        # warns): keep TRL's default under the new name, unless the model's tuning says
+        ckpt = None if tune is None else tune.activation_checkpointing
         fields = {f.name: f for f in dataclasses.fields(trl_config_class(cfg.algorithm))}
         if "activation_checkpointing" in fields:
             kwargs["activation_checkpointing"] = (
-                False if tiny else fields["gradient_checkpointing"].default
+                ckpt if ckpt is not None else fields["gradient_checkpointing"].default
             )
-        elif tiny:
-            kwargs["gradient_checkpointing"] = False
-    if tiny and cfg.algorithm == "grpo" and cfg.rewards == DEFAULT_REWARDS:
-        kwargs["reward_weights"] = list(DEFAULT_REWARD_WEIGHTS)
+        elif ckpt is not None:
+            kwargs["gradient_checkpointing"] = ckpt
+    weights = None if tune is None else tune.reward_weights
+    if weights and cfg.algorithm == "grpo" and cfg.rewards == DEFAULT_REWARDS:
+        kwargs["reward_weights"] = list(weights)
     kwargs.update(cfg.trl)
     kwargs.update(max_steps=cfg.max_steps, seed=cfg.seed)
     return kwargs
@@ -176,8 +158,9 @@ def run(cfg: TrainConfig) -> int:
         Recorder(run_dir, cfg.name).close()  # the run directory, before run.yaml
         cfg.dump(run_dir / "run.yaml")
     set_seed(cfg.seed)
-    if cfg.model == assets.TINY and not torch.cuda.is_available():
-        torch.set_num_threads(1)  # tiny matmuls gain nothing from threads; on a busy CPU they lose
+    tune = tuning(cfg.model)
+    if tune is not None and tune.cpu_threads and not torch.cuda.is_available():
+        torch.set_num_threads(tune.cpu_threads)
     source = assets.resolve_model(cfg.model, cfg.seed)  # before torch.distributed starts
     kwargs = training_kwargs(cfg, torch.cuda.is_available())
     kwargs["output_dir"] = str(run_dir / "checkpoints")

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from tgnb.emulator.rl.inputs import MAX_BATCH_SIZE  # enforced per operation (inputs.batch)
+from tgnb.tasks.assets import TINY_NAME
 
-TINY_NAME = "tgnb/tiny-llama"
 #: Files transformers looks for when loading a tokenizer or model by a hub name.
 PROBED_MISSING = (
     "tokenizer.model",

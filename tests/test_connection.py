@@ -1,0 +1,73 @@
+"""`tgnb.connection`: one default for `tgnb.attach` and `tgnb.post_training`, and the emulator's own
+operations on one optional object. Against a real emulator daemon over HTTP; "Together" here is
+that same daemon reached through ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL``, as the SDK reads
+them (the real service cannot be reached from the tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tgnb
+from tgnb import connection
+from tgnb.cloud import Cloud
+from tgnb.config import Secret, Settings
+from tgnb.emulator.testing import EmulatorHandle
+
+
+@pytest.mark.parametrize(
+    ("local", "key", "expected"),
+    [(None, None, True), (None, "k", False), (True, "k", True), (False, None, False)],
+)
+def test_wants_local_the_key_decides_unless_told(
+    local: bool | None, key: str | None, expected: bool
+) -> None:
+    settings = Settings(Secret(key) if key else None, None, None, Path("/nonexistent"))
+    assert connection.wants_local(local, settings) is expected
+
+
+def test_attach_and_post_training_share_one_default(
+    emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a key both go to Together (nothing local is started: `post_training()` went to the
+    emulator before, whatever the key); without one both go to the local emulator; `local=False`
+    without a key is a ConfigError from both."""
+    monkeypatch.setenv("TOGETHER_DISABLE_VERSION_CHECK", "1")
+    monkeypatch.setenv("TOGETHER_API_KEY", emulator.api_key)
+    monkeypatch.setenv("TOGETHER_BASE_URL", emulator.base_url)
+    elsewhere = tmp_path / "no-emulator-here"
+    monkeypatch.setenv("TGNB_HOME", str(elsewhere))
+    pt = tgnb.post_training()
+    assert pt.conn.emulator is None and pt.base_url == emulator.base_url
+    Cloud(Settings.from_env()).create("shared-default", cluster_type="KUBERNETES")
+    session = tgnb.attach("shared-default")
+    assert session.emulator is None and session.poll == connection.REMOTE_POLL
+    assert not connection.running(elsewhere)  # a local choice would have started one there
+
+    monkeypatch.delenv("TOGETHER_API_KEY")
+    monkeypatch.delenv("TOGETHER_BASE_URL")
+    monkeypatch.setenv("TGNB_HOME", str(emulator.home))
+    pt = tgnb.post_training()
+    assert pt.conn.emulator is not None and pt.base_url == emulator.base_url
+    session = tgnb.attach()
+    assert session.emulator is not None and session.cloud.base_url == emulator.base_url
+    assert session.emulator.time_scale() == pytest.approx(0.01)
+    for call in (lambda: tgnb.post_training(local=False), lambda: tgnb.attach(local=False)):
+        with pytest.raises(tgnb.ConfigError, match="TOGETHER_API_KEY"):
+            call()
+
+
+def test_preempt_is_the_emulators_own(
+    emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Together `Session.preempt` refuses before any request; on the emulator a refusal
+    quotes the emulator and names the nodes to choose."""
+    monkeypatch.setenv("TGNB_HOME", str(emulator.home))
+    monkeypatch.delenv("TOGETHER_API_KEY", raising=False)
+    session = tgnb.attach()
+    with pytest.raises(tgnb.ValidationError, match="cannot preempt bogus: node 'bogus' not found"):
+        session.preempt("bogus")
+    remote = tgnb.Session(session.cloud, session.cluster)
+    with pytest.raises(tgnb.ValidationError, match="works only on the local emulator"):
+        remote.preempt()
