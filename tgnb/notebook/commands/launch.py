@@ -3,8 +3,8 @@ launched with `Session.launch` (``--dry-run``: checked and printed, nothing laun
 
 The config is what `Session.launch` takes: a config mapping (``algorithm``, ``model``, ``trl``, ...)
 and the keyword options (``name``, ``preemptible``). A YAML body that does not parse is a
-`UsageError` naming its line and column; unknown config keys are the training config's own
-`TrainConfigError` (raised before anything is sent).
+`UsageError` naming its line and column; unknown config keys and wrong types are the training
+config's own `TrainConfigError`, raised by `Session.launch`'s checks before anything is sent.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ _BUILTIN = ("grpo", "dpo", "sft")
 def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config mapping, keyword options) for `Session.launch` from parsed options and a body;
     ``args.script_args`` holds what followed ``--`` on the line (a script's arguments)."""
-    from tgnb.tasks.config import apply_overrides, from_dict
+    from tgnb.tasks.config import apply_overrides
 
     raw = parse_body(cell) if cell is not None else {}
     options: dict[str, Any] = {k: raw.pop(k) for k in _BODY_OPTIONS if k in raw}
@@ -161,7 +161,6 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
         if getattr(args, attr) is not None
     ]
     raw = apply_overrides(raw, [*sets, *args.sets])
-    from_dict(raw)  # unknown keys and wrong types fail here, before anything is sent
     if getattr(args, "workdir", None):
         options["workdir"] = args.workdir
     if args.name:
