@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeGuard
 
 # Reasons the platform emits in node_lifecycle_events.
 NODE_ADDED = "TogetherNodeAdded"
@@ -123,6 +123,12 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_DURATION = timedelta(days=3650)
 
 
+def is_duration(text: object) -> TypeGuard[str]:
+    """Whether `text` is written as a duration (``90s``, ``15m``, ``2h``, ``1d`` or plain seconds),
+    in range or not: the form `parse_duration` reads."""
+    return isinstance(text, str) and _DURATION.fullmatch(text) is not None
+
+
 def parse_duration(text: str) -> timedelta:
     """``90s``, ``15m``, ``2h``, ``1d`` or plain seconds (ASCII digits) as a timedelta, more than
     0 and at most `MAX_DURATION`; `ValueError` with the fix otherwise. The one duration parser of
@@ -137,6 +143,29 @@ def parse_duration(text: str) -> timedelta:
             f"{MAX_DURATION.days}d"
         )
     return timedelta(seconds=seconds)
+
+
+def parse_since(since: datetime | timedelta | str | float | None) -> datetime | None:
+    """A point in time from a datetime, an RFC 3339 string, a POSIX timestamp, or an age: a
+    timedelta or a duration as `parse_duration` reads it (``"90s"``, ``"2h"``, ``"90"`` seconds:
+    the forms ``%tg events --since`` takes). `ValueError` with the fix otherwise."""
+    if since is None:
+        return None
+    if isinstance(since, timedelta):
+        if not timedelta(0) <= since <= MAX_DURATION:
+            raise ValueError(f"since={since!r} must be an age from 0 to {MAX_DURATION.days} days")
+        return utcnow() - since
+    if is_duration(since):
+        try:
+            return utcnow() - parse_duration(since)
+        except ValueError as exc:
+            raise ValueError(f"since={exc}") from None
+    try:
+        return parse_time(since)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"since={since!r} is not a time: use a datetime, a timedelta or an age like '2h'"
+        ) from None
 
 
 def format_time(dt: datetime) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tgnb.config import Settings
 from tgnb.connection import REMOTE_POLL, Emulator
 from tgnb.errors import NotFoundError, TgnbError, ValidationError
-from tgnb.events import MAX_DURATION, Event, dedupe, parse_duration, parse_time, utcnow
+from tgnb.events import Event, dedupe, parse_since, parse_time
 from tgnb.runs.backend import Backend
 from tgnb.runs.run import Run
 from tgnb.runs.spec import GPUS_PER_NODE, JobState, Resources, RunSpec, SecretRef
@@ -35,29 +35,6 @@ if TYPE_CHECKING:
 
 #: The cluster `attach()` creates on the local emulator when none is named.
 DEMO_CLUSTER = "tgnb-demo"
-
-
-def parse_since(since: datetime | timedelta | str | float | None) -> datetime | None:
-    """A point in time from a datetime, an age (timedelta, ``"90s"``, ``"2h"``) or RFC 3339."""
-    if since is None or isinstance(since, datetime):
-        return None if since is None else parse_time(since)
-    if isinstance(since, timedelta):
-        if not timedelta(0) <= since <= MAX_DURATION:
-            raise ValidationError(
-                f"since={since!r} must be an age from 0 to {MAX_DURATION.days} days"
-            )
-        return utcnow() - since
-    if isinstance(since, str) and since.strip()[-1:] in ("s", "m", "h", "d"):
-        try:
-            return utcnow() - parse_duration(since)
-        except ValueError as exc:
-            raise ValidationError(f"since={exc}") from None
-    try:
-        return parse_time(since)
-    except (TypeError, ValueError):
-        raise ValidationError(
-            f"since={since!r} is not a time: use a datetime, a timedelta or an age like '2h'"
-        ) from None
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,7 +152,10 @@ class Session:
 
     def events(self, since: datetime | timedelta | str | None = None) -> list[Event]:
         """The cluster's node events and this cluster's runs' events, by time, since `since`."""
-        start = parse_since(since)
+        try:
+            start = parse_since(since)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
         evs = list(self.cluster.events())
         for run in self.runs():
             evs.extend(run.run_events())

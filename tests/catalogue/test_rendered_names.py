@@ -192,7 +192,8 @@ def _pt_panel(run: Run, tmp: Path) -> list[str]:
 
 
 def _tables(run: Run, tmp: Path) -> list[str]:
-    from tgnb.notebook._api import events_text, runs_table
+    from tgnb.notebook.commands.runs import runs_table
+    from tgnb.notebook.tables import events_text
 
     evs = run.run_events()
     table = runs_table([run])
@@ -271,7 +272,7 @@ def _timeline_markers(run: Run) -> int:
 
 
 def _events_table(run: Run) -> int:
-    from tgnb.notebook._api import events_text
+    from tgnb.notebook.tables import events_text
 
     return events_text(run.run_events()).count("grpo-names")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -268,3 +269,8 @@ def test_events_since_accepts_strings(mock_cloud: Any, api: FakeClusters) -> Non
     cluster = cloud.attach("c-1")
     assert len(cluster.events(since="2026-11-29T10:05:00Z")) == 1
     assert cluster.events(since="2026-11-29T10:05:01+00:00") == []
+    # an age, in the forms Session.events and %tg events --since read (the event is days old)
+    assert cluster.events(since="2h") == [] and cluster.events(since=timedelta(hours=2)) == []
+    assert len(cluster.events(since="3650d")) == 1
+    with pytest.raises(errors.ValidationError, match="is not a time"):
+        cluster.events(since="yesterday")

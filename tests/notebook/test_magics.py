@@ -9,6 +9,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from tgnb.emulator.testing import EmulatorHandle
+from tgnb.notebook.commands import names
 
 SUBCOMMANDS = [
     "attach",
@@ -32,7 +33,7 @@ def sent(emu: EmulatorHandle) -> list[tuple[str, str]]:
 
 
 def test_every_subcommand_has_help(ip: Any, tg: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    assert sorted(tg._parsers) == sorted(SUBCOMMANDS)
+    assert sorted(names()) == sorted(SUBCOMMANDS)
     ip.run_line_magic("tg", "--help")
     listing = capsys.readouterr().out
     for name in SUBCOMMANDS:

@@ -19,10 +19,10 @@ from IPython.core.error import UsageError
 
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import Event
-from tgnb.notebook._api import events_text
 from tgnb.notebook._plot import curve_svg
 from tgnb.notebook._svg import _lane_label
 from tgnb.notebook._wording import as_magic
+from tgnb.notebook.tables import events_text
 from tgnb.notebook.timeline import EventTimeline
 from tgnb.notebook.widgets import _count
 

@@ -11,8 +11,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from tgnb.emulator.testing import EmulatorHandle
-from tgnb.notebook._api import Table
-from tgnb.notebook._pt_magics import build
+from tgnb.notebook.commands import names
+from tgnb.notebook.tables import Table
 
 SUBCOMMANDS = [
     "connect",
@@ -50,7 +50,7 @@ def emu(rl_emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch) -> Emulato
 
 
 def test_help_everywhere(ip: Any, pt: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    assert sorted(build()) == sorted(SUBCOMMANDS)
+    assert sorted(names("pt")) == sorted(SUBCOMMANDS)
     ip.run_line_magic("tg", "pt --help")
     listing = capsys.readouterr().out
     for name in SUBCOMMANDS:

@@ -83,7 +83,7 @@ def test_a_protected_sft_script_preempted_twice_finishes(session: Session, tmp_p
     assert summary["kind"] == "script" and summary["max_steps"] == 24 and summary["steps"] == 24
     assert summary["restarts"] == 2 and summary["preemptions"] == 2
     assert summary["steps_lost"] <= 2  # at most one step per preemption
-    from tgnb.notebook._api import runs_table
+    from tgnb.notebook.commands.runs import runs_table
 
     row = runs_table([run]).rows[0]  # what %tg runs shows
     assert tuple(row[:4]) == ("user-sft", "script", "succeeded", "24/24"), row

@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tgnb.cloud.feed import EventFeed
 from tgnb.cloud.models import ClusterState
 from tgnb.cloud.rates import PreemptionRate, estimate
 from tgnb.cloud.validate import check_target
-from tgnb.errors import TransientApiError
-from tgnb.events import TARGET_CHANGED, Event, parse_time, utcnow
+from tgnb.errors import TransientApiError, ValidationError
+from tgnb.events import TARGET_CHANGED, Event, parse_since, utcnow
 
 if TYPE_CHECKING:
     from tgnb.cloud.cloud import Cloud
@@ -88,13 +88,17 @@ class Cluster:
         self.last = ClusterState.from_api(raw)
         return self.last
 
-    def events(self, since: datetime | str | float | None = None) -> list[Event]:
+    def events(self, since: datetime | timedelta | str | float | None = None) -> list[Event]:
         """The cluster's node lifecycle events (de-duplicated, oldest first), at or after `since`
-        (a datetime, an RFC 3339 string or a POSIX timestamp; naive datetimes are UTC)."""
+        (a datetime, an RFC 3339 string, a POSIX timestamp, or an age: a timedelta or ``"2h"``,
+        as `Session.events` and ``%tg events --since`` take; naive datetimes are UTC)."""
+        try:
+            start = parse_since(since)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
         events = self.state().events
-        if since is None:
+        if start is None:
             return list(events)
-        start = parse_time(since)
         return [e for e in events if e.time >= start]
 
     def preemption_rate(self, prior: float, state: ClusterState | None = None) -> PreemptionRate:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from tgnb import events as ev
 
 #: Fill colours by span kind and marker shapes/colours by reason.
-_SPAN_STYLE = {
+SPAN_STYLE = {
     "standard": "#8da0cb",
     "preemptible": "#fc8d62",
     "drain": "url(#tgnb-hatch)",
@@ -22,7 +22,7 @@ _SPAN_STYLE = {
     "resource": "#b3a2c7",
     "session": "#a6d854",
 }
-_MARKER_STYLE: dict[str, tuple[str, str]] = {
+MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.RUN_STARTED: ("circle", "#1b9e77"),
     ev.RUN_RESUMED: ("up", "#1b9e77"),
     ev.CHECKPOINT_SAVED: ("circle", "#3366cc"),
@@ -50,7 +50,7 @@ _MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.SESSION_CHECKPOINT: ("circle", "#3366cc"),
     ev.SESSION_ROLLED_BACK: ("down", "#ff7f0e"),
 }
-_LABEL = {
+LABEL = {
     ev.RUN_STARTED: "started",
     ev.RUN_RESUMED: "resumed",
     ev.CHECKPOINT_SAVED: "checkpoint",

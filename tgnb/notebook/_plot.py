@@ -18,7 +18,7 @@ def _fmt(v: float) -> str:
     return f"{v:.2e}"
 
 
-def _nice_axis(lo: float, hi: float, ticks: int = 4) -> tuple[float, float, int]:
+def nice_axis(lo: float, hi: float, ticks: int = 4) -> tuple[float, float, int]:
     """Round axis ends around [lo, hi] on a 1-2-2.5-5 step, and the decimals its labels need.
 
     A range too narrow to tell from its values (a GRPO loss of ±1e-8) is drawn around 0 or its
@@ -108,7 +108,7 @@ def curve_svg(
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
     if x1 == x0:
         x1 = x0 + 1
-    y0, y1, decimals = _nice_axis(y0, y1)
+    y0, y1, decimals = nice_axis(y0, y1)
 
     sx, sy, frame = axes((left, top, w, h), (x0, x1), (y0, y1), decimals, height - 6)
     out.append(frame)

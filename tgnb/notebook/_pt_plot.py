@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from tgnb.markup import escape
-from tgnb.notebook._plot import _nice_axis, axes
+from tgnb.notebook._plot import axes, nice_axis
 
 #: Series colours, in order (a colour-blind-safe palette).
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -55,7 +55,7 @@ def multi_curve_svg(
     y0, y1 = min(p[1] for p in allp), max(p[1] for p in allp)
     if x1 == x0:
         x1 = x0 + 1
-    y0, y1, decimals = _nice_axis(y0, y1)
+    y0, y1, decimals = nice_axis(y0, y1)
     sx, sy, frame = axes((left, top, w, h), (x0, x1), (y0, y1), decimals, top + h + 14)
     out.append(frame)
     for i, (label, pts) in enumerate(clean.items()):

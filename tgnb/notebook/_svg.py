@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tgnb import events as ev
 from tgnb.markup import escape
-from tgnb.notebook._lanes import _LABEL, _MARKER_STYLE, _SPAN_STYLE, Marker, Span
+from tgnb.notebook._lanes import LABEL, MARKER_STYLE, SPAN_STYLE, Marker, Span
 
 if TYPE_CHECKING:
     from tgnb.notebook.timeline import EventTimeline
@@ -154,7 +154,7 @@ def _group_svg(group: list[tuple[float, Marker]], mid: float, when: Callable[[fl
         return f"{escape(m.label)}{count} at {escape(when(m.time))}"
 
     def use(x: float, m: Marker, tip: str) -> str:
-        ref = m.reason if m.reason in _MARKER_STYLE else ev.CHECKPOINT_SAVED
+        ref = m.reason if m.reason in MARKER_STYLE else ev.CHECKPOINT_SAVED
         return (
             f'<use class="marker {escape(m.reason)}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
             f'y="{mid:.1f}"><title>{tip}</title></use>'
@@ -198,7 +198,7 @@ def _symbols() -> str:
     """One ``<g id="tgnb-m-REASON">`` per marker kind, drawn at the origin and placed by ``<use>``."""
     return "".join(
         f'<g id="tgnb-m-{reason}">{_shape(shape, 0, 0, color)}</g>'
-        for reason, (shape, color) in _MARKER_STYLE.items()
+        for reason, (shape, color) in MARKER_STYLE.items()
     )
 
 
@@ -260,7 +260,7 @@ def render(tl: EventTimeline) -> str:
         tag = {"standard": "standard node", "preemptible": "preemptible node"}.get(
             lane.kind, lane.kind
         )
-        swatch = _SPAN_STYLE.get(lane.kind, "#7570b3")
+        swatch = SPAN_STYLE.get(lane.kind, "#7570b3")
         out.append(
             f'<g class="lane lane-{escape(lane.kind)}" data-key="{escape(lane.key)}">'
             f'<rect x="6" y="{mid - 5:.1f}" width="10" height="10" fill="{swatch}"><title>{escape(tag)}</title></rect>'
@@ -279,7 +279,7 @@ def render(tl: EventTimeline) -> str:
             title = escape(f"{s.label} {when(s.start)} → {when(s.end)}".strip())
             out.append(
                 f'<rect class="span {escape(s.kind)}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
-                f'fill="{_SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
+                f'fill="{SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
             )
         placed = sorted((p for p in bucketed[i] if lo <= p[1].time <= hi), key=lambda p: p[0])
         for group in _groups(placed):
@@ -312,7 +312,7 @@ def render(tl: EventTimeline) -> str:
         items += [("resource", "model resource"), ("session", "training session")]
     for kind, label in items:
         out.append(
-            f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{_SPAN_STYLE[kind]}"/>'
+            f'<rect x="{x:.0f}" y="{y - 9}" width="14" height="10" fill="{SPAN_STYLE[kind]}"/>'
         )
         out.append(f'<text x="{x + 18:.0f}" y="{y}">{escape(label)}</text>')
         x += 24 + 7 * len(label)
@@ -329,9 +329,9 @@ def render(tl: EventTimeline) -> str:
         ev.RUN_EXITED,
         ev.TARGET_CHANGED,
     ):
-        shape, color = _MARKER_STYLE[reason]
+        shape, color = MARKER_STYLE[reason]
         out.append(_shape(shape, x + 5, y - 4, color))
-        out.append(f'<text x="{x + 14:.0f}" y="{y}">{escape(_LABEL[reason])}</text>')
-        x += 22 + 6.5 * len(_LABEL[reason])
+        out.append(f'<text x="{x + 14:.0f}" y="{y}">{escape(LABEL[reason])}</text>')
+        x += 22 + 6.5 * len(LABEL[reason])
     out.append("</svg>")
     return "".join(out)

@@ -1,7 +1,10 @@
-"""``%tg`` and ``%%tg``: a thin router from a line onto `tgnb.Session` and `tgnb.runs.Run`.
+"""``%tg`` and ``%%tg``: one thin router from a line onto `tgnb.Session`, `tgnb.runs.Run` and the
+Post-Training handles.
 
-``%load_ext tgnb`` registers the `Tg` magics. Each subcommand parses its line (``%tg NAME --help``
-shows how) and makes one call on the Python API; user errors (bad input, a run that does not exist, a
+``%load_ext tgnb`` registers the `Tg` magics. The subcommands (``%tg pt ...`` too) are one table,
+`tgnb.notebook.commands.COMMANDS`, one module each: the router splits the line, looks the
+subcommand up, parses its options (``%tg NAME --help`` shows them) and calls it; each makes one
+call on the Python API; user errors (bad input, a run that does not exist, a
 `tgnb.errors.TgnbError`) become one-line IPython `UsageError`s without a traceback, and nothing is
 sent. Settings are traitlets: ``%config Tg.poll_interval = 2``, ``Tg.default_cluster``,
 ``Tg.timezone`` (for displayed times), ``Tg.standard_price`` and ``Tg.preemptible_price``.
@@ -13,8 +16,6 @@ kubernetes or pandas at import time.
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -28,9 +29,10 @@ from IPython.core.magic import (
 from traitlets import Float, TraitError, Unicode, validate
 
 from tgnb.errors import TgnbError
-from tgnb.notebook import _api
-from tgnb.notebook._parser import HelpShown, build, nearest, unknown_options
 from tgnb.notebook._wording import as_magic, as_pt_magic
+from tgnb.notebook.commands import COMMANDS, GROUPS, names, usage
+from tgnb.notebook.commands.grammar import HelpShown, nearest, unknown_options
+from tgnb.notebook.commands.pt import PtState
 
 if TYPE_CHECKING:
     from tgnb.runs import Run
@@ -39,12 +41,6 @@ if TYPE_CHECKING:
 
 #: Longest ``%tg`` line read (characters); checked before any variable expansion.
 MAX_LINE = 2000
-
-
-def _display(obj: Any) -> None:
-    from IPython.display import display
-
-    display(obj)
 
 
 @magics_class
@@ -90,20 +86,10 @@ class Tg(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self.session: Session | None = None
-        self._parsers = build()
-        self._handlers: dict[str, Callable[[Any, str | None], Any]] = {
-            name: getattr(self, f"_do_{name}") for name in self._parsers if name != "pt"
-        }
-        self._pt: Any = None  # tgnb.notebook._pt_magics.PtCommands, made on the first %tg pt
+        self._pt: PtState | None = None  # the %tg pt connection and resource, made on first use
         self._mine: dict[str, None] = {}  # ids of the runs launched or opened here, in order
 
     # -- routing -------------------------------------------------------------------------------
-    def usage(self) -> str:
-        lines = ["%tg SUBCOMMAND [options]   (%tg SUBCOMMAND --help for each)", ""]
-        for name, parser in self._parsers.items():
-            lines.append(f"  {name:<9} {parser.description}")
-        return "\n".join(lines)
-
     @line_cell_magic
     @no_var_expand
     @needs_local_scope
@@ -116,36 +102,48 @@ class Tg(Magics):
             words = shlex.split(_without_comment(line))
         except ValueError as e:
             raise UsageError(f"%tg: cannot split the line ({e}): check the quotes") from None
+        group = ""
+        if words and words[0] in GROUPS:
+            group, words = words[0], words[1:]
+            if cell is not None:
+                raise UsageError(
+                    f"%%tg {group} takes no cell body: write %tg {group} ... on one line"
+                )
+        where = f"%tg {group}" if group else "%tg"
         if not words or words[0] in ("-h", "--help", "help"):
-            print(self.usage())
+            print(usage(group))
             return None
         name, rest = words[0], words[1:]
-        if name == "pt":
-            return self._do_pt(rest, cell)
-        parser = self._parsers.get(name)
-        if parser is None:
-            hint = nearest(name, list(self._parsers))
-            raise UsageError(f"%tg: unknown subcommand {name!r}{hint} (%tg --help lists them)")
-        if cell is not None and name != "launch":
+        command = COMMANDS.get(f"{group} {name}" if group else name)
+        if command is None:
+            hint = nearest(name, names(group))
+            raise UsageError(
+                f"{where}: unknown subcommand {name!r}{hint} ({where} --help lists them)"
+            )
+        if cell is not None and not command.takes_cell:
             raise UsageError(f"%%tg {name} takes no cell body: only %%tg launch has one (its YAML)")
         tail: list[str] = []
-        if name == "launch" and "--" in rest:  # a script's own arguments follow --
+        if command.takes_cell and "--" in rest:  # a script's own arguments follow --
             cut = rest.index("--")
             rest, tail = rest[:cut], rest[cut + 1 :]
+        parser = command.parser
         try:
             args, extras = parser.parse_known_args(rest)
-            args.script_args = tail
         except HelpShown as h:
             print(h.text)
             return None
         if extras:
             raise unknown_options(parser.prog, extras, parser)
+        args.script_args = tail
+        if command.stores and args.out:
+            self.check_out(args.out)  # before the call: a bad -o must not leave a run behind
+        wording = as_pt_magic if group == "pt" else as_magic
         try:
-            return self._handlers[name](args, cell)
+            return command.module.run(self, args, cell)
         except TgnbError as e:
-            raise UsageError(f"%tg {name}: {as_magic(str(e))}") from None
+            raise UsageError(f"{parser.prog}: {wording(str(e))}") from None
         except UsageError as e:
-            raise _prefixed(f"%tg {name}", e) from None
+            raise _prefixed(parser.prog, e) from None
 
     def _expand(self, line: str, local_ns: Any) -> str:
         """`line` with ``$name`` and ``{expr}`` expanded as IPython does for every magic, once
@@ -175,169 +173,65 @@ class Tg(Magics):
         if out in hidden:
             raise UsageError(f"-o {out!r} is a name IPython keeps for itself: try -o run1")
 
-    def _do_pt(self, words: list[str], cell: str | None) -> Any:
-        """``%tg pt ...``: the Post-Training subcommands (tgnb.notebook._pt_magics)."""
-        if cell is not None:
-            raise UsageError("%%tg pt takes no cell body: write %tg pt ... on one line")
-        from tgnb.notebook._pt_magics import PtCommands
+    # -- what the subcommands work on (tgnb.notebook.commands) ---------------------------------
+    @property
+    def in_kernel(self) -> bool:
+        """Whether a front end shows the displays (a Jupyter kernel, not a terminal IPython)."""
+        return getattr(self.shell, "kernel", None) is not None
 
-        if self._pt is None:
-            self._pt = PtCommands(self)
-        where = f"%tg pt {words[0]}" if words else "%tg pt"
-        try:
-            return self._pt(words)
-        except TgnbError as e:
-            raise UsageError(f"{where}: {as_pt_magic(str(e))}") from None
-        except UsageError as e:
-            raise _prefixed(where, e) from None
-
-    # -- helpers -------------------------------------------------------------------------------
-    def _session(self) -> Session:
+    def attached(self) -> Session:
+        """The attached session; none is a UsageError that says how to attach."""
         if self.session is None:
             raise UsageError("no cluster attached: run %tg attach NAME (or %tg attach --local)")
         return self.session
 
-    def _run(self, name: str) -> Run:
+    def find_run(self, name: str) -> Run:
         """The run `name` names: a variable holding a Run (``%tg launch ... -o run`` then
         ``%tg watch run``), else a run of the attached cluster by name or id."""
-        session = self._session()
+        session = self.attached()
         held = (getattr(self.shell, "user_ns", None) or {}).get(name)
+        from tgnb.errors import NotFoundError
         from tgnb.runs import Run
 
-        run = held if isinstance(held, Run) else _api.find_run(session, name)
-        self._mine[run.id] = None
+        if isinstance(held, Run):
+            run = held
+        else:
+            try:
+                run = session.run(name)
+            except (KeyError, NotFoundError):
+                raise UsageError(
+                    f"no run named {name!r}: %tg runs --all lists the cluster's runs"
+                ) from None
+        self.remember(run)
         return run
 
-    def _runs(self, every: bool) -> list[Run]:
+    def remember(self, run: Run) -> None:
+        """Count `run` among the runs of this notebook (``%tg runs``, ``%tg cost``)."""
+        self._mine[run.id] = None
+
+    def notebook_runs(self, every: bool) -> list[Run]:
         """The runs this notebook launched or opened (in that order); with `every`, all the
         attached cluster's runs."""
-        runs = self._session().runs()
+        runs = self.attached().runs()
         if every:
             return runs
         by_id = {r.id: r for r in runs}
         return [by_id[i] for i in self._mine if i in by_id]
 
-    # -- subcommands ---------------------------------------------------------------------------
-    def _do_attach(self, args: Any, cell: str | None) -> Any:
-        target = args.cluster or self.default_cluster or None
-        local = args.local or None  # no --local: the key decides (tgnb.attach's default)
-        session = self.session = _api.attach(target, local=local, time_scale=args.time_scale)
-        if session.emulator is not None:
-            print(f"attached to the local emulator at {session.cloud.base_url}")
-        return session
-
-    def _do_clusters(self, args: Any, cell: str | None) -> Any:
-        return _api.clusters(self.session)
-
-    def _do_status(self, args: Any, cell: str | None) -> Any:
-        return self._session().status()
-
-    def _do_scale(self, args: Any, cell: str | None) -> Any:
-        session = self._session()
-        if not args.wait:
-            return _api.scale(session, args.preemptible, wait=False)
-        timeout = args.timeout.total_seconds() if args.timeout else None
-        if getattr(self.shell, "kernel", None) is None:  # a terminal IPython: a text bar
-            from tgnb.progress import CapacityBar
-
-            bar = CapacityBar(args.preemptible)
-            try:
-                return _api.scale(
-                    session, args.preemptible, wait=True, timeout=timeout, callback=bar.update
-                )
-            finally:
-                bar.close()
-        from tgnb.notebook.widgets import ClusterPanel
-
-        panel = ClusterPanel(session, poll_interval=self.poll_interval, start=False)
-        panel.show()  # its static fallback is brought up to date after the cell (post_run_cell)
-        return _api.scale(
-            session, args.preemptible, wait=True, timeout=timeout, callback=panel.update
-        )
-
-    def _do_launch(self, args: Any, cell: str | None) -> Any:
-        from tgnb.notebook._launch import launch_request
-
-        if args.out:
-            self.check_out(args.out)  # before the launch: a bad -o must not leave a run behind
-        algorithm, options = launch_request(args, cell)
-        if args.dry_run:
-            print(self._session().launch(algorithm, dry_run=True, **options), end="")
-            return None
-        run = self._session().launch(algorithm, **options)
-        self._mine[run.id] = None
-        if args.out:
-            self.shell.user_ns[args.out] = run  # type: ignore[union-attr]
-        return run
-
-    def _do_runs(self, args: Any, cell: str | None) -> Any:
-        return _api.runs_table(self._runs(args.all), every=args.all, others=self._others(args.all))
-
-    def _others(self, every: bool) -> int:
+    def others(self, every: bool) -> int:
         """How many of the cluster's runs the default scope leaves out (0 with --all)."""
-        return 0 if every else len(self._session().runs()) - len(self._runs(False))
+        return 0 if every else len(self.attached().runs()) - len(self.notebook_runs(False))
 
-    def _do_watch(self, args: Any, cell: str | None) -> Any:
-        from tgnb.notebook.widgets import RunPanel
+    def store(self, name: str | None, value: Any) -> None:
+        """``-o NAME``: `value` into the user's namespace (the name checked by `check_out`)."""
+        if name:
+            self.shell.user_ns[name] = value  # type: ignore[union-attr]
 
-        panel = RunPanel(self._run(args.run), poll_interval=self.poll_interval)
-        if getattr(self.shell, "kernel", None) is None:
-            return panel  # no front end to update: the caller shows it
-        panel.show()  # displayed, not returned: its fallback is kept current after each cell
-        return None
-
-    def _do_logs(self, args: Any, cell: str | None) -> None:
-        run = self._run(args.run)
-        if not args.follow:
-            print("\n".join(run.logs()))
-            return
-        try:
-            for line in run.follow(poll=min(self.poll_interval, 0.5)):
-                print(line, flush=True)
-        except KeyboardInterrupt:
-            print("(stopped following; the run goes on)")
-
-    def _do_stop(self, args: Any, cell: str | None) -> None:
-        run = self._run(args.run)
-        run.stop()
-        print(f"stop requested for run {run.name}")
-
-    def _do_events(self, args: Any, cell: str | None) -> Any:
-        session = self._session()
-        since = _api.since(args.since)
-        events = _api.filter_events(session.events(since=since), args.node, args.run)
-        if args.timeline:
-            from tgnb.notebook.timeline import EventTimeline
-
-            return EventTimeline(events, tz=self.timezone)
-        _display(_api.EventsTable(events, self.timezone))
-        if not args.watch:
-            return None
-        seen = {e.key for e in events}
-        try:
-            while True:
-                time.sleep(self.poll_interval)
-                fresh = [
-                    e
-                    for e in _api.filter_events(session.events(since=since), args.node, args.run)
-                    if e.key not in seen
-                ]
-                seen.update(e.key for e in fresh)
-                if fresh:
-                    print(_api.events_text(fresh, self.timezone, header=False), flush=True)
-        except KeyboardInterrupt:
-            return None
-
-    def _do_preempt(self, args: Any, cell: str | None) -> Any:
-        return _api.preempt(self._session(), args.node)
-
-    def _do_cost(self, args: Any, cell: str | None) -> Any:
-        return _api.cost(
-            self._runs(args.all),
-            self.standard_price,
-            self.preemptible_price,
-            scope=_api.scope_words(args.all, self._others(args.all)),
-        )
+    def pt_state(self) -> PtState:
+        """The ``%tg pt`` connection and current resource of this kernel."""
+        if self._pt is None:
+            self._pt = PtState()
+        return self._pt
 
 
 def _without_comment(line: str) -> str:

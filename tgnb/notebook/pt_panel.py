@@ -20,7 +20,7 @@ import ipywidgets as W
 
 from tgnb.markup import escape
 from tgnb.notebook._pt_plot import colour, multi_curve_svg
-from tgnb.notebook.widgets import Poller, _Panel
+from tgnb.notebook.widgets import Panel, Poller
 
 #: Metrics drawn, first found wins (reward names the recipes use).
 REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "accuracy")
@@ -165,7 +165,7 @@ def read_state(resource: Any) -> PanelState:
     return PanelState(info, sessions, metrics, cost)
 
 
-class ResourcePanel(_Panel):
+class ResourcePanel(Panel):
     """Sessions, shared-axes curves and cost of one model resource, refreshed every
     `poll_interval` seconds until it stops (``start=False``: drawn once, not refreshed, e.g. to
     leave the final state in an exported notebook). `resource` is a `tgnb.posttraining.Resource`."""

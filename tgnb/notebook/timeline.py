@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tgnb import events as ev
 from tgnb.events import Event, utcnow
-from tgnb.notebook._lanes import _LABEL, Lane, Marker, Span
+from tgnb.notebook._lanes import LABEL, Lane, Marker, Span
 
 #: Name prefix of preemptible GPU worker nodes (standard ones are ``gpu-dp...``).
 PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
@@ -59,7 +59,7 @@ def _as_event(item: Event | Mapping[str, Any]) -> Event:
     return item if isinstance(item, Event) else Event.from_dict(item)
 
 
-def _zone(tz: str | tzinfo | None) -> tzinfo:
+def zone(tz: str | tzinfo | None) -> tzinfo:
     if tz is None or tz == "UTC":
         return timezone.utc
     if isinstance(tz, tzinfo):
@@ -91,7 +91,7 @@ class EventTimeline:
     ) -> None:
         self.events = sorted((_as_event(e) for e in events), key=lambda e: e.time)
         self.now = (now or utcnow()).timestamp()
-        self.tz = _zone(tz)
+        self.tz = zone(tz)
         self.drain_window = float(drain_window)
         self.width = int(width)
         self.max_lanes = int(max_lanes)
@@ -151,7 +151,7 @@ class EventTimeline:
                     lane.spans.append(Span(notice.pop(e.node), t, "drain", "drain window"))
                 if e.node in alive:
                     start = alive.pop(e.node)
-                    lane.spans.append(Span(start, t, lane.kind, _LABEL.get(e.reason, e.reason)))
+                    lane.spans.append(Span(start, t, lane.kind, LABEL.get(e.reason, e.reason)))
             elif e.reason == ev.NODE_ADDED:
                 alive.setdefault(e.node, t)
             else:
@@ -213,7 +213,7 @@ class EventTimeline:
         if e.reason in _PT_OPEN or e.reason in _PT_CLOSE:
             if key in opened:
                 start, kind = opened.pop(key)
-                lane.spans.append(Span(start, t, kind, _LABEL.get(e.reason, e.reason)))
+                lane.spans.append(Span(start, t, kind, LABEL.get(e.reason, e.reason)))
             if e.reason in _PT_OPEN:
                 opened[key] = (t, _PT_OPEN[e.reason])
         lane.markers.append(Marker(t, e.reason, _describe(e)))
@@ -291,7 +291,7 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 
 def _describe(e: Event) -> str:
-    parts = [_LABEL.get(e.reason, e.reason)]
+    parts = [LABEL.get(e.reason, e.reason)]
     if e.source == "posttraining" and e.data and e.data.get("name"):
         parts.append(str(e.data["name"]))
     if e.run:

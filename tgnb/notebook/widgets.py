@@ -60,8 +60,9 @@ class Poller:
             thread.join(timeout=max(self.interval, 1.0) + 5.0)
 
 
-class _Panel(W.VBox):
-    """Common parts: a poller that stops on close, an error line, a static HTML mime type."""
+class Panel(W.VBox):
+    """The base of the live panels (`ClusterPanel`, `RunPanel`, `pt_panel.ResourcePanel`): a
+    poller that stops on close, an error line, a static HTML mime type."""
 
     _poller: Poller
     error: W.HTML
@@ -139,7 +140,7 @@ class _Panel(W.VBox):
         return data
 
 
-class ClusterPanel(_Panel):
+class ClusterPanel(Panel):
     """Standard and preemptible capacity of the attached cluster, the preemptible target against
     what is allocated, a target control in steps of 8 that scales the cluster, and its nodes.
 
@@ -256,8 +257,8 @@ class ClusterPanel(_Panel):
         )
 
 
-#: Panels shown with `_Panel.show`, whose displays `refresh_displays` keeps current.
-_SHOWN: weakref.WeakSet[_Panel] = weakref.WeakSet()
+#: Panels shown with `Panel.show`, whose displays `refresh_displays` keeps current.
+_SHOWN: weakref.WeakSet[Panel] = weakref.WeakSet()
 
 
 def _shell() -> Any:
@@ -332,7 +333,7 @@ def _series(
     return keys[0], []
 
 
-class RunPanel(_Panel):
+class RunPanel(Panel):
     """One run, live: a progress bar of optimizer steps with an ETA, reward and loss curves, and
     markers at checkpoints, preemptions (signal or drain notice) and resumes.
 
@@ -486,4 +487,4 @@ class RunPanel(_Panel):
         )
 
 
-__all__ = ["ClusterPanel", "Poller", "RunPanel", "refresh_displays"]
+__all__ = ["ClusterPanel", "Panel", "Poller", "RunPanel", "refresh_displays"]

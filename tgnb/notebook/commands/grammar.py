@@ -1,4 +1,4 @@
-"""The grammar of ``%tg``: one argparse parser per subcommand, errors raised as `UsageError`.
+"""The grammar of ``%tg``: the argparse parser each subcommand fills, errors raised as `UsageError`.
 
 argparse normally prints to stderr and exits; here a bad line raises IPython's `UsageError` with a
 one-line message that names the fix, and ``--help`` raises `HelpShown` carrying the help text.
@@ -27,7 +27,7 @@ class HelpShown(Exception):
         self.text = text
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """An ArgumentParser that raises instead of exiting, and refuses an option given twice
     (argparse keeps the last one silently) unless it is one to repeat (``--set``, ``--reward``)."""
 
@@ -96,6 +96,22 @@ def number(text: str) -> float:
     return float(text)
 
 
+def at_least_zero(text: str) -> int:
+    """A whole number >= 0 in ASCII digits (a count: generators, a seed)."""
+    n = whole(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return n
+
+
+def signed_whole(text: str) -> int:
+    """Any whole number in ASCII digits, signed: its range is the Python check's to say (it knows
+    the model's)."""
+    if not re.fullmatch(r"-?[0-9]{1,12}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write e.g. 8")
+    return int(text)
+
+
 def gpus(text: str) -> int:
     """A GPU count as written on the line; the multiple-of-8 rule is the Python API's to check."""
     try:
@@ -134,130 +150,6 @@ def out_name(text: str) -> str:
             f"{text[:40]!r} is not a Python name to store into: try run1"
         )
     return text
-
-
-def build() -> dict[str, _Parser]:
-    """One parser per subcommand, by name."""
-    p: dict[str, _Parser] = {}
-
-    def sub(name: str, help: str, usage: str | None = None) -> _Parser:
-        parser = _Parser(prog=f"%tg {name}", description=help, usage=usage, add_help=True)
-        p[name] = parser
-        return parser
-
-    a = sub(
-        "attach", "Attach this notebook to a cluster (by name or id), or to the local emulator."
-    )
-    a.add_argument(
-        "cluster", nargs="?", type=name_arg, help="cluster name or id (default: Tg.default_cluster)"
-    )
-    a.add_argument(
-        "--local", action="store_true", help="use the local emulator, start it if needed"
-    )
-    a.add_argument(
-        "--time-scale",
-        type=number,
-        default=None,
-        help="the local emulator's time scale (default: the running one's, else 0.02)",
-    )
-
-    sub("clusters", "List the clusters of the project.")
-    sub("status", "Show the attached cluster: target against allocated, and its nodes.")
-
-    s = sub("scale", "Set the preemptible GPU target (a multiple of 8).")
-    s.add_argument("--preemptible", type=gpus, required=True, metavar="N", help="GPUs, e.g. 16")
-    s.add_argument(
-        "--wait", action="store_true", help="show allocated against desired until reached"
-    )
-    s.add_argument(
-        "--timeout",
-        type=duration,
-        default=None,
-        help="how long to wait, e.g. 15m (more than 0; without --timeout: until reached)",
-    )
-
-    la = sub(
-        "launch",
-        "Launch a GRPO, DPO or SFT run, or your own script (train.py -- its args). As "
-        "%%tg launch, the cell body is the run's YAML (script: and args: for a script).",
-        usage="%(prog)s grpo|dpo|sft|SCRIPT.py [options] [-o NAME] [-- SCRIPT ARGS]",
-    )
-    la.add_argument(
-        "algorithm", nargs="?", help="grpo, dpo, sft, or a script of the workdir (train.py)"
-    )
-    la.add_argument("--workdir", help="the folder shipped with the run (default: the notebook's)")
-    la.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check everything and print the config as the node will run it; launch nothing",
-    )
-    la.add_argument("--name", help="the run's name (default: generated)")
-    la.add_argument("--model", help="model name or path")
-    la.add_argument("--dataset", help="dataset name")
-    la.add_argument("--reward", dest="rewards", action="append", help="reward (repeat for several)")
-    la.add_argument("--steps", dest="max_steps", type=whole, help="max_steps")
-    la.add_argument("--lr", type=number, help="learning rate (trl.learning_rate)")
-    la.add_argument("--seed", type=whole, help="random seed")
-    la.add_argument("--nodes", type=whole, help="nodes (default 1)")
-    la.add_argument("--gpus-per-node", type=whole, help="GPUs per node (default 8)")
-    kind = la.add_mutually_exclusive_group()
-    kind.add_argument(
-        "--preemptible",
-        dest="preemptible",
-        action="store_true",
-        default=None,
-        help="run on preemptible nodes (the default)",
-    )
-    kind.add_argument(
-        "--standard", dest="preemptible", action="store_false", help="run on standard nodes"
-    )
-    la.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other config key, dotted (e.g. trl.num_generations=4); value read as YAML",
-    )
-    la.add_argument(
-        "-o",
-        "--out",
-        type=out_name,
-        metavar="NAME",
-        help="store the Run under NAME in the namespace",
-    )
-
-    ru = sub("runs", "List the runs this notebook launched or opened (--all: the cluster's).")
-    ru.add_argument("--all", action="store_true", help="every run of the attached cluster")
-    for cmd, what in (("watch", "Show a live RunPanel"), ("stop", "Stop a run")):
-        sub(cmd, f"{what}.").add_argument("run", type=name_arg, help="run name or id")
-    lg = sub("logs", "Print a run's log.")
-    lg.add_argument("run", type=name_arg, help="run name or id")
-    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
-
-    e = sub("events", "Cluster and run events (node added, preemption notices, checkpoints, ...).")
-    e.add_argument("--since", type=duration, default=None, help="e.g. 30m, 2h, 1d")
-    e.add_argument("--node", type=name_arg, help="only this node's events")
-    e.add_argument("--run", type=name_arg, help="only this run's events")
-    e.add_argument(
-        "--watch", action="store_true", help="keep printing new events (interrupt to stop)"
-    )
-    e.add_argument("--timeline", action="store_true", help="draw them as an EventTimeline")
-
-    pr = sub("preempt", "Preempt a node now (local emulator only).")
-    pr.add_argument(
-        "node", nargs="?", type=name_arg, help="node name (default: the oldest preemptible node)"
-    )
-
-    co = sub(
-        "cost",
-        "GPU-hours on standard and preemptible nodes, and work lost, of the runs this notebook "
-        "launched or opened (--all: the cluster's).",
-    )
-    co.add_argument("--all", action="store_true", help="every run of the attached cluster")
-    # Routed to tgnb.notebook._pt_magics, which has its own subcommands (%tg pt --help).
-    sub("pt", "Post-Training: models, resources, sessions, checkpoints, cost, panel.")
-    return p
 
 
 def nearest(word: str, choices: list[str]) -> str:

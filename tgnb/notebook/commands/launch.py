@@ -1,16 +1,89 @@
-"""``%tg launch`` and ``%%tg launch``: the line's options and the cell's YAML as one run config.
+"""``%tg launch`` and ``%%tg launch``: the line's options and the cell's YAML as one run config,
+launched with `Session.launch` (``--dry-run``: checked and printed, nothing launched).
 
-The result is what `Session.launch` takes: a config mapping (``algorithm``, ``model``, ``trl``, ...)
+The config is what `Session.launch` takes: a config mapping (``algorithm``, ``model``, ``trl``, ...)
 and the keyword options (``name``, ``preemptible``). A YAML body that does not parse is a
-`UsageError` naming its line and column; unknown config keys are the training config's own
-`TrainConfigError` (raised before anything is sent).
+`UsageError` naming its line and column; unknown config keys and wrong types are the training
+config's own `TrainConfigError`, raised by `Session.launch`'s checks before anything is sent.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
+
+from tgnb.notebook.commands.grammar import Parser, number, out_name, whole
+
+if TYPE_CHECKING:
+    from tgnb.notebook.magics import Tg
+
+HELP = (
+    "Launch a GRPO, DPO or SFT run, or your own script (train.py -- its args). As "
+    "%%tg launch, the cell body is the run's YAML (script: and args: for a script)."
+)
+USAGE = "%(prog)s grpo|dpo|sft|SCRIPT.py [options] [-o NAME] [-- SCRIPT ARGS]"
+CELL = True  # a %%tg launch cell body (the YAML), and a script's own arguments after --
+STORES = True
+
+
+def arguments(p: Parser) -> None:
+    p.add_argument(
+        "algorithm", nargs="?", help="grpo, dpo, sft, or a script of the workdir (train.py)"
+    )
+    p.add_argument("--workdir", help="the folder shipped with the run (default: the notebook's)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything and print the config as the node will run it; launch nothing",
+    )
+    p.add_argument("--name", help="the run's name (default: generated)")
+    p.add_argument("--model", help="model name or path")
+    p.add_argument("--dataset", help="dataset name")
+    p.add_argument("--reward", dest="rewards", action="append", help="reward (repeat for several)")
+    p.add_argument("--steps", dest="max_steps", type=whole, help="max_steps")
+    p.add_argument("--lr", type=number, help="learning rate (trl.learning_rate)")
+    p.add_argument("--seed", type=whole, help="random seed")
+    p.add_argument("--nodes", type=whole, help="nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=whole, help="GPUs per node (default 8)")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--preemptible",
+        dest="preemptible",
+        action="store_true",
+        default=None,
+        help="run on preemptible nodes (the default)",
+    )
+    kind.add_argument(
+        "--standard", dest="preemptible", action="store_false", help="run on standard nodes"
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other config key, dotted (e.g. trl.num_generations=4); value read as YAML",
+    )
+    p.add_argument(
+        "-o",
+        "--out",
+        type=out_name,
+        metavar="NAME",
+        help="store the Run under NAME in the namespace",
+    )
+
+
+def run(tg: Tg, args: Any, cell: str | None) -> Any:
+    algorithm, options = launch_request(args, cell)
+    if args.dry_run:
+        print(tg.attached().launch(algorithm, dry_run=True, **options), end="")
+        return None
+    launched = tg.attached().launch(algorithm, **options)
+    tg.remember(launched)
+    tg.store(args.out, launched)
+    return launched
+
 
 #: Line options and the config key each one sets (dotted keys are nested).
 _OPTION_KEYS = {
@@ -54,7 +127,7 @@ _BUILTIN = ("grpo", "dpo", "sft")
 def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config mapping, keyword options) for `Session.launch` from parsed options and a body;
     ``args.script_args`` holds what followed ``--`` on the line (a script's arguments)."""
-    from tgnb.tasks.config import apply_overrides, from_dict
+    from tgnb.tasks.config import apply_overrides
 
     raw = parse_body(cell) if cell is not None else {}
     options: dict[str, Any] = {k: raw.pop(k) for k in _BODY_OPTIONS if k in raw}
@@ -88,7 +161,6 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
         if getattr(args, attr) is not None
     ]
     raw = apply_overrides(raw, [*sets, *args.sets])
-    from_dict(raw)  # unknown keys and wrong types fail here, before anything is sent
     if getattr(args, "workdir", None):
         options["workdir"] = args.workdir
     if args.name:

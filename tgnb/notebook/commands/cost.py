@@ -1,0 +1,35 @@
+"""``%tg cost [--all]``: a `tgnb.notebook.cost.CostReport` of the runs this notebook launched or
+opened (``--all``: the cluster's), from their lifecycle events, at ``Tg.*_price``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tgnb.notebook.commands.grammar import Parser
+from tgnb.notebook.tables import scope_words
+
+if TYPE_CHECKING:
+    from tgnb.events import Event
+    from tgnb.notebook.cost import CostReport
+    from tgnb.notebook.magics import Tg
+
+HELP = (
+    "GPU-hours on standard and preemptible nodes, and work lost, of the runs this notebook "
+    "launched or opened (--all: the cluster's)."
+)
+
+
+def arguments(p: Parser) -> None:
+    p.add_argument("--all", action="store_true", help="every run of the attached cluster")
+
+
+def run(tg: Tg, args: Any, cell: str | None) -> CostReport:
+    from tgnb.notebook.cost import session_cost
+
+    by_name: dict[str, tuple[list[Event], int]] = {}
+    for r in tg.notebook_runs(args.all):
+        res = r.record.spec.resources
+        by_name[r.name] = (r.run_events(), int(res.gpus_per_node) * int(res.nodes))
+    report = session_cost(by_name, tg.standard_price, tg.preemptible_price)
+    report.scope = scope_words(args.all, tg.others(args.all))
+    return report

@@ -1,0 +1,50 @@
+"""``%tg runs [--all]``: the runs this notebook launched or opened (``--all``: the cluster's) as a
+table of their state, steps, nodes and restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from tgnb.notebook.commands.grammar import Parser
+from tgnb.notebook.tables import Table, scope_words
+
+if TYPE_CHECKING:
+    from tgnb.notebook.magics import Tg
+    from tgnb.runs import Run
+
+HELP = "List the runs this notebook launched or opened (--all: the cluster's)."
+
+
+def arguments(p: Parser) -> None:
+    p.add_argument("--all", action="store_true", help="every run of the attached cluster")
+
+
+def run(tg: Tg, args: Any, cell: str | None) -> Table:
+    return runs_table(tg.notebook_runs(args.all), every=args.all, others=tg.others(args.all))
+
+
+def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Table:
+    rows = []
+    for r in runs:
+        rec = r.refresh()
+        summary = r.summary()  # steps as the program logged them, against its own max steps
+        total = summary["max_steps"]
+        rows.append(
+            (
+                rec.name,
+                summary["kind"],
+                rec.state.value,
+                f"{summary['steps']}/{total}" if total else str(summary["steps"]),
+                rec.backend,
+                ",".join(rec.nodes) or "-",
+                str(rec.restart_count),
+            )
+        )
+    if every:
+        empty = "no runs on this cluster yet: %tg launch grpo"
+    else:
+        more = f" ({others} on the cluster: %tg runs --all)" if others else ""
+        empty = f"no runs launched or opened in this notebook yet: %tg launch grpo{more}"
+    head = ("RUN", "KIND", "STATE", "STEPS", "BACKEND", "NODES", "RESTARTS")
+    return Table(head, rows, empty, scope_words(every, others))

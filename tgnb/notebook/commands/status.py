@@ -1,0 +1,20 @@
+"""``%tg status``: `Session.status()`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tgnb.notebook.commands.grammar import Parser
+
+if TYPE_CHECKING:
+    from tgnb.notebook.magics import Tg
+
+HELP = "Show the attached cluster: target against allocated, and its nodes."
+
+
+def arguments(p: Parser) -> None:
+    pass
+
+
+def run(tg: Tg, args: Any, cell: str | None) -> Any:
+    return tg.attached().status()
