@@ -34,22 +34,6 @@ def is_loopback(base_url: str | None) -> bool:
         return False
 
 
-def is_emulator(base_url: str | None, api_key: str | None = None) -> bool:
-    """Whether the clusters API at `base_url` is the local emulator (it answers ``/_emulator``)."""
-    if not is_loopback(base_url):
-        return False
-    import httpx
-
-    from tgnb.emulator.admin import AdminClient
-
-    try:
-        with AdminClient(str(base_url), api_key, timeout=5.0) as admin:
-            admin.health()
-    except (httpx.HTTPError, ValueError):
-        return False
-    return True
-
-
 def backend_name(state: ClusterState, base_url: str | None, override: str | None = None) -> str:
     """The name of the backend for a cluster: the override, else by where and what it is."""
     if override is not None:

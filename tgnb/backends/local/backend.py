@@ -268,11 +268,3 @@ class LocalBackend:
 
     def restart_count(self, job_id: str) -> int:
         return self.store.get(job_id).restart_count
-
-    def wait_supervisor(self, job_id: str, timeout: float | None = None) -> None:
-        """Wait for the run's supervisor to exit, when this process started it (tests)."""
-        rec = self.store.get(job_id)
-        pid = self._supervisor_pid(rec)
-        for proc in list(_STARTED):
-            if proc.pid == pid:
-                proc.wait(timeout)
