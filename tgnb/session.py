@@ -175,6 +175,14 @@ class Session:
         """Reattach to a run by name or id (a run launched by an earlier kernel too)."""
         return self._run(self.store.get(name))
 
+    def sync(self) -> list[Run]:
+        """Bring the run store up to what the engine says of this cluster's unfinished runs
+        (`Run.sync` each; `Run.wait` does it for its own run). The runs it looked at."""
+        runs = [self._run(r) for r in self.store.list(cluster_id=self.cluster.id, active=True)]
+        for run in runs:
+            run.sync()
+        return runs
+
     def recover(self) -> list[str]:
         """Start again what keeps this cluster's unfinished runs going where it is gone (the local
         backend: their supervisors, after a machine restart). The names of the runs restarted."""
@@ -303,8 +311,7 @@ class Session:
         except TgnbError as exc:
             self.store.set_state(record.id, JobState.FAILED, f"submit failed: {exc}")
             raise
-        if not backend.records_state:  # else the backend recorded its job as it submitted
-            self.store.add_job(record.id, job_id)
+        self.store.add_job(record.id, job_id)  # the one record of the run's job
         return self._run(self.store.get(record.id))
 
 

@@ -197,10 +197,8 @@ def translate(
 
 def raise_translated(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
     """Raise `translate(exc)` without the SDK exception in its chain: the SDK's text quotes the
-    server's raw answer, which may echo the key. `err.sdk_error` keeps the SDK class's name."""
-    err = translate(exc, what, base_url)
-    err.sdk_error = type(exc).__name__  # type: ignore[attr-defined]
-    raise err from None
+    server's raw answer, which may echo the key."""
+    raise translate(exc, what, base_url) from None
 
 
 def is_sdk_error(exc: BaseException) -> bool:

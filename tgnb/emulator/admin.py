@@ -2,8 +2,8 @@
 
 The platform's own routes (``/v1/...``) are reached through the ``together`` SDK; these are the
 emulator's extras, which the SDK does not know: health, a cluster's nodes with their state, preempt
-a node now, end a drain window, chaos, capacity (a cap, a capacity trace) and the request log. `Session.preempt`, the local
-backend's node reader, the backend registry, the demo, the daemon's health check and the test
+a node now, end a drain window, chaos, capacity (a cap, a capacity trace) and the request log.
+`Session.preempt`, the local backend's node reader, the demo, the daemon's health check and the test
 harness all go through it, so no URL under ``/_emulator`` is built anywhere else.
 
 Errors are httpx's: `httpx.TransportError` when the daemon cannot be reached,
@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from tgnb.config import Secret
+from tgnb.emulator.nodeview import NodeInfo
 
 PREFIX = "/_emulator"
 
@@ -73,6 +74,10 @@ class AdminClient:
         """Every node of a cluster: name, kind, state, deadline, dir, ... (removed ones too)."""
         body = self._call("GET", f"{PREFIX}/clusters/{cluster_id}/nodes")
         return list(body.get("nodes", body) if isinstance(body, dict) else body)
+
+    def node_infos(self, cluster_id: str) -> list[NodeInfo]:
+        """`nodes`, typed: the view the fleet rendered (`tgnb.emulator.nodeview.NodeInfo`)."""
+        return [NodeInfo.from_wire(item) for item in self.nodes(cluster_id)]
 
     def preempt(self, cluster_id: str, node: str | None = None) -> dict[str, Any]:
         """Preempt `node` (default: the oldest running preemptible node); returns the node."""

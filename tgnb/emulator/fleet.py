@@ -72,6 +72,7 @@ from tgnb.emulator.models import (
     check_record,
     cluster_to_api,
 )
+from tgnb.emulator.nodeview import NOTICE_FILE, REMOVED_FILE, NodeInfo
 from tgnb.emulator.store import StateStore
 from tgnb.emulator.trace import CapacityTrace, parse
 from tgnb.emulator.validation import NOT_FOUND, RequestError
@@ -293,7 +294,7 @@ class Fleet:
         )
         self.store.write_node_file(
             n.name,
-            "preemption-notice.json",
+            NOTICE_FILE,
             {
                 "node": n.name,
                 "cluster_id": c.cluster_id,
@@ -317,7 +318,7 @@ class Fleet:
             self._event(c, n.name, reason, f"node {n.name} {why}", t)
         self.store.write_node_file(
             n.name,
-            "removed.json",
+            REMOVED_FILE,
             {
                 "node": n.name,
                 "cluster_id": c.cluster_id,
@@ -593,21 +594,17 @@ class Fleet:
             return [self._node_view(c, n) for n in c.nodes]
 
     def _node_view(self, c: ClusterState, n: NodeState) -> dict[str, Any]:
-        def ts(t: float | None) -> str | None:
-            return None if t is None else _ts(t)
-
-        return {
-            "name": n.name,
-            "cluster_id": c.cluster_id,
-            "kind": n.kind,
-            "state": n.state,
-            "gpus": GPUS_PER_NODE,
-            "requested_at": ts(n.requested_at),
-            "ready_at": ts(n.ready_at),
-            "notified_at": ts(n.notified_at),
-            "deadline": ts(n.deadline),
-            "deadline_unix": n.deadline,
-            "removed_at": ts(n.removed_at),
-            "removed_reason": n.removed_reason,
-            "dir": str(self.store.node_dir(n.name)),
-        }
+        return NodeInfo(
+            name=n.name,
+            cluster_id=c.cluster_id,
+            kind=n.kind,
+            state=n.state,
+            gpus=GPUS_PER_NODE,
+            directory=str(self.store.node_dir(n.name)),
+            deadline=n.deadline,
+            requested_at=n.requested_at,
+            ready_at=n.ready_at,
+            notified_at=n.notified_at,
+            removed_at=n.removed_at,
+            removed_reason=n.removed_reason,
+        ).to_wire()

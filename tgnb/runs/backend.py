@@ -17,13 +17,16 @@ from tgnb.runs.spec import JobStatus, RunSpec
 @runtime_checkable
 class Backend(Protocol):
     """What tgnb needs from an engine: everything `Session` and `Run` call, nothing found by
-    probing. Job ids are strings chosen by the engine."""
+    probing. Job ids are strings chosen by the engine.
+
+    One mode for every engine: `status` answers from the engine (slurmctld, the Kubernetes Job, the
+    local supervisor's records in the run store) and is the truth; the session records each run
+    and its job in the run store once (`Session.launch`), and the store follows `status` only where
+    `Run.sync` is called (`Run.wait` does, at each poll). A backend never creates a run's record.
+    Errors are raised, typed: a `tgnb.errors.TgnbError` (`BackendError` for an engine's failure).
+    """
 
     name: str
-    #: True when the engine's own process writes the run's state into the run store as it changes
-    #: (the local backend's supervisor); False when the engine holds the truth and `Run` copies
-    #: what `status` says into the store (Slurm, Kubernetes).
-    records_state: bool
 
     def preflight(self, spec: RunSpec) -> object:
         """Every check `submit` makes before it changes anything (engine commands present,
@@ -37,13 +40,20 @@ class Backend(Protocol):
         None when that is not a path this machine chooses (a pod's volume)."""
         ...
 
-    def submit(self, spec: RunSpec) -> str: ...
+    def submit(self, spec: RunSpec) -> str:
+        """Start the run the session has just recorded under `spec.name`; the job id."""
+        ...
 
-    def status(self, job_id: str) -> JobStatus: ...
+    def status(self, job_id: str) -> JobStatus:
+        """The job's status, from the engine; raises when the engine cannot say."""
+        ...
 
     def cancel(self, job_id: str) -> None: ...
 
-    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]: ...
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        """The job's output, raw lines without newline (``@tgnb`` records included: `Run`
+        parses them); with `follow`, as they are written until the job has finished."""
+        ...
 
     def events(self, job_id: str) -> list[Event]: ...
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tgnb.errors import BackendError, TgnbError
 from tgnb.events import (
     DRAIN_NOTICE,
     NODE_ADDED,
@@ -28,14 +29,14 @@ from tgnb.events import (
     program_text,
     read_jsonl,
 )
+from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
+from tgnb.runs.node import LOG as TRAIN_LOG
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
 if TYPE_CHECKING:
     import pandas as pd
-
-TRAIN_LOG = "train.log"
 
 
 class Run:
@@ -79,49 +80,83 @@ class Run:
         return Path(self._record.run_dir) if self._record.run_dir else None
 
     def __repr__(self) -> str:
-        rec = self.refresh()
-        nodes = ",".join(rec.nodes) or "-"
+        st = self.report()
+        nodes = ",".join(st.nodes) or "-"
         return (
-            f"<Run {rec.name} {rec.state.value} backend={rec.backend} nodes={nodes} "
-            f"restarts={rec.restart_count}>"
+            f"<Run {self.name} {st.state.value} backend={self._record.backend} nodes={nodes} "
+            f"restarts={st.restart_count}>"
         )
 
     # -- status --------------------------------------------------------------------------------
 
     def refresh(self) -> RunRecord:
-        """Read the record again; for engines that own the truth, ask the backend first."""
-        rec = self.store.get(self._record.id)
-        if (
-            self.backend is not None
-            and not self.backend.records_state
-            and rec.job_id
-            and not rec.state.finished
-        ):
-            try:
-                st = self.backend.status(rec.job_id)
-            except Exception:
-                st = None
-            if st is not None and (st.state != rec.state or st.restart_count != rec.restart_count):
-                self.store.set_state(
-                    rec.id,
-                    st.state,
-                    st.detail,
-                    nodes=st.nodes,
-                    restart_count=st.restart_count,
-                    exit_code=st.exit_code,
-                )
-                rec = self.store.get(rec.id)
-        self._record = rec
-        return rec
+        """Read the run store's record again (a read: nothing is written)."""
+        self._record = self.store.get(self._record.id)
+        return self._record
 
     @property
     def status(self) -> JobStatus:
-        """The run's status; a failed run's `detail` is its last error line (`error`)."""
+        """The run's status as its engine reports it (`Backend.status`: the truth for every
+        engine), or as the store recorded it once the run has finished; a failed run's `detail`
+        is its last error line (`error`). A read: the store is brought up to date by `sync`.
+
+        Raises the engine's `tgnb.errors.TgnbError` (a `BackendError` for any other failure)
+        when the engine cannot say.
+        """
         rec = self.refresh()
-        if self.backend is not None and self.backend.records_state and not rec.state.finished:
-            return self.backend.status(rec.job_id or rec.id)  # the record, unless its writer died
-        detail = (self.error() or rec.detail) if rec.state is JobState.FAILED else rec.detail
-        return JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, detail)
+        if self.backend is not None and not rec.state.finished:
+            st = self._engine_status(rec)
+        else:
+            st = JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, rec.detail)
+        if st.state is JobState.FAILED:
+            st = JobStatus(
+                st.state, st.restart_count, st.nodes, st.exit_code, self.error() or st.detail
+            )
+        return st
+
+    def report(self) -> JobStatus:
+        """`status` for a listing (a panel, a table): when the engine cannot say, its error is
+        reported in the `detail` of an UNKNOWN status instead of raised."""
+        try:
+            return self.status
+        except TgnbError as exc:
+            rec = self._record
+            return JobStatus(JobState.UNKNOWN, rec.restart_count, rec.nodes, None, str(exc))
+
+    def _engine_status(self, rec: RunRecord) -> JobStatus:
+        assert self.backend is not None
+        try:
+            return self.backend.status(rec.job_id or rec.id)
+        except TgnbError:
+            raise
+        except Exception as exc:  # the engine's own library failed: typed, with its cause
+            raise BackendError(
+                f"the {self.backend.name} backend could not say how run {rec.name!r} is: {exc}"
+            ) from exc
+
+    def sync(self) -> JobStatus:
+        """Bring the run store's record up to what the engine says, and return that status.
+
+        The one place where the store follows the engine: `wait` calls it at each poll and
+        `stop` after cancelling; call it (or `Session.sync`) to have listings such as
+        `Session.runs` up to date. A change is recorded only if the record did not move on
+        meanwhile (the local supervisor writes the same record), so nothing newer is undone.
+        """
+        rec = self.refresh()
+        if self.backend is None or rec.state.finished:
+            return self.status
+        st = self._engine_status(rec)
+        if st.state != rec.state or st.restart_count != rec.restart_count:
+            self.store.set_state(
+                rec.id,
+                st.state,
+                st.detail,
+                nodes=st.nodes,
+                restart_count=st.restart_count,
+                exit_code=st.exit_code,
+                expect=(rec.state, rec.restart_count),
+            )
+        return self.status if st.state.finished else st
 
     def error(self) -> str | None:
         """Why the run failed, in one line: tgnb's own message or the Python exception's line
@@ -148,12 +183,13 @@ class Run:
 
     @property
     def state(self) -> JobState:
-        return self.refresh().state
+        """The run's state (`status`)."""
+        return self.status.state
 
     @property
     def restart_count(self) -> int:
-        """How many times the run was started again after a preemption."""
-        return self.refresh().restart_count
+        """How many times the run was started again after a preemption (`status`)."""
+        return self.status.restart_count
 
     def history(self) -> list[StatusChange]:
         """The run's status changes, oldest first."""
@@ -163,6 +199,7 @@ class Run:
         self, timeout: float | None = None, poll: float = 0.5, progress: bool = True
     ) -> JobStatus:
         """Block until the run has finished (succeeded, failed or cancelled); its final status.
+        The run's watcher: each poll is a `sync`, so the store holds the final state on return.
 
         `progress` shows a text bar on stderr: steps done of max_steps, elapsed, ETA, state.
         Raises `TimeoutError` after `timeout` seconds with the run still going.
@@ -175,7 +212,7 @@ class Run:
         step = 0
         try:
             while True:
-                st = self.status
+                st = self.sync()
                 if progress:
                     if st.state.finished or time.monotonic() - read_at >= 2.0:
                         step, read_at = self._last_step(), time.monotonic()
@@ -199,16 +236,13 @@ class Run:
         return max((int(r["step"]) for r in self.records("metrics") if "step" in r), default=0)
 
     def stop(self) -> None:
-        """Stop the run: its processes get SIGTERM (they checkpoint), then it is cancelled."""
+        """Stop the run: its processes get SIGTERM (they checkpoint), then it is cancelled. The
+        engine says so in its status once it has stopped (`sync` records it; `wait` waits)."""
         rec = self.refresh()
-        if rec.state.finished:
+        if rec.state.finished or self.backend is None:
             return
-        if self.backend is None:
-            return
-        if rec.job_id:
-            self.backend.cancel(rec.job_id)
-        if not self.backend.records_state:  # else the backend records the stop as it happens
-            self.store.set_state(rec.id, JobState.CANCELLED, "stopped by the user")
+        self.backend.cancel(rec.job_id or rec.id)
+        self.sync()
 
     # -- what the run left ---------------------------------------------------------------------
 
@@ -270,7 +304,7 @@ class Run:
         rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
         return {
             "run": self.name,
-            "state": self.refresh().state.value,
+            "state": self.report().state.value,
             "steps": max(steps, default=0),
             "max_steps": max_steps,
             "steps_lost": lost,
@@ -328,7 +362,7 @@ class Run:
         path = self._file(TRAIN_LOG)
         lines: list[str] = []
         if path is not None and path.exists():
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = logtail.read_lines(path)
         elif self.backend is not None and self._record.job_id:
             lines = list(self.backend.logs(self._record.job_id, follow=False))
         return lines if raw else [out for ln in lines if (out := program_text(ln)) is not None]
@@ -337,10 +371,10 @@ class Run:
         """Yield log lines as they are written, until the run has finished.
 
         With ``records=True`` yield only the ``@tgnb`` records (dicts with a ``kind`` of
-        ``metrics`` or ``events``).
+        ``metrics`` or ``events``); with ``raw=True`` every line as written. The backend (or,
+        without one, `tgnb.runs.logtail`) yields the raw lines; they are told apart here.
         """
-        lines = self._follow_lines(poll)
-        for line in lines:
+        for line in self._follow_lines(poll):
             if raw:
                 yield line
             elif not records:
@@ -353,30 +387,13 @@ class Run:
                     yield rec
 
     def _follow_lines(self, poll: float) -> Iterator[str]:
-        path = self._file(TRAIN_LOG)
         rec = self.refresh()
-        if self.backend is not None and rec.job_id:  # the local backend tails train.log itself
+        if self.backend is not None and rec.job_id:
             yield from self.backend.logs(rec.job_id, follow=True)
             return
-        if path is None:
-            return
-        pos = 0
-        buf = ""
-        while True:
-            finished = self.refresh().state.finished
-            if path.exists():
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    fh.seek(pos)
-                    chunk = fh.read()
-                    pos = fh.tell()
-                buf += chunk
-                *done, buf = buf.split("\n")
-                yield from done
-            if finished:
-                if buf:
-                    yield buf
-                return
-            time.sleep(poll)
+        path = self._file(TRAIN_LOG)
+        if path is not None:
+            yield from logtail.tail(path, lambda: self.refresh().state.finished, poll)
 
 
 _PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)

@@ -214,12 +214,19 @@ class RunStore:
         return self.get(run_id)
 
     def add_job(self, run: str, job_id: str, **info: Any) -> None:
-        """Record an engine job id of a run (several after requeues on some engines)."""
+        """Record an engine job id of a run (several after requeues on some engines), or add to
+        what is noted of a recorded one: `info` is merged into the job's (the session records the
+        job once; the local engine notes its supervisor's pid and children on the same job)."""
         run_id = self._id(run)
         with self._write() as db:
+            row = db.execute(
+                "SELECT created_at, info FROM jobs WHERE run_id = ? AND job_id = ?",
+                (run_id, job_id),
+            ).fetchone()
+            created, noted = (row[0], json.loads(row[1])) if row else (time.time(), {})
             db.execute(
                 "INSERT OR REPLACE INTO jobs (run_id, job_id, created_at, info) VALUES (?, ?, ?, ?)",
-                (run_id, job_id, time.time(), json.dumps(info, sort_keys=True)),
+                (run_id, job_id, created, json.dumps({**noted, **info}, sort_keys=True)),
             )
 
     def set_state(
@@ -233,17 +240,24 @@ class RunStore:
         restart_count: int | None = None,
         exit_code: int | None = None,
         at: float | None = None,
+        expect: tuple[JobState, int] | None = None,
     ) -> None:
         """Change a run's state and append the change to its history.
 
         A run that has finished (succeeded, failed, cancelled) keeps its final state: later
-        changes are ignored, so a late writer cannot resurrect it.
+        changes are ignored, so a late writer cannot resurrect it. With `expect` (the state and
+        restart count the writer read) the change is made only if the run is still there, so a
+        writer that follows the engine (`Run.sync`) never undoes a newer change.
         """
         run_id = self._id(run)
         now = time.time() if at is None else at
         with self._write() as db:
-            row = db.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = db.execute(
+                "SELECT state, restart_count FROM runs WHERE id = ?", (run_id,)
+            ).fetchone()
             if row is None or JobState(row[0]).finished:
+                return
+            if expect is not None and (JobState(row[0]), int(row[1])) != expect:
                 return
             sets = ["state = ?", "detail = ?"]
             args: list[Any] = [state.value, detail]

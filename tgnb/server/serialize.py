@@ -60,20 +60,21 @@ def _step(run: Run) -> int:
 
 def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
     """One run: status, restarts, nodes and progress (optimizer steps done against max_steps)."""
-    rec = run.refresh()
+    st = run.report()  # the engine's word (an error it gave is in `detail`)
+    rec = run.record
     step = _step(run)
     total = run.max_steps()
     out: dict[str, Any] = {
         "id": rec.id,
         "name": rec.name,
-        "state": rec.state.value,
-        "finished": rec.state.finished,
+        "state": st.state.value,
+        "finished": st.state.finished,
         "backend": rec.backend,
         "algorithm": str(rec.spec.train.get("algorithm", "")),
-        "restart_count": rec.restart_count,
-        "nodes": list(rec.nodes),
-        "exit_code": rec.exit_code,
-        "detail": (run.error() or rec.detail) if rec.state.value == "failed" else rec.detail,
+        "restart_count": st.restart_count,
+        "nodes": list(st.nodes),
+        "exit_code": st.exit_code,
+        "detail": st.detail,
         "created_at": rec.created_at,
         "step": step,
         "max_steps": total,

@@ -33,7 +33,6 @@ class KubernetesBackend:
     """Submit, follow and cancel runs in one namespace of a Kubernetes cluster."""
 
     name = "kubernetes"
-    records_state = False  # the Job holds the truth; `Run` copies `status` into the store
 
     def __init__(
         self,

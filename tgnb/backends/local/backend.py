@@ -21,7 +21,7 @@ from tgnb.backends.local import proctree
 from tgnb.config import Secret
 from tgnb.errors import BackendError
 from tgnb.events import Event, read_jsonl
-from tgnb.runs import node, workdir
+from tgnb.runs import logtail, node, workdir
 from tgnb.runs.store import RunRecord, RunStore
 
 SUPERVISOR_LOG = "supervisor.log"
@@ -95,7 +95,6 @@ class LocalBackend:
     """Runs on one emulated cluster: `cluster_id` of type KUBERNETES or SLURM."""
 
     name = "local"
-    records_state = True  # the run's supervisor writes every state change to the run store
 
     def __init__(
         self,
@@ -131,14 +130,13 @@ class LocalBackend:
     # -- Backend protocol ----------------------------------------------------------------------
 
     def submit(self, spec: RunSpec) -> str:
-        """Start the run's supervisor; the run is recorded in the store first if it is not yet."""
+        """Start the supervisor of the run the session recorded under `spec.name`; the job id is
+        the run's id (the supervisor's records in the run store are this engine's state)."""
         rec = self.store.find(spec.name)
         if rec is None:
-            rec = self.store.create(
-                spec,
-                backend=self.name,
-                cluster_id=self.cluster_id,
-                run_dir=spec.run_dir or self.run_dir_for(spec.name),
+            raise BackendError(
+                f"no run {spec.name!r} in the run store: launch runs with session.launch(...), "
+                "which records the run before the backend starts it"
             )
         run_dir = Path(rec.run_dir or self.run_dir_for(spec.name))
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +184,7 @@ class LocalBackend:
             except OSError as exc:
                 raise BackendError(f"could not start the run's supervisor: {exc}") from None
         _STARTED.append(proc)
-        self.store.add_job(rec.id, rec.id, pid=proc.pid)
+        self.store.add_job(rec.id, rec.id, pid=proc.pid)  # the engine's note: its supervisor
         return proc.pid
 
     def _supervisor_pid(self, rec: RunRecord) -> int | None:
@@ -252,13 +250,14 @@ class LocalBackend:
         proctree.kill_run(rec.id, live)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
-        from tgnb.runs.run import Run
-
-        run = Run(self.store.get(job_id), self.store, None)
-        if follow:  # raw: the caller's Run parses the @tgnb records or leaves them out
-            yield from run.follow(raw=True)
-        else:
-            yield from run.logs(raw=True)
+        """The raw lines of the run's ``train.log`` (the caller's `Run` parses the ``@tgnb``
+        records or leaves them out); with `follow`, until the run has finished."""
+        rec = self.store.get(job_id)
+        path = Path(rec.run_dir or self.run_dir_for(rec.name)) / node.LOG
+        if not follow:
+            yield from logtail.read_lines(path)
+            return
+        yield from logtail.tail(path, lambda: self.store.get(job_id).state.finished, self.poll)
 
     def events(self, job_id: str) -> list[Event]:
         rec = self.store.get(job_id)
@@ -268,11 +267,3 @@ class LocalBackend:
 
     def restart_count(self, job_id: str) -> int:
         return self.store.get(job_id).restart_count
-
-    def wait_supervisor(self, job_id: str, timeout: float | None = None) -> None:
-        """Wait for the run's supervisor to exit, when this process started it (tests)."""
-        rec = self.store.get(job_id)
-        pid = self._supervisor_pid(rec)
-        for proc in list(_STARTED):
-            if proc.pid == pid:
-                proc.wait(timeout)

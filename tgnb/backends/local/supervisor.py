@@ -133,6 +133,10 @@ class Supervisor:
 
     # -- events and nodes ----------------------------------------------------------------------
 
+    def _gone(self, name: str) -> NodeInfo:
+        """A node the emulator no longer lists: removed."""
+        return NodeInfo(name, self.source.cluster_id, "unknown", "removed", gpus=0)
+
     def event(self, reason: str, message: str, node: str | None = None, **data: Any) -> None:
         ev = Event(utcnow(), "tgnb", reason, message, node=node, run=self.record.name, data=data)
         with open(self.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
@@ -278,7 +282,7 @@ class Supervisor:
                 self.refresh()
                 last_api = now
             for name in names:
-                node = self._cache.get(name, NodeInfo(name, "unknown", "removed"))
+                node = self._cache.get(name) or self._gone(name)
                 if preempted is None and node.notified():
                     preempted = name
                     if self.slurm:

@@ -120,7 +120,6 @@ class SlurmBackend:
     """
 
     name = "slurm"
-    records_state = False  # slurmctld holds the truth; `Run` copies `status` into the store
 
     def __init__(
         self,

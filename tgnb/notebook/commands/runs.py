@@ -27,18 +27,19 @@ def run(tg: Tg, args: Any, cell: str | None) -> Table:
 def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Table:
     rows = []
     for r in runs:
-        rec = r.refresh()
+        st = r.report()  # the engine's word (an error it gave is in its detail)
+        rec = r.record
         summary = r.summary()  # steps as the program logged them, against its own max steps
         total = summary["max_steps"]
         rows.append(
             (
                 rec.name,
                 summary["kind"],
-                rec.state.value,
+                st.state.value,
                 f"{summary['steps']}/{total}" if total else str(summary["steps"]),
                 rec.backend,
-                ",".join(rec.nodes) or "-",
-                str(rec.restart_count),
+                ",".join(st.nodes) or "-",
+                str(st.restart_count),
             )
         )
     if every:
