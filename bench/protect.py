@@ -17,7 +17,8 @@
     it also prints where the time went, from the run's own ``events.jsonl``: signal delivered
     (``SignalReceived.received_at``), step in flight finished (that event's time, written at the
     step boundary), shards and small files written (``CheckpointSaved.stall_s``), checksums and
-    marker (``duration_s`` - ``stall_s``).
+    marker (``duration_s`` - ``stall_s``), and the rest (about 0: a few ms below, as ``duration_s``
+    ends after the marker's fsync, past its mtime).
 
 Usage: ``python bench/protect.py [--rounds 3] [--steps 40]``. The tiny model on the CPU is the
 demo scale; on a cluster the same ratios are taken with ``--model`` a real model.
