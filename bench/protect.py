@@ -7,9 +7,18 @@
 (b) SIGTERM -> sealed checkpoint of that protected user Trainer / of the built-in runtime
     (``python -m tgnb.train``, algorithm sft), same tiny model, batch and ranks (target <= 1.1):
     SIGTERM sent from here once a run has logged `--at` steps, until the checkpoint's completion
-    marker exists, alternately, `--rounds` times each. The user's script runs with the built-in
-    runtime's training arguments for the tiny model (activation checkpointing and tqdm off), so the
-    step in flight when the signal lands costs the same on both sides.
+    marker exists, alternately, `--rounds` times each. Both sides protect an SFTTrainer through the
+    same runtime (`tgnb.train.protect`) and write the same checkpoint; what differs is the step in
+    flight when the signal lands, which the signal has to wait for. So that it costs the same on
+    both sides, the user's SFTConfig gets every training argument the built-in runtime gives the
+    tiny model on the CPU (`tgnb.train.runner.training_kwargs`) that the script does not set itself
+    -- today ``bf16=False`` (TRL's SFTConfig defaults to bf16, whose autocast makes a tiny CPU step
+    2-3x slower), ``activation_checkpointing=False``, ``disable_tqdm=True`` and the seed. Per side
+    it also prints where the time went, from the run's own ``events.jsonl``: signal delivered
+    (``SignalReceived.received_at``), step in flight finished (that event's time, written at the
+    step boundary), shards and small files written (``CheckpointSaved.stall_s``), checksums and
+    marker (``duration_s`` - ``stall_s``), and the rest (about 0: a few ms below, as ``duration_s``
+    ends after the marker's fsync, past its mtime).
 
 Usage: ``python bench/protect.py [--rounds 3] [--steps 40]``. The tiny model on the CPU is the
 demo scale; on a cluster the same ratios are taken with ``--model`` a real model.
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -41,6 +51,22 @@ class _Timer(TrainerCallback):
 """
 
 
+BUILTIN_SETS = ("algorithm=sft", "trl.per_device_train_batch_size=8")
+
+
+def _builtin_args(script: str) -> str:
+    """The training arguments the built-in runtime gives the tiny model (`BUILTIN_SETS`) on the CPU
+    that `script`'s ``SFTConfig(...)`` does not set itself, as keyword-argument source."""
+    from tgnb.tasks.config import TrainConfig
+    from tgnb.train.runner import training_kwargs
+
+    cfg = TrainConfig(algorithm="sft", model="tiny", trl={"per_device_train_batch_size": 8})
+    block = script[script.index("SFTConfig(") :]
+    block = block[: block.index("\n)")]
+    given = set(re.findall(r"\b(\w+)=", block))
+    return " ".join(f"{k}={v!r}," for k, v in training_kwargs(cfg, False).items() if k not in given)
+
+
 def _workdir(tmp: Path, protect: bool, timer: bool, same_args: bool = False) -> Path:
     wd = tmp / f"wd-{protect}-{time.monotonic_ns()}"
     shutil.copytree(USER, wd, ignore=shutil.ignore_patterns("__pycache__"))
@@ -51,9 +77,7 @@ def _workdir(tmp: Path, protect: bool, timer: bool, same_args: bool = False) -> 
     if not protect:
         text = text.replace("tgnb.train.protect(trainer)\n", "")
     if same_args:
-        text = text.replace(
-            "use_cpu=True,", "use_cpu=True, activation_checkpointing=False, disable_tqdm=True,"
-        )
+        text = text.replace("use_cpu=True,", "use_cpu=True, " + _builtin_args(text))
     if timer:
         text = STEP_TIMER + text.replace(
             "trainer.train()\n",
@@ -89,14 +113,34 @@ def _marker_after(ckpts: Path, sent: float, timeout: float = 300.0) -> float:
     raise RuntimeError(f"no checkpoint sealed in {ckpts} after the SIGTERM")
 
 
-def sigterm_to_sealed(tmp: Path, model: str, user: bool, at: int, steps: int) -> float:
+def _breakdown(run_dir: Path, sent: float, took: float) -> dict[str, float]:
+    """Where the time from `sent` to the marker went, from the run's events (seconds)."""
+    from tgnb.events import parse_time, read_jsonl
+
+    events = {ev.reason: ev for ev in read_jsonl(run_dir / "events.jsonl")}
+    got, saved = events["SignalReceived"], events["CheckpointSaved"]
+    received = parse_time(got.data["received_at"]).timestamp()
+    boundary = parse_time(got.time).timestamp()
+    stall, duration = float(saved.data["stall_s"]), float(saved.data["duration_s"])
+    return {
+        "signal": received - sent,
+        "step": boundary - received,
+        "write": stall,
+        "seal": duration - stall,
+        "rest": took - (boundary - sent) - duration,
+    }
+
+
+def sigterm_to_sealed(
+    tmp: Path, model: str, user: bool, at: int, steps: int
+) -> tuple[float, dict[str, float]]:
     if user:
         wd = _workdir(tmp, protect=True, timer=False, same_args=True)
         cmd = [sys.executable, "train.py", "--model", model, "--max-steps", str(steps)]
         run_dir, cwd = wd / "out", wd
     else:
         run_dir = tmp / f"builtin-{time.monotonic_ns()}"
-        sets = ["algorithm=sft", f"max_steps={steps}", "trl.per_device_train_batch_size=8"]
+        sets = [*BUILTIN_SETS, f"max_steps={steps}"]
         cmd = [sys.executable, "-m", "tgnb.train", "--run-dir", str(run_dir)]
         cmd += [a for s in sets for a in ("--set", s)]
         cwd = tmp
@@ -115,7 +159,7 @@ def sigterm_to_sealed(tmp: Path, model: str, user: bool, at: int, steps: int) ->
     finally:
         if proc.poll() is None:
             proc.kill()
-    return took
+    return took, _breakdown(run_dir, sent, took)
 
 
 def main() -> None:
@@ -132,7 +176,10 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="tgnb-bench-protect-"))
     model = args.model or assets.resolve_model("tiny")
-    plain, guarded, user, builtin = [], [], [], []
+    plain: list[float] = []
+    guarded: list[float] = []
+    user: list[tuple[float, dict[str, float]]] = []
+    builtin: list[tuple[float, dict[str, float]]] = []
     try:
         for _ in range(args.rounds):  # side by side: one of each per round
             if args.part in ("a", "both"):
@@ -149,11 +196,15 @@ def main() -> None:
         print(f"(a) step time, protected / plain SFTTrainer: {a:.3f}  (target <= 1.02)")
         print(f"    ms protected: {ms(guarded)}; plain: {ms(plain)}")
     if user:
-        b = statistics.median(user) / statistics.median(builtin)
+        mine, theirs = [t for t, _ in user], [t for t, _ in builtin]
+        b = statistics.median(mine) / statistics.median(theirs)
         print(
             f"(b) SIGTERM -> sealed checkpoint, user Trainer / built-in: {b:.3f}  (target <= 1.1)"
         )
-        print(f"    ms user: {ms(user)}; built-in: {ms(builtin)}")
+        print(f"    ms user: {ms(mine)}; built-in: {ms(theirs)}")
+        for side, runs in (("user", user), ("built-in", builtin)):
+            parts = ", ".join(f"{k} {ms([p[k] for _, p in runs])}" for k in runs[0][1])
+            print(f"    {side} ms by part: {parts}")
 
 
 if __name__ == "__main__":
