@@ -186,6 +186,18 @@ def policy_for(
     return RecoveryPolicy()
 
 
+def check_rendered(policy: RecoveryPolicy, engine: str) -> None:
+    """Refuse what `engine` cannot render yet: moving between node classes (``"standard"``, a
+    deadline) needs an engine that places each restart itself, as the local supervisor does; an
+    sbatch job or an Indexed Job keeps its node class for its whole life."""
+    if policy.when_short == "standard" or policy.deadline is not None:
+        what = "deadline" if policy.deadline is not None else "when_short='standard'"
+        raise ValidationError(
+            f"{what} moves a run between node classes, which the {engine} engine cannot do yet: "
+            "use when_short='wait' or 'shrink' there"
+        )
+
+
 # -- the decision --------------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
 from tgnb.runs import node
-from tgnb.runs.recovery import FINAL_CODES
+from tgnb.runs.recovery import FINAL_CODES, check_rendered
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
@@ -200,6 +200,7 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
     """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
     options = options or RenderOptions()
     spec.validate()
+    check_rendered(spec.policy, "Slurm")
     if (
         not run_dir.startswith("/")
         or not run_dir.isprintable()
