@@ -40,6 +40,7 @@ def test_shrink_takes_what_is_free_down_to_min_nodes() -> None:
     assert (d.action, d.nodes, d.node_class, d.rule) == ("start", 1, "preemptible", "shrink")
     assert d.reason == "shrunk to 1 node: 8 of 16 preemptible GPUs allocated for 10 min"
     assert decide(RecoveryPolicy(when_short="shrink"), facts(0)).action == "wait"
+    assert decide(RecoveryPolicy(when_short="shrink"), facts(1, short=599)).action == "wait"
 
 
 def test_standard_moves_only_after_wait_s_and_back_when_capacity_returns() -> None:
@@ -109,7 +110,8 @@ def test_bad_policies_are_refused_with_the_fix(
 
 def test_the_default_is_todays_behaviour_and_round_trips() -> None:
     assert RunSpec("r", {}).policy == RecoveryPolicy()
-    assert RunSpec("r", {}, Resources(nodes=2, min_nodes=1)).policy.when_short == "shrink"
+    elastic = RunSpec("r", {}, Resources(nodes=2, min_nodes=1)).policy  # --nodes=MIN-MAX, at once
+    assert (elastic.when_short, elastic.wait_s) == ("shrink", 0.0)
     spec = RunSpec("r", {}, Resources(nodes=2, min_nodes=1),
                    recovery=RecoveryPolicy(when_short="standard", resume_codes=(75, 76)))  # fmt: skip
     assert spec_from_dict(spec_to_dict(spec)) == spec

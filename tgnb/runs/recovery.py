@@ -13,8 +13,8 @@ When an attempt ends
 
 When capacity to restart is short (`when_short`)
     ``"wait"`` (the default, and what every engine did before this policy): wait until `nodes`
-    preemptible nodes are free. ``"shrink"``: start on as many as are free, down to
-    `Resources.min_nodes`, at the smaller world size (the runtime keeps the global batch by scaling
+    preemptible nodes are free. ``"shrink"``: after `wait_s` short, start on as many as are free,
+    down to `Resources.min_nodes`, at the smaller world size (the runtime keeps the global batch by scaling
     gradient accumulation), and grow back at a later restart. ``"standard"``: after `wait_s`
     without the preemptible nodes, start on the cluster's standard nodes; every placement prefers
     preemptible first, so the next restart goes back to them.
@@ -60,7 +60,7 @@ class RecoveryPolicy:
     #: Exit codes that mean "preempted, checkpointed: resume me".
     resume_codes: tuple[int, ...] = (int(Exit.PREEMPTED),)
     when_short: str = "wait"
-    #: ``"standard"``: seconds without preemptible capacity before moving to standard nodes.
+    #: seconds short of preemptible capacity before shrinking or moving to standard nodes
     wait_s: float = 600.0
     #: Finish by this time (POSIX seconds) at the least cost (uniform progress).
     deadline: float | None = None
@@ -182,7 +182,7 @@ def policy_for(
     if recovery is not None:
         return recovery
     if min_nodes is not None and min_nodes < nodes:
-        return RecoveryPolicy(when_short="shrink")
+        return RecoveryPolicy(when_short="shrink", wait_s=0.0)
     return RecoveryPolicy()
 
 
@@ -290,9 +290,9 @@ def decide(policy: RecoveryPolicy, f: Facts) -> Decision:
     if pre >= want:
         return Decision("start", want, "preemptible", f"on {_nodes(want, 'preemptible')}", "full")
     short = f"{_capacity(f)} for {_minutes(f.short_for_s)}"
-    if policy.when_short == "shrink" and pre >= least:
-        return Decision("start", pre, "preemptible", f"shrunk to {_nodes(pre)}: {short}", "shrink")
     waited = f.short_for_s >= policy.wait_s
+    if policy.when_short == "shrink" and waited and pre >= least:
+        return Decision("start", pre, "preemptible", f"shrunk to {_nodes(pre)}: {short}", "shrink")
     if policy.when_short == "standard" and waited and enough_standard:
         n = min(std, want)
         why = f"moved to {_nodes(n, 'standard')}: {short}"
