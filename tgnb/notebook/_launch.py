@@ -47,7 +47,7 @@ def parse_body(cell: str) -> dict[str, Any]:
 
 
 #: Body keys that are launch options, not config keys.
-_BODY_OPTIONS = ("workdir",)
+_BODY_OPTIONS = ("workdir", "recovery", "min_nodes")  # Session.launch options, not config
 _BUILTIN = ("grpo", "dpo", "sft")
 
 
@@ -99,6 +99,10 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
         options["nodes"] = args.nodes
     if args.gpus_per_node is not None:
         options["gpus_per_node"] = args.gpus_per_node
+    if getattr(args, "min_nodes", None) is not None:
+        options["min_nodes"] = args.min_nodes
+    if getattr(args, "recovery", None) is not None:
+        options["recovery"] = args.recovery  # a when_short name (tgnb.runs.recovery)
     return raw, options
 
 

@@ -200,6 +200,12 @@ def build() -> dict[str, _Parser]:
     la.add_argument("--seed", type=whole, help="random seed")
     la.add_argument("--nodes", type=whole, help="nodes (default 1)")
     la.add_argument("--gpus-per-node", type=whole, help="GPUs per node (default 8)")
+    la.add_argument("--min-nodes", type=whole, help="fewest nodes a restart may use (shrink)")
+    la.add_argument(
+        "--recovery",
+        choices=("wait", "shrink", "standard"),
+        help="when preemptible capacity is short at a restart: wait (default), shrink, standard",
+    )
     kind = la.add_mutually_exclusive_group()
     kind.add_argument(
         "--preemptible",
