@@ -88,7 +88,7 @@ def test_budget_counts_failures_not_preemptions() -> None:
     ("policy", "resources", "fix"),
     [
         (RecoveryPolicy(max_restarts=-1), Resources(), "max_restarts must be an integer from 0"),
-        (RecoveryPolicy(max_restarts=True), Resources(), "max_restarts must be an integer"),  # type: ignore[arg-type]
+        (RecoveryPolicy(max_restarts=True), Resources(), "max_restarts must be an integer"),
         (RecoveryPolicy(backoff_s=-1), Resources(), "backoff_s must be a number of seconds >= 0"),
         (RecoveryPolicy(backoff_s=10, backoff_max_s=5), Resources(), "raise backoff_max_s"),
         (RecoveryPolicy(wait_s=float("nan")), Resources(), "wait_s must be a number"),
