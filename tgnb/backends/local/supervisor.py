@@ -14,9 +14,15 @@ platform does when one is preempted:
   file named by ``TGNB_NOTICE_FILE``), a kill at T+window, and a requeue with
   ``SLURM_RESTART_COUNT`` incremented.
 
-Exit 0 means succeeded; `EXIT_PREEMPTED` (75), or any end of a process whose node was preempted,
-means requeue on a fresh node; anything else failed. Every state change goes to the run store and
-the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued) go to the run's
+Each start is placed by the run's recovery policy (`tgnb.runs.recovery.decide`, from the
+emulator's node list): on the preemptible nodes it asks for, or, when they are short, wait, shrink
+to fewer nodes, or move to standard nodes (and back to preemptible ones as soon as the policy would
+start there: the run is stopped with SIGTERM, checkpoints and restarts). Each decision is a
+``RecoveryDecided`` event with its reason. Exit 0 means succeeded; a "resume me" code (75), or any
+end of a process whose node was preempted, means start again (uncounted); anything else is a
+failure, restarted after the policy's backoff while at most ``max_restarts`` are counted
+(``RunFailedRestarting``). Every state change goes to the run store and
+the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued, RecoveryDecided) go to the run's
 ``events.jsonl`` with source ``"tgnb"``, timed by the same clock as the emulator's node events.
 When the emulator cannot be reached it keeps going: the notice and removal files are on disk, and
 the node list is fetched again at the next poll. When the emulator of its tgnb home was *stopped*
@@ -46,6 +52,7 @@ from typing import Any, Literal
 from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
 from tgnb.backends.local.nodes import NodeInfo, NodeSource
+from tgnb.backends.local.placement import placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.events import (
     JOB_KILLED,
@@ -103,20 +110,6 @@ class Outcome:
     kind: Literal["succeeded", "failed", "cancelled", "requeue"]
     exit_code: int = 0
     node: str | None = None
-
-
-def _last_step(metrics: Path) -> int:
-    """The newest step in the run's metrics.jsonl (0 when none)."""
-    try:
-        with open(metrics, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return 0
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            return int(json.loads(line).get("step") or 0)
-    return 0
 
 
 def _free_port() -> int:
@@ -185,37 +178,7 @@ class Supervisor:
         return nodes
 
     def facts(self, nodes: Sequence[NodeInfo], short_for: float) -> Facts:
-        """What `tgnb.runs.recovery.decide` needs, from the emulator's node list and the run's
-        own progress (metrics.jsonl; the step time is observed since the run first started, so
-        it includes waits: a conservative estimate for a deadline)."""
-        res = self.record.spec.resources
-        free = {
-            kind: sum(
-                1 for n in nodes if n.kind == kind and n.schedulable and n.gpus >= res.gpus_per_node
-            )
-            for kind in ("preemptible", "standard")
-        }
-        # preemptible GPUs that stay: running, no preemption notified
-        live = sum(n.gpus for n in nodes if n.preemptible and n.schedulable)
-        now = time.time()
-        steps = _last_step(self.run_dir / node.METRICS)
-        total = self.record.spec.train.get("max_steps")
-        elapsed = now - self.started
-        return Facts(
-            nodes=res.nodes,
-            min_nodes=res.min_nodes,
-            preemptible=res.preemptible,
-            free=free,
-            short_for_s=short_for,
-            allocated_gpus=live,
-            desired_gpus=res.nodes * res.gpus_per_node,
-            gpus_per_node=res.gpus_per_node,
-            now=now,
-            started=self.started,
-            steps_done=steps,
-            steps_total=int(total) if isinstance(total, int) and total > 0 else None,
-            step_s=elapsed / steps if steps else None,
-        )
+        return placement_facts(self.record.spec, nodes, short_for, self.run_dir, self.started)
 
     def place(self, restart: int) -> list[NodeInfo] | None:
         """Decide where the run starts (`tgnb.runs.recovery.decide`: wait, shrink to fewer nodes,
