@@ -59,7 +59,15 @@ TARGET_CHANGED = "TargetChanged"
 JOB_PLACED = "JobPlaced"
 SIGNAL_SENT = "SignalSent"  # SIGTERM to the job's processes at a preemption notice
 JOB_KILLED = "JobKilled"  # SIGKILL when the node was removed
-JOB_REASONS = frozenset({JOB_PLACED, SIGNAL_SENT, JOB_KILLED})
+#: A recovery decision (`tgnb.runs.recovery.decide`): data["action"], ["nodes"], ["node_class"],
+#: ["rule"]; the message is the decision's reason ("shrunk to 1 node: 8 of 16 preemptible GPUs
+#: allocated for 10 min").
+RECOVERY_DECIDED = "RecoveryDecided"
+#: A failure counted against the budget: data["failures"], ["max_restarts"], ["backoff_s"].
+RUN_FAILED_RESTARTING = "RunFailedRestarting"
+JOB_REASONS = frozenset(
+    {JOB_PLACED, SIGNAL_SENT, JOB_KILLED, RECOVERY_DECIDED, RUN_FAILED_RESTARTING}
+)
 
 # Reasons of the Post-Training API's objects (source "posttraining"): a model resource's lifecycle,
 # its training sessions' and their checkpoints. `Event.data` holds "resource" (its id), "session"

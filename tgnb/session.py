@@ -26,6 +26,7 @@ from tgnb.connection import REMOTE_POLL, Emulator
 from tgnb.errors import NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, dedupe, parse_since, parse_time
 from tgnb.runs.backend import Backend
+from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
 from tgnb.runs.spec import GPUS_PER_NODE, JobState, Resources, RunSpec, SecretRef
 from tgnb.runs.store import RunStore
@@ -240,6 +241,7 @@ class Session:
         time_limit: str | None = None,
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, SecretRef] | None = None,
+        recovery: RecoveryPolicy | Mapping[str, Any] | str | None = None,
         dry_run: bool = False,
         **train_overrides: Any,
     ) -> Any:
@@ -249,7 +251,9 @@ class Session:
         `what`: ``"grpo"``/``"dpo"``/``"sft"`` (the built-in tiny task), a script (``"train.py"``,
         run with `args`), a YAML file or a mapping; or `command` (``["accelerate", "launch",
         "train.py"]``). A script or command runs in a snapshot of `workdir` (default: the
-        notebook's or the calling script's folder; `tgnb.runs.workdir`). `train_overrides` set
+        notebook's or the calling script's folder; `tgnb.runs.workdir`). `recovery`: a
+        `tgnb.runs.recovery.RecoveryPolicy`, a mapping of its fields or a `when_short` name
+        (``"shrink"``); default: wait for preemptible capacity. `train_overrides` set
         config keys (``max_steps=60``, ``trl={...}``, ``checkpoint={...}`` merge). Everything is
         checked first (`tgnb.prelaunch`: the config, the script, datasets and rewards in the
         workdir, TRL's options; the name; what the cluster can hold); on bad input nothing is
@@ -282,6 +286,7 @@ class Session:
             env=dict(env or {}),
             secrets=dict(secrets or {}),
             workdir=None if root is None else os.fspath(root),
+            recovery=RecoveryPolicy.coerce(recovery),
         )
         spec.validate()
         if spec.workdir is not None:

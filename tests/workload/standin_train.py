@@ -6,7 +6,7 @@ It counts optimizer "steps" (a sleep each) up to ``max_steps`` from the config, 
 step) on SIGTERM or when ``TGNB_NOTICE_FILE`` appears, exits 75, and resumes from that file.
 ``STANDIN_STEP_SECONDS`` sets the time per step and ``STANDIN_IGNORE_SIGTERM`` makes it ignore the
 signal and ``STANDIN_IGNORE_NOTICE`` the drain notice (to test the kill at the end of the drain
-window). It also records the environment it was started with, for the tests to check.
+window); ``STANDIN_FAIL`` makes it fail (exit 1) at once. It also records the environment it was started with, for the tests to check.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def main() -> int:
     with open(run_dir / "standin-env.jsonl", "a") as fh:
         keys = ("TGNB_NODE", "TGNB_RESTART_COUNT", "SLURM_RESTART_COUNT", "TGNB_NOTICE_FILE")
         fh.write(json.dumps({k: os.environ.get(k) for k in keys} | {"pid": os.getpid()}) + "\n")
+    if os.environ.get("STANDIN_FAIL"):  # a failure (not a preemption): exit 1 before training
+        print("standin: failing as asked (STANDIN_FAIL)", file=sys.stderr, flush=True)
+        return 1
     step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
     rec.event("RunResumed" if step else "RunStarted", step=step)
     stop = {"why": ""}

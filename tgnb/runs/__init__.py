@@ -2,6 +2,7 @@
 (`tgnb.runs.backend`), the durable run store (sqlite under the tgnb home) and the `Run` object."""
 
 from tgnb.runs.backend import Backend
+from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
 from tgnb.runs.spec import EXIT_PREEMPTED, JobState, JobStatus, Resources, RunSpec, SecretRef
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
@@ -11,6 +12,7 @@ __all__ = [
     "Backend",
     "JobState",
     "JobStatus",
+    "RecoveryPolicy",
     "Resources",
     "Run",
     "RunRecord",

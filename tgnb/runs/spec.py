@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tgnb.errors import ValidationError
+from tgnb.runs.recovery import RecoveryPolicy, policy_for
 
 #: GPUs on one node of a Together GPU cluster: targets and counts come in whole nodes. Defined here
 #: once; the emulator, the control plane, the backends and `Session` read it from here.
@@ -120,6 +121,14 @@ class RunSpec:
     run_dir: str | None = None  # on shared storage; stable across restarts
     #: the folder snapshotted at submit into run_dir/workdir (`tgnb.runs.node.WORKDIR`)
     workdir: str | None = None
+    #: how the run recovers (`tgnb.runs.recovery`); None: the default (`policy`)
+    recovery: RecoveryPolicy | None = None
+
+    @property
+    def policy(self) -> RecoveryPolicy:
+        """The recovery policy the engines render (`tgnb.runs.recovery.policy_for`)."""
+        res = self.resources
+        return policy_for(self.recovery, res.min_nodes, res.nodes)
 
     def validate(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -128,6 +137,13 @@ class RunSpec:
                 "starting and ending with a letter or digit (at most 50 characters)"
             )
         self.resources.validate()
+        if self.recovery is not None and not isinstance(self.recovery, RecoveryPolicy):
+            raise ValidationError(
+                f"recovery must be a RecoveryPolicy, got {type(self.recovery).__name__}: "
+                "e.g. recovery=RecoveryPolicy(when_short='shrink')"
+            )
+        res = self.resources
+        self.policy.validate(res.nodes, res.min_nodes, res.preemptible)
         check_env(self.env)
         check_no_secrets(self)
 

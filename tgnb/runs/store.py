@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tgnb.errors import NotFoundError, ValidationError
+from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.spec import JobState, Resources, RunSpec, SecretRef
 
 STORE_FILE = "runs.sqlite"
@@ -69,6 +70,7 @@ def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
     out["train"] = dict(spec.train)
     out["env"] = dict(spec.env)
     out["secrets"] = {k: asdict(v) for k, v in spec.secrets.items()}
+    out["recovery"] = None if spec.recovery is None else spec.recovery.to_dict()
     return out
 
 
@@ -79,6 +81,8 @@ def spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
     d["secrets"] = {k: SecretRef(**dict(v)) for k, v in dict(d.get("secrets") or {}).items()}
     d["train"] = dict(d.get("train") or {})
     d["env"] = dict(d.get("env") or {})
+    if d.get("recovery") is not None:
+        d["recovery"] = RecoveryPolicy.from_dict(d["recovery"])
     return RunSpec(**d)
 
 

@@ -42,7 +42,6 @@ class KubernetesBackend:
         claim: str = L.DEFAULT_CLAIM,
         claim_size: str = L.DEFAULT_CLAIM_SIZE,
         storage_class: str | None = None,
-        backoff_per_index: int = L.DEFAULT_BACKOFF_PER_INDEX,
         poll_interval: float = 2.0,
     ) -> None:
         L.check_name("namespace", namespace)
@@ -51,7 +50,6 @@ class KubernetesBackend:
         self.claim = claim
         self.claim_size = claim_size
         self.storage_class = storage_class
-        self.backoff_per_index = backoff_per_index
         self.poll_interval = poll_interval
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
@@ -92,7 +90,6 @@ class KubernetesBackend:
             claim=self.claim,
             claim_size=self.claim_size,
             storage_class=self.storage_class,
-            backoff_per_index=self.backoff_per_index,
         )
 
     def preflight(self, spec: RunSpec) -> None:

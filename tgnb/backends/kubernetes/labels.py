@@ -36,10 +36,8 @@ RUNS_ROOT = "/data/runs"
 DEFAULT_CLAIM = "tgnb-runs"
 DEFAULT_CLAIM_SIZE = "100Gi"
 RDZV_PORT = 29500
-#: Failures of one index (pod) that are counted before the run fails; preemptions are not counted.
-DEFAULT_BACKOFF_PER_INDEX = 3
-#: torchrun restarts its worker group this many times (a peer lost to preemption) before it exits.
-TORCHRUN_MAX_RESTARTS = 3
+# The restart budgets (backoffLimitPerIndex, torchrun's --max_restarts) come from the run's
+# recovery policy (`tgnb.runs.recovery.RecoveryPolicy.max_restarts`).
 
 #: Annotations the Job controller keeps on each pod of an Indexed Job with backoffLimitPerIndex:
 #: counted failures and failures the pod failure policy ignored (preemptions) of that index.

@@ -26,11 +26,12 @@ from typing import Any
 
 from kubernetes import client
 
-from tgnb.backends.base import EXIT_PREEMPTED, RunSpec
+from tgnb.backends.base import RunSpec
 from tgnb.backends.kubernetes import labels as L
 from tgnb.config import scrub
 from tgnb.errors import ValidationError
 from tgnb.runs import node, workdir
+from tgnb.runs.recovery import FINAL_CODES, check_rendered
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def command(spec: RunSpec) -> list[str]:
     if res.nodes == 1:
         torchrun = ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
         return node.command("python", config, run_dir, torchrun)
-    nnodes = f"{res.min_nodes}:{res.nodes}" if res.min_nodes else str(res.nodes)
+    shrink = spec.policy.when_short == "shrink" and res.min_nodes
+    nnodes = f"{res.min_nodes}:{res.nodes}" if shrink else str(res.nodes)
     torchrun = [
         f"--nnodes={nnodes}",
         f"--nproc_per_node={nproc}",
@@ -108,7 +110,7 @@ def command(spec: RunSpec) -> list[str]:
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={spec.name}-0.{spec.name}:{L.RDZV_PORT}",
         f"--rdzv_id={spec.name}",
-        f"--max_restarts={L.TORCHRUN_MAX_RESTARTS}",
+        f"--max_restarts={spec.policy.max_restarts}",  # the policy's budget
     ]
     return node.command("python", config, run_dir, torchrun)
 
@@ -166,8 +168,15 @@ def placement(spec: RunSpec) -> tuple[dict[str, str] | None, client.V1Affinity |
     return None, affinity
 
 
-def pod_failure_policy() -> client.V1PodFailurePolicy:
-    """A disruption (eviction, drain, node removal) or exit code 75 is not a failure: recreate."""
+def pod_failure_policy(spec: RunSpec) -> client.V1PodFailurePolicy:
+    """The recovery policy's rules: a disruption (eviction, drain, node removal) or a "resume me"
+    exit code (75) is not a failure: recreate the pod, uncounted. An exit a restart cannot fix (bad
+    config, disk full) fails the run at once; any other failure counts against
+    ``backoffLimitPerIndex`` (`RecoveryPolicy.max_restarts`). The Job controller's own backoff
+    (10 s doubling, at most 6 min) stands for `RecoveryPolicy.backoff_s`: Kubernetes has no
+    setting for it."""
+    policy = spec.policy
+    final = sorted(FINAL_CODES - set(policy.resume_codes))
     return client.V1PodFailurePolicy(
         rules=[
             client.V1PodFailurePolicyRule(
@@ -181,7 +190,13 @@ def pod_failure_policy() -> client.V1PodFailurePolicy:
             client.V1PodFailurePolicyRule(
                 action="Ignore",
                 on_exit_codes=client.V1PodFailurePolicyOnExitCodesRequirement(
-                    container_name=L.CONTAINER, operator="In", values=[EXIT_PREEMPTED]
+                    container_name=L.CONTAINER, operator="In", values=list(policy.resume_codes)
+                ),
+            ),
+            client.V1PodFailurePolicyRule(
+                action="FailJob",
+                on_exit_codes=client.V1PodFailurePolicyOnExitCodesRequirement(
+                    container_name=L.CONTAINER, operator="In", values=final
                 ),
             ),
         ]
@@ -275,12 +290,10 @@ def build_objects(
     claim: str = L.DEFAULT_CLAIM,
     claim_size: str = L.DEFAULT_CLAIM_SIZE,
     storage_class: str | None = None,
-    backoff_per_index: int = L.DEFAULT_BACKOFF_PER_INDEX,
 ) -> RunObjects:
     """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad."""
     L.validate_spec(spec, namespace, claim)
-    if backoff_per_index < 0:
-        raise ValidationError(f"backoff_per_index must be >= 0, got {backoff_per_index}")
+    check_rendered(spec.policy, "Kubernetes")
     labels = run_labels(spec)
     nodes = spec.resources.nodes
     multi = nodes > 1
@@ -346,10 +359,10 @@ def build_objects(
             completion_mode="Indexed",
             completions=nodes,
             parallelism=nodes,
-            backoff_limit_per_index=backoff_per_index,
+            backoff_limit_per_index=spec.policy.max_restarts,  # failures; preemptions are ignored
             max_failed_indexes=0,
             pod_replacement_policy="Failed",
-            pod_failure_policy=pod_failure_policy(),
+            pod_failure_policy=pod_failure_policy(spec),
             template=client.V1PodTemplateSpec(
                 metadata=client.V1ObjectMeta(labels=labels), spec=pod
             ),

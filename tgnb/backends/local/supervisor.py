@@ -14,9 +14,15 @@ platform does when one is preempted:
   file named by ``TGNB_NOTICE_FILE``), a kill at T+window, and a requeue with
   ``SLURM_RESTART_COUNT`` incremented.
 
-Exit 0 means succeeded; `EXIT_PREEMPTED` (75), or any end of a process whose node was preempted,
-means requeue on a fresh node; anything else failed. Every state change goes to the run store and
-the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued) go to the run's
+Each start is placed by the run's recovery policy (`tgnb.runs.recovery.decide`, from the
+emulator's node list): on the preemptible nodes it asks for, or, when they are short, wait, shrink
+to fewer nodes, or move to standard nodes (and back to preemptible ones as soon as the policy would
+start there: the run is stopped with SIGTERM, checkpoints and restarts). Each decision is a
+``RecoveryDecided`` event with its reason. Exit 0 means succeeded; a "resume me" code (75), or any
+end of a process whose node was preempted, means start again (uncounted); anything else is a
+failure, restarted after the policy's backoff while at most ``max_restarts`` are counted
+(``RunFailedRestarting``). Every state change goes to the run store and
+the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued, RecoveryDecided) go to the run's
 ``events.jsonl`` with source ``"tgnb"``, timed by the same clock as the emulator's node events.
 When the emulator cannot be reached it keeps going: the notice and removal files are on disk, and
 the node list is fetched again at the next poll. When the emulator of its tgnb home was *stopped*
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -42,17 +49,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tgnb.backends.base import EXIT_PREEMPTED, JobState
+from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
 from tgnb.backends.local.nodes import NodeInfo, NodeSource
+from tgnb.backends.local.placement import placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
-from tgnb.events import JOB_KILLED, JOB_PLACED, RUN_REQUEUED, SIGNAL_SENT, Event, utcnow
+from tgnb.events import (
+    JOB_KILLED,
+    JOB_PLACED,
+    RECOVERY_DECIDED,
+    RUN_FAILED_RESTARTING,
+    RUN_REQUEUED,
+    SIGNAL_SENT,
+    Event,
+    utcnow,
+)
 from tgnb.runs import node
+from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
 
 TRAIN_LOG = node.LOG
 STOP_GRACE_SECONDS = 30.0
-MAX_RESTARTS = 100
 TRAIN_MODULE = "tgnb.train"
 Proc = subprocess.Popen[bytes] | ForkedProcess
 #: The module a node runs (default ``tgnb.train``); tests of the supervisor alone set a stand-in.
@@ -130,6 +147,10 @@ class Supervisor:
         #: () -> bool: the home's emulator was stopped on purpose, long enough ago
         self.emulator_stopped = emulator_stopped or (lambda: False)
         self.stop_reason = ""
+        self.policy = self.record.spec.policy  # the recovery policy (`tgnb.runs.recovery`)
+        self.node_class = "preemptible"  # of the current attempt
+        self.started = self.record.created_at
+        self.moving = False  # leaving standard nodes for preemptible ones (`_back_to_preemptible`)
 
     # -- events and nodes ----------------------------------------------------------------------
 
@@ -160,38 +181,70 @@ class Supervisor:
         self._cache = {n.name: n for n in nodes}
         return nodes
 
+    def facts(self, nodes: Sequence[NodeInfo], short_for: float) -> Facts:
+        return placement_facts(self.record.spec, nodes, short_for, self.run_dir, self.started)
+
     def place(self, restart: int) -> list[NodeInfo] | None:
-        """Wait until enough schedulable nodes of the wanted kind have free GPUs and claim them
-        in the run store (the run is then running there); None if stopped meanwhile."""
+        """Decide where the run starts (`tgnb.runs.recovery.decide`: wait, shrink to fewer nodes,
+        or move to standard nodes), claim those nodes in the run store (the run is then running
+        there) and put the decision on the run's timeline; None if stopped meanwhile."""
         res = self.record.spec.resources
-        kind = "preemptible" if res.preemptible else "standard"
-        least = res.min_nodes or res.nodes
-        said = ""
+        short_since: float | None = None
+        said: tuple[str, ...] = ()
         while not self.stop_requested:
             nodes = self.refresh()
-            if nodes is not None:
+            if nodes is None:
+                if said != ("unreachable",):
+                    self.store.set_state(
+                        self.record.id, JobState.PENDING, "emulator unreachable; retrying"
+                    )
+                    said = ("unreachable",)
+                time.sleep(self.poll * 2)
+                continue
+            now = time.monotonic()
+            d = decide(self.policy, self.facts(nodes, now - (short_since or now)))
+            if d.action == "start":
                 ready = sorted(
-                    (n for n in nodes if n.kind == kind and n.schedulable), key=lambda n: n.name
+                    (n for n in nodes if n.kind == d.node_class and n.schedulable),
+                    key=lambda n: n.name,
                 )
                 chosen = self.store.claim(
                     self.record.id,
                     [(n.name, n.gpus) for n in ready],
-                    want=res.nodes,
-                    least=least,
+                    want=d.nodes,
+                    least=d.nodes,
                     gpus_per_node=res.gpus_per_node,
                     restart_count=restart,
                 )
                 if chosen:
+                    self.node_class = d.node_class
+                    self.decision(d)
                     by_name = {n.name: n for n in ready}
                     return [by_name[c] for c in chosen]
-                detail = f"waiting for {least} schedulable {kind} node(s) with {res.gpus_per_node} free GPUs"
-            else:
-                detail = "emulator unreachable; retrying"
-            if detail != said:
-                self.store.set_state(self.record.id, JobState.PENDING, detail)
-                said = detail
+                # the GPUs are held by another run of this cluster: wait like a short cluster
+                held = (
+                    f"waiting for {d.nodes} schedulable {d.node_class} node(s) with "
+                    f"{res.gpus_per_node} free GPUs (held by other runs)"
+                )
+                d = dataclasses.replace(d, action="wait", reason=held)
+            short_since = short_since or now
+            key = (d.action, d.rule, str(d.nodes), d.node_class)
+            if key != said:
+                self.decision(d)
+                self.store.set_state(self.record.id, JobState.PENDING, d.reason)
+                said = key
             time.sleep(self.poll * 2)
         return None
+
+    def decision(self, d: Decision) -> None:
+        self.event(
+            RECOVERY_DECIDED,
+            d.reason,
+            action=d.action,
+            nodes=d.nodes,
+            node_class=d.node_class,
+            rule=d.rule,
+        )
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -224,6 +277,7 @@ class Supervisor:
 
     def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> Outcome:
         """Launch on `nodes` and watch until the processes end."""
+        self.moving = False
         config = self._write_config()
         rdzv = f"127.0.0.1:{_free_port()}"
         names = [n.name for n in nodes]
@@ -266,6 +320,23 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, sig)
 
+    def _back_to_preemptible(self) -> bool:
+        """On standard nodes after a move (`when_short="standard"`, a deadline), the run goes
+        back to preemptible nodes as soon as the policy would start it there: once per attempt,
+        with the decision on the timeline."""
+        if (
+            self.node_class != "standard"
+            or self.moving
+            or not self.record.spec.resources.preemptible
+        ):
+            return False
+        d = decide(self.policy, self.facts(list(self._cache.values()), 0.0))
+        if d.action != "start" or d.node_class != "preemptible":
+            return False
+        self.moving = True
+        self.decision(dataclasses.replace(d, reason=f"back to preemptible: {d.reason}"))
+        return True
+
     def _watch(self, procs: Sequence[Proc], names: Sequence[str]) -> Outcome:
         preempted: str | None = None
         killed = False
@@ -281,6 +352,8 @@ class Supervisor:
             if now - last_api > 1.0:
                 self.refresh()
                 last_api = now
+                if self._back_to_preemptible():
+                    self._signal(procs, signal.SIGTERM)  # it checkpoints and exits 75
             for name in names:
                 node = self._cache.get(name) or self._gone(name)
                 if preempted is None and node.notified():
@@ -316,7 +389,7 @@ class Supervisor:
         if all(c == 0 for c in codes):
             return Outcome("succeeded")
         code = next(c for c in codes if c != 0)
-        if preempted is not None or killed or EXIT_PREEMPTED in codes:
+        if preempted is not None or killed or any(self.policy.is_resume(c) for c in codes):
             return Outcome("requeue", code, preempted or names[0])
         return Outcome("failed", code)
 
@@ -344,6 +417,7 @@ class Supervisor:
                 self._preloading = False
         restart = self.record.restart_count
         rid = self.record.id
+        failures = 0
         while True:
             nodes = self.place(restart)
             if nodes is None:
@@ -359,12 +433,27 @@ class Supervisor:
                 detail = self.stop_reason or "stopped"
                 self.store.set_state(rid, JobState.CANCELLED, detail, exit_code=code)
                 return 0
-            if outcome.kind == "failed" or restart >= MAX_RESTARTS:
-                self.store.set_state(rid, JobState.FAILED, f"exit code {code}", exit_code=code)
-                return 1
+            if outcome.kind == "failed":  # counted; preemptions never are
+                failures += 1
+                if not self.policy.restart_after_failure(failures, code):
+                    self.store.set_state(rid, JobState.FAILED, f"exit code {code}", exit_code=code)
+                    return 1
+                wait_s = self.policy.backoff(failures)
+                budget = self.policy.max_restarts
+                why = f"exit code {code}: failure {failures} of {budget}, restarting in {wait_s:.0f} s"
+                self.event(RUN_FAILED_RESTARTING, why, failures=failures, max_restarts=budget,
+                           backoff_s=wait_s, exit_code=code)  # fmt: skip
+                self.store.set_state(rid, JobState.PENDING, why, exit_code=code)
+                until = time.monotonic() + wait_s
+                while not self.stop_requested and time.monotonic() < until:
+                    time.sleep(min(self.poll, max(0.0, until - time.monotonic())))
+                restart += 1
+                continue
             restart += 1
             node = outcome.node
             what = "requeued" if self.slurm else "pod recreated"
+            if self.moving:
+                what = "moved back to preemptible nodes"
             self.event(
                 RUN_REQUEUED,
                 f"{what} after {node} was preempted (exit {code})",

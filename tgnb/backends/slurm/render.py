@@ -10,8 +10,11 @@ preemptible-compute guide for Slurm:
 - ``srun torchrun`` with a c10d rendezvous when the run has several nodes or processes, a plain
   ``srun python -m tgnb.train`` for one process;
 - the step runs in the background and the script ``wait``s for it, so a SIGTERM reaches the trap at
-  once and is forwarded; a training exit of `EXIT_PREEMPTED` (checkpointed after a drain notice) makes
-  the script requeue its own job unless Slurm or the runtime already did;
+  once and is forwarded;
+- the run's recovery policy (`tgnb.runs.recovery`) is rendered here and nowhere else in the
+  script: ``--nodes=MIN-MAX`` when it shrinks; a "resume me" exit (75, checkpointed after a drain
+  notice) requeues the job unless Slurm or the runtime already did; a failure is requeued after the
+  policy's backoff while the failures counted in the run directory stay within ``max_restarts``;
 - secrets by reference only: the script checks or maps the variable by name, never its value.
 
 Rendering is a pure function of the `RunSpec` and options: the golden files pin its output.
@@ -19,13 +22,15 @@ Rendering is a pure function of the `RunSpec` and options: the golden files pin 
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass
 
-from tgnb.backends.base import EXIT_PREEMPTED, RunSpec
+from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
 from tgnb.runs import node
+from tgnb.runs.recovery import FINAL_CODES, check_rendered
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
@@ -33,6 +38,8 @@ _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+-]+$")
 CONFIG_NAME = node.CONFIG
 SCRIPT_NAME = "job.sbatch"
 LOG_PATTERN = "slurm-%j.out"
+#: Failures counted so far (the recovery policy's budget; requeues for preemption are not in it).
+FAILURES_FILE = ".tgnb-failures"
 
 
 @dataclass(frozen=True)
@@ -76,8 +83,8 @@ def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]
         f"--chdir={run_dir}",
         "--requeue",
     ]
-    if res.min_nodes is not None and res.min_nodes < res.nodes:
-        out.append(f"--nodes={res.min_nodes}-{res.nodes}")
+    if spec.policy.when_short == "shrink" and res.min_nodes is not None:
+        out.append(f"--nodes={res.min_nodes}-{res.nodes}")  # Slurm starts on what is free
     else:
         out.append(f"--nodes={res.nodes}")
     out.append("--ntasks-per-node=1")
@@ -149,10 +156,51 @@ def _environment(spec: RunSpec) -> list[str]:
     return lines
 
 
+def _recovery(spec: RunSpec) -> list[str]:
+    """The policy's "resume me" codes (`RecoveryPolicy.resume_codes`) as a shell test."""
+    codes = "|".join(str(c) for c in spec.policy.resume_codes)
+    return [
+        f"# The recovery policy (tgnb.runs.recovery): exit {codes} means checkpointed, resume me.",
+        "# Requeue it here unless Slurm signalled the job (it requeues what it preempts, and a",
+        "# cancelled job must stay cancelled) or the runtime already requeued it. Preemptions",
+        "# never count against the restart budget.",
+        f'case "$rc" in {codes}) resume=1 ;; *) resume=0 ;; esac',
+    ]
+
+
+def _failure_requeue(spec: RunSpec) -> list[str]:
+    """A failure is requeued after the policy's backoff while the failures counted in the run
+    directory stay within `max_restarts`; the final codes (bad config, disk full) never are."""
+    policy = spec.policy
+    if policy.max_restarts == 0:
+        return ["# max_restarts=0: a failure is final."]
+    final = "|".join(str(c) for c in sorted(FINAL_CODES - set(policy.resume_codes)))
+    first, cap = math.ceil(policy.backoff_s), math.ceil(policy.backoff_max_s)
+    return [
+        "",
+        f"# A failure counts: requeued after a backoff ({first}s, doubled, at most {cap}s) while at",
+        f"# most {policy.max_restarts} failures are counted in $TGNB_RUN_DIR/{FAILURES_FILE}.",
+        'if [ "$rc" -ne 0 ] && [ "$resume" -eq 0 ] && [ "$signalled" -eq 0 ]; then',
+        f'  case "$rc" in {final}) final=1 ;; *) final=0 ;; esac',
+        f'  failures=$(cat "$TGNB_RUN_DIR/{FAILURES_FILE}" 2>/dev/null || echo 0)',
+        f'  if [ "$final" -eq 0 ] && [ "$failures" -lt {policy.max_restarts} ]; then',
+        "    failures=$((failures + 1))",
+        f'    echo "$failures" > "$TGNB_RUN_DIR/{FAILURES_FILE}"',
+        '    n=$((failures - 1)); [ "$n" -gt 20 ] && n=20',
+        f'    delay=$(({first} << n)); [ "$delay" -gt {cap} ] && delay={cap}',
+        f'    echo "tgnb: exit $rc, failure $failures of {policy.max_restarts}: requeue in ${{delay}}s"',
+        '    sleep "$delay"',
+        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        "  fi",
+        "fi",
+    ]
+
+
 def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = None) -> str:
     """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
     options = options or RenderOptions()
     spec.validate()
+    check_rendered(spec.policy, "Slurm")
     if (
         not run_dir.startswith("/")
         or not run_dir.isprintable()
@@ -193,10 +241,8 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         'wait "$child"',
         "rc=$?",
         "",
-        f"# {EXIT_PREEMPTED}: the run saved a checkpoint after a drain notice and wants to run again.",
-        "# Requeue it here unless Slurm signalled the job (it requeues what it preempts, and a",
-        "# cancelled job must stay cancelled) or the runtime already requeued it.",
-        f'if [ "$rc" -eq {EXIT_PREEMPTED} ] && [ "$signalled" -eq 0 ]; then',
+        *_recovery(spec),
+        'if [ "$resume" -eq 1 ] && [ "$signalled" -eq 0 ]; then',
         '  now=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -o "Restarts=[0-9]*" | cut -d= -f2)',
         '  if [ "${now:-0}" -gt "$RESTARTS" ]; then',
         '    echo "tgnb: job $SLURM_JOB_ID is already requeued"',
@@ -205,6 +251,7 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         "    exit 0",
         "  fi",
         "fi",
+        *_failure_requeue(spec),
         'exit "$rc"',
     ]
     return "\n".join(head + body) + "\n"

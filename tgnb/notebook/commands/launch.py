@@ -46,6 +46,12 @@ def arguments(p: Parser) -> None:
     p.add_argument("--seed", type=whole, help="random seed")
     p.add_argument("--nodes", type=whole, help="nodes (default 1)")
     p.add_argument("--gpus-per-node", type=whole, help="GPUs per node (default 8)")
+    p.add_argument("--min-nodes", type=whole, help="fewest nodes a restart may use (shrink)")
+    p.add_argument(
+        "--recovery",
+        choices=("wait", "shrink", "standard"),
+        help="when preemptible capacity is short at a restart: wait (default), shrink, standard",
+    )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument(
         "--preemptible",
@@ -120,7 +126,7 @@ def parse_body(cell: str) -> dict[str, Any]:
 
 
 #: Body keys that are launch options, not config keys.
-_BODY_OPTIONS = ("workdir",)
+_BODY_OPTIONS = ("workdir", "recovery", "min_nodes")  # Session.launch options, not config
 _BUILTIN = ("grpo", "dpo", "sft")
 
 
@@ -171,6 +177,10 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
         options["nodes"] = args.nodes
     if args.gpus_per_node is not None:
         options["gpus_per_node"] = args.gpus_per_node
+    if getattr(args, "min_nodes", None) is not None:
+        options["min_nodes"] = args.min_nodes
+    if getattr(args, "recovery", None) is not None:
+        options["recovery"] = args.recovery  # a when_short name (tgnb.runs.recovery)
     return raw, options
 
 

@@ -1,0 +1,57 @@
+"""The recovery policy rendered into the Indexed Job (`tgnb.backends.kubernetes.objects`): the
+failure budget (backoffLimitPerIndex and torchrun's --max_restarts), the "resume me" codes the pod
+failure policy ignores, the final codes that fail the Job, and the node range; each Job validated
+against the 1.30 schema (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tgnb.backends.base import Resources, RunSpec
+from tgnb.backends.kubernetes.objects import build_objects
+from tgnb.errors import ValidationError
+from tgnb.runs.recovery import RecoveryPolicy
+
+
+def job_of(policy: RecoveryPolicy | None, min_nodes: int | None = 1) -> dict[str, Any]:
+    spec = RunSpec(
+        name="rec",
+        train={"algorithm": "grpo", "model": "tiny"},
+        resources=Resources(nodes=2, min_nodes=min_nodes, gpus_per_node=8),
+        image="ghcr.io/example/tgnb:1",
+        recovery=policy,
+    )
+    job = next(d for d in build_objects(spec, "default").to_dicts() if d["kind"] == "Job")
+    kubernetes_validate.validate(job, "1.30", strict=True)
+    return job
+
+
+def args(job: dict[str, Any]) -> list[str]:
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    return [*c.get("command", []), *c.get("args", [])]
+
+
+def test_the_budgets_come_from_the_policy() -> None:
+    job = job_of(RecoveryPolicy(max_restarts=7, resume_codes=(75, 76), when_short="shrink"))
+    assert job["spec"]["backoffLimitPerIndex"] == 7
+    assert "--max_restarts=7" in args(job) and "--nnodes=1:2" in args(job)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    by_action = {
+        r["action"]: r.get("onExitCodes", {}).get("values") for r in rules if "onExitCodes" in r
+    }
+    assert by_action == {"Ignore": [75, 76], "FailJob": [2, 74]}
+
+
+def test_wait_keeps_all_nodes_and_the_default_is_three() -> None:
+    job = job_of(RecoveryPolicy(when_short="wait"))
+    assert "--nnodes=2" in args(job)
+    assert job_of(None, min_nodes=None)["spec"]["backoffLimitPerIndex"] == 3
+
+
+def test_a_class_move_is_refused_before_anything_is_built() -> None:
+    for policy in (RecoveryPolicy(when_short="standard"), RecoveryPolicy(deadline=2e9)):
+        with pytest.raises(ValidationError, match="use when_short='wait' or 'shrink' there"):
+            job_of(policy)

@@ -1,0 +1,87 @@
+"""The recovery policy rendered into the sbatch script (`tgnb.backends.slurm.render`): the node
+range, the "resume me" codes and the failure budget, checked as text, by ``bash -n``, by a real
+``sbatch --test-only`` and by real jobs on the one-node cluster of `.ci/slurm-up` (the runtime is
+``fake_train.sh`` there, as in test_slurm_jobs.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tgnb.backends.base import JobState, Resources, RunSpec
+from tgnb.backends.slurm.render import RenderOptions, directives, render_script
+from tgnb.runs.recovery import RecoveryPolicy
+
+from .test_slurm_jobs import make_backend
+
+RUN_DIR = "/data/home/alice/tgnb-runs/r"
+
+
+def spec(nodes: int = 2, min_nodes: int | None = 1, **policy: object) -> RunSpec:
+    return RunSpec(
+        name="r",
+        train={"sleep": 1},
+        resources=Resources(nodes=nodes, min_nodes=min_nodes, gpus_per_node=0),
+        recovery=RecoveryPolicy(**policy) if policy else None,  # type: ignore[arg-type]
+    )
+
+
+def nodes_flag(s: RunSpec) -> str:
+    return next(d for d in directives(s, RUN_DIR, RenderOptions()) if d.startswith("--nodes"))
+
+
+def test_the_node_range_comes_from_the_policy() -> None:
+    assert nodes_flag(spec(when_short="shrink")) == "--nodes=1-2"
+    assert nodes_flag(spec()) == "--nodes=1-2"  # min_nodes and no policy: shrink, as before
+    assert nodes_flag(spec(when_short="wait")) == "--nodes=2"  # wait: all nodes or none
+    assert nodes_flag(spec(min_nodes=None)) == "--nodes=2"
+
+
+def test_resume_codes_and_failure_budget_are_rendered_once() -> None:
+    script = render_script(spec(max_restarts=2, backoff_s=1.5, backoff_max_s=7,
+                                resume_codes=(75, 76)), RUN_DIR)  # fmt: skip
+    assert script.count("--requeue") == 1
+    assert 'case "$rc" in 75|76) resume=1 ;; *) resume=0 ;; esac' in script
+    assert 'case "$rc" in 2|74) final=1 ;; *) final=0 ;; esac' in script
+    assert "-lt 2 ]; then" in script and "delay=$((2 << n))" in script
+    assert '[ "$delay" -gt 7 ] && delay=7' in script
+    assert "a failure is final" in render_script(spec(max_restarts=0), RUN_DIR)
+    if bash := shutil.which("bash"):
+        subprocess.run([bash, "-n"], input=script, text=True, check=True)
+
+
+@pytest.mark.slurm
+def test_sbatch_accepts_the_shrinking_range_where_all_nodes_cannot_start(
+    slurm: str, tmp_path: Path
+) -> None:
+    """Real Slurm, one node: ``--nodes=1-2`` (shrink) can start, ``--nodes=2`` (wait) cannot."""
+    for policy, ok in (("shrink", True), ("wait", False)):
+        path = tmp_path / f"{policy}.sbatch"
+        path.write_text(render_script(spec(when_short=policy), str(tmp_path / policy)))
+        done = subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True)
+        assert (done.returncode == 0) is ok, (policy, done.stderr)
+
+
+@pytest.mark.slurm
+def test_a_failure_is_requeued_within_the_budget_and_final_beyond_it(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = make_backend(tmp_path)
+    one = RunSpec(name="fails-once", train={"sleep": 1, "first_exit": 3},
+                  resources=Resources(nodes=1, gpus_per_node=0),
+                  recovery=RecoveryPolicy(max_restarts=1, backoff_s=1))  # fmt: skip
+    job = backend.submit(one)
+    cleanup_jobs.append(job)
+    final = backend.wait(job, timeout=120)
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, final
+    assert "tgnb: exit 3, failure 1 of 1: requeue in 1s" in "\n".join(backend.logs(job))
+    none = RunSpec(name="fails-final", train={"sleep": 1, "first_exit": 3},
+                   resources=Resources(nodes=1, gpus_per_node=0),
+                   recovery=RecoveryPolicy(max_restarts=0))  # fmt: skip
+    job = backend.submit(none)
+    cleanup_jobs.append(job)
+    final = backend.wait(job, timeout=120)
+    assert final.state is JobState.FAILED and final.restart_count == 0, final
