@@ -135,3 +135,35 @@ def test_listed_name_loads_with_no_hub_call_and_no_env(
     off_loopback = [h for h in got["lookups"] + got["connects"] if h not in LOOPBACK]
     assert off_loopback == [], (off_loopback, proc.stderr[-2000:])
     assert "Retrying" not in proc.stderr and "huggingface.co" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_checkpoint_under_the_alias_resumes_under_the_listed_name(
+    rl_emulator: EmulatorHandle,
+) -> None:
+    """``tgnb/tiny-llama`` stays accepted (a resource keeps the name it was started with), and it
+    is the same model as the listed directory: a training checkpoint taken on a resource started
+    as ``tgnb/tiny-llama`` resumes on one started by the listed name (before the listing changed,
+    every resource had the alias; a name compared as text would refuse it)."""
+    from together import Together
+    from together.post_training import AdamParams, ModelResourcesClient, Sample
+
+    listed = Together().post_training.supported_models.get().data[0].base_model
+    assert Path(listed).is_dir() and listed != "tgnb/tiny-llama"
+    samples = [
+        Sample(
+            model_input={"chunks": [{"encoded_text": {"tokens": [1, 7, 8, 9]}}]},
+            loss_fn_inputs={"target_tokens": [7, 8, 9, 10], "weights": [1.0] * 4},
+        )
+    ]
+    with ModelResourcesClient.create(base_model="tgnb/tiny-llama", interval=0.1) as old:
+        sess = old.create_session(lora_config={"rank": 4}, interval=0.1)
+        sess.trainer.forward_backward(samples=samples, loss={"type": "cross_entropy"})
+        sess.trainer.optim_step(adam_params=AdamParams(learning_rate=0.01))
+        ckpt = sess.create_training_checkpoint()
+        sess.stop()
+    with ModelResourcesClient.create(base_model=listed, interval=0.1) as new:
+        resumed = new.create_session(resume_from_checkpoint_id=ckpt.id, interval=0.1)
+        info = resumed.retrieve()
+        assert info.status == "TRAINING_SESSION_STATUS_RUNNING" and str(info.step) == "1"
+        resumed.stop()
