@@ -12,7 +12,12 @@ locally by the base model's name, as Tinker scripts do.
 Against the local emulator (``tgnb emulator start`` prints the URL; the key is in its key file)::
 
     export TOGETHER_BASE_URL=http://127.0.0.1:PORT TOGETHER_API_KEY=...   # no /v1
-    python examples/tinker_rl.py --model tgnb/tiny-llama --steps 30
+    MODEL=$(python -c "from together import Together as T; print(T().post_training.supported_models.get().data[0].base_model)")
+    python examples/tinker_rl.py --model "$MODEL" --steps 30
+
+(the emulator lists its built-in model by its local directory, so the tokenizer loads with no Hub
+call; ``tgnb/tiny-llama``, its alias, trains too, but ``from_pretrained`` of a hub-style name
+asks the Hub first).
 
 Against Together: unset TOGETHER_BASE_URL, set TOGETHER_API_KEY and pick a supported model (and a
 longer ``--max-tokens``). Needs ``pip install 'tgnb[tinker]'`` (``tinker==0.23.1``).
@@ -57,7 +62,7 @@ def advantages(values: list[float]) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tgnb/tiny-llama")
+    p.add_argument("--model", required=True, help="a base model the service lists")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--rank", type=int, default=8)

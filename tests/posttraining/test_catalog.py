@@ -1,5 +1,6 @@
-"""The Post-Training catalog: the built-in model under a hub-style name in the local HF cache (its
-tokenizer loads by name, offline, in a fresh process), local directories, the supported-models body."""
+"""The Post-Training catalog: the built-in model in the local HF cache in the hub's layout, listed
+by its snapshot directory and also accepted as ``tgnb/tiny-llama`` (its tokenizer loads by that
+name offline, in a fresh process), local directories, the supported-models body."""
 
 from __future__ import annotations
 
@@ -59,15 +60,34 @@ def test_resolve_builtin_local_dir_and_unknown(tmp_path: Path) -> None:
         catalog.resolve(str(tmp_path / "missing-dir"))
 
 
+def test_listed_name_is_the_snapshot_directory_and_the_alias_is_the_same_model(
+    tmp_path: Path,
+) -> None:
+    listed = catalog.supported_models()[0]
+    assert listed.name == listed.path == str(catalog.materialize_tiny())
+    assert catalog.resolve(listed.name) == listed  # the listed name resolves as itself
+    assert catalog.resolve(catalog.TINY_NAME).path == listed.path
+    assert catalog.same_model(catalog.TINY_NAME, listed.name)
+    assert catalog.same_model(listed.name, listed.name)
+    from tgnb.tasks import assets
+
+    other = assets.tiny_path(seed=1)
+    assert not catalog.same_model(catalog.TINY_NAME, str(other))
+    assert not catalog.same_model(catalog.TINY_NAME, str(tmp_path / "gone"))
+
+
 def test_supported_models_body_parses_with_the_sdk_types(monkeypatch: pytest.MonkeyPatch) -> None:
     from together.types.post_training.rl_supported_models import RlSupportedModels
 
-    extra = str(catalog.materialize_tiny())
-    monkeypatch.setenv(catalog.EXTRA_ENV, extra)
+    from tgnb.tasks import assets
+
+    extra = str(assets.tiny_path())
+    builtin = str(catalog.materialize_tiny())
+    monkeypatch.setenv(catalog.EXTRA_ENV, os.pathsep.join([extra, builtin]))
     body = catalog.supported_models_to_api()
     parsed = RlSupportedModels.model_validate(body)
     names = [m.base_model for m in parsed.data]
-    assert names == [catalog.TINY_NAME, extra]
+    assert names == [builtin, extra]  # the built-in model first, listed once
     config = parsed.data[0].compute_configs[0]  # type: ignore[index]
     assert config.trainer_config.lora.max_rank == catalog.DEFAULT_MAX_LORA_RANK  # type: ignore[union-attr]
     assert config.generator_config.context_length == 256  # type: ignore[union-attr]

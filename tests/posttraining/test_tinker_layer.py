@@ -339,7 +339,10 @@ def test_tinker_loss_defaults_are_sent_explicitly(rl_emulator: EmulatorHandle) -
 def test_capabilities_info_and_a_tinker_uri_refused(rl_emulator: EmulatorHandle) -> None:
     service_client = tinker.ServiceClient()
     caps = service_client.get_server_capabilities()
-    assert MODEL in [m.model_name for m in caps.supported_models]
+    from tgnb.emulator.rl.catalog import same_model
+
+    listed = [m.model_name for m in caps.supported_models]
+    assert Path(listed[0]).is_dir() and same_model(MODEL, listed[0])  # MODEL is its alias
     assert asyncio.run(service_client.get_server_capabilities_async()) == caps
     with pytest.raises(ValueError, match="not a Post-Training checkpoint path"):
         service_client.create_sampling_client(model_path="tinker://run-1/sampler_weights/final")

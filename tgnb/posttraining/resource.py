@@ -313,7 +313,14 @@ class Resource:
     def _model_max_rank(self) -> int | None:
         """The largest LoRA rank the resource's model takes, as ``pt.models()`` lists it."""
         base = (self._last or self.info()).base_model
-        limits = [m.max_lora_rank for m in PostTraining(self.conn).models() if m.name == base]
+        models = PostTraining(self.conn).models()
+        limits = [m.max_lora_rank for m in models if m.name == base]
+        if (
+            not limits and self.conn.local
+        ):  # a name the emulator accepts as an alias of a listed one
+            from tgnb.emulator.rl.catalog import same_model
+
+            limits = [m.max_lora_rank for m in models if same_model(m.name, base)]
         return next((r for r in limits if r), None)
 
     def session(self, id_or_name: str) -> TrainingSession:

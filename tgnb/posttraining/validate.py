@@ -40,7 +40,11 @@ def _int(value: Any, what: str, example: str) -> int:
 
 
 def check_base_model(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or (any(c.isspace() for c in name) and not Path(name).expanduser().is_dir())
+    ):
         raise ValidationError(
             f"base_model {name!r} is not a model name: pick one of pt.models() "
             "(e.g. 'tgnb/tiny-llama') or a local model directory"

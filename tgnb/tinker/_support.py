@@ -208,7 +208,8 @@ def load_tokenizer(name: str) -> Any:
 
     In order: a local model directory (a served ``base_model`` may be a path); the Hugging Face
     cache with ``local_files_only`` (no request at all, so no retry loop when offline; the
-    emulator writes the tiny model there under its listed name); the built-in tiny model's
+    emulator lists the tiny model by its snapshot directory there and accepts ``tgnb/tiny-llama``
+    as its alias); the built-in tiny model's
     tokenizer, built in memory, when its name is asked and the cache lacks it; else the Hub.
     """
     from transformers import AutoTokenizer

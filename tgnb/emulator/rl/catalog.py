@@ -1,16 +1,24 @@
 """What the Post-Training emulator can serve: the built-in tiny model and local causal-LM directories.
 
-The built-in model (`tgnb.tasks.assets`, a tiny Llama with a character tokenizer) is listed under the
-hub-style name ``tgnb/tiny-llama``. `materialize_tiny` writes it into the local Hugging Face cache
-(``$HF_HUB_CACHE``, default ``$HF_HOME/hub``) in the hub's own layout
-(``models--tgnb--tiny-llama/{refs/main,snapshots/<rev>/...}``), so users and Tinker scripts load its
-tokenizer by name, offline, exactly as they would a real model, with the files it lacks recorded as
-missing (``.no_exist``) so nothing is asked of the Hub:
-``AutoTokenizer.from_pretrained("tgnb/tiny-llama", local_files_only=True)`` (or
-``tgnb.post_training().tokenizer(name)``, which does that on the emulator) in well under a second.
-A bare ``from_pretrained("tgnb/tiny-llama")`` still asks the Hub first (huggingface_hub resolves the
-revision and lists the repo before it reads the cache; without network it retries for about two
-minutes, with network the Hub answers 404), unless ``HF_HUB_OFFLINE=1``.
+The built-in model (`tgnb.tasks.assets`, a tiny Llama with a character tokenizer) is listed by
+``GET /v1/rl/supported-models`` under the absolute path of its directory: `materialize_tiny` writes
+it into the local Hugging Face cache (``$HF_HUB_CACHE``, default ``$HF_HOME/hub``) in the hub's own
+layout (``models--tgnb--tiny-llama/{refs/main,snapshots/<rev>/...}``) and the listed name is that
+snapshot directory, the path ``snapshot_download`` would return. So a Tinker or TRL script that does
+what their docs say, ``AutoTokenizer.from_pretrained(name)`` with the name from
+``get_server_capabilities()`` or ``supported_models.get()``, makes a plain local load: no Hub
+request, no retries without network, no environment variable, whatever the client's HF_HOME. (A
+hub-style name cannot do that: huggingface_hub 2.x and transformers 5.x ask the Hub for the
+revision and the repo's file list before they read the cache, unless ``HF_HUB_OFFLINE=1`` or
+``local_files_only=True``; without network that is about a minute of retries, with network a 404.)
+The revision is the assets' fingerprint, so the name is the same for every emulator on a machine
+and across restarts, and changes only with the model.
+
+The hub-style name ``tgnb/tiny-llama`` (`TINY_NAME`) stays accepted everywhere a base model is
+(``pt.start("tgnb/tiny-llama")``, ``base_model=`` of the SDK and the Tinker layer) as an alias of
+the same model; ``from_pretrained("tgnb/tiny-llama", local_files_only=True)`` loads it offline from
+the same cache (the files it lacks are recorded as missing, ``.no_exist``). `same_model` treats
+the two names as one model (a checkpoint taken under one resumes on a resource under the other).
 
 A local directory holding a Hugging Face causal LM (``config.json`` + weights + tokenizer) is also a
 valid ``base_model``: its name is its path. Directories listed by the daemon (``extra``) or in
@@ -147,8 +155,10 @@ def _spec_for_dir(name: str, path: Path) -> ModelSpec:
     )
 
 
-def tiny_spec() -> ModelSpec:
-    return _spec_for_dir(TINY_NAME, materialize_tiny())
+def tiny_spec(name: str | None = None) -> ModelSpec:
+    """The built-in model, named `name` (default: its directory, the name the emulator lists)."""
+    snapshot = materialize_tiny()
+    return _spec_for_dir(name or str(snapshot), snapshot)
 
 
 def _extra_dirs(extra: Sequence[str]) -> list[str]:
@@ -157,24 +167,26 @@ def _extra_dirs(extra: Sequence[str]) -> list[str]:
 
 
 def supported_models(extra: Sequence[str] = ()) -> list[ModelSpec]:
-    """The built-in tiny model, then each listed local directory that holds a ``config.json``."""
+    """The built-in tiny model (named by its directory), then each listed local directory that
+    holds a ``config.json``."""
     specs = [tiny_spec()]
     for item in _extra_dirs(extra):
         path = Path(item).expanduser()
-        if (path / "config.json").is_file():
+        if (path / "config.json").is_file() and item != specs[0].name:
             specs.append(_spec_for_dir(item, path))
     return specs
 
 
 def resolve(name: str, extra: Sequence[str] = ()) -> ModelSpec:
-    """The spec of `name`: the tiny model, a local directory, or a hub id in the local HF cache.
+    """The spec of `name`: the tiny model (by its listed path or its alias `TINY_NAME`), a local
+    directory, or a hub id in the local HF cache.
 
     Raises RLInputError("base_model", ...) naming what is served when nothing matches.
     """
     if not isinstance(name, str) or not name.strip():
         raise _error("base_model", "base_model must be a non-empty string, e.g. 'tgnb/tiny-llama'")
     if name == TINY_NAME:
-        return tiny_spec()
+        return tiny_spec(TINY_NAME)
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return _spec_for_dir(name, path)
@@ -185,9 +197,22 @@ def resolve(name: str, extra: Sequence[str] = ()) -> ModelSpec:
     served = ", ".join(s.name for s in supported_models(extra))
     raise _error(
         "base_model",
-        f"unknown base_model {name!r}: the emulator serves {served} "
-        "(or a local Hugging Face causal-LM directory path)",
+        f"unknown base_model {name!r}: the emulator serves {served} (the built-in model also as "
+        f"{TINY_NAME!r}), or a local Hugging Face causal-LM directory path",
     )
+
+
+def same_model(a: str, b: str, extra: Sequence[str] = ()) -> bool:
+    """Whether two base-model names are one model (the built-in model's path and its alias)."""
+    from tgnb.emulator.rl.inputs import RLInputError
+
+    if a == b:
+        return True
+    try:
+        paths = {os.path.realpath(resolve(n, extra).path) for n in (a, b)}
+    except RLInputError:  # a name that no longer resolves is only itself
+        return False
+    return len(paths) == 1
 
 
 def _cached_hub_snapshot(name: str) -> Path | None:

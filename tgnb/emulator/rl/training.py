@@ -52,7 +52,7 @@ class AtCapacity(RequestError):
 
 def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
     """Check, record and queue the opening of a session; (record, its opening job)."""
-    from tgnb.emulator.rl.catalog import resolve
+    from tgnb.emulator.rl.catalog import resolve, same_model
 
     c = checks.session_create(body)
     with p.lock:
@@ -71,7 +71,7 @@ def create_session(p: Platform, body: Any) -> tuple[SessionRecord, Operation]:
                 )
             if resume.type != CKPT_TRAINING:
                 raise checks.bad("resume_from_checkpoint_id", "must be a TRAINING checkpoint")
-            if resume.base_model != r.base_model:
+            if not same_model(resume.base_model, r.base_model, p.config.extra_models):
                 raise checks.bad(
                     "resume_from_checkpoint_id",
                     f"checkpoint was trained from {resume.base_model}, the resource serves "
