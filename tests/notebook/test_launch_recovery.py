@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from tgnb.notebook._launch import launch_request
-from tgnb.notebook._parser import build
+from tgnb.notebook.commands import COMMANDS
+from tgnb.notebook.commands.launch import launch_request
 
 
 def request(line: str, cell: str | None = None) -> tuple[dict[str, object], dict[str, object]]:
-    return launch_request(build()["launch"].parse_args(line.split()), cell)
+    return launch_request(COMMANDS["launch"].parser.parse_args(line.split()), cell)
 
 
 def test_flags_and_body_key() -> None:

@@ -315,12 +315,11 @@ class Resource:
         base = (self._last or self.info()).base_model
         models = PostTraining(self.conn).models()
         limits = [m.max_lora_rank for m in models if m.name == base]
+        emu = self.conn.emulator
         if (
-            not limits and self.conn.local
+            not limits and emu is not None
         ):  # a name the emulator accepts as an alias of a listed one
-            from tgnb.emulator.rl.catalog import same_model
-
-            limits = [m.max_lora_rank for m in models if same_model(m.name, base)]
+            limits = [m.max_lora_rank for m in models if emu.same_model(m.name, base)]
         return next((r for r in limits if r), None)
 
     def session(self, id_or_name: str) -> TrainingSession:
