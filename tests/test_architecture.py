@@ -298,3 +298,63 @@ def test_the_checks_can_fail() -> None:
     assert emulator_imports("tgnb.connection", lazy) == []
     assert emulator_imports("tgnb.backends.local.backend", lazy) == []
     assert plane("posttraining") < plane("connection") < plane("cloud")  # type: ignore[operator]
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def private_uses(module: str, source: str | None = None) -> list[str]:
+    """Where `module` (or `source`, read as its text) uses another module's private name: imports
+    ``_name`` from another module, reads ``mod._name`` of a tgnb module it imported, or imports
+    from a private module (``tgnb.posttraining._connect``) outside that module's package."""
+    path = MODULES[module]
+    rel = str(path.relative_to(PACKAGE))
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    found: list[str] = []
+    aliases: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update(a.asname or a.name for a in node.names if a.name.startswith("tgnb"))
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        if not node.module.startswith("tgnb"):
+            continue
+        parts = node.module.split(".")
+        hidden = [i for i, p in enumerate(parts) if _private(p)]
+        if hidden and not package.startswith(".".join(parts[: hidden[0]])):
+            found.append(f"tgnb/{rel}:{node.lineno} imports the private module {node.module}")
+        for alias in node.names:
+            sub = f"{node.module}.{alias.name}"
+            if _private(alias.name) and not (sub in MODULES and node.module == package):
+                found.append(f"tgnb/{rel}:{node.lineno} imports {node.module}.{alias.name}")
+            if sub in MODULES:
+                aliases.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in aliases:
+                found.append(f"tgnb/{rel}:{node.lineno} reads {base.id}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """A name another module needs is public (httpx's style): private names stay in their
+    module, private modules in their package."""
+    wrong = [w for module in MODULES for w in private_uses(module)]
+    assert not wrong, "private names used across modules (make them public):\n" + "\n".join(wrong)
+
+
+def test_the_private_name_check_can_fail() -> None:
+    assert private_uses("tgnb.notebook.timeline", "from tgnb.events import _x\n") == [
+        "tgnb/notebook/timeline.py:1 imports tgnb.events._x"
+    ]
+    assert private_uses("tgnb.session", "from tgnb.posttraining._connect import connect\n") == [
+        "tgnb/session.py:1 imports the private module tgnb.posttraining._connect"
+    ]
+    assert private_uses("tgnb.session", "from tgnb import config\nconfig._SECRETS\n") == [
+        "tgnb/session.py:2 reads config._SECRETS"
+    ]
+    inside = "from tgnb.posttraining import _connect\nfrom tgnb.posttraining._connect import c\n"
+    assert private_uses("tgnb.posttraining.resource", inside) == []

@@ -124,10 +124,10 @@ def test_request_log_survives_odd_bodies_and_masks_secrets(shared_emu: EmulatorH
 
 def test_kube_config_is_built_by_a_yaml_library() -> None:
     """Defect 7: whatever the name, the decoded kubeconfig has one cluster, one user, one server."""
-    from tgnb.emulator.models import ClusterState, kubeconfig
+    from tgnb.emulator.models import FleetCluster, kubeconfig
 
     name = "a\n  cluster:\n    server: https://evil.example\nusers:\n- name: evil"
-    c = ClusterState(
+    c = FleetCluster(
         cluster_id="c",
         cluster_name=name,
         cluster_type="KUBERNETES",

@@ -155,12 +155,12 @@ class EmulatorApp:
             fleet.store.root / "volumes.json", fleet.config.default_project_id, regions
         )
 
-    def _authorized(self, request: Request) -> bool:
+    def authorized(self, request: Request) -> bool:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
 
-    def _log(self, request: Request, status: int, body: Any, chaos: str | None) -> None:
+    def log_request(self, request: Request, status: int, body: Any, chaos: str | None) -> None:
         if isinstance(body, str):
             body = scrub_text(body, self._key.decode())
         entry = {
@@ -176,7 +176,7 @@ class EmulatorApp:
             self.requests.append(entry)
             del self.requests[:-MAX_LOG]
 
-    async def _read(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         """The body, at most `MAX_BODY` bytes (a 413 beyond, without reading the rest)."""
         length = request.headers.get("content-length")
         too_big = RequestError(
@@ -212,9 +212,9 @@ class EmulatorApp:
             response: Response
             chaos: str | None = None
             try:
-                if not self._authorized(request):
+                if not self.authorized(request):
                     raise self._unauthorized()  # before the body is read
-                raw = await self._read(request)
+                raw = await self.read_body(request)
                 if raw:
                     try:
                         body = parse_json(raw)
@@ -242,7 +242,7 @@ class EmulatorApp:
             except Exception:  # a bug: say so in the log, answer without internals
                 traceback.print_exc()
                 response = _error(500, 13, "internal error in the emulator (see its log)")
-            self._log(request, response.status_code, body, chaos)
+            self.log_request(request, response.status_code, body, chaos)
             return response
 
         return endpoint
@@ -250,9 +250,9 @@ class EmulatorApp:
     def admin(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                if not self._authorized(request):
+                if not self.authorized(request):
                     raise RequestError(401, UNAUTHENTICATED, "invalid or missing API key")
-                raw = await self._read(request)
+                raw = await self.read_body(request)
                 body = require_object(parse_json(raw)) if raw else {}
                 return JSONResponse(await handler(request, body))
             except RequestError as e:

@@ -64,13 +64,13 @@ from tgnb.emulator.models import (
     REMOVED,
     RUNNING,
     STANDARD,
-    ClusterState,
+    FleetCluster,
+    FleetNode,
     LifecycleEvent,
-    NodeState,
-    _ts,
     add_ons_from_body,
     check_record,
     cluster_to_api,
+    rfc3339,
 )
 from tgnb.emulator.nodeview import NOTICE_FILE, REMOVED_FILE, NodeInfo
 from tgnb.emulator.store import StateStore
@@ -103,11 +103,11 @@ def _log(message: str) -> None:
     print(f"tgnb emulator: {message}", file=sys.stderr, flush=True)
 
 
-def _loaded_cluster(raw: Any) -> ClusterState | None:
+def _loaded_cluster(raw: Any) -> FleetCluster | None:
     """A stored cluster record, or None (with a log line) when it cannot be served: a record
     written by an older version, or by hand, never takes the list down."""
     try:
-        c = ClusterState.from_dict(raw)
+        c = FleetCluster.from_dict(raw)
         check_record(c)
     except Exception as exc:  # any shape of broken record: skipped, the rest is served
         ident = raw.get("cluster_id") if isinstance(raw, dict) else None
@@ -125,7 +125,7 @@ class Fleet:
         self.config = config
         self.store = store
         self.clock = clock
-        self.clusters: dict[str, ClusterState] = {}
+        self.clusters: dict[str, FleetCluster] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -229,7 +229,7 @@ class Fleet:
                 times.append(self.trace.started_at + self.config.real(at))
         return min(times) if times else None
 
-    def _advance_cluster(self, c: ClusterState, now: float) -> bool:
+    def _advance_cluster(self, c: FleetCluster, now: float) -> bool:
         changed = False
         for n in list(c.nodes):
             if n.state == PROVISIONING and n.ready_at <= now:
@@ -249,7 +249,7 @@ class Fleet:
         changed |= self._prune(c, now)
         return changed
 
-    def _draw_preemption(self, c: ClusterState, n: NodeState) -> float:
+    def _draw_preemption(self, c: FleetCluster, n: FleetNode) -> float:
         # keyed by what a replayed scenario reproduces (not the random cluster id)
         ordinal = n.name.rsplit("-", 1)[-1]
         rng = random.Random(f"{self.config.seed}:{c.cluster_name}:{n.kind}:{ordinal}")
@@ -257,14 +257,14 @@ class Fleet:
         return n.ready_at + self.config.real(hours * 3600.0)
 
     # ---- node transitions --------------------------------------------------------------------
-    def _event(self, c: ClusterState, node: str, reason: str, message: str, t: float) -> None:
+    def _event(self, c: FleetCluster, node: str, reason: str, message: str, t: float) -> None:
         if any(e.node == node and e.reason == reason for e in c.events):
             return  # de-duplicated by (node, reason), as the platform does
         c.events.append(LifecycleEvent(node=node, reason=reason, message=message, time=t))
 
-    def _new_node(self, c: ClusterState, kind: str, now: float) -> NodeState:
+    def _new_node(self, c: FleetCluster, kind: str, now: float) -> FleetNode:
         delay = 0.0 if kind == STANDARD else self.config.real(self.config.provision_delay_s)
-        n = NodeState(
+        n = FleetNode(
             name=c.next_name(kind),
             kind=kind,
             state=PROVISIONING,
@@ -275,21 +275,21 @@ class Fleet:
         c.nodes.append(n)
         return n
 
-    def _node_live(self, c: ClusterState, n: NodeState, t: float) -> None:
+    def _node_live(self, c: FleetCluster, n: FleetNode, t: float) -> None:
         n.state = RUNNING
         n.phases.append(("NODE_PHASE_RUNNING", t))
         self.store.node_dir(n.name).mkdir(parents=True, exist_ok=True)
         label = "preemptible" if n.kind == PREEMPTIBLE else "standard"
         self._event(c, n.name, NODE_ADDED, f"{label} node {n.name} joined the cluster", t)
 
-    def _notify(self, c: ClusterState, n: NodeState, t: float, why: str = "") -> None:
+    def _notify(self, c: FleetCluster, n: FleetNode, t: float, why: str = "") -> None:
         window = self.config.real(self.config.drain_window_s)
         n.state, n.notified_at, n.deadline = DRAINING, t, t + window
         self._event(
             c,
             n.name,
             PREEMPTION_NOTIFIED,
-            f"node {n.name} will be preempted{why}; drain window ends at {_ts(n.deadline)}",
+            f"node {n.name} will be preempted{why}; drain window ends at {rfc3339(n.deadline)}",
             t,
         )
         self.store.write_node_file(
@@ -299,14 +299,14 @@ class Fleet:
                 "node": n.name,
                 "cluster_id": c.cluster_id,
                 "reason": PREEMPTION_NOTIFIED,
-                "notified_at": _ts(t),
-                "deadline": _ts(n.deadline),
+                "notified_at": rfc3339(t),
+                "deadline": rfc3339(n.deadline),
                 "deadline_unix": n.deadline,
                 "window_s": window,
             },
         )
 
-    def _remove(self, c: ClusterState, n: NodeState, t: float, reason: str) -> None:
+    def _remove(self, c: FleetCluster, n: FleetNode, t: float, reason: str) -> None:
         was_live = n.live
         n.state, n.removed_at, n.removed_reason = REMOVED, t, reason
         n.phases.append(("NODE_PHASE_SUCCEEDED", t))
@@ -323,13 +323,13 @@ class Fleet:
                 "node": n.name,
                 "cluster_id": c.cluster_id,
                 "reason": reason,
-                "removed_at": _ts(t),
+                "removed_at": rfc3339(t),
                 "removed_unix": t,
             },
         )
 
-    def _capacity_left(self, c: ClusterState) -> float:
-        def used(cs: list[ClusterState]) -> int:
+    def _capacity_left(self, c: FleetCluster) -> float:
+        def used(cs: list[FleetCluster]) -> int:
             return GPUS_PER_NODE * sum(len(x.live_nodes(PREEMPTIBLE)) for x in cs)
 
         left = math.inf
@@ -350,7 +350,7 @@ class Fleet:
         assert self.trace is not None
         return (now - self.trace.started_at) / self.config.time_scale
 
-    def _trace_gpus(self, c: ClusterState | None, now: float) -> int | None:
+    def _trace_gpus(self, c: FleetCluster | None, now: float) -> int | None:
         """The trace's limit on `c` now (None: none; `c` None: the scope the trace covers)."""
         t = self.trace
         if t is None or (c is not None and t.cluster_id not in (None, c.cluster_id)):
@@ -381,7 +381,7 @@ class Fleet:
                 self._notify(c, n, min(now, max(began, n.ready_at)), why)
         return True
 
-    def _reconcile(self, c: ClusterState, now: float) -> bool:
+    def _reconcile(self, c: FleetCluster, now: float) -> bool:
         """Move the preemptible node count toward the target."""
         want = c.desired_preemptible_gpus // GPUS_PER_NODE
         nodes = c.live_nodes(PREEMPTIBLE)
@@ -404,7 +404,7 @@ class Fleet:
             changed = True
         return changed
 
-    def _prune(self, c: ClusterState, now: float) -> bool:
+    def _prune(self, c: FleetCluster, now: float) -> bool:
         horizon = now - self.config.real(self.config.retention_s)
         before = (len(c.events), len(c.nodes))
         c.events = [e for e in c.events if e.time >= horizon]
@@ -413,7 +413,7 @@ class Fleet:
         ]
         return before != (len(c.events), len(c.nodes))
 
-    def _set_standard(self, c: ClusterState, num_gpus: int, now: float) -> None:
+    def _set_standard(self, c: FleetCluster, num_gpus: int, now: float) -> None:
         want = num_gpus // GPUS_PER_NODE
         nodes = c.live_nodes(STANDARD)
         for _ in range(want - len(nodes)):
@@ -424,7 +424,7 @@ class Fleet:
         c.num_gpus = num_gpus
 
     # ---- API operations ----------------------------------------------------------------------
-    def _get(self, cluster_id: str) -> ClusterState:
+    def _get(self, cluster_id: str) -> FleetCluster:
         c = self.clusters.get(cluster_id)
         if c is None:
             raise RequestError(404, NOT_FOUND, f"cluster {cluster_id[:80]!r} not found")
@@ -434,7 +434,7 @@ class Fleet:
         """Create a cluster from a validated create body; standard nodes are live at once."""
         with self._changing():
             now = self.clock()
-            c = ClusterState.from_create(
+            c = FleetCluster.from_create(
                 body, str(uuid.uuid4()), now, self.config.default_project_id
             )
             self.clusters[c.cluster_id] = c
@@ -593,7 +593,7 @@ class Fleet:
             c = self._get(cluster_id)
             return [self._node_view(c, n) for n in c.nodes]
 
-    def _node_view(self, c: ClusterState, n: NodeState) -> dict[str, Any]:
+    def _node_view(self, c: FleetCluster, n: FleetNode) -> dict[str, Any]:
         return NodeInfo(
             name=n.name,
             cluster_id=c.cluster_id,

@@ -1,6 +1,6 @@
 """The emulated fleet's state and the JSON shapes the clusters API answers with.
 
-A `ClusterState` holds what the platform knows about one GPU cluster: its request (standard GPUs,
+A `FleetCluster` holds what the platform knows about one GPU cluster: its request (standard GPUs,
 the preemptible target), its nodes and its ``node_lifecycle_events``. `cluster_to_api` renders it
 as the ``Cluster`` object of the together SDK 3.1.1 (``together.types.Cluster``): every required
 field is present, timestamps are RFC 3339 in UTC.
@@ -77,7 +77,7 @@ _CLUSTER_PHASES = (
 
 
 @dataclass
-class NodeState:
+class FleetNode:
     """One GPU worker node. Times are POSIX seconds (real clock); None when not reached yet."""
 
     name: str
@@ -100,7 +100,7 @@ class NodeState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NodeState:
+    def from_dict(cls, d: dict[str, Any]) -> FleetNode:
         d = dict(d)
         d["phases"] = [(str(p), float(t)) for p, t in d.get("phases", [])]
         return cls(**d)
@@ -120,12 +120,12 @@ class LifecycleEvent:
             "node_id": self.node,
             "reason": self.reason,
             "message": self.message,
-            "timestamp": _ts(self.time),
+            "timestamp": rfc3339(self.time),
         }
 
 
 @dataclass
-class ClusterState:
+class FleetCluster:
     """What the platform knows about one cluster: its request, nodes and lifecycle events."""
 
     cluster_id: str
@@ -146,7 +146,7 @@ class ClusterState:
     capacity_pool_id: str | None = None
     duration_days: int | None = None
     capacity_gpus: int | None = None  # per-cluster preemptible capacity cap (admin knob)
-    nodes: list[NodeState] = field(default_factory=list)
+    nodes: list[FleetNode] = field(default_factory=list)
     events: list[LifecycleEvent] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     volumes: list[dict[str, Any]] = field(default_factory=list)
@@ -156,7 +156,7 @@ class ClusterState:
     @classmethod
     def from_create(
         cls, body: dict[str, Any], cluster_id: str, now: float, default_project: str
-    ) -> ClusterState:
+    ) -> FleetCluster:
         """A new cluster (no nodes yet) from a validated create body."""
         return cls(
             cluster_id=cluster_id,
@@ -185,10 +185,10 @@ class ClusterState:
     def short(self) -> str:
         return self.cluster_id.replace("-", "")[:8]
 
-    def live_nodes(self, kind: str | None = None) -> list[NodeState]:
+    def live_nodes(self, kind: str | None = None) -> list[FleetNode]:
         return [n for n in self.nodes if n.state != REMOVED and (kind is None or n.kind == kind)]
 
-    def node(self, name: str) -> NodeState | None:
+    def node(self, name: str) -> FleetNode | None:
         return next((n for n in self.nodes if n.name == name), None)
 
     @property
@@ -209,14 +209,14 @@ class ClusterState:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ClusterState:
+    def from_dict(cls, d: dict[str, Any]) -> FleetCluster:
         d = dict(d)
-        d["nodes"] = [NodeState.from_dict(n) for n in d.get("nodes", [])]
+        d["nodes"] = [FleetNode.from_dict(n) for n in d.get("nodes", [])]
         d["events"] = [LifecycleEvent(**e) for e in d.get("events", [])]
         return cls(**d)
 
 
-#: create-body fields held in `ClusterState`'s own attributes (the rest go to `extra`, echoed back)
+#: create-body fields held in `FleetCluster`'s own attributes (the rest go to `extra`, echoed back)
 _STATE_FIELDS = frozenset(
     {
         "cluster_name",
@@ -276,11 +276,11 @@ def _volumes(body: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def _ts(t: float) -> str:
+def rfc3339(t: float) -> str:
     return format_time(parse_time(t))
 
 
-def _node_phase(node: NodeState) -> str:
+def _node_phase(node: FleetNode) -> str:
     return node.phases[-1][0] if node.phases else "NODE_PHASE_PENDING"
 
 
@@ -292,7 +292,7 @@ _NODE_STATUS = {
 }
 
 
-def node_to_api(node: NodeState, cluster: ClusterState) -> dict[str, Any]:
+def node_to_api(node: FleetNode, cluster: FleetCluster) -> dict[str, Any]:
     """A ``GPUWorkerNode`` (or ``DeletedGPUWorkerNode``) object."""
     out: dict[str, Any] = {
         "node_id": node.name,
@@ -303,17 +303,17 @@ def node_to_api(node: NodeState, cluster: ClusterState) -> dict[str, Any]:
         "num_cpu_cores": 128,
         "memory_gib": 2048.0,
         "networks": ["10.0.0.0/16"],
-        "phase_transitions": [{"phase": p, "transition_time": _ts(t)} for p, t in node.phases],
+        "phase_transitions": [{"phase": p, "transition_time": rfc3339(t)} for p, t in node.phases],
         "marked_for_deletion": node.state == DRAINING,
     }
     if cluster.cluster_type == "SLURM":
         out["slurm_worker_hostname"] = node.name
     if node.removed_at is not None:
-        out["deleted_at"] = _ts(node.removed_at)
+        out["deleted_at"] = rfc3339(node.removed_at)
     return out
 
 
-def kubeconfig(cluster: ClusterState) -> str:
+def kubeconfig(cluster: FleetCluster) -> str:
     """A base64 kubeconfig for a KUBERNETES cluster; no API server answers at its address."""
     if cluster.cluster_type != "KUBERNETES":
         return ""
@@ -338,7 +338,7 @@ def kubeconfig(cluster: ClusterState) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def cluster_to_api(cluster: ClusterState, include_events: bool = True) -> dict[str, Any]:
+def cluster_to_api(cluster: FleetCluster, include_events: bool = True) -> dict[str, Any]:
     """The ``Cluster`` object of together 3.1.1, every required field present."""
     created = cluster.created_at
     live = [n for n in cluster.nodes if n.state != REMOVED]
@@ -372,18 +372,18 @@ def cluster_to_api(cluster: ClusterState, include_events: bool = True) -> dict[s
                 "memory_gib": 64.0,
                 "status": "Ready",
                 "phase_transitions": [
-                    {"phase": "NODE_PHASE_RUNNING", "transition_time": _ts(created)}
+                    {"phase": "NODE_PHASE_RUNNING", "transition_time": rfc3339(created)}
                 ],
             }
         ],
         "gpu_worker_nodes": [node_to_api(n, cluster) for n in live],
         "deleted_gpu_worker_nodes": [node_to_api(n, cluster) for n in removed],
         "phase_transitions": [
-            {"phase": p, "transition_time": _ts(created)} for p in _CLUSTER_PHASES
+            {"phase": p, "transition_time": rfc3339(created)} for p in _CLUSTER_PHASES
         ],
         "add_ons": list(cluster.add_ons),
-        "created_at": _ts(created),
-        "first_ready_at": _ts(created),
+        "created_at": rfc3339(created),
+        "first_ready_at": rfc3339(created),
         "control_plane_ready": True,
         "capacity_pool_id": cluster.capacity_pool_id,
         "duration_hours": cluster.duration_days * 24 if cluster.duration_days else None,
@@ -419,7 +419,7 @@ _RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def check_record(cluster: ClusterState) -> None:
+def check_record(cluster: FleetCluster) -> None:
     """Raise ValueError unless a (stored) cluster has the types the API renders it with."""
     import json
 

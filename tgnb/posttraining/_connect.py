@@ -94,7 +94,7 @@ def connect(
     return Connection(base, end.api_key, end.home, end.poll, end.emulator)
 
 
-def _status_label(status: str | None) -> str:
+def status_label(status: str | None) -> str:
     """``MODEL_RESOURCES_STATUS_READY`` -> ``READY``."""
     if not status:
         return "-"

@@ -121,10 +121,10 @@ def all_events(
     seen_ready: datetime | None = None,
 ) -> list[Event]:
     """Every event of a resource and its sessions, sorted by time."""
-    from tgnb.posttraining.records import _time
+    from tgnb.posttraining.records import as_time
 
-    ready = _time((usage or {}).get("ready_at")) or seen_ready
-    stopped = _time((usage or {}).get("stopped_at"))
+    ready = as_time((usage or {}).get("ready_at")) or seen_ready
+    stopped = as_time((usage or {}).get("stopped_at"))
     out = resource_events(info, ready, stopped)
     for s in sessions:
         out += session_events(s)

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from tgnb.events import parse_time
-from tgnb.posttraining._connect import _status_label
+from tgnb.posttraining._connect import status_label
 
 ACTIVE_SESSION = ("CREATING", "RUNNING", "STOPPING")
 ENDED_SESSION = ("STOPPED", "ERROR", "EXPIRED")
@@ -24,7 +24,7 @@ def _int(value: Any, default: int = 0) -> int:
         return default
 
 
-def _time(value: Any) -> datetime | None:
+def as_time(value: Any) -> datetime | None:
     if value is None or value == "":
         return None
     try:
@@ -96,14 +96,14 @@ class ResourceInfo:
         return cls(
             id=str(r.id),
             base_model=str(r.base_model),
-            status=_status_label(r.status),
+            status=status_label(r.status),
             lora_enabled=bool(getattr(r, "lora_enabled", True)),
             generators=_int(getattr(compute, "num_generator_replicas", 0)),
             gpu_type=getattr(compute, "gpu_type", None),
             inactive_timeout=_int(getattr(r, "inactive_timeout", 0)),
-            created_at=_time(getattr(r, "created_at", None)),
-            updated_at=_time(getattr(r, "updated_at", None)),
-            expires_at=_time(getattr(r, "expires_at", None)),
+            created_at=as_time(getattr(r, "created_at", None)),
+            updated_at=as_time(getattr(r, "updated_at", None)),
+            expires_at=as_time(getattr(r, "expires_at", None)),
             queue_position=getattr(details, "queue_position", None),
             error=(f"{err.code}: {err.message}" if err is not None else None),
         )
@@ -133,7 +133,7 @@ class CheckpointInfo:
             kind=kind,
             session_id=session_id,
             step=_int(getattr(c, "step", 0)),
-            created_at=_time(getattr(c, "created_at", None)),
+            created_at=as_time(getattr(c, "created_at", None)),
             weights_version=None if version is None else _int(version),
         )
 
@@ -156,7 +156,7 @@ class Rollback:
             if isinstance(r, dict):
                 out.append(
                     cls(
-                        at=_time(r.get("at")),
+                        at=as_time(r.get("at")),
                         checkpoint=str(r.get("checkpoint") or ""),
                         from_step=_int(r.get("from_step")),
                         to_step=_int(r.get("to_step")),
@@ -224,15 +224,15 @@ class SessionInfo:
             id=str(s.id),
             resource_id=str(getattr(s, "resources_id", "") or ""),
             name=getattr(s, "display_name", None) or None,
-            status=_status_label(s.status),
+            status=status_label(s.status),
             step=_int(getattr(s, "step", 0)),
             policy_version=_int(getattr(policy, "applied_weights_version", 0)),
             target_version=_int(getattr(policy, "target_weights_version", 0)),
             lora_rank=getattr(lora, "rank", None),
             lora_alpha=getattr(lora, "alpha", None),
             checkpoints=tuple(ckpts),
-            created_at=_time(getattr(s, "created_at", None)),
-            updated_at=_time(getattr(s, "updated_at", None)),
+            created_at=as_time(getattr(s, "created_at", None)),
+            updated_at=as_time(getattr(s, "updated_at", None)),
             error=(f"{err.code}: {err.message}" if err is not None else None),
             rollbacks=Rollback.list_from(getattr(s, "metadata", None)),
             note=_metadata(getattr(s, "metadata", None)).get("resume_lora_config") or None,

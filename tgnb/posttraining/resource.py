@@ -22,7 +22,7 @@ from tgnb.posttraining.records import (
     ModelInfo,
     ResourceInfo,
     SessionInfo,
-    _time,
+    as_time,
 )
 from tgnb.posttraining.session import TrainingSession
 
@@ -376,11 +376,11 @@ class Resource:
         info = self.info()
         price, currency = self.price()
         usage = self.usage() or {}
-        ready = _time(usage.get("ready_at"))
+        ready = as_time(usage.get("ready_at"))
         estimated = ready is None
         if ready is None:
             ready = self.conn.seen_ready.get(self.id) or info.created_at
-        stopped = _time(usage.get("stopped_at"))
+        stopped = as_time(usage.get("stopped_at"))
         if stopped is None and not info.active:
             stopped = info.updated_at
         gpus = int(usage.get("gpus") or 0) or 1 + info.generators

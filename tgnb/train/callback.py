@@ -32,6 +32,4 @@ class GuardCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.guard.saver is not None:
             self.guard.saver.wait()
-        if self.guard._watcher is not None:
-            self.guard._watcher.stop()
-            self.guard._watcher = None
+        self.guard.stop_watcher()

@@ -294,6 +294,12 @@ class CheckpointGuard:
             dist.barrier()
         return code
 
+    def stop_watcher(self) -> None:
+        """Stop the drain watcher (the run is over: no notice can matter any more)."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+
     def close(self) -> None:
         """Stop the drain watcher, give the signal handlers back, free the staging memory (after
         the save in flight, if any)."""

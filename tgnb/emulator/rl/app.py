@@ -91,14 +91,14 @@ class RLApi:
             chaos: str | None = None
             response: Response
             try:
-                if not self.emu._authorized(request):  # before a byte of the body is read
+                if not self.emu.authorized(request):  # before a byte of the body is read
                     raise RequestError(
                         401,
                         UNAUTHENTICATED,
                         "invalid or missing API key: send 'Authorization: Bearer <key>' with the "
                         "emulator's key (tgnb emulator status shows where it is)",
                     )
-                raw = await self.emu._read(request)  # at most MAX_BODY: 413 beyond
+                raw = await self.emu.read_body(request)  # at most MAX_BODY: 413 beyond
                 if raw.strip():
                     try:
                         body = strict_json(raw)
@@ -139,7 +139,7 @@ class RLApi:
                 traceback.print_exception(e)
                 err = RequestError(500, INTERNAL, f"internal error: {type(e).__name__}")
                 response = JSONResponse(err.body(), 500)
-            self.emu._log(request, response.status_code, summarize(body), chaos)
+            self.emu.log_request(request, response.status_code, summarize(body), chaos)
             return response
 
         return endpoint

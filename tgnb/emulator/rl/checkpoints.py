@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 from tgnb.emulator.rl.inputs import RLInputError
 
 if TYPE_CHECKING:
-    from tgnb.emulator.rl.engine import ResourceHost, _Session
+    from tgnb.emulator.rl.engine import LoraSession, ResourceHost
 
 FORMAT = "tgnb-rl-checkpoint-1"
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 VARIANTS = ("CHECKPOINT_VARIANT_ADAPTER", "CHECKPOINT_VARIANT_MERGED")
 
 
-def save(host: ResourceHost, sess: _Session, directory: Path, *, training: bool) -> None:
+def save(host: ResourceHost, sess: LoraSession, directory: Path, *, training: bool) -> None:
     """Write `sess`'s trainer (training) or published (inference) weights into `directory`."""
     from safetensors.torch import save_file
 
@@ -129,14 +129,14 @@ def load(host: ResourceHost, sid: str, directory: Path, *, load_optimizer: bool)
             f"a {meta['mode']} checkpoint cannot resume on this "
             f"{'LoRA' if host.lora_enabled else 'full-weight'} resource",
         )
-    sess = host._session(sid)
+    sess = host.session(sid)
     if sess.train:
         from peft.utils import set_peft_model_state_dict
 
         if sess.lora != meta["lora_config"]:  # the platform opens it with the checkpoint's
             host.close_session(sid)
             host.open_session(sid, meta["lora_config"])
-            sess = host._session(sid)
+            sess = host.session(sid)
         state = load_file(str(directory / ADAPTER_FILES[0]), device=host.device)
         result = set_peft_model_state_dict(host.model, state, adapter_name=sess.train)
         unexpected = getattr(result, "unexpected_keys", [])
@@ -166,7 +166,7 @@ def load(host: ResourceHost, sid: str, directory: Path, *, load_optimizer: bool)
         )
 
 
-def _restore_optimizer(sess: _Session, spec: dict[str, Any], tensors: dict[str, Any]) -> None:
+def _restore_optimizer(sess: LoraSession, spec: dict[str, Any], tensors: dict[str, Any]) -> None:
     from tgnb.emulator.rl import optim
 
     sess.optimizer = optim.build(spec["kind"], sess.params)

@@ -47,7 +47,7 @@ SYNC_TYPES = (
 
 
 @dataclass
-class _Session:
+class LoraSession:
     sid: str
     train: str  # trainer adapter name ("" on a full-weight resource)
     published: str
@@ -88,7 +88,7 @@ class ResourceHost:
         self.model: Any = model  # becomes the PeftModel once a LoRA session opens
         self.published_model: Any = None  # full weight: the published copy
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.sessions: dict[str, _Session] = {}
+        self.sessions: dict[str, LoraSession] = {}
         self._cancelled: set[str] = set()  # stopped sessions: their running work ends early
         self._counter = 0
         self._active = ""  # the adapter computing now (PeftModel.active_adapter can be stale)
@@ -111,7 +111,7 @@ class ResourceHost:
         runs for it (no lock: the running operation holds it)."""
         self._cancelled.add(sid)
 
-    def _session(self, sid: str) -> _Session:
+    def session(self, sid: str) -> LoraSession:
         if sid in self._cancelled:
             raise inputs.OperationCancelled(f"training session {sid} was stopped")
         sess = self.sessions.get(sid)
@@ -154,7 +154,7 @@ class ResourceHost:
             cfg = self.lora_config(lora_config)
             self.sessions[sid] = self._open_lora(sid, cfg)
 
-    def _open_full(self, sid: str) -> _Session:
+    def _open_full(self, sid: str) -> LoraSession:
         import copy
 
         if self._trained_in_place:  # a previous full-weight session trained the loaded weights
@@ -174,9 +174,9 @@ class ResourceHost:
                 strict=True,
             )
         )
-        return _Session(sid, "", "", None, params, pairs)
+        return LoraSession(sid, "", "", None, params, pairs)
 
-    def _open_lora(self, sid: str, cfg: dict[str, Any]) -> _Session:
+    def _open_lora(self, sid: str, cfg: dict[str, Any]) -> LoraSession:
         import torch
         from peft import LoraConfig, get_peft_model
 
@@ -211,13 +211,13 @@ class ResourceHost:
                 q.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
-        return _Session(sid, train, pub, cfg, params, pairs)
+        return LoraSession(sid, train, pub, cfg, params, pairs)
 
     def close_session(self, sid: str) -> None:
         """Drop the session's adapters (or the full-weight copy) and optimizer."""
         with self.lock:
             self._cancelled.discard(sid)
-            sess = self._session(sid)
+            sess = self.session(sid)
             del self.sessions[sid]
             if sess.train:
                 with quiet_peft():
@@ -229,7 +229,7 @@ class ResourceHost:
                 self.base.requires_grad_(False)
                 self.base.zero_grad(set_to_none=True)
 
-    def _activate(self, sess: _Session, *, publish: bool) -> Any:
+    def _activate(self, sess: LoraSession, *, publish: bool) -> Any:
         """The module computing for `sess`: its trainer (or published) weights, active."""
         if not sess.train:
             return self.published_model if publish else self.base
@@ -274,7 +274,7 @@ class ResourceHost:
 
         body = _body(body)
         with self.lock:
-            sess = self._session(sid)
+            sess = self.session(sid)
             spec = losses.parse_loss(body.get("loss"))
             forward_only = _flag(body, "forward_only")
             want_outputs = _flag(body, "return_loss_fn_outputs")
@@ -311,7 +311,7 @@ class ResourceHost:
 
         body = _body(body)
         with self.lock:
-            sess = self._session(sid)
+            sess = self.session(sid)
             # the gradients define the loss: any other known input rides along unused
             others = frozenset(losses.INPUT_DTYPES) - {"target_tokens"}
             batch = self._batch(body.get("samples"), frozenset({"target_tokens"}), others)
@@ -350,7 +350,7 @@ class ResourceHost:
         from tgnb.emulator.rl import optim
 
         with self.lock:
-            sess = self._session(sid)
+            sess = self.session(sid)
             optim.step(sess, body)
             sess.step += 1
             return {"step": str(sess.step)}
@@ -360,7 +360,7 @@ class ResourceHost:
         import torch
 
         with self.lock:
-            sess = self._session(sid)
+            sess = self.session(sid)
             kind = (body or {}).get("weight_sync_type")
             if kind is not None and kind not in SYNC_TYPES:
                 raise RLInputError("weight_sync_type", f"must be one of {', '.join(SYNC_TYPES)}")
@@ -372,7 +372,7 @@ class ResourceHost:
 
     def policy_state(self, sid: str) -> dict[str, Any]:
         with self.lock:
-            sess = self._session(sid)
+            sess = self.session(sid)
             return {
                 "applied_weights_version": sess.version,
                 "target_weights_version": sess.step,
@@ -382,7 +382,7 @@ class ResourceHost:
 
     def step(self, sid: str) -> int:
         with self.lock:
-            return self._session(sid).step
+            return self.session(sid).step
 
     # ---- sampling ------------------------------------------------------------------------------
     def sample(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -392,7 +392,7 @@ class ResourceHost:
 
         body = _body(body)
         with self.lock:
-            sess = self._session(sid)
+            sess = self.session(sid)
             request = sampling.parse(
                 body, self.vocab_size, self.spec.context_length, SAMPLING_DEFAULTS
             )
@@ -412,7 +412,7 @@ class ResourceHost:
         from tgnb.emulator.rl import checkpoints
 
         with self.lock:
-            checkpoints.save(self, self._session(sid), Path(directory), training=True)
+            checkpoints.save(self, self.session(sid), Path(directory), training=True)
 
     def load_training_checkpoint(self, sid: str, directory: Path, *, load_optimizer: bool) -> None:
         """Load a training checkpoint into `sid` (its LoRA config is the checkpoint's)."""
@@ -426,7 +426,7 @@ class ResourceHost:
         from tgnb.emulator.rl import checkpoints
 
         with self.lock:
-            checkpoints.save(self, self._session(sid), Path(directory), training=False)
+            checkpoints.save(self, self.session(sid), Path(directory), training=False)
 
     def memory_bytes(self) -> int:
         """Bytes held in tensors: every distinct parameter, buffer, gradient and optimizer state
