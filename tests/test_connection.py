@@ -6,6 +6,7 @@ them (the real service cannot be reached from the tests)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,39 @@ def test_preempt_is_the_emulators_own(
     remote = tgnb.Session(session.cloud, session.cluster)
     with pytest.raises(tgnb.ValidationError, match="works only on the local emulator"):
         remote.preempt()
+
+
+def test_pt_connect_follows_the_same_default(
+    emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ip: Any
+) -> None:
+    """`%tg pt connect` with no flag goes where `tgnb.post_training()` goes (the key decides; it
+    forced the emulator before); ``--local`` / ``--remote`` say which."""
+    monkeypatch.setenv("TOGETHER_DISABLE_VERSION_CHECK", "1")
+    monkeypatch.setenv("TOGETHER_API_KEY", emulator.api_key)
+    monkeypatch.setenv("TOGETHER_BASE_URL", emulator.base_url)
+    elsewhere = tmp_path / "no-emulator-here"
+    monkeypatch.setenv("TGNB_HOME", str(elsewhere))
+    ip.run_line_magic("tg", "pt connect")
+    state = ip.magics_manager.registry["Tg"].pt_state()
+    assert state.pt.conn.emulator is None and state.pt.base_url == emulator.base_url
+    assert not connection.running(elsewhere)
+    monkeypatch.delenv("TOGETHER_API_KEY")
+    monkeypatch.delenv("TOGETHER_BASE_URL")
+    monkeypatch.setenv("TGNB_HOME", str(emulator.home))
+    ip.run_line_magic("tg", "pt connect")
+    assert state.pt.conn.emulator is not None
+
+
+def test_the_exported_emulator_url_keeps_its_own_operations(
+    emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export TOGETHER_API_KEY=... TOGETHER_BASE_URL=...`` as `tgnb emulator start` says: the key
+    picks the service at that URL, and since it is this home's emulator its own operations
+    (preempt, usage) are there, as with ``local=True``."""
+    monkeypatch.setenv("TOGETHER_DISABLE_VERSION_CHECK", "1")
+    monkeypatch.setenv("TOGETHER_API_KEY", emulator.api_key)
+    monkeypatch.setenv("TOGETHER_BASE_URL", emulator.base_url)
+    monkeypatch.setenv("TGNB_HOME", str(emulator.home))
+    end = connection.connect()
+    assert end.emulator is not None and end.poll == connection.LOCAL_POLL
+    assert tgnb.post_training().conn.emulator is not None

@@ -147,10 +147,30 @@ def connect(
             raise ConfigError(
                 "no TOGETHER_API_KEY is set: export it, or use the local emulator (local=True)"
             )
+        emulator = _home_emulator_at(settings)
         return Endpoint(
-            settings.base_url, settings.api_key, settings.project_id, settings.home, REMOTE_POLL
+            settings.base_url,
+            settings.api_key,
+            settings.project_id,
+            settings.home,
+            REMOTE_POLL if emulator is None else LOCAL_POLL,
+            emulator,
         )
     return _local(settings, time_scale, start)
+
+
+def _home_emulator_at(settings: Settings) -> Emulator | None:
+    """The home's emulator when ``TOGETHER_BASE_URL`` names it (as `tgnb emulator start` tells a
+    shell to export): the key then picked the emulator by its URL, and its own operations apply."""
+    url = (settings.base_url or "").rstrip("/")
+    if not url.startswith(("http://127.0.0.1:", "http://localhost:", "http://[::1]:")):
+        return None
+    from tgnb.emulator import daemon
+
+    st = daemon.status(settings.home)
+    if not (st.running and st.base_url and st.api_key) or st.base_url.rstrip("/") != url:
+        return None
+    return Emulator(st.base_url, st.api_key, settings.home)
 
 
 def _local(settings: Settings, time_scale: float | None, start: bool) -> Endpoint:

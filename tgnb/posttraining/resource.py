@@ -301,12 +301,13 @@ class Resource:
 
     def check_lora(self, lora: Any) -> dict[str, Any] | None:
         """`lora` checked against this resource's model (its rank range is the model's own, as
-        ``pt.models()`` lists it; looked up once, read-only, when a rank is out of range)."""
+        ``pt.models()`` lists it; looked up once, read-only, when a rank is above the range)."""
         try:
             return v.check_lora(lora, max_rank=self._max_rank)
         except ValidationError:
-            if self._max_rank is not None or not isinstance(lora, dict) or "rank" not in lora:
-                raise
+            rank = lora.get("rank") if isinstance(lora, dict) else None
+            if self._max_rank is not None or not isinstance(rank, int) or rank < 1:
+                raise  # not about the model's upper bound: nothing to look up
             self._max_rank = self._model_max_rank()
             return v.check_lora(lora, max_rank=self._max_rank)
 

@@ -21,12 +21,13 @@ class PtState:
         self.pt: Any = None
         self.resource: Any = None
 
-    def handle(self, remote: bool | None = None) -> Any:
-        """The `PostTraining` handle (made on first use; `remote` given: made anew)."""
-        if self.pt is None or remote is not None:
+    def handle(self, local: bool | None = None, fresh: bool = False) -> Any:
+        """The `PostTraining` handle, made on first use (or anew when `fresh`): `local` None is
+        `tgnb.post_training`'s default, the one `%tg attach` has (the key decides)."""
+        if self.pt is None or fresh:
             from tgnb.posttraining import post_training
 
-            self.pt = post_training(local=not remote)
+            self.pt = post_training(local=local)
         return self.pt
 
     def current(self, resource_id: str | None) -> Any:

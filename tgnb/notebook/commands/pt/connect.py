@@ -9,17 +9,20 @@ from tgnb.notebook.commands.grammar import Parser
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Use the local emulator (default) or the real service (TOGETHER_API_KEY)."
+HELP = (
+    "Use the real service when TOGETHER_API_KEY is set, else the local emulator "
+    "(--local, --remote: say which)."
+)
 
 
 def arguments(p: Parser) -> None:
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--local", dest="remote", action="store_false", default=False)
-    where.add_argument("--remote", dest="remote", action="store_true")
+    where.add_argument("--local", dest="local", action="store_const", const=True, default=None)
+    where.add_argument("--remote", dest="local", action="store_const", const=False)
 
 
 def run(tg: Tg, args: Any, cell: str | None) -> None:
     state = tg.pt_state()
-    pt = state.handle(remote=args.remote)
+    pt = state.handle(local=args.local, fresh=True)
     state.resource = None
     print(f"Post-Training: {pt.conn.where} at {pt.conn.base_url}")
