@@ -147,7 +147,7 @@ def connect(
             raise ConfigError(
                 "no TOGETHER_API_KEY is set: export it, or use the local emulator (local=True)"
             )
-        emulator = _home_emulator_at(settings)
+        emulator = _home_emulator_at(settings) if local is None else None
         return Endpoint(
             settings.base_url,
             settings.api_key,
@@ -161,7 +161,8 @@ def connect(
 
 def _home_emulator_at(settings: Settings) -> Emulator | None:
     """The home's emulator when ``TOGETHER_BASE_URL`` names it (as `tgnb emulator start` tells a
-    shell to export): the key then picked the emulator by its URL, and its own operations apply."""
+    shell to export) and nothing was asked (``local=False`` says: treat it as the service): the key
+    then picked the emulator by its URL, and its own operations apply."""
     url = (settings.base_url or "").rstrip("/")
     if not url.startswith(("http://127.0.0.1:", "http://localhost:", "http://[::1]:")):
         return None

@@ -16,7 +16,7 @@ from tgnb import events as ev
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.errors import ApiError, ValidationError
 
-MODEL = "tgnb/tiny-llama"
+MODEL = "tgnb/tiny-llama"  # the alias a user types; the listing names its directory (LISTED)
 
 
 @pytest.fixture
@@ -35,6 +35,13 @@ def _sample(offset: int) -> Any:
     )
 
 
+def tiny_listed() -> str:
+    """The name `/v1/rl/supported-models` gives the built-in model: its directory."""
+    from tgnb.emulator.rl.catalog import materialize_tiny
+
+    return str(materialize_tiny())
+
+
 def _posts(emu: EmulatorHandle) -> list[str]:
     return [r["path"] for r in emu.requests() if r["method"] != "GET"]
 
@@ -45,7 +52,7 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
 
     pt = tgnb.post_training(local=True, home=emu.home)
     assert pt.conn.emulator is not None and pt.base_url == emu.base_url
-    assert MODEL in [m.name for m in pt.models()]
+    assert tiny_listed() in [m.name for m in pt.models()]
 
     res = pt.start(MODEL, generators=1, inactive_timeout=900)
     assert res.info().status == "READY"
@@ -228,7 +235,7 @@ def test_local_starts_the_emulator_when_none_runs(tmp_path: Path) -> None:
         pt = tgnb.post_training(local=True, home=tmp_path)
         st = daemon.status(tmp_path)
         assert st.running and pt.base_url == st.base_url
-        assert MODEL in [m.name for m in pt.models()]
+        assert tiny_listed() in [m.name for m in pt.models()]
         # a second handle reuses the running daemon
         assert tgnb.post_training(local=True, home=tmp_path).base_url == pt.base_url
     finally:
@@ -247,7 +254,7 @@ def test_server_refusals_and_a_wrong_key_read_as_one_line(
         pt.start("no-such/model")
     assert "base_model" in str(info.value)
     res = pt.start(MODEL, generators=0)
-    max_rank = next(m.max_lora_rank for m in pt.models() if m.name == MODEL)
+    max_rank = next(m.max_lora_rank for m in pt.models() if m.name == tiny_listed())
     assert max_rank is not None
     with pytest.raises(ValidationError, match=f"use 1 to {max_rank} \\(this model's maximum\\)"):
         res.open_session(lora={"rank": max_rank + 1})
