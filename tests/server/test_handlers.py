@@ -216,7 +216,8 @@ async def test_a_run_that_fails_is_pushed_as_a_state_change(
     def launch_and_wait() -> str:
         session = attach(local=True, home=emu.home)
         assert session.scale(preemptible=8, wait=True, timeout=60, poll=0.2)
-        run = session.launch("grpo", name="doomed", max_steps=5)
+        # no restart of the failure (the default policy retries it 3 times, past this stream)
+        run = session.launch("grpo", name="doomed", max_steps=5, recovery={"max_restarts": 0})
         return run.wait(timeout=60).state.value
 
     # blocking calls off the event loop, which serves the Jupyter server meanwhile
