@@ -232,6 +232,35 @@ def test_max_steps_must_be_above_checkpoint_step(tmp_path: Path) -> None:
     validate(tc.load(None, ["max_steps=41"], run_dir=run_dir))
 
 
+def test_a_restart_after_the_last_step_is_finished_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preemption that lands after the final save requeues a finished run: on that restart a
+    checkpoint at exactly max_steps means done (the CLI exits 0), not a bad config (exit 2, the
+    run then ended failed); a first start with that run directory is still refused."""
+    from tgnb.train.checkpoint import write_marker
+    from tgnb.train.cli import main
+    from tgnb.train.validate import RunFinished
+
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "checkpoint-40"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    write_marker(ckpt, 40)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("TGNB_RESTART_COUNT", "0")
+    with pytest.raises(TrainConfigError):
+        validate(tc.load(None, ["max_steps=40"], run_dir=run_dir))
+    monkeypatch.setenv("TGNB_RESTART_COUNT", "2")
+    with pytest.raises(RunFinished, match="already finished"):
+        validate(tc.load(None, ["max_steps=40"], run_dir=run_dir))
+    with pytest.raises(TrainConfigError):  # fewer steps than done: still the user's mistake
+        validate(tc.load(None, ["max_steps=12"], run_dir=run_dir))
+    config = tmp_path / "c.yaml"
+    config.write_text("algorithm: grpo\nmax_steps: 40\n")
+    assert main([str(config), "--run-dir", str(run_dir)]) == 0
+
+
 def test_training_kwargs_defaults_and_overrides(tmp_path: Path) -> None:
     from tgnb.train import runner
 

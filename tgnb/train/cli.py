@@ -76,7 +76,7 @@ def resolved(cfg: TrainConfig) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from tgnb.tasks import config
-    from tgnb.train.validate import validate
+    from tgnb.train.validate import RunFinished, validate
 
     try:
         cfg = config.load(args.config, args.overrides, args.run_dir)
@@ -94,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tgnb.train.runner import run
 
         return run(cfg)
+    except RunFinished as exc:  # a restart after the last step: done, not a bad config
+        print(f"tgnb train: {exc}", flush=True)
+        return 0
     except TrainConfigError as exc:
         print(f"tgnb train: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -76,12 +76,33 @@ def validate(cfg: TrainConfig, workdir: Path | None = None) -> None:
     check_resume(cfg)
 
 
+class RunFinished(Exception):
+    """A restart found the run's last checkpoint at max_steps: the run is done (exit 0)."""
+
+
+def _restarted() -> bool:
+    import os
+
+    from tgnb.runs.node import RESTART_ENV
+
+    counts = (os.environ.get(RESTART_ENV), os.environ.get("SLURM_RESTART_COUNT"))
+    return any(c and c.strip().isdigit() and int(c) > 0 for c in counts)
+
+
 def check_resume(cfg: TrainConfig) -> None:
-    """max_steps must lie above the step of the checkpoint the run would resume from."""
+    """max_steps must lie above the step of the checkpoint the run would resume from. On a
+    restart (``TGNB_RESTART_COUNT`` or ``SLURM_RESTART_COUNT`` above 0) a checkpoint at exactly
+    max_steps means the run finished and was requeued anyway (a preemption landed after its last
+    save): `RunFinished`, which the CLI turns into exit 0, instead of a bad-config failure."""
     from tgnb.train.checkpoint import latest_complete
 
     assert cfg.run_dir is not None
     ckpt = latest_complete(Path(cfg.run_dir) / "checkpoints", checksums=False)
+    if ckpt is not None and cfg.max_steps == ckpt.step and _restarted():
+        raise RunFinished(
+            f"the run already finished: checkpoint '{ckpt.path.name}' is at max_steps "
+            f"{cfg.max_steps}; nothing left to train"
+        )
     if ckpt is not None and cfg.max_steps <= ckpt.step:
         raise TrainConfigError(
             f"max_steps={cfg.max_steps} is not above step {ckpt.step} of checkpoint "
