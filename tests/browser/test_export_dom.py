@@ -3,7 +3,7 @@ stderr output area (progress bars are not errors), the panels' static fallbacks 
 state, and no word broken inside a table cell at a laptop's width.
 
 Real parts: a papermill kernel, the emulator daemon, nbconvert's lab template, Chromium. The run
-is the workload tests' stand-in trainer (a step counter) instead of TRL: the export is under test,
+is the local engine tests' stand-in trainer (a step counter) instead of TRL: the export is under test,
 not the training (the six example notebooks' exports take minutes each; this takes seconds).
 """
 
@@ -19,7 +19,7 @@ import pytest
 from tgnb import batch
 from tgnb.emulator.testing import running_emulator
 
-STANDIN_DIR = Path(__file__).resolve().parents[1] / "workload"
+STANDIN_DIR = Path(__file__).resolve().parents[1] / "backends" / "local"
 
 CELLS = [
     "%load_ext tgnb\n%config Tg.poll_interval = 0.5\nsession = %tg attach --local",

@@ -9,7 +9,7 @@ processes, real files, real HTTP on loopback):
   and the clusters API serves;
 - ``tgnb emulator stop --home B`` with B's ``server.json`` naming home A's pid leaves A running;
 - a run's supervisor does not outlive ``tgnb emulator stop`` of its home (the training program is
-  the workload tests' stand-in, ``tests/workload/standin_train.py``: placement and signals only).
+  the local engine tests' stand-in, ``tests/backends/local/standin_train.py``: placement and signals only).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tgnb.runs.store import RunStore
 from .conftest import record
 from .tables import SEED
 
-WORKLOAD = Path(__file__).parents[1] / "workload"
+WORKLOAD = Path(__file__).parents[1] / "backends" / "local"
 
 #: (id, command-line options) each refused with exit 1 and one line naming the flag's range.
 OPTION_CASES: list[tuple[str, list[str]]] = [

@@ -3,7 +3,7 @@ process tree.
 
 A two-node run under real torchrun (``torch.distributed.run``, one agent per emulated node, each
 worker in a session of its own) on a real emulator daemon, its nodes' program the workload tests'
-stand-in (`tests/workload/standin_train.py`: steps, a checkpoint on SIGTERM or drain, the pid of
+stand-in (`tests/backends/local/standin_train.py`: steps, a checkpoint on SIGTERM or drain, the pid of
 each start recorded) instead of TRL, so that a case costs torchrun's start, not training's. Each
 case kills the job the way the platform or the user does and checks that every worker of the
 attempt is gone -- none training beside the next attempt.
@@ -29,7 +29,7 @@ from tgnb.session import Session, attach
 
 from .conftest import record
 
-STANDIN = Path(__file__).parents[1] / "workload"
+STANDIN = Path(__file__).parents[1] / "backends" / "local"
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 120.0) -> Any:

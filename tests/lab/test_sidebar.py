@@ -2,7 +2,7 @@
 scaling from it (through its confirmation dialog) changes the emulator's target, a preemption on
 the emulator raises a notification, the run on the preempted node is listed and its resume raises
 another, and the palette has the Together commands. Real browser, real Lab, real emulator over
-loopback HTTP; the run uses the workload tests' stand-in trainer instead of TRL."""
+loopback HTTP; the run uses the local engine tests' stand-in trainer instead of TRL."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import together
 
 from .conftest import REPO, Lab
 
-STANDIN_DIR = REPO / "tests" / "workload"
+STANDIN_DIR = REPO / "tests" / "backends" / "local"
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def target_and_id(lab: Lab) -> tuple[int, str]:
 
 
 def launch_standin(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Launch a long run on the demo cluster with the workload tests' stand-in trainer."""
+    """Launch a long run on the demo cluster with the local engine tests' stand-in trainer."""
     from tgnb.session import attach
 
     monkeypatch.setenv("TGNB_TRAIN_MODULE", "standin_train")
@@ -73,7 +73,7 @@ def test_sidebar_renders_scales_and_notifies_preemption(
         page.locator('#tgnb-sidebar .tgnb-capacity-text[data-allocated="16"]').wait_for()
         shot("03-scaled")
 
-        # a run (the workload tests' stand-in trainer) on a preemptible node, then its node is
+        # a run (the local engine tests' stand-in trainer) on a preemptible node, then its node is
         # preempted: a preemption toast, then a "resumed" toast when it restarts elsewhere
         run = launch_standin(lab, monkeypatch)
         runs.append(run)

@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import REPO, Lab
 
-STANDIN_DIR = REPO / "tests" / "workload"
+STANDIN_DIR = REPO / "tests" / "backends" / "local"
 
 pytestmark = pytest.mark.slow
 

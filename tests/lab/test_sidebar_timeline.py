@@ -23,7 +23,7 @@ from tgnb.events import Event
 
 from .conftest import REPO, Lab
 
-STANDIN_DIR = REPO / "tests" / "workload"
+STANDIN_DIR = REPO / "tests" / "backends" / "local"
 #: how long the node exists before the run starts (the run itself lasts a few seconds)
 NODE_HEAD_START_S = 25.0
 

@@ -3,7 +3,7 @@
 "cluster: not read yet"), and after the run finished the ``%tg watch`` RunPanel's reads its last
 step and "succeeded" (not "step 0 ... pending"), in the executed notebook and in its HTML export.
 
-A real kernel (papermill) and emulator daemon; the run is the workload tests' stand-in trainer (a
+A real kernel (papermill) and emulator daemon; the run is the local engine tests' stand-in trainer (a
 step counter) instead of TRL, since the panels, not the training, are under test.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from tgnb import batch
 from tgnb.emulator.testing import running_emulator
 
-STANDIN_DIR = Path(__file__).resolve().parents[1] / "workload"
+STANDIN_DIR = Path(__file__).resolve().parents[1] / "backends" / "local"
 
 CELLS = [
     "%load_ext tgnb\n%config Tg.poll_interval = 0.5\nsession = %tg attach --local",

@@ -27,7 +27,7 @@ except ImportError:
     collect_ignore_glob = ["test_*.py"]  # pip install 'pytest-jupyter[server]' to run them
 
 #: The workload tests' stand-in trainer (counts steps, checkpoints on a drain notice, exits 75).
-STANDIN_DIR = Path(__file__).resolve().parents[1] / "workload"
+STANDIN_DIR = Path(__file__).resolve().parents[1] / "backends" / "local"
 
 
 @pytest.fixture

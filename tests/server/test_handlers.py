@@ -1,6 +1,6 @@
 """The server extension's API on a real Jupyter server (pytest-jupyter) whose `Session` attaches to
 a real emulator daemon over loopback HTTP: cluster state, scale (and its refusals), runs, the event
-stream. Nothing is faked; runs use the workload tests' stand-in trainer instead of TRL."""
+stream. Nothing is faked; runs use the local engine tests' stand-in trainer instead of TRL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A user's own script under a real Slurm: the SFTTrainer script of tests/workload/user_workdir
+"""A user's own script under a real Slurm: the SFTTrainer script of tests/session/user_workdir
 (TRL's quickstart plus ``tgnb.train.protect``), submitted by `SlurmBackend` with its workdir to the
 one-node cluster of `.ci/slurm-up`, drained mid-run with ``scontrol update ... State=DRAIN``. The
 run must checkpoint on the drain notice, requeue itself, and resume from the workdir's snapshot
@@ -20,7 +20,7 @@ from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps,
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("trl")
-USER_WORKDIR = Path(__file__).parents[2] / "workload" / "user_workdir"
+USER_WORKDIR = Path(__file__).parents[2] / "session" / "user_workdir"
 
 
 def test_a_script_run_drained_requeues_and_resumes_from_its_snapshot(

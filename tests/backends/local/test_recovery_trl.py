@@ -15,7 +15,7 @@ from tgnb.runs.spec import JobState
 from tgnb.session import Session
 from tgnb.train.checkpoint import checkpoint_dirs, read_marker
 
-from .test_local_backend import wait_until
+from .test_backend import wait_until
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 150  # long enough that the run still trains after its second restart (a fast machine

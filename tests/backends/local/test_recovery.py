@@ -1,7 +1,7 @@
 """The recovery policy on the local engine (`tgnb.runs.recovery` rendered by the supervisor):
 a real emulator daemon whose preemptible capacity is withdrawn and restored with the admin knob
 ``set_capacity`` while a run is preempted. The training program is the stand-in
-(tests/workload/standin_train.py: checkpoints on SIGTERM, exits 75, resumes from its checkpoint);
+(tests/backends/local/standin_train.py: checkpoints on SIGTERM, exits 75, resumes from its checkpoint);
 test_recovery_trl.py runs the same through TRL."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
 
-from .test_local_backend import starts, wait_until
+from .test_backend import starts, wait_until
 
 pytestmark = pytest.mark.usefixtures("standin")
 ENV = {"STANDIN_STEP_SECONDS": "0.1"}

@@ -1,5 +1,5 @@
 """The user's own code on the emulator: a TRL SFTTrainer script as TRL's own quickstart writes it,
-plus ``tgnb.train.protect(trainer)`` (tests/workload/user_workdir/train.py, importing a module of
+plus ``tgnb.train.protect(trainer)`` (tests/session/user_workdir/train.py, importing a module of
 its workdir), launched like a notebook launches it and preempted; the same script under a plain
 ``python`` with SIGTERM; a GRPO run reading its dataset and reward from the workdir; and what a
 launch refuses before anything is recorded or sent.
@@ -30,9 +30,7 @@ from tgnb.runs.store import RunStore
 from tgnb.session import Session
 from tgnb.tasks import assets
 
-from .conftest import HERE
-
-WORKDIR = HERE / "user_workdir"
+WORKDIR = Path(__file__).parent / "user_workdir"
 FAST_DRAIN = {"drain_poll_seconds": 0.2}
 
 

@@ -1,4 +1,4 @@
-"""Fixtures of the workload-plane tests: a real emulator daemon (real HTTP on loopback), a
+"""Fixtures of the local engine's tests: a real emulator daemon (real HTTP on loopback), a
 `tgnb.Session` attached to a cluster on it, and clean-up that stops every supervisor and training
 process a test started before the emulator goes."""
 
