@@ -18,7 +18,7 @@
 # A failed section says so and the next one runs; each part has a time limit (together 8 min 15 s).
 #
 # The knobs below default to the GPU run. The same script at tiny scale on a CPU (what
-# tests/train_ckpt/test_gpu_check.py runs; section 3 then runs DDP, not FSDP: it checks the shell
+# tests/train/checkpoint/test_gpu_check.py runs; section 3 then runs DDP, not FSDP: it checks the shell
 # logic and the resume only):
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_PARAMS=1e6 GPU_CHECK_SHAPE=64,128,2 GPU_CHECK_FSDP_STEPS=100 \
 #     bash bench/gpu_check.sh
