@@ -58,6 +58,10 @@ RUN_ENV = "TGNB_RUN"
 CHECKPOINT_ENV = "TGNB_CHECKPOINT"  # the run's CheckpointPolicy as JSON
 RESTART_ENV = "TGNB_RESTART_COUNT"
 NODE_ENV = "TGNB_NODE"
+#: Set to ``script`` by a job script that tgnb rendered (the sbatch script): the script requeues
+#: the job on the recovery policy's "resume me" codes, so the runtime does not. Unset (a user's own
+#: sbatch script around `tgnb.train.protect`), the runtime requeues its job after a drain notice.
+REQUEUE_ENV = "TGNB_REQUEUE"
 NOTICE_ENV = "TGNB_NOTICE_FILE"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(

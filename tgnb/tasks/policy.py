@@ -43,6 +43,8 @@ class CheckpointPolicy:
     on_signal: bool = True
     watch_drain: bool = True
     drain_poll_seconds: float = 2.0
+    #: Under a user's own sbatch script, the runtime requeues its job after a drain notice; under
+    #: the script tgnb renders, the script requeues on the recovery policy's resume codes.
     requeue_on_drain: bool = True
     async_save: bool = True
     allow_fresh_start: bool = False

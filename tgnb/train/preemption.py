@@ -54,6 +54,7 @@ from tgnb.events import (
     parse_time,
     read_jsonl,
 )
+from tgnb.runs import node
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
@@ -315,7 +316,12 @@ class CheckpointGuard:
 
     # -- internals ---------------------------------------------------------------------------------
     def _requeue(self) -> None:
+        """Under a user's own sbatch script, requeue the job after a drain notice. Under the
+        script tgnb rendered (`node.REQUEUE_ENV` is ``script``) the script does, from the
+        recovery policy: one place decides."""
         job = os.environ.get("SLURM_JOB_ID")
+        if os.environ.get(node.REQUEUE_ENV) == "script":
+            return
         if not (job and self.policy.requeue_on_drain and dcpio.rank() == 0):
             return
         self.recorder.event(RUN_REQUEUED, f"scontrol requeue {job}", job_id=job)

@@ -109,7 +109,10 @@ def test_exit_75_requeues_itself(
     final = backend.wait(job, timeout=120)
     assert final.state is JobState.SUCCEEDED and final.restart_count == 1, final
     log = "\n".join(backend.logs(job))
-    assert f"requeued job {job}" in log
+    assert f"requeueing job {job}" in log
+    # the script's own event, in the runtime's format (the script, not the runtime, requeues)
+    requeued = [e for e in backend.events(job) if e.reason == "RunRequeued"]
+    assert [(e.data["job_id"], e.data["exit_code"]) for e in requeued] == [(job, 75)], requeued
 
 
 def test_cancel(

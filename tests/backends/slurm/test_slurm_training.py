@@ -199,6 +199,8 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
         e for e in events if e.reason == "CheckpointSaved" and e.data["step"] == drain.data["step"]
     ]
     requeued = next(e for e in events if e.reason == "RunRequeued")
+    # one requeue, by the script tgnb rendered (the runtime leaves it to the script)
+    assert [e.source for e in events if e.reason == "RunRequeued"] == ["tgnb"], events
     resumed = next(e for e in events if e.reason == "RunResumed")
     assert saved and saved[0].time <= requeued.time, (saved, requeued)
     assert resumed.data["step"] == saved[0].data["step"] == drain.data["step"]

@@ -13,8 +13,11 @@ preemptible-compute guide for Slurm:
   once and is forwarded;
 - the run's recovery policy (`tgnb.runs.recovery`) is rendered here and nowhere else in the
   script: ``--nodes=MIN-MAX`` when it shrinks; a "resume me" exit (75, checkpointed after a drain
-  notice) requeues the job unless Slurm or the runtime already did; a failure is requeued after the
-  policy's backoff while the failures counted in the run directory stay within ``max_restarts``;
+  notice) requeues the job unless Slurm signalled it; a failure is requeued after the policy's
+  backoff while the failures counted in the run directory stay within ``max_restarts``. Each
+  requeue is a ``RunRequeued`` / ``RunFailedRestarting`` event in the run's ``events.jsonl``. The
+  script exports ``TGNB_REQUEUE=script`` (`tgnb.runs.node.REQUEUE_ENV`), so the runtime leaves the
+  requeue to it: one place decides (the runtime requeues only under a user's own sbatch script);
 - secrets by reference only: the script checks or maps the variable by name, never its value.
 
 Rendering is a pure function of the `RunSpec` and options: the golden files pin its output.
@@ -27,6 +30,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from tgnb import events as ev
 from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
 from tgnb.runs import node
@@ -162,9 +166,25 @@ def _recovery(spec: RunSpec) -> list[str]:
     return [
         f"# The recovery policy (tgnb.runs.recovery): exit {codes} means checkpointed, resume me.",
         "# Requeue it here unless Slurm signalled the job (it requeues what it preempts, and a",
-        "# cancelled job must stay cancelled) or the runtime already requeued it. Preemptions",
-        "# never count against the restart budget.",
+        "# cancelled job must stay cancelled). Preemptions never count against the restart budget.",
         f'case "$rc" in {codes}) resume=1 ;; *) resume=0 ;; esac',
+    ]
+
+
+def _record() -> list[str]:
+    """A shell function appending one event to the run's ``events.jsonl`` in the runtime's format
+    (`tgnb.events.Event.to_dict`, source ``tgnb``): ``record REASON MESSAGE 'MORE-DATA-FIELDS, '``.
+    Its words are the script's own (exit codes, counts, the job id): nothing to escape."""
+    fmt = (
+        '{"data": {%s"exit_code": %s, "job_id": "%s"}, "message": "%s", "node": "%s",'
+        ' "reason": "%s", "run": "%s", "source": "tgnb", "time": "%s"}\\n'
+    )
+    return [
+        "record() {",
+        f"  printf '{fmt}' \\",
+        '    "$3" "$rc" "$SLURM_JOB_ID" "$2" "${SLURMD_NODENAME:-}" "$1" "$TGNB_RUN" \\',
+        '    "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >> "$TGNB_RUN_DIR/events.jsonl"',
+        "}",
     ]
 
 
@@ -190,6 +210,8 @@ def _failure_requeue(spec: RunSpec) -> list[str]:
         f'    delay=$(({first} << n)); [ "$delay" -gt {cap} ] && delay={cap}',
         f'    echo "tgnb: exit $rc, failure $failures of {policy.max_restarts}: requeue in ${{delay}}s"',
         '    sleep "$delay"',
+        f'    record {ev.RUN_FAILED_RESTARTING} "exit $rc, failure $failures of {policy.max_restarts}:'
+        ' requeued after ${delay}s" "\\"failures\\": $failures, \\"backoff_s\\": $delay, "',
         '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
         "  fi",
         "fi",
@@ -215,6 +237,7 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         f"export TGNB_RUN={spec.name}",
         f"export TGNB_RUN_DIR={run_dir}",
         f'export TGNB_CONFIG="$TGNB_RUN_DIR/{CONFIG_NAME}"',
+        f"export {node.REQUEUE_ENV}=script  # this script requeues; the runtime does not",
         *_environment(spec),
         'mkdir -p "$TGNB_RUN_DIR"',
         "",
@@ -234,6 +257,7 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         "trap 'forward TERM' TERM",
         "trap 'forward INT' INT",
         "trap 'forward USR1' USR1",
+        *_record(),
         *_launch(spec, options),
         "child=$!",
         'wait "$child"',
@@ -243,13 +267,10 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         "",
         *_recovery(spec),
         'if [ "$resume" -eq 1 ] && [ "$signalled" -eq 0 ]; then',
-        '  now=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -o "Restarts=[0-9]*" | cut -d= -f2)',
-        '  if [ "${now:-0}" -gt "$RESTARTS" ]; then',
-        '    echo "tgnb: job $SLURM_JOB_ID is already requeued"',
-        '  elif scontrol requeue "$SLURM_JOB_ID"; then',
-        '    echo "tgnb: checkpointed after a drain notice, requeued job $SLURM_JOB_ID"',
-        "    exit 0",
-        "  fi",
+        '  echo "tgnb: checkpointed (exit $rc), requeueing job $SLURM_JOB_ID"',
+        f'  record {ev.RUN_REQUEUED} "scontrol requeue $SLURM_JOB_ID (exit $rc)" ""',
+        '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        f'  record {ev.RUN_REQUEUED} "scontrol requeue $SLURM_JOB_ID failed" ""',
         "fi",
         *_failure_requeue(spec),
         'exit "$rc"',
