@@ -186,15 +186,30 @@ def policy_for(
     return RecoveryPolicy()
 
 
-def check_rendered(policy: RecoveryPolicy, engine: str) -> None:
-    """Refuse what `engine` cannot render yet: moving between node classes (``"standard"``, a
-    deadline) needs an engine that places each restart itself, as the local supervisor does; an
-    sbatch job or an Indexed Job keeps its node class for its whole life."""
-    if policy.when_short == "standard" or policy.deadline is not None:
-        what = "deadline" if policy.deadline is not None else "when_short='standard'"
+def check_rendered(policy: RecoveryPolicy, engine: str, *, falls_back: bool = False) -> None:
+    """Refuse what `engine` cannot render. A deadline needs an engine that decides each restart
+    with the run's progress, as the local supervisor does. ``"standard"`` needs one that places
+    each restart on a node class: the local supervisor after `wait_s`, or a scheduler that prefers
+    preemptible nodes and falls back to standard ones at once (`falls_back`: Kubernetes' preferred
+    node affinity), which can wait no `wait_s` (so it must be 0); an sbatch job keeps the node
+    class it was submitted with (Slurm 22.05 has no ``--prefer``)."""
+    if policy.deadline is not None:
         raise ValidationError(
-            f"{what} moves a run between node classes, which the {engine} engine cannot do yet: "
-            "use when_short='wait' or 'shrink' there"
+            f"a deadline decides each restart from the run's progress, which the {engine} engine "
+            "cannot do: drop deadline=, or use the local engine"
+        )
+    if policy.when_short != "standard":
+        return
+    if not falls_back:
+        raise ValidationError(
+            f"when_short='standard' moves a run between node classes, which the {engine} engine "
+            "cannot do: use when_short='wait' or 'shrink' there"
+        )
+    if policy.wait_s != 0:
+        raise ValidationError(
+            f"when_short='standard' on {engine}: its scheduler moves a pod to a standard node at "
+            f"once when no preemptible node fits, it cannot wait {policy.wait_s:g} s first: "
+            "use RecoveryPolicy(when_short='standard', wait_s=0)"
         )
 
 

@@ -51,7 +51,35 @@ def test_wait_keeps_all_nodes_and_the_default_is_three() -> None:
     assert job_of(None, min_nodes=None)["spec"]["backoffLimitPerIndex"] == 3
 
 
-def test_a_class_move_is_refused_before_anything_is_built() -> None:
-    for policy in (RecoveryPolicy(when_short="standard"), RecoveryPolicy(deadline=2e9)):
-        with pytest.raises(ValidationError, match="use when_short='wait' or 'shrink' there"):
-            job_of(policy)
+def test_standard_prefers_preemptible_nodes_and_falls_back_to_standard_ones() -> None:
+    """`when_short="standard", wait_s=0`: no nodeSelector, a preferred affinity of weight 100 for
+    preemptible nodes (no required term, so a standard node takes the pod when no preemptible one
+    fits, and each recreated pod asks again), the schema-valid Job otherwise unchanged."""
+    job = job_of(RecoveryPolicy(when_short="standard", wait_s=0))
+    pod = job["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod
+    affinity = pod["affinity"]["nodeAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {
+            "weight": 100,
+            "preference": {
+                "matchExpressions": [
+                    {
+                        "key": "together.ai/compute-class",
+                        "operator": "In",
+                        "values": ["preemptible"],
+                    }
+                ]
+            },
+        }
+    ]
+    wait = job_of(RecoveryPolicy(when_short="wait"))["spec"]["template"]["spec"]
+    assert wait["nodeSelector"] == {"together.ai/compute-class": "preemptible"}
+
+
+def test_what_kubernetes_cannot_render_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValidationError, match=r"cannot wait 600 s first: use RecoveryPolicy\(when"):
+        job_of(RecoveryPolicy(when_short="standard"))
+    with pytest.raises(ValidationError, match="drop deadline=, or use the local engine"):
+        job_of(RecoveryPolicy(deadline=2e9))

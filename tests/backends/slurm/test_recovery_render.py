@@ -13,6 +13,7 @@ import pytest
 
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.backends.slurm.render import RenderOptions, directives, render_script
+from tgnb.errors import ValidationError
 from tgnb.runs.recovery import RecoveryPolicy
 
 from .test_slurm_jobs import make_backend
@@ -85,3 +86,14 @@ def test_a_failure_is_requeued_within_the_budget_and_final_beyond_it(
     cleanup_jobs.append(job)
     final = backend.wait(job, timeout=120)
     assert final.state is JobState.FAILED and final.restart_count == 0, final
+
+
+def test_a_class_move_is_refused_before_anything_is_rendered() -> None:
+    """An sbatch job keeps the node class it was submitted with: `standard` (at any wait_s) and a
+    deadline are refused with the fix, before a script exists."""
+    for policy, fix in (
+        ({"when_short": "standard", "wait_s": 0}, "use when_short='wait' or 'shrink' there"),
+        ({"deadline": 2e9}, "drop deadline=, or use the local engine"),
+    ):
+        with pytest.raises(ValidationError, match=fix):
+            render_script(spec(**policy), RUN_DIR)

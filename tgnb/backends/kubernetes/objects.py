@@ -152,7 +152,28 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
 
 
 def placement(spec: RunSpec) -> tuple[dict[str, str] | None, client.V1Affinity | None]:
-    """nodeSelector for preemptible workers, NotIn affinity for standard work (seed document)."""
+    """nodeSelector for preemptible workers, NotIn affinity for standard work (seed document).
+    A preemptible run whose recovery policy is ``when_short="standard"`` prefers preemptible nodes
+    (a preferred affinity of weight 100) and is placed on a standard node when none fits: every
+    pod, the first and each one recreated after a preemption, asks the scheduler again, so a run
+    moved to a standard node goes back at its next restart when preemptible capacity is there."""
+    if spec.resources.preemptible and spec.policy.when_short == "standard":
+        prefer = client.V1PreferredSchedulingTerm(
+            weight=100,
+            preference=client.V1NodeSelectorTerm(
+                match_expressions=[
+                    client.V1NodeSelectorRequirement(
+                        key=L.COMPUTE_CLASS_LABEL, operator="In", values=[L.PREEMPTIBLE]
+                    )
+                ]
+            ),
+        )
+        affinity = client.V1Affinity(
+            node_affinity=client.V1NodeAffinity(
+                preferred_during_scheduling_ignored_during_execution=[prefer]
+            )
+        )
+        return None, affinity
     if spec.resources.preemptible:
         return {L.COMPUTE_CLASS_LABEL: L.PREEMPTIBLE}, None
     not_preemptible = client.V1NodeSelectorRequirement(
@@ -293,7 +314,7 @@ def build_objects(
 ) -> RunObjects:
     """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad."""
     L.validate_spec(spec, namespace, claim)
-    check_rendered(spec.policy, "Kubernetes")
+    check_rendered(spec.policy, "Kubernetes", falls_back=True)
     labels = run_labels(spec)
     nodes = spec.resources.nodes
     multi = nodes > 1
