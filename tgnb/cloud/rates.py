@@ -178,7 +178,13 @@ def apply(
     return line
 
 
-def at_restart(train: dict[str, Any], state: ClusterState, nodes: int, restart: int) -> str | None:
+def at_restart(
+    train: dict[str, Any],
+    state: ClusterState,
+    nodes: int,
+    restart: int,
+    now: datetime | None = None,
+) -> str | None:
     """`apply` at `restart` of a run on `nodes`, from `state` read just before it (the local
     engine: its supervisor reads the emulated cluster)."""
-    return apply(train, state, nodes, restart=restart)
+    return apply(train, state, nodes, now, restart=restart)
