@@ -17,7 +17,8 @@ told of a preemption (a ``SignalReceived`` or ``DrainNoticeReceived``) and t the
 attempts ran (each from its ``RunStarted`` to its last event). It sees less than a cluster read
 would: the preemptions of the run's own nodes only, and a node lost without a notice not at all
 (that is a failure to it). Nothing is written back: each restart folds the whole record since the
-launch again (the policy returned says so: its weight and time are the update's). A config with no estimate's time (``auto`` off, or no estimate at launch: not on
+launch again (the policy returned says so: its weight and time are the update's). On the local engine the supervisor's re-read is newer than every attempt, so this adds nothing;
+when that read failed, the fold stands in for it. A config with no estimate's time (``auto`` off, or no estimate at launch: not on
 preemptible nodes) is left as it is.
 """
 

@@ -17,10 +17,10 @@ platform does when one is preempted:
 Each start is placed by the run's recovery policy (`tgnb.runs.recovery.decide`, from the
 emulator's node list): on the preemptible nodes it asks for, or, when they are short, wait, shrink
 to fewer nodes, or move to standard nodes (and back to preemptible ones as soon as the policy would
-start there: the run is stopped with SIGTERM, checkpoints and restarts). Before a restart on
-preemptible nodes, a run with ``checkpoint.auto`` gets its preemption rate estimated again from the
-cluster read then (`tgnb.cloud.rates.at_restart`), in the config file the relaunch reads. Each decision is a
-``RecoveryDecided`` event with its reason. Exit 0 means succeeded; a "resume me" code (75), or any
+start there: the run is stopped with SIGTERM, checkpoints and restarts). Each decision is a
+``RecoveryDecided`` event with its reason. Before a restart on preemptible nodes, ``checkpoint.auto``'s
+preemption rate is estimated again from the cluster read then (`tgnb.cloud.rates.at_restart`), in the
+config file the relaunch reads. Exit 0 means succeeded; a "resume me" code (75), or any
 end of a process whose node was preempted, means start again (uncounted); anything else is a
 failure, restarted after the policy's backoff while at most ``max_restarts`` are counted
 (``RunFailedRestarting``). Every state change goes to the run store and
