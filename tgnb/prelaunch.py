@@ -198,22 +198,11 @@ def check_on_a_node_like_process(
 def observed_preemption_rate(
     train: dict[str, Any], state: ClusterState, nodes: int, now: datetime | None = None
 ) -> str | None:
-    """With ``checkpoint.auto``, set the run's ``checkpoint.observed_preemptions_per_hour`` from
-    what the cluster observed, its ``preemptions_per_hour`` setting being the prior
-    (`tgnb.cloud.rates.for_run`), and ``checkpoint.preemptions_source`` to the line that says so;
-    return that line, or None when ``auto`` is off (nothing changed)."""
-    from tgnb.cloud.rates import for_run
-    from tgnb.tasks.policy import CheckpointPolicy
+    """With ``checkpoint.auto``, the launch's estimate of the run's preemption rate from what
+    the cluster observed, its ``preemptions_per_hour`` setting the prior, written into `train`
+    (`tgnb.cloud.rates.apply`: ``checkpoint.observed_preemptions_per_hour``,
+    ``preemptions_source`` and the estimate's weight and time, which a restart updates); return
+    the line that says where it came from, or None when ``auto`` is off (nothing changed)."""
+    from tgnb.cloud.rates import apply
 
-    policy = train.get("checkpoint") or {}
-    if not isinstance(policy, Mapping) or policy.get("auto") is not True:
-        return None
-    setting = float(policy.get("preemptions_per_hour", CheckpointPolicy.preemptions_per_hour))
-    rate, line = for_run(state, setting, nodes, now)
-    line = f"checkpoint.auto weighs {line}"
-    train["checkpoint"] = {
-        **policy,
-        "observed_preemptions_per_hour": rate,
-        "preemptions_source": line,
-    }
-    return line
+    return apply(train, state, nodes, now)

@@ -17,20 +17,29 @@ pseudo node-hours of exposure, updated by k preemptions in T node-hours, has the
 so the prior decides while nothing was observed, and a few node-hours of the cluster's own history
 outweigh it. (Poisson arrivals: the platform's reclaims of preemptible capacity are treated as
 memoryless; a burst of withdrawals counts as several preemptions, as it costs several restarts.)
+
+`apply` writes the run's estimate into its training config: at launch (`tgnb.prelaunch`), and
+at each restart of a local run (`at_restart`: the supervisor reads the cluster again, whose
+events now hold the preemption that stopped the run, and rewrites the node's config file before
+the relaunch). The nodes of Slurm and Kubernetes hold no API key and read no cluster: there the
+runtime updates the launch estimate with the run's own record (`tgnb.train.rates`), for which
+`apply` leaves the estimate's weight (``preemptions_weight_hours``) and time
+(``preemptions_as_of``) in the config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from tgnb.cloud.models import PREEMPTIBLE_PREFIX, ClusterState
-from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN, utcnow
+from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN, format_time, utcnow
+from tgnb.tasks.policy import PRIOR_NODE_HOURS, CheckpointPolicy
 
 #: How long the platform keeps ``node_lifecycle_events``.
 RETENTION = timedelta(hours=72)
-#: The prior's weight, in node-hours of observation it counts as.
-PRIOR_NODE_HOURS = 1.0
 _ENDS = (PREEMPTION_NOTIFIED, PREEMPTED, SCALED_DOWN)
 
 
@@ -115,13 +124,67 @@ def estimate(
 def for_run(
     state: ClusterState, setting: float, nodes: int, now: datetime | None = None
 ) -> tuple[float, str]:
+    """`run_estimate` less its weight: the run's rate and the line that says where it came from."""
+    rate, _weight, line = run_estimate(state, setting, nodes, now)
+    return rate, line
+
+
+def run_estimate(
+    state: ClusterState, setting: float, nodes: int, now: datetime | None = None
+) -> tuple[float, float, str]:
     """The preemptions per hour of a run on `nodes` preemptible nodes of `state`'s cluster, and
     the line that says where it came from. A run stops when any of its nodes is preempted, so its
     rate is `nodes` times the node's; the `setting` (a rate of the run) is spread over its nodes
-    as the node's prior. With nothing observed it is the setting. At a restart, call it again on
-    the cluster read then, with the same setting."""
+    as the node's prior. With nothing observed it is the setting. The weight is the estimate's
+    in hours of the run: its prior and observed node-hours over the run's `nodes`. At a restart,
+    call it again on the cluster read then, with the same setting."""
     nodes = max(1, int(nodes))
     rate = estimate(state, setting / nodes, now)
     run_rate = rate.per_node_hour * nodes
+    weight = (rate.prior_node_hours + rate.node_hours) / nodes
     per_run = f"; x {nodes} nodes = {run_rate:.3g} per hour of the run" if nodes > 1 else ""
-    return run_rate, f"{rate}{per_run} (setting {setting:g} per hour; cluster {state.name})"
+    line = f"{rate}{per_run} (setting {setting:g} per hour; cluster {state.name})"
+    return run_rate, weight, line
+
+
+def apply(
+    train: dict[str, Any],
+    state: ClusterState,
+    nodes: int,
+    now: datetime | None = None,
+    *,
+    restart: int | None = None,
+) -> str | None:
+    """With ``checkpoint.auto``, set the run's ``checkpoint.observed_preemptions_per_hour`` from
+    what `state`'s cluster observed, its ``preemptions_per_hour`` setting being the prior
+    (`run_estimate` on `nodes`), ``preemptions_source`` to the line that says so (naming the
+    `restart` it was re-read at, if any), and the estimate's weight and time; return that line,
+    or None when ``auto`` is off (nothing changed)."""
+    policy = train.get("checkpoint") or {}
+    if not isinstance(policy, Mapping) or policy.get("auto") is not True:
+        return None
+    now = now or utcnow()
+    setting = float(policy.get("preemptions_per_hour", CheckpointPolicy.preemptions_per_hour))
+    rate, weight, line = run_estimate(state, setting, nodes, now)
+    when = "" if restart is None else f" (the cluster re-read at restart {restart})"
+    line = f"checkpoint.auto weighs{when} {line}"
+    train["checkpoint"] = {
+        **policy,
+        "observed_preemptions_per_hour": rate,
+        "preemptions_source": line,
+        "preemptions_weight_hours": weight,
+        "preemptions_as_of": format_time(now),
+    }
+    return line
+
+
+def at_restart(
+    train: dict[str, Any],
+    state: ClusterState,
+    nodes: int,
+    restart: int,
+    now: datetime | None = None,
+) -> str | None:
+    """`apply` at `restart` of a run on `nodes`, from `state` read just before it (the local
+    engine: its supervisor reads the emulated cluster)."""
+    return apply(train, state, nodes, now, restart=restart)

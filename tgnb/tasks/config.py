@@ -329,8 +329,17 @@ def check_policy(p: CheckpointPolicy) -> None:
     if p.every_steps is not None:
         _bounded("checkpoint.every_steps", p.every_steps, 1, MAX_STEPS)
     _bounded("checkpoint.keep_last", p.keep_last, 1, 1000)
-    if p.preemptions_source is not None and not isinstance(p.preemptions_source, str):
-        raise TrainConfigError("checkpoint.preemptions_source must be text (or left out).")
+    for key in ("preemptions_source", "preemptions_as_of"):
+        if getattr(p, key) is not None and not isinstance(getattr(p, key), str):
+            raise TrainConfigError(f"checkpoint.{key} must be text (or left out).")
+    weight = p.preemptions_weight_hours
+    if weight is not None and not (
+        isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
+        and weight > 0
+    ):  # fmt: skip
+        raise TrainConfigError(
+            f"checkpoint.preemptions_weight_hours must be a number above 0, not {weight!r:.40}."
+        )
     rates = ("preemptions_per_hour", "observed_preemptions_per_hour")
     for key in ("every_seconds", *rates, "failures_per_hour", "drain_poll_seconds"):
         value = getattr(p, key)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The weight of the setting as the prior of a rate estimate, in node-hours of observation it
+#: counts as (`tgnb.cloud.rates`).
+PRIOR_NODE_HOURS = 1.0
+
 
 @dataclass
 class CheckpointPolicy:
@@ -18,7 +22,11 @@ class CheckpointPolicy:
     `on_signal` and `watch_drain` off they count as failures). On preemptible nodes tgnb sets
     `observed_preemptions_per_hour` at launch from the rate the cluster's ``node_lifecycle_events``
     show, the setting being the prior (`tgnb.cloud.rates`), and says so in `preemptions_source`;
-    `preemption_rate` is the one weighed. The default, one failure per ten
+    `preemption_rate` is the one weighed. At each restart it is updated with what was seen since:
+    the local engine reads the cluster again (`tgnb.cloud.rates.at_restart`); on Slurm and
+    Kubernetes, whose nodes hold no API key, the runtime folds the run's own preemptions and hours
+    since `preemptions_as_of` into the launch estimate, worth `preemptions_weight_hours`
+    (`tgnb.train.rates`). The default, one failure per ten
     hours of a run, is far more than hardware alone (Llama 3's 54-day run on 2,048 eight-GPU nodes
     saw 419 unexpected interruptions: one per 6,300 node-hours); raise it where runs crash more
     often. Periodic saves are asynchronous unless `async_save` is false.
@@ -38,6 +46,11 @@ class CheckpointPolicy:
     observed_preemptions_per_hour: float | None = None
     #: Where `observed_preemptions_per_hour` came from, in words.
     preemptions_source: str | None = None
+    #: The estimate's weight, in hours of the run it counts as (its Gamma prior's rate: prior and
+    #: observed node-hours over the run's nodes); set with `observed_preemptions_per_hour`.
+    preemptions_weight_hours: float | None = None
+    #: When the estimate was made (RFC 3339, UTC): a restart folds in the run's own record after it.
+    preemptions_as_of: str | None = None
     failures_per_hour: float = 0.1
     keep_last: int = 2
     on_signal: bool = True

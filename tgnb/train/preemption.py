@@ -21,7 +21,10 @@ step. A stop: the save in flight is let finish, this step is saved synchronously
 stops, and `finish` returns `EXIT_PREEMPTED` (75) -- under Slurm after a drain notice it first
 requeues its own job. Periodic saves (`CheckpointPolicy.every_steps`, ``every_seconds`` or ``auto``:
 Young/Daly on the measured *stall* and write time of a save) are asynchronous. The last step is
-saved synchronously with the Trainer's own model export beside the DCP state.
+saved synchronously with the Trainer's own model export beside the DCP state. At a restart the
+preemption rate ``auto`` weighs is the launch's estimate updated with the run's own preemptions
+since (`tgnb.train.rates`; the local engine re-reads the cluster instead, and that update is then
+a no-op).
 
 Resume (`resume_from`): rank 0 verifies the checkpoints newest first (sizes and checksums, then
 what loading reads: `dcpio.probe`); one that fails is reported (``CheckpointRejected``, a log line
@@ -58,7 +61,7 @@ from tgnb.runs import node
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio
+from tgnb.train import dcpio, rates
 from tgnb.train.record import Recorder
 from tgnb.train.saving import EXIT_NO_SPACE, Saver
 from tgnb.train.watcher import DrainWatcher
@@ -118,7 +121,8 @@ class CheckpointGuard:
     def __init__(
         self, policy: CheckpointPolicy, run_dir: str | os.PathLike[str], recorder: Recorder
     ):
-        self.policy = policy
+        # a restart: the rate `auto` weighs, updated with the run's own record (Slurm, Kubernetes)
+        self.policy = rates.at_restart(policy, run_dir, rates.restart_count())
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.recorder = recorder

@@ -5,6 +5,9 @@
 preemption was notified, and its directory, where the emulator writes the notice and removal files
 that a supervisor watches without HTTP). The fleet renders that view and this side reads it back:
 one type at both ends.
+
+`cluster_reader` reads the cluster itself over the clusters API (the official SDK, as a session
+does): its ``node_lifecycle_events``, for the preemption rate re-estimated at a restart.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from collections.abc import Callable
 
 import httpx
 
+from tgnb.cloud import Cloud, ClusterState, RetryPolicy
 from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.nodeview import NodeInfo
 
-__all__ = ["NodeInfo", "NodeSource", "env_endpoint"]
+__all__ = ["NodeInfo", "NodeSource", "cluster_reader", "env_endpoint"]
 
 
 class NodeSource:
@@ -55,3 +59,20 @@ class NodeSource:
 def env_endpoint() -> tuple[str, str | None]:
     """The emulator's base URL and key from ``TOGETHER_BASE_URL`` / ``TOGETHER_API_KEY``."""
     return os.environ.get("TOGETHER_BASE_URL", ""), os.environ.get("TOGETHER_API_KEY")
+
+
+def cluster_reader(
+    cluster_id: str, endpoint: Callable[[], tuple[str, str | None]], timeout: float = 5.0
+) -> Callable[[], ClusterState]:
+    """A callable reading cluster `cluster_id` now through the clusters API at `endpoint`
+    (one try, `timeout` seconds: the caller keeps what it had when it fails)."""
+
+    def read() -> ClusterState:
+        base, key = endpoint()
+        once = RetryPolicy(attempts=1)
+        with Cloud(
+            api_key=key or "", base_url=base, timeout=timeout, max_retries=0, retry=once
+        ) as c:
+            return c.attach(cluster_id).state()
+
+    return read

@@ -18,7 +18,9 @@ Each start is placed by the run's recovery policy (`tgnb.runs.recovery.decide`, 
 emulator's node list): on the preemptible nodes it asks for, or, when they are short, wait, shrink
 to fewer nodes, or move to standard nodes (and back to preemptible ones as soon as the policy would
 start there: the run is stopped with SIGTERM, checkpoints and restarts). Each decision is a
-``RecoveryDecided`` event with its reason. Exit 0 means succeeded; a "resume me" code (75), or any
+``RecoveryDecided`` event with its reason. Before a restart on preemptible nodes, ``checkpoint.auto``'s
+preemption rate is estimated again from the cluster read then (`tgnb.cloud.rates.at_restart`), in the
+config file the relaunch reads. Exit 0 means succeeded; a "resume me" code (75), or any
 end of a process whose node was preempted, means start again (uncounted); anything else is a
 failure, restarted after the policy's backoff while at most ``max_restarts`` are counted
 (``RunFailedRestarting``). Every state change goes to the run store and
@@ -44,16 +46,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
-from tgnb.backends.local.nodes import NodeInfo, NodeSource
+from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
 from tgnb.backends.local.placement import placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
+from tgnb.cloud import ClusterState, rates
 from tgnb.events import (
     JOB_KILLED,
     JOB_PLACED,
@@ -132,6 +135,7 @@ class Supervisor:
         cluster_type: str,
         poll: float = 0.2,
         emulator_stopped: Any = None,
+        cluster_state: Callable[[], ClusterState] | None = None,
     ) -> None:
         self.store = store
         self.record = store.get(run)
@@ -151,6 +155,8 @@ class Supervisor:
         self.node_class = "preemptible"  # of the current attempt
         self.started = self.record.created_at
         self.moving = False  # leaving standard nodes for preemptible ones (`_back_to_preemptible`)
+        self.cluster_state = cluster_state  # () -> ClusterState: the cluster read now
+        self.train = dict(self.record.spec.train)  # the node's config (`reestimate` updates it)
 
     # -- events and nodes ----------------------------------------------------------------------
 
@@ -272,8 +278,23 @@ class Supervisor:
 
     def _write_config(self) -> Path:
         path = self.run_dir / node.CONFIG
-        path.write_text(node.render_config(self.record.spec.train), encoding="utf-8")
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(node.render_config(self.train), encoding="utf-8")
+        os.replace(tmp, path)  # a reader sees the old file or the new one, whole
         return path
+
+    def reestimate(self, nodes: Sequence[NodeInfo], restart: int) -> None:
+        """Before restart `restart` on preemptible `nodes`: ``checkpoint.auto``'s rate from the
+        cluster read now, whose events hold the preemption just seen (`rates.at_restart`); the
+        last estimate stays when the cluster cannot be read."""
+        if restart == 0 or self.node_class != "preemptible" or self.cluster_state is None:
+            return
+        try:
+            state = self.cluster_state()
+        except Exception as exc:  # the emulator may be restarting: the last estimate stands
+            print(f"preemption rate not re-read ({type(exc).__name__}); kept", flush=True)
+            return
+        rates.at_restart(self.train, state, len(nodes), restart)
 
     def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> Outcome:
         """Launch on `nodes` and watch until the processes end."""
@@ -424,6 +445,7 @@ class Supervisor:
                 detail = self.stop_reason or "stopped before it was placed"
                 self.store.set_state(rid, JobState.CANCELLED, detail)
                 return 0
+            self.reestimate(nodes, restart)
             outcome = self.attempt(nodes, restart)
             code = outcome.exit_code
             if outcome.kind == "succeeded":
@@ -524,9 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = RunStore(home)
     source = NodeSource(args.cluster, _endpoint_for(home))
     gone = _HomeEmulator(home, float(os.environ.get("TGNB_EMULATOR_GONE_S") or EMULATOR_GONE_S))
-    sup = Supervisor(
-        store, args.run, source, cluster_type=args.type, poll=args.poll, emulator_stopped=gone
-    )
+    reader = cluster_reader(args.cluster, _endpoint_for(home))
+    sup = Supervisor(store, args.run, source, cluster_type=args.type, poll=args.poll,
+                     emulator_stopped=gone, cluster_state=reader)  # fmt: skip
     print(json.dumps({"supervisor": os.getpid(), "run": sup.record.name}), flush=True)
     try:
         return sup.main()

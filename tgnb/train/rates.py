@@ -1,0 +1,115 @@
+"""At a restart on Slurm or Kubernetes, the preemption rate ``checkpoint.auto`` weighs, updated
+with what this run saw since the estimate.
+
+The launch estimates the run's rate from the cluster's ``node_lifecycle_events``
+(`tgnb.cloud.rates`) and leaves in the run's config its weight, in hours of the run
+(``preemptions_weight_hours``: prior and observed node-hours over the run's nodes) and its time
+(``preemptions_as_of``). The local engine reads the cluster again before each restart. The nodes of
+Slurm and Kubernetes cannot: they hold no API key, by design. What they hold is the run's own
+``events.jsonl`` in its run directory, which every attempt appends to. So at a restart
+(``TGNB_RESTART_COUNT`` or ``SLURM_RESTART_COUNT`` above 0) the runtime folds into the launch's
+estimate the run's own record since that time, as the same Gamma-Poisson update, in hours of the run:
+
+    λ' = (λ·W + k) / (W + t),
+
+where λ is the estimate (per hour of the run), W its weight, k the attempts since then that were
+told of a preemption (a ``SignalReceived`` or ``DrainNoticeReceived``) and t the hours those
+attempts ran (each from its ``RunStarted`` to its last event). It sees less than a cluster read
+would: the preemptions of the run's own nodes only, and a node lost without a notice not at all
+(that is a failure to it). Nothing is written back: each restart folds the whole record since the
+launch again (the policy returned says so: its weight and time are the update's). On the local engine the supervisor's re-read is newer than every attempt, so this adds nothing;
+when that read failed, the fold stands in for it. A config with no estimate's time (``auto`` off, or no estimate at launch: not on
+preemptible nodes) is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+
+from tgnb.events import (
+    DRAIN_NOTICE,
+    RUN_STARTED,
+    SIGNAL_RECEIVED,
+    Event,
+    format_time,
+    parse_time,
+    read_jsonl,
+    utcnow,
+)
+from tgnb.tasks.policy import CheckpointPolicy
+
+#: The variables that count the run's restarts (the local engine and Kubernetes; Slurm).
+RESTART_VARS = ("TGNB_RESTART_COUNT", "SLURM_RESTART_COUNT")
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnRecord:
+    """What the run's own events show after a time: `preemptions` over `hours` of `attempts`."""
+
+    preemptions: int
+    hours: float
+    attempts: int
+
+
+def own_record(events: Iterable[Event], after: datetime, pid: int | None = None) -> OwnRecord:
+    """The run's attempts that started after `after` (from its runtime's events: source
+    ``run``), the preemptions they were told of, and the hours they ran; not the attempt of
+    process `pid` (this one, if it recorded its start already)."""
+    spans: list[list[Event]] = []
+    for ev in sorted((e for e in events if e.source == "run"), key=lambda e: e.time):
+        if ev.reason == RUN_STARTED:
+            spans.append([ev])
+        elif spans:
+            spans[-1].append(ev)
+    spans = [s for s in spans if s[0].time > after and (pid is None or s[0].data.get("pid") != pid)]
+    told = sum(1 for s in spans if any(e.reason in (SIGNAL_RECEIVED, DRAIN_NOTICE) for e in s))
+    seconds = sum((s[-1].time - s[0].time).total_seconds() for s in spans)
+    return OwnRecord(told, seconds / 3600.0, len(spans))
+
+
+def restart_count(env: dict[str, str] | os._Environ[str] | None = None) -> int:
+    """This start's restart count from the engine's variable (0: the first start)."""
+    env = os.environ if env is None else env
+    for name in RESTART_VARS:
+        value = env.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 0
+
+
+def at_restart(
+    policy: CheckpointPolicy, run_dir: str | os.PathLike[str], restart: int
+) -> CheckpointPolicy:
+    """`policy` with its rate updated by the run's own record since the estimate (see the module
+    docstring), at `restart` (above 0); `policy` itself when there is nothing to update."""
+    if not (policy.auto and restart > 0 and policy.preemptions_as_of):
+        return policy
+    rate, weight = policy.observed_preemptions_per_hour, policy.preemptions_weight_hours
+    if rate is None or not weight:
+        return policy
+    try:
+        since = parse_time(policy.preemptions_as_of)
+    except ValueError:
+        return policy
+    seen = own_record(read_jsonl(Path(run_dir) / "events.jsonl"), since, os.getpid())
+    if not seen.attempts:  # the estimate is newer than every attempt (the local engine's)
+        return policy
+    new = (rate * weight + seen.preemptions) / (weight + seen.hours)
+    line = (
+        f"checkpoint.auto weighs {new:.3g} preemptions per hour of the run: the estimate "
+        f"{rate:.3g} (as {weight:.3g} h of the run) updated at restart {restart} with this run's "
+        f"own {seen.preemptions} preemption(s) over {seen.hours:.3g} h in {seen.attempts} "
+        f"attempt(s) since {format_time(since)} (the nodes read no cluster); at launch: "
+        f"{policy.preemptions_source}"
+    )
+    return dataclasses.replace(  # the estimate as of now: folding it again adds nothing
+        policy,
+        observed_preemptions_per_hour=new,
+        preemptions_source=line,
+        preemptions_weight_hours=weight + seen.hours,
+        preemptions_as_of=format_time(utcnow()),
+    )
