@@ -29,6 +29,8 @@ def test_the_launcher_keeps_tgnbs_exit_codes() -> None:
     assert launch.exit_code({0: F(exitcode=75), 1: F(exitcode=75)}) == EXIT_PREEMPTED == 75
     assert launch.exit_code({0: F(exitcode=-15), 1: F(exitcode=75)}) == 75  # killed by the agent
     assert launch.exit_code({0: F(exitcode=74)}) == 74
+    # a bad config stays 2 (final for the recovery policy), not a retried failure (1)
+    assert launch.exit_code({0: F(exitcode=2), 1: F(exitcode=2)}) == 2
     assert launch.exit_code({0: F(exitcode=75), 1: F(exitcode=1)}) == 1
     assert launch.exit_code({0: F(exitcode=-9)}) == 1
 
