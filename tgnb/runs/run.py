@@ -337,14 +337,13 @@ class Run:
 
     def events(self, cluster: bool = True) -> list[Event]:
         """Run events merged with the cluster's node events for the nodes it ran on (and the
-        replacement nodes added after one of them was preempted), de-duplicated, by time."""
+        replacement nodes added after one of them was preempted), de-duplicated, by time.
+        The cluster's `ApiError` (after its client's retries) is raised, as `Session.events`
+        raises it: ``cluster=False`` reads the run's own events only."""
         evs = self.run_events()
         if cluster and self.cluster is not None:
             nodes = set(self.nodes_used()) | {e.node for e in evs if e.node}
-            try:
-                node_events = list(self.cluster.events())
-            except Exception:
-                node_events = []
+            node_events = list(self.cluster.events())
             first_loss = min(
                 (e.time for e in node_events if e.node in nodes and e.reason == PREEMPTED),
                 default=None,
