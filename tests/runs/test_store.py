@@ -95,3 +95,20 @@ def test_concurrent_writers_from_several_processes(tmp_path: Path) -> None:
     for name in ("w-a", "w-b", "w-c"):
         assert len(store.history(name)) == 41
     assert (tmp_path / "runs.sqlite").exists()
+
+
+def test_a_run_in_unknown_state_still_holds_its_gpus(tmp_path: Path) -> None:
+    """A run whose supervisor is gone is recorded UNKNOWN (`Run.sync`); its training processes may
+    still run on its nodes, so another run's placement does not take those GPUs until it is
+    recovered or finished."""
+    store = RunStore(tmp_path)
+    a = store.create(_spec("a"), backend="local", cluster_id="c-1", run_dir=None)
+    b = store.create(_spec("b"), backend="local", cluster_id="c-1", run_dir=None)
+    nodes = [("n1", 8), ("n2", 8)]
+    common = {"least": 1, "gpus_per_node": 8, "restart_count": 0}
+    assert store.claim(a.id, nodes, want=1, **common) == ["n1"]
+    store.set_state(a.id, JobState.UNKNOWN, "its supervisor is gone", nodes=["n1"])
+    assert store.claim(b.id, nodes, want=2, **common) == ["n2"]  # n1 is still a's
+    store.set_state(a.id, JobState.FAILED, "gone")
+    store.set_state(b.id, JobState.PENDING)
+    assert sorted(store.claim(b.id, nodes, want=2, **common)) == ["n1", "n2"]

@@ -291,7 +291,7 @@ class RunStore:
         restart_count: int,
     ) -> list[str]:
         """Place a run atomically: pick up to `want` (at least `least`) of the `candidates`
-        (node name, GPUs) whose GPUs not held by other running runs of the same cluster fit
+        (node name, GPUs) whose GPUs not held by other running (or unknown) runs of the cluster fit
         `gpus_per_node`, and mark the run running there. Returns the nodes, or [] if too few fit.
 
         One write transaction decides and records, so two supervisors never take the same GPUs.
@@ -305,9 +305,10 @@ class RunStore:
             if row is None or JobState(row[1]).finished:
                 return []
             used: dict[str, int] = {}
+            # an UNKNOWN run (its supervisor gone) may still have processes on its nodes
             others = db.execute(
-                "SELECT nodes, spec FROM runs WHERE cluster_id IS ? AND state = ? AND id != ?",
-                (row[0], JobState.RUNNING.value, run_id),
+                "SELECT nodes, spec FROM runs WHERE cluster_id IS ? AND state IN (?, ?) AND id != ?",
+                (row[0], JobState.RUNNING.value, JobState.UNKNOWN.value, run_id),
             ).fetchall()
             for nodes, spec in others:
                 need = int(json.loads(spec).get("resources", {}).get("gpus_per_node", 8))
