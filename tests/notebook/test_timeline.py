@@ -182,3 +182,40 @@ def test_markers_at_one_instant_are_grouped_with_a_count() -> None:
     assert "×4" in text
     for word in ("signal", "checkpoint", "requeued", "resumed"):
         assert word in text.lower(), text
+
+
+def test_recovery_decisions_have_their_own_marker_tooltip_and_legend() -> None:
+    """A `RecoveryDecided` (the supervisor's, source tgnb) is drawn on the run's lane with its own
+    symbol, its reason in the tooltip and a legend entry; it was drawn as a checkpoint."""
+    decided = Event(
+        at(250),
+        "tgnb",
+        "RecoveryDecided",
+        "shrunk to 1 node: 8 of 16 preemptible GPUs allocated for 10 min",
+        run="grpo-a",
+        data={"action": "start", "nodes": 1},
+    )
+    failed = Event(at(330), "tgnb", "RunFailedRestarting", "exit 1, failure 1 of 3", run="grpo-a")
+    svg = EventTimeline([*STORY, decided, failed], now=at(700)).to_svg()
+    root = ET.fromstring(svg)
+    uses = {u.get("class"): u for u in root.iter(f"{SVG}use")}
+    mark = uses["marker RecoveryDecided"]
+    assert mark.get("{http://www.w3.org/1999/xlink}href") == "#tgnb-m-RecoveryDecided"
+    tip = "".join(mark.itertext())
+    assert "recovery decision" in tip and "shrunk to 1 node: 8 of 16 preemptible GPUs" in tip
+    assert (
+        uses["marker RunFailedRestarting"].get("{http://www.w3.org/1999/xlink}href")
+        == "#tgnb-m-RunFailedRestarting"
+    )
+    tl = EventTimeline([*STORY, decided, failed], now=at(700))
+    run_lane = next(ln for ln in tl.lanes if ln.kind == "run")
+    reasons = [m.reason for m in run_lane.markers]
+    assert "RecoveryDecided" in reasons and "RunFailedRestarting" in reasons  # the run's lane
+    legend = [t.text for t in root.iter(f"{SVG}text")]
+    ys = {float(t.get("y") or 0) for t in root.iter(f"{SVG}text") if t.text == "failed, restarting"}
+    assert max(ys) < float(root.get("height") or 0)  # wrapped inside the picture, not cut off
+    assert "recovery decision" in legend and "failed, restarting" in legend
+    plain = [
+        t.text for t in ET.fromstring(EventTimeline(STORY, now=at(700)).to_svg()).iter(f"{SVG}text")
+    ]
+    assert "recovery decision" not in plain  # only when the timeline has one

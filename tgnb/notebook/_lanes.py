@@ -38,6 +38,9 @@ MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.JOB_PLACED: ("circle", "#999999"),
     ev.SIGNAL_SENT: ("down", "#e377c2"),
     ev.JOB_KILLED: ("bar", "#d62728"),
+    # The recovery policy's decisions (tgnb.runs.recovery): wait, shrink, standard nodes, back.
+    ev.RECOVERY_DECIDED: ("diamond", "#e6ab02"),
+    ev.RUN_FAILED_RESTARTING: ("square", "#d62728"),
     ev.RESOURCE_CREATED: ("circle", "#7570b3"),
     ev.RESOURCE_QUEUED: ("square", "#bbbbbb"),
     ev.RESOURCE_READY: ("up", "#7570b3"),
@@ -65,6 +68,8 @@ LABEL = {
     ev.JOB_PLACED: "job placed",
     ev.SIGNAL_SENT: "SIGTERM sent",
     ev.JOB_KILLED: "job killed",
+    ev.RECOVERY_DECIDED: "recovery decision",
+    ev.RUN_FAILED_RESTARTING: "failed, restarting",
     ev.RESOURCE_CREATED: "resource created",
     ev.RESOURCE_QUEUED: "queued for GPUs",
     ev.RESOURCE_READY: "resource ready",
@@ -75,6 +80,7 @@ LABEL = {
     ev.SESSION_EXPIRED: "session expired",
     ev.SESSION_ERROR: "session error",
     ev.SESSION_CHECKPOINT: "checkpoint",
+    ev.SESSION_ROLLED_BACK: "rolled back",
 }
 
 

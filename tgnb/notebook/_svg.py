@@ -194,6 +194,37 @@ def _shape(kind: str, x: float, y: float, color: str, r: float = 4.5) -> str:
     return f'<polygon points="{pts}" fill="{color}"/>'
 
 
+_RECOVERY = (ev.RECOVERY_DECIDED, ev.RUN_FAILED_RESTARTING)
+_LEGEND = (
+    ev.RUN_STARTED,
+    ev.CHECKPOINT_SAVED,
+    ev.PREEMPTION_NOTIFIED,
+    ev.SIGNAL_RECEIVED,
+    ev.DRAIN_NOTICE,
+    ev.RUN_REQUEUED,
+    ev.RUN_RESUMED,
+    ev.RUN_EXITED,
+    ev.TARGET_CHANGED,
+)
+
+
+def _marker_legend(tl: EventTimeline) -> list[str]:
+    """The markers the legend explains: the usual ones, and the recovery policy's when the
+    timeline has them."""
+    shown = {m.reason for ln in tl.lanes for m in ln.markers}
+    return [*_LEGEND, *(r for r in _RECOVERY if r in shown)]
+
+
+def _legend_lines(reasons: list[str], width: int) -> int:
+    lines, x = 1, 8.0
+    for reason in reasons:
+        w = 22 + 6.5 * len(LABEL[reason])
+        if x + w > width and x > 8.0:
+            lines, x = lines + 1, 8.0
+        x += w
+    return lines
+
+
 def _symbols() -> str:
     """One ``<g id="tgnb-m-REASON">`` per marker kind, drawn at the origin and placed by ``<use>``."""
     return "".join(
@@ -219,7 +250,8 @@ def render(tl: EventTimeline) -> str:
     lanes = tl.lanes
     n_rows = len(lanes) + (1 if tl.hidden else 0)
     plot_h = n_rows * (_LANE_H + _GAP)
-    height = top + plot_h + 60
+    marker_legend = _marker_legend(tl)
+    height = top + plot_h + 60 + 18 * (_legend_lines(marker_legend, tl.width) - 1)
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
         f'class="tgnb-timeline" width="{tl.width}" '
@@ -318,20 +350,13 @@ def render(tl: EventTimeline) -> str:
         x += 24 + 7 * len(label)
     y += 18
     x = 8.0
-    for reason in (
-        ev.RUN_STARTED,
-        ev.CHECKPOINT_SAVED,
-        ev.PREEMPTION_NOTIFIED,
-        ev.SIGNAL_RECEIVED,
-        ev.DRAIN_NOTICE,
-        ev.RUN_REQUEUED,
-        ev.RUN_RESUMED,
-        ev.RUN_EXITED,
-        ev.TARGET_CHANGED,
-    ):
+    for reason in marker_legend:
+        width = 22 + 6.5 * len(LABEL[reason])
+        if x + width > tl.width and x > 8.0:  # wrap: the next line of the legend
+            x, y = 8.0, y + 18
         shape, color = MARKER_STYLE[reason]
         out.append(_shape(shape, x + 5, y - 4, color))
         out.append(f'<text x="{x + 14:.0f}" y="{y}">{escape(LABEL[reason])}</text>')
-        x += 22 + 6.5 * len(LABEL[reason])
+        x += width
     out.append("</svg>")
     return "".join(out)

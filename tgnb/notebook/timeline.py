@@ -33,6 +33,8 @@ DRAIN_WINDOW_S = 300.0
 
 _NODE_END = {ev.PREEMPTED, ev.SCALED_DOWN}
 _RUN_OPEN = {ev.RUN_STARTED, ev.RUN_RESUMED}
+#: Run events another source records (a backend): drawn on the run's lane, not a node's.
+_ON_RUN_LANE = ev.RUN_REASONS | {ev.RECOVERY_DECIDED, ev.RUN_FAILED_RESTARTING}
 _RUN_CLOSE = {ev.RUN_REQUEUED, ev.RUN_EXITED}
 
 
@@ -124,7 +126,7 @@ class EventTimeline:
             if e.source == "posttraining":
                 self._pt_event(e, t, pt, pt_open)
                 continue
-            if e.source == "run" or (e.run is not None and e.reason in ev.RUN_REASONS):
+            if e.source == "run" or (e.run is not None and e.reason in _ON_RUN_LANE):
                 name = e.run or "run"
                 lane = runs.get(name) or runs.setdefault(name, Lane(name, "run"))
                 if e.reason in _RUN_OPEN or e.reason in _RUN_CLOSE:
