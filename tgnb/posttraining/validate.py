@@ -91,14 +91,13 @@ def check_lora(config: Any, max_rank: int | None = None) -> dict[str, Any] | Non
         rank = _int(config["rank"], "LoRA rank", "rank=8")
         limit = max_rank or MAX_LORA_RANK
         if not 1 <= rank <= limit:
-            where = (
-                "this model's maximum"
-                if max_rank
-                else "the model's own maximum may be lower; pt.models() shows it"
-            )
-            raise ValidationError(
-                f"LoRA rank {rank} is out of range: use 1 to {limit} ({where}), e.g. rank=8"
-            )
+            if max_rank:
+                use = f"1 to {max_rank} (this model's maximum)"
+            elif rank < 1:  # the upper bound is not known here: name no number that may be wrong
+                use = "a rank from 1 up to the model's maximum (pt.models() shows it)"
+            else:
+                use = f"1 to {limit} (the model's own maximum may be lower; pt.models() shows it)"
+            raise ValidationError(f"LoRA rank {rank} is out of range: use {use}, e.g. rank=8")
         out["rank"] = rank
     if "alpha" in config:
         alpha = _int(config["alpha"], "LoRA alpha", "alpha=16")
