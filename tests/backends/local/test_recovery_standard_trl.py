@@ -85,6 +85,7 @@ def test_standard_moves_to_the_standard_node_through_trl_and_back(
     assert resumed[0][1] >= 3 and resumed[1][1] >= resumed[0][1] + 3, resumed  # from checkpoints
     summary = run.summary()
     assert summary["steps"] == MAX_STEPS and summary["steps_lost"] <= 2, summary  # two restarts
+    assert summary["restarts"] == 2 and summary["preemptions"] == 1, summary  # and one move
     assert sorted(run.metrics()["step"].unique()) == list(range(1, MAX_STEPS + 1))
 
     own = run.run_events()
