@@ -33,6 +33,8 @@ CHECKPOINT_FAILED = (
     "CheckpointFailed"  # a save failed (disk full...); the last complete one is kept
 )
 CHECKPOINT_REJECTED = "CheckpointRejected"  # failed verification at resume; moved aside
+#: The run starts again: data["restart_count"], ["exit_code"]; ["moved"] true when the supervisor
+#: stopped it on purpose to go back to preemptible nodes (no preemption: `%tg cost` counts none).
 RUN_REQUEUED = "RunRequeued"
 RUN_EXITED = "RunExited"
 #: `checkpoint.auto` chose its interval (data: every_steps, every_s, the rates and their source)

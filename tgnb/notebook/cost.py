@@ -132,7 +132,9 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
     """GPU-hours and lost work of one run from its lifecycle events.
 
     A stretch ends in a preemption when the process exits as preempted (exit code 75) or the run is
-    requeued (a ``RunRequeued`` after a stretch counts once, with or without a ``RunExited``).
+    requeued (a ``RunRequeued`` after a stretch counts once, with or without a ``RunExited``). A
+    requeue with ``moved`` (the supervisor stopped the run to go back to preemptible nodes: exit 75
+    too) is no preemption.
     """
     out = RunCost(name, gpus)
     end_now = (now or utcnow()).timestamp()
@@ -141,16 +143,24 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
     last_step: int | None = None
     counted = True  # whether the last closed stretch was already counted as a preemption
     last_closed: tuple[float, float] | None = None
+    #: the loss of a stretch that exited as preempted, counted unless a ``moved`` requeue follows
+    pending: tuple[float, int] | None = None
 
-    def count_loss(start: float, end: float) -> None:
-        out.preemptions += 1
+    def loss(start: float, end: float) -> tuple[float, int]:
         saved_at = last_ckpt[0] if last_ckpt and last_ckpt[0] >= start else start
-        out.lost_gpu_hours += max(end - saved_at, 0.0) * gpus / 3600
+        steps = 0
         if last_step is not None and last_ckpt and last_ckpt[1] is not None:
-            out.lost_steps += max(last_step - last_ckpt[1], 0)
+            steps = max(last_step - last_ckpt[1], 0)
+        return max(end - saved_at, 0.0) * gpus / 3600, steps
+
+    def count(lost: tuple[float, int] | None) -> None:
+        if lost is not None:
+            out.preemptions += 1
+            out.lost_gpu_hours += lost[0]
+            out.lost_steps += lost[1]
 
     def close(t: float, preempted: bool) -> None:
-        nonlocal seg, counted, last_closed
+        nonlocal seg, counted, last_closed, pending
         if seg is None:
             return
         start, node = seg
@@ -160,7 +170,7 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
         else:
             out.standard_gpu_hours += hours
         if preempted:
-            count_loss(start, t)
+            pending = loss(start, t)
         counted, last_closed, seg = preempted, (start, t), None
 
     for e in sorted(events, key=lambda e: e.time):
@@ -172,18 +182,21 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
             last_step = step
         if e.reason == ev.RUN_STARTED or (e.reason == ev.RUN_RESUMED and seg is None):
             close(t, False)
-            seg = (t, e.node)
+            count(pending)
+            pending, seg = None, (t, e.node)
         elif e.reason == ev.CHECKPOINT_SAVED:
             last_ckpt = (t, step if isinstance(step, int) else None)
         elif e.reason == ev.RUN_EXITED:
             close(t, _preempted_exit(e))
         elif e.reason == ev.RUN_REQUEUED:
-            if seg is not None:
-                close(t, True)
-            elif not counted and last_closed is not None:
-                count_loss(*last_closed)
-                counted = True
+            moved = bool((e.data or {}).get("moved"))
+            close(t, not moved)
+            if not moved and pending is None and not counted and last_closed is not None:
+                pending = loss(*last_closed)
+            count(None if moved else pending)
+            pending, counted = None, True
     close(end_now, False)
+    count(pending)
     return out
 
 

@@ -19,6 +19,7 @@ from tgnb.events import (
     NODE_ADDED,
     PREEMPTED,
     RUN_EXITED,
+    RUN_REQUEUED,
     RUN_RESUMED,
     RUN_STARTED,
     SIGNAL_RECEIVED,
@@ -289,6 +290,7 @@ class Run:
         max_steps = self.max_steps()
         steps = [int(r["step"]) for r in rows if "step" in r]
         notices = {(ev.reason, ev.data.get("step")) for ev in evs if ev.reason in _PREEMPTIONS}
+        notices -= _moves(evs)
         lost = 0
         for ev in evs:
             if ev.reason != RUN_RESUMED or "step" not in ev.data:
@@ -396,6 +398,24 @@ class Run:
 
 
 _PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)
+
+
+def _moves(evs: list[Event]) -> set[tuple[str, Any]]:
+    """The notices of stops on purpose: the SIGTERM before a ``RunRequeued`` with ``moved`` (the
+    supervisor took the run back to preemptible nodes), no preemption."""
+    out: set[tuple[str, Any]] = set()
+    last: tuple[str, Any] | None = None
+    for ev in evs:
+        if ev.reason in _PREEMPTIONS:
+            last = (ev.reason, ev.data.get("step"))
+        elif ev.reason == RUN_REQUEUED and ev.data.get("moved") and last is not None:
+            out.add(last)
+            last = None
+        elif ev.reason == RUN_REQUEUED:
+            last = None
+    return out
+
+
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")
 
 

@@ -474,22 +474,19 @@ class Supervisor:
             restart += 1
             node = outcome.node
             what = "requeued" if self.slurm else "pod recreated"
-            if self.moving:
-                what = "moved back to preemptible nodes"
+            what = f"{what} after {node} was preempted"
+            moved: dict[str, Any] = {}
+            if self.moving:  # stopped on purpose to go back (`_back_to_preemptible`): no preemption
+                what, moved = f"moved back to preemptible nodes from {node}", {"moved": True}
             self.event(
                 RUN_REQUEUED,
-                f"{what} after {node} was preempted (exit {code})",
+                f"{what} (exit {code})",
                 node,
                 restart_count=restart,
                 exit_code=code,
+                **moved,
             )
-            self.store.set_state(
-                rid,
-                JobState.REQUEUED,
-                f"{what} after {node} was preempted",
-                node=node,
-                restart_count=restart,
-            )
+            self.store.set_state(rid, JobState.REQUEUED, what, node=node, restart_count=restart)
 
 
 def _endpoint_for(home: Path) -> Any:
