@@ -53,6 +53,8 @@ from typing import Any, Literal
 
 from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
+from tgnb.backends.local.command import TRAIN_MODULE, TRAIN_MODULE_ENV, free_port, train_command
+from tgnb.backends.local.home import EMULATOR_GONE_S, EMULATOR_STOPPED, HomeEmulator, endpoint_for
 from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
 from tgnb.backends.local.placement import placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
@@ -73,32 +75,7 @@ from tgnb.runs.store import RunStore
 
 TRAIN_LOG = node.LOG
 STOP_GRACE_SECONDS = 30.0
-TRAIN_MODULE = "tgnb.train"
 Proc = subprocess.Popen[bytes] | ForkedProcess
-#: The module a node runs (default ``tgnb.train``); tests of the supervisor alone set a stand-in.
-TRAIN_MODULE_ENV = "TGNB_TRAIN_MODULE"
-#: Seconds the home's emulator may stay stopped (no ``server.json``: a restart takes a few) before
-#: the supervisor stops its run and exits.
-EMULATOR_GONE_S = 20.0
-EMULATOR_STOPPED = "stopped with the local emulator (tgnb emulator stop); launch it again to resume"
-
-
-def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str) -> list[str]:
-    """The command one node runs (`tgnb.runs.node.command`): the training runtime, under torchrun
-    through tgnb's launcher when nodes > 1."""
-    module = os.environ.get(TRAIN_MODULE_ENV)
-    if module:  # a stand-in runtime (tests of the supervisor alone)
-        return [sys.executable, "-m", module, str(config), "--run-dir", str(run_dir)]
-    torchrun = None
-    if nodes > 1:
-        torchrun = [
-            f"--nnodes={nodes}",
-            "--nproc_per_node=1",
-            f"--node_rank={rank}",
-            "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={rdzv}",
-        ]
-    return node.command(sys.executable, str(config), str(run_dir), torchrun)
 
 
 class _Stopped(BaseException):
@@ -113,14 +90,6 @@ class Outcome:
     kind: Literal["succeeded", "failed", "cancelled", "requeue"]
     exit_code: int = 0
     node: str | None = None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Supervisor:
@@ -300,7 +269,7 @@ class Supervisor:
         """Launch on `nodes` and watch until the processes end."""
         self.moving = False
         config = self._write_config()
-        rdzv = f"127.0.0.1:{_free_port()}"
+        rdzv = f"127.0.0.1:{free_port()}"
         names = [n.name for n in nodes]
         procs: list[Proc] = []
         with open(self.run_dir / TRAIN_LOG, "ab") as log:
@@ -489,48 +458,6 @@ class Supervisor:
             self.store.set_state(rid, JobState.REQUEUED, what, node=node, restart_count=restart)
 
 
-def _endpoint_for(home: Path) -> Any:
-    """A callable giving the emulator's (base_url, key): the daemon's files, else the environment."""
-
-    def endpoint() -> tuple[str, str | None]:
-        try:
-            from tgnb.backends.local.backend import emulator_endpoint
-
-            found = emulator_endpoint(home)
-        except Exception:
-            found = None
-        if found is not None:
-            return found
-        return os.environ.get("TOGETHER_BASE_URL", ""), os.environ.get("TOGETHER_API_KEY")
-
-    return endpoint
-
-
-class _HomeEmulator:
-    """Whether the emulator daemon of tgnb home `home` was stopped on purpose: it was found through
-    the home's files once, and its ``server.json`` has been missing for `grace` seconds since
-    (``tgnb emulator stop`` removes it; a killed daemon leaves it, and is expected back)."""
-
-    def __init__(self, home: Path, grace: float = EMULATOR_GONE_S) -> None:
-        from tgnb.emulator.daemon import emulator_home
-
-        self.server_file = emulator_home(home) / "server.json"
-        self.grace = grace
-        self.seen = self.server_file.exists()
-        self.missing_since: float | None = None
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if self.server_file.exists():
-            self.seen, self.missing_since = True, None
-            return False
-        if not self.seen:
-            return False  # this home never had a daemon: the environment names the emulator
-        if self.missing_since is None:
-            self.missing_since = now
-        return now - self.missing_since >= self.grace
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tgnb.backends.local.supervisor")
     p.add_argument("--home", required=True)
@@ -541,9 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     home = Path(args.home)
     store = RunStore(home)
-    source = NodeSource(args.cluster, _endpoint_for(home))
-    gone = _HomeEmulator(home, float(os.environ.get("TGNB_EMULATOR_GONE_S") or EMULATOR_GONE_S))
-    reader = cluster_reader(args.cluster, _endpoint_for(home))
+    source = NodeSource(args.cluster, endpoint_for(home))
+    gone = HomeEmulator(home, float(os.environ.get("TGNB_EMULATOR_GONE_S") or EMULATOR_GONE_S))
+    reader = cluster_reader(args.cluster, endpoint_for(home))
     sup = Supervisor(store, args.run, source, cluster_type=args.type, poll=args.poll,
                      emulator_stopped=gone, cluster_state=reader)  # fmt: skip
     print(json.dumps({"supervisor": os.getpid(), "run": sup.record.name}), flush=True)
