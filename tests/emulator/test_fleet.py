@@ -83,7 +83,7 @@ def test_events_are_deduplicated_and_expire_after_72h(tmp_path: Path) -> None:
     name = next(n["name"] for n in fleet.nodes(cid) if n["kind"] == "preemptible")
     fleet.preempt(cid, name)
     cluster = fleet.clusters[cid]
-    fleet._event(cluster, name, "TogetherPreemptionNotified", "again", clock.t + 1)
+    fleet.lifecycle.event(cluster, name, "TogetherPreemptionNotified", "again", clock.t + 1)
     events = fleet.retrieve(cid)["node_lifecycle_events"]
     keys = [(e["node_id"], e["reason"]) for e in events]
     assert len(keys) == len(set(keys))

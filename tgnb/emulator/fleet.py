@@ -28,75 +28,48 @@ the 300 s drain window last 6 s; timestamps stay on the real clock):
 Time advances for real: a background thread wakes at the next due transition (or every
 `FleetConfig.max_tick_s`), so nodes are removed even when nobody asks.
 
-File contract for the workload plane (a local backend running processes "on" these nodes):
-
-- every node has a directory ``<state_dir>/nodes/<node_name>/`` (created when the node becomes live;
-  ``GET /_emulator/clusters/{id}/nodes`` gives each node's ``dir``);
-- at preemption T+0 the emulator writes ``preemption-notice.json`` there, atomically:
-  ``{"node", "cluster_id", "reason": "TogetherPreemptionNotified", "notified_at", "deadline"}``
-  (RFC 3339 UTC strings) plus ``deadline_unix`` (POSIX seconds) and ``window_s`` (real seconds);
-- when the node is removed it writes ``removed.json``:
-  ``{"node", "cluster_id", "reason" (TogetherPreempted | TogetherScaledDown | ClusterDeleted),
-  "removed_at", "removed_unix"}``.
-A backend should kill what still runs on a node once ``removed.json`` appears.
+Where it lives: `Fleet` (here) holds the clusters, their persistence, the clock and the
+operations the HTTP app calls; `tgnb.emulator.lifecycle` moves one cluster's nodes through
+their states and writes the node files of the workload plane's contract (its docstring);
+`tgnb.emulator.capacity` says what the caps and the capacity trace leave.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import random
 import sys
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+from tgnb.emulator.capacity import (
+    apply_trace,
+    capacity_left,
+    preemptible_gpus,
+    trace_seconds,
+)
+from tgnb.emulator.lifecycle import CLUSTER_DELETED, FleetConfig, NodeLifecycle
 from tgnb.emulator.models import (
-    DEFAULT_PROJECT_ID,
     DRAINING,
-    GPUS_PER_NODE,
     PREEMPTIBLE,
     PROVISIONING,
     REMOVED,
     RUNNING,
-    STANDARD,
     FleetCluster,
-    FleetNode,
-    LifecycleEvent,
     add_ons_from_body,
     check_record,
     cluster_to_api,
-    rfc3339,
 )
-from tgnb.emulator.nodeview import NOTICE_FILE, REMOVED_FILE, NodeInfo
 from tgnb.emulator.store import StateStore
 from tgnb.emulator.trace import CapacityTrace, parse
 from tgnb.emulator.validation import NOT_FOUND, RequestError
-from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN
+from tgnb.events import PREEMPTED
 
-CLUSTER_DELETED = "ClusterDeleted"  # removed.json reason when the whole cluster goes
-
-
-@dataclass
-class FleetConfig:
-    """The fleet's knobs. Durations are platform seconds; `time_scale` multiplies every one."""
-
-    time_scale: float = 1.0
-    drain_window_s: float = 300.0
-    provision_delay_s: float = 60.0
-    preemption_rate: float = 0.0  # random preemptions per preemptible node-hour (platform time)
-    seed: int = 0
-    capacity_gpus: int | None = None  # global cap on live + provisioning preemptible GPUs
-    retention_s: float = 72 * 3600.0
-    default_project_id: str = DEFAULT_PROJECT_ID
-    max_tick_s: float = 0.5
-
-    def real(self, platform_seconds: float) -> float:
-        return platform_seconds * self.time_scale
+__all__ = ["CLUSTER_DELETED", "Fleet", "FleetConfig"]
 
 
 def _log(message: str) -> None:
@@ -133,6 +106,7 @@ class Fleet:
         #: GPUs held elsewhere under the same cap (Post-Training resources); read without a lock
         self.external_gpus: Callable[[], int] = lambda: 0
         self.trace: CapacityTrace | None = None
+        self.lifecycle = NodeLifecycle(config, store, room=self._capacity_left)
         self._load()
 
     # ---- persistence -------------------------------------------------------------------------
@@ -208,7 +182,7 @@ class Fleet:
             now = self.clock()
             changed = self._apply_trace(now)
             for c in list(self.clusters.values()):
-                changed |= self._advance_cluster(c, now)
+                changed |= self.lifecycle.advance(c, now)
             if changed:
                 self._save()
             return self._next_due()
@@ -224,204 +198,20 @@ class Fleet:
                 elif n.state == RUNNING and n.preempt_at is not None:
                     times.append(n.preempt_at)
         if self.trace is not None:
-            at = self.trace.next_change(self._trace_s(self.clock()))
+            at = self.trace.next_change(
+                trace_seconds(self.trace, self.clock(), self.config.time_scale)
+            )
             if at is not None:
                 times.append(self.trace.started_at + self.config.real(at))
         return min(times) if times else None
 
-    def _advance_cluster(self, c: FleetCluster, now: float) -> bool:
-        changed = False
-        for n in list(c.nodes):
-            if n.state == PROVISIONING and n.ready_at <= now:
-                self._node_live(c, n, n.ready_at)
-                changed = True
-            if n.state == RUNNING and n.kind == PREEMPTIBLE:
-                if n.preempt_at is None and self.config.preemption_rate > 0:
-                    n.preempt_at = self._draw_preemption(c, n)
-                    changed = True
-                if n.preempt_at is not None and n.preempt_at <= now:
-                    self._notify(c, n, n.preempt_at)
-                    changed = True
-            if n.state == DRAINING and n.deadline is not None and n.deadline <= now:
-                self._remove(c, n, n.deadline, PREEMPTED)
-                changed = True
-        changed |= self._reconcile(c, now)
-        changed |= self._prune(c, now)
-        return changed
-
-    def _draw_preemption(self, c: FleetCluster, n: FleetNode) -> float:
-        # keyed by what a replayed scenario reproduces (not the random cluster id)
-        ordinal = n.name.rsplit("-", 1)[-1]
-        rng = random.Random(f"{self.config.seed}:{c.cluster_name}:{n.kind}:{ordinal}")
-        hours = rng.expovariate(self.config.preemption_rate)
-        return n.ready_at + self.config.real(hours * 3600.0)
-
-    # ---- node transitions --------------------------------------------------------------------
-    def _event(self, c: FleetCluster, node: str, reason: str, message: str, t: float) -> None:
-        if any(e.node == node and e.reason == reason for e in c.events):
-            return  # de-duplicated by (node, reason), as the platform does
-        c.events.append(LifecycleEvent(node=node, reason=reason, message=message, time=t))
-
-    def _new_node(self, c: FleetCluster, kind: str, now: float) -> FleetNode:
-        delay = 0.0 if kind == STANDARD else self.config.real(self.config.provision_delay_s)
-        n = FleetNode(
-            name=c.next_name(kind),
-            kind=kind,
-            state=PROVISIONING,
-            requested_at=now,
-            ready_at=now + delay,
-            phases=[("NODE_PHASE_PENDING", now), ("NODE_PHASE_BOOTING", now)],
-        )
-        c.nodes.append(n)
-        return n
-
-    def _node_live(self, c: FleetCluster, n: FleetNode, t: float) -> None:
-        n.state = RUNNING
-        n.phases.append(("NODE_PHASE_RUNNING", t))
-        self.store.node_dir(n.name).mkdir(parents=True, exist_ok=True)
-        label = "preemptible" if n.kind == PREEMPTIBLE else "standard"
-        self._event(c, n.name, NODE_ADDED, f"{label} node {n.name} joined the cluster", t)
-
-    def _notify(self, c: FleetCluster, n: FleetNode, t: float, why: str = "") -> None:
-        window = self.config.real(self.config.drain_window_s)
-        n.state, n.notified_at, n.deadline = DRAINING, t, t + window
-        self._event(
-            c,
-            n.name,
-            PREEMPTION_NOTIFIED,
-            f"node {n.name} will be preempted{why}; drain window ends at {rfc3339(n.deadline)}",
-            t,
-        )
-        self.store.write_node_file(
-            n.name,
-            NOTICE_FILE,
-            {
-                "node": n.name,
-                "cluster_id": c.cluster_id,
-                "reason": PREEMPTION_NOTIFIED,
-                "notified_at": rfc3339(t),
-                "deadline": rfc3339(n.deadline),
-                "deadline_unix": n.deadline,
-                "window_s": window,
-            },
-        )
-
-    def _remove(self, c: FleetCluster, n: FleetNode, t: float, reason: str) -> None:
-        was_live = n.live
-        n.state, n.removed_at, n.removed_reason = REMOVED, t, reason
-        n.phases.append(("NODE_PHASE_SUCCEEDED", t))
-        if not was_live:  # cancelled while provisioning: it never joined, nothing to report
-            c.nodes.remove(n)
-            return
-        if reason != CLUSTER_DELETED:
-            why = "preempted" if reason == PREEMPTED else "removed by a scale-down"
-            self._event(c, n.name, reason, f"node {n.name} {why}", t)
-        self.store.write_node_file(
-            n.name,
-            REMOVED_FILE,
-            {
-                "node": n.name,
-                "cluster_id": c.cluster_id,
-                "reason": reason,
-                "removed_at": rfc3339(t),
-                "removed_unix": t,
-            },
-        )
-
+    # ---- capacity ----------------------------------------------------------------------------
     def _capacity_left(self, c: FleetCluster) -> float:
-        def used(cs: list[FleetCluster]) -> int:
-            return GPUS_PER_NODE * sum(len(x.live_nodes(PREEMPTIBLE)) for x in cs)
-
-        left = math.inf
-        if self.config.capacity_gpus is not None:
-            left = self.config.capacity_gpus - used(list(self.clusters.values()))
-            left -= self.external_gpus()
-        if c.capacity_gpus is not None:
-            left = min(left, c.capacity_gpus - used([c]))
-        cap = self._trace_gpus(c, self.clock())
-        if cap is not None:
-            scope = [c] if self.trace and self.trace.cluster_id else list(self.clusters.values())
-            left = min(left, cap - used(scope))
-        return left
-
-    # ---- the capacity trace ------------------------------------------------------------------
-    def _trace_s(self, now: float) -> float:
-        """Platform seconds since the trace started."""
-        assert self.trace is not None
-        return (now - self.trace.started_at) / self.config.time_scale
-
-    def _trace_gpus(self, c: FleetCluster | None, now: float) -> int | None:
-        """The trace's limit on `c` now (None: none; `c` None: the scope the trace covers)."""
-        t = self.trace
-        if t is None or (c is not None and t.cluster_id not in (None, c.cluster_id)):
-            return None
-        return t.gpus_at(self._trace_s(now))
+        clusters = list(self.clusters.values())
+        return capacity_left(c, clusters, self.config, self.trace, self.external_gpus, self.clock())
 
     def _apply_trace(self, now: float) -> bool:
-        """Bring the preemptible nodes under the trace's limit: cancel the newest provisioning
-        ones, then preempt the newest running ones (at the segment's start when it is past)."""
-        t = self.trace
-        cap = self._trace_gpus(None, now)
-        if t is None or cap is None:
-            return False
-        scope = [self.clusters[t.cluster_id]] if t.cluster_id in self.clusters else []
-        if t.cluster_id is None:
-            scope = list(self.clusters.values())
-        pairs = [(c, n) for c in scope for n in c.live_nodes(PREEMPTIBLE) if n.state != DRAINING]
-        over = GPUS_PER_NODE * len(pairs) - cap
-        if over <= 0:
-            return False
-        began = t.started_at + self.config.real(t.segment_start(self._trace_s(now)) or 0.0)
-        why = f" (capacity withdrawn: {cap} preemptible GPUs available)"
-        pairs.sort(key=lambda cn: (cn[1].state != PROVISIONING, -cn[1].ready_at))
-        for c, n in pairs[: math.ceil(over / GPUS_PER_NODE)]:
-            if n.state == PROVISIONING:
-                self._remove(c, n, now, SCALED_DOWN)
-            else:
-                self._notify(c, n, min(now, max(began, n.ready_at)), why)
-        return True
-
-    def _reconcile(self, c: FleetCluster, now: float) -> bool:
-        """Move the preemptible node count toward the target."""
-        want = c.desired_preemptible_gpus // GPUS_PER_NODE
-        nodes = c.live_nodes(PREEMPTIBLE)
-        changed = False
-        if len(nodes) > want:
-            excess = len(nodes) - want
-            provisioning = [n for n in nodes if n.state == PROVISIONING]
-            running = sorted(
-                (n for n in nodes if n.state == RUNNING), key=lambda n: n.ready_at, reverse=True
-            )
-            for n in (provisioning + running)[:excess]:
-                self._remove(c, n, now, SCALED_DOWN)
-                changed = True
-        elif (
-            len(nodes) < want
-            and not any(n.state == PROVISIONING for n in nodes)
-            and self._capacity_left(c) >= GPUS_PER_NODE
-        ):
-            self._new_node(c, PREEMPTIBLE, now)
-            changed = True
-        return changed
-
-    def _prune(self, c: FleetCluster, now: float) -> bool:
-        horizon = now - self.config.real(self.config.retention_s)
-        before = (len(c.events), len(c.nodes))
-        c.events = [e for e in c.events if e.time >= horizon]
-        c.nodes = [
-            n for n in c.nodes if not (n.state == REMOVED and (n.removed_at or now) < horizon)
-        ]
-        return before != (len(c.events), len(c.nodes))
-
-    def _set_standard(self, c: FleetCluster, num_gpus: int, now: float) -> None:
-        want = num_gpus // GPUS_PER_NODE
-        nodes = c.live_nodes(STANDARD)
-        for _ in range(want - len(nodes)):
-            n = self._new_node(c, STANDARD, now)
-            self._node_live(c, n, now)
-        for n in sorted(nodes, key=lambda n: n.ready_at, reverse=True)[: max(0, len(nodes) - want)]:
-            self._remove(c, n, now, SCALED_DOWN)
-        c.num_gpus = num_gpus
+        return apply_trace(self.trace, self.clusters, now, self.config, self.lifecycle)
 
     # ---- API operations ----------------------------------------------------------------------
     def _get(self, cluster_id: str) -> FleetCluster:
@@ -438,8 +228,8 @@ class Fleet:
                 body, str(uuid.uuid4()), now, self.config.default_project_id
             )
             self.clusters[c.cluster_id] = c
-            self._set_standard(c, body["num_gpus"], now)
-            self._reconcile(c, now)
+            self.lifecycle.set_standard(c, body["num_gpus"], now)
+            self.lifecycle.reconcile(c, now)
             return cluster_to_api(c)
 
     def update(self, cluster_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -447,9 +237,9 @@ class Fleet:
         with self._changing():
             c = self._get(cluster_id)
             now = self.clock()
-            self._advance_cluster(c, now)
+            self.lifecycle.advance(c, now)
             if "num_gpus" in body:
-                self._set_standard(c, body["num_gpus"], now)
+                self.lifecycle.set_standard(c, body["num_gpus"], now)
             if "num_preemptible_gpus" in body:
                 c.desired_preemptible_gpus = body["num_preemptible_gpus"]
             for name in ("num_reserved_gpus", "num_capacity_pool_gpus", "cluster_type"):
@@ -460,7 +250,7 @@ class Fleet:
                     c.extra[name] = body[name]
             if "add_ons" in body:  # the new list replaces the old one, as the API's PUT does
                 c.add_ons = add_ons_from_body(body["add_ons"])
-            self._reconcile(c, now)
+            self.lifecycle.reconcile(c, now)
             return cluster_to_api(c)
 
     def delete(self, cluster_id: str) -> dict[str, Any]:
@@ -468,7 +258,7 @@ class Fleet:
             c = self._get(cluster_id)
             now = self.clock()
             for n in c.live_nodes():
-                self._remove(c, n, now, CLUSTER_DELETED)
+                self.lifecycle.remove(c, n, now, CLUSTER_DELETED)
             del self.clusters[cluster_id]
             return {"cluster_id": cluster_id}
 
@@ -494,8 +284,7 @@ class Fleet:
         with self._lock:
             if self.config.capacity_gpus is None:
                 return math.inf
-            used = sum(len(c.live_nodes(PREEMPTIBLE)) for c in self.clusters.values())
-            return float(self.config.capacity_gpus - GPUS_PER_NODE * used)
+            return float(self.config.capacity_gpus - preemptible_gpus(self.clusters.values()))
 
     def project_ids(self) -> list[str]:
         with self._lock:
@@ -524,8 +313,8 @@ class Fleet:
                 if found.state != RUNNING:
                     raise RequestError(409, 9, f"node {node!r} is {found.state}, not running")
                 n = found
-            self._notify(c, n, self.clock())
-            return self._node_view(c, n)
+            self.lifecycle.notify(c, n, self.clock())
+            return self.lifecycle.view(c, n)
 
     def release(self, cluster_id: str, node: str) -> dict[str, Any]:
         """Remove a draining node before its deadline (what was running on it has exited).
@@ -543,9 +332,9 @@ class Fleet:
                 raise RequestError(
                     409, 9, f"node {node!r} is {n.state}; only a draining node is released"
                 )
-            self._remove(c, n, self.clock(), PREEMPTED)
-            self._reconcile(c, self.clock())
-            return self._node_view(c, n)
+            self.lifecycle.remove(c, n, self.clock(), PREEMPTED)
+            self.lifecycle.reconcile(c, self.clock())
+            return self.lifecycle.view(c, n)
 
     def set_capacity(self, gpus: int | None, cluster_id: str | None = None) -> dict[str, Any]:
         """Cap preemptible capacity (GPUs, None lifts the cap), for all clusters or one."""
@@ -555,7 +344,7 @@ class Fleet:
             else:
                 self._get(cluster_id).capacity_gpus = gpus
             for c in self.clusters.values():
-                self._reconcile(c, self.clock())
+                self.lifecycle.reconcile(c, self.clock())
             return {"capacity_gpus": gpus, "cluster_id": cluster_id}
 
     def set_capacity_trace(self, spec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -579,32 +368,20 @@ class Fleet:
             self.trace = trace
             self._apply_trace(self.clock())
             for c in self.clusters.values():
-                self._reconcile(c, self.clock())
+                self.lifecycle.reconcile(c, self.clock())
 
     def capacity_trace(self) -> dict[str, Any] | None:
         """The trace in force (its segments, where the clock is in it), or None."""
         with self._lock:
             t = self.trace
-            return None if t is None else t.view(self._trace_s(self.clock()))
+            return (
+                None
+                if t is None
+                else t.view(trace_seconds(t, self.clock(), self.config.time_scale))
+            )
 
     def nodes(self, cluster_id: str) -> list[dict[str, Any]]:
         self.advance()
         with self._lock:
             c = self._get(cluster_id)
-            return [self._node_view(c, n) for n in c.nodes]
-
-    def _node_view(self, c: FleetCluster, n: FleetNode) -> dict[str, Any]:
-        return NodeInfo(
-            name=n.name,
-            cluster_id=c.cluster_id,
-            kind=n.kind,
-            state=n.state,
-            gpus=GPUS_PER_NODE,
-            directory=str(self.store.node_dir(n.name)),
-            deadline=n.deadline,
-            requested_at=n.requested_at,
-            ready_at=n.ready_at,
-            notified_at=n.notified_at,
-            removed_at=n.removed_at,
-            removed_reason=n.removed_reason,
-        ).to_wire()
+            return [self.lifecycle.view(c, n) for n in c.nodes]

@@ -7,7 +7,7 @@ Layout under the state directory:
   plus the admin knobs that outlive a restart (the capacity cap). One that cannot be read is
   renamed ``state.json.corrupt-<UTC time>`` and reported (log, health's ``state_problems``), never
   overwritten.
-- ``nodes/<node_name>/``: one directory per node, the workload plane's view (see `tgnb.emulator.fleet`).
+- ``nodes/<node_name>/``: one directory per node, the workload plane's view (see `tgnb.emulator.lifecycle`).
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed over the
 target, so a reader sees either the old or the new content, never a torn one.
