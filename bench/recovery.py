@@ -2,8 +2,10 @@
 to the seed's plain ``--requeue`` script, printed in one run.
 
     python bench/recovery.py [--seed 7] [--nodes 4] [--hours 8] [--discount 0.4] [--runs 20]
+    python bench/recovery.py --engine emulator [--seed 7] [--scale 0.005] [--steps 300]
 
-A simulation of the *policy*, not of the engines: the decisions come from the real
+``--engine emulator`` runs each policy for real on the emulator under one seeded trace
+(bench/recovery_emulator.py, a few minutes). The default, ``--engine model``, is a simulation of the *policy*, not of the engines: the decisions come from the real
 `tgnb.runs.recovery.decide`, the world is a minute-by-minute model. The trace: the cluster's
 preemptible capacity (in nodes) is withdrawn at random (a seeded Poisson process, about one
 withdrawal every two hours, down to 0..nodes-1 nodes for an exponential 20-90 minutes) and then
@@ -119,7 +121,19 @@ def main() -> None:
     p.add_argument("--hours", type=float, default=8.0)
     p.add_argument("--discount", type=float, default=0.4)
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--engine", choices=("model", "emulator"), default="model")
+    e = p.add_argument_group("--engine emulator")
+    e.add_argument("--scale", type=float, default=0.005, help="the emulator's time scale")
+    e.add_argument("--steps", type=int, default=300, help="the stand-in's max_steps")
+    e.add_argument("--step-s", type=float, default=0.1, help="real seconds a step takes")
+    e.add_argument("--plain-every-min", type=float, default=PLAIN_CKPT_MIN,
+                   help="the plain script's periodic checkpoint, platform minutes")  # fmt: skip
     a = p.parse_args()
+    if a.engine == "emulator":
+        from recovery_emulator import main as real_runs
+
+        real_runs(a)
+        return
     names = ("plain --requeue", "wait", "shrink", "standard", "deadline", "all-standard")
     rng = random.Random(a.seed)
     work = a.hours * 60 * a.nodes
