@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from tgnb.runs.recovery import Facts, RecoveryPolicy, decide
 
 GPUS, RESTART_MIN, PLAIN_CKPT_MIN = 8, 3, 30
+POLICIES = ("plain --requeue", "wait", "shrink", "standard", "deadline", "all-standard")
 
 
 def trace(rng: random.Random, nodes: int, minutes: int) -> list[int]:
@@ -115,6 +116,7 @@ def _facts(nodes: int, free: int, short_s: float, t: int, done: float, work: flo
 
 
 def main() -> None:
+    names = POLICIES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--nodes", type=int, default=4)
@@ -128,13 +130,18 @@ def main() -> None:
     e.add_argument("--step-s", type=float, default=0.1, help="real seconds a step takes")
     e.add_argument("--plain-every-min", type=float, default=PLAIN_CKPT_MIN,
                    help="the plain script's periodic checkpoint, platform minutes")  # fmt: skip
+    e.add_argument("--between-min", type=float, default=40.0,
+                   help="the trace: mean platform minutes between withdrawals")  # fmt: skip
+    e.add_argument("--outage-min", type=float, default=25.0,
+                   help="the trace: mean platform minutes a withdrawal lasts")  # fmt: skip
+    e.add_argument("--policies", default=",".join(names),
+                   help="comma-separated, the plain one included (default: all)")  # fmt: skip
     a = p.parse_args()
     if a.engine == "emulator":
         from recovery_emulator import main as real_runs
 
-        real_runs(a)
+        real_runs(a, POLICIES)
         return
-    names = ("plain --requeue", "wait", "shrink", "standard", "deadline", "all-standard")
     rng = random.Random(a.seed)
     work = a.hours * 60 * a.nodes
     totals = {n: [0.0, 0.0, 0] for n in names}

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,11 +57,12 @@ class Measured:
     classes: str = ""
 
 
-def trace_segments(seed: int, scale_hint_s: float) -> list[dict[str, Any]]:
-    """The one seeded trace: 8 of 16 preemptible GPUs withdrawn at random (platform seconds)."""
-    doc = {"seed": seed, "capacity_gpus": NODES * GPUS, "withdrawn_gpus": GPUS,
-           "mean_between_s": 0.4 * scale_hint_s, "mean_outage_s": 0.25 * scale_hint_s,
-           "duration_s": 20 * scale_hint_s}  # fmt: skip
+def trace_segments(a: Any, work_s: float) -> list[dict[str, Any]]:
+    """The one seeded trace: 8 of 16 preemptible GPUs withdrawn at random (platform seconds),
+    drawn for 20 times the work (`work_s`, platform seconds)."""
+    doc = {"seed": a.seed, "capacity_gpus": NODES * GPUS, "withdrawn_gpus": GPUS,
+           "mean_between_s": 60 * a.between_min, "mean_outage_s": 60 * a.outage_min,
+           "duration_s": 20 * work_s}  # fmt: skip
     return [{"at_s": s.at_s, "gpus": s.gpus} for s in generate(doc)]
 
 
@@ -136,9 +136,10 @@ def launch(session: Session, name: str, a: Any, work_s: float) -> Any:
 def run_all(a: Any, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], dict[str, Measured]]:
     """Every policy's run under the one trace; the trace and the figures."""
     work_s = a.steps * a.step_s
-    segments = trace_segments(a.seed, work_s / a.scale)
+    segments = trace_segments(a, work_s / a.scale)
     os.environ["TGNB_TRAIN_MODULE"] = "standin_train"
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(STANDIN_DIR), *sys.path[:1], os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)  # fmt: skip
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(STANDIN_DIR) + (os.pathsep + path if path else "")
     out: dict[str, Measured] = {}
     with tempfile.TemporaryDirectory(prefix="tgnb-bench-recovery-") as tmp:
         home = Path(tmp)
@@ -158,8 +159,11 @@ def run_all(a: Any, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], dict[
     return segments, out
 
 
-def main(a: Any) -> None:
-    names = ("plain --requeue", "wait", "shrink", "standard", "deadline", "all-standard")
+def main(a: Any, policies: tuple[str, ...]) -> None:
+    """Run `policies` (those of them named in ``--policies``) and print the ratios."""
+    names = tuple(n for n in policies if n in a.policies.split(","))
+    if "plain --requeue" not in names:
+        raise SystemExit(f"--policies must name 'plain --requeue' (the baseline) among {policies}")
     work_s = a.steps * a.step_s
     started = time.monotonic()
     segments, res = run_all(a, names)
@@ -171,10 +175,12 @@ def main(a: Any) -> None:
         f"{work_s / a.scale / 3600:.2f} h of work, discount {a.discount}; "
         f"{time.monotonic() - started:.0f} s real"
     )
-    print("trace (platform min, 8 of 16 GPUs withdrawn): " + ", ".join(
+    print(f"trace (platform min, 8 of 16 GPUs withdrawn, mean every {a.between_min:g} min for "
+          f"{a.outage_min:g} min): " + ", ".join(
         f"{a0 / 60:.0f}-{b0 / 60:.0f}" for a0, b0 in outages))  # fmt: skip
     base = res["plain --requeue"]
-    print(f"{'policy':16} {'hours':>7} {'cost':>8} {'time/plain':>11} {'cost/plain':>11}  restarts")
+    print(f"{'policy':16} {'hours':>7} {'cost':>8} {'time/plain':>11} {'cost/plain':>11}  restarts"
+          "  placements (P preemptible, S standard node)")  # fmt: skip
     for n in names:
         r = res[n]
         extra = ""
@@ -182,6 +188,6 @@ def main(a: Any) -> None:
             extra = f"  deadline {r.deadline_h:.2f} h met: {'yes' if r.deadline_met else 'NO'}"
         print(f"{n:16} {r.hours:7.2f} {r.cost:8.1f} {r.hours / base.hours:11.2f} "
               f"{r.cost / base.cost:11.2f}  {r.restarts:8d}  {r.classes}{extra}")  # fmt: skip
-    print(
-        f"deadline cost / all-standard cost: {res['deadline'].cost / res['all-standard'].cost:.2f}"
-    )
+    if "deadline" in res and "all-standard" in res:
+        ratio = res["deadline"].cost / res["all-standard"].cost
+        print(f"deadline cost / all-standard cost: {ratio:.2f}")
