@@ -16,7 +16,8 @@ platform time (real seconds / scale).
 - ``wait``/``shrink``/``standard``: `RecoveryPolicy(when_short=...)` (``wait_s`` 10 platform min;
   shrink with ``min_nodes=1``), and a stand-in whose steps take longer on fewer nodes (the global
   batch kept). ``deadline``: wait plus a deadline of 1.5x the work at full size, plus the
-  `Facts.restart_s` the local engine counts per restart (real seconds, not compressed: see below).
+  `Facts.restart_s` the local engine counts per restart (60 real seconds: `placement_facts` leaves
+  the default, which the time scale does not compress; without it the slack is gone at launch).
   ``all-standard``: ``preemptible=False``.
 - Time to finish: from the run's creation to its SUCCEEDED status (the run store's history).
   GPU cost: each attempt's nodes (``JobPlaced`` events) from its placement to its end (the next
