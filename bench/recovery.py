@@ -2,8 +2,10 @@
 to the seed's plain ``--requeue`` script, printed in one run.
 
     python bench/recovery.py [--seed 7] [--nodes 4] [--hours 8] [--discount 0.4] [--runs 20]
+    python bench/recovery.py --engine emulator [--seed 7] [--scale 0.005] [--steps 300]
 
-A simulation of the *policy*, not of the engines: the decisions come from the real
+``--engine emulator`` runs each policy for real on the emulator under one seeded trace
+(bench/recovery_emulator.py, a few minutes). The default, ``--engine model``, is a simulation of the *policy*, not of the engines: the decisions come from the real
 `tgnb.runs.recovery.decide`, the world is a minute-by-minute model. The trace: the cluster's
 preemptible capacity (in nodes) is withdrawn at random (a seeded Poisson process, about one
 withdrawal every two hours, down to 0..nodes-1 nodes for an exponential 20-90 minutes) and then
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from tgnb.runs.recovery import Facts, RecoveryPolicy, decide
 
 GPUS, RESTART_MIN, PLAIN_CKPT_MIN = 8, 3, 30
+POLICIES = ("plain --requeue", "wait", "shrink", "standard", "deadline", "all-standard")
 
 
 def trace(rng: random.Random, nodes: int, minutes: int) -> list[int]:
@@ -113,14 +116,32 @@ def _facts(nodes: int, free: int, short_s: float, t: int, done: float, work: flo
 
 
 def main() -> None:
+    names = POLICIES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--hours", type=float, default=8.0)
     p.add_argument("--discount", type=float, default=0.4)
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--engine", choices=("model", "emulator"), default="model")
+    e = p.add_argument_group("--engine emulator")
+    e.add_argument("--scale", type=float, default=0.005, help="the emulator's time scale")
+    e.add_argument("--steps", type=int, default=300, help="the stand-in's max_steps")
+    e.add_argument("--step-s", type=float, default=0.1, help="real seconds a step takes")
+    e.add_argument("--plain-every-min", type=float, default=PLAIN_CKPT_MIN,
+                   help="the plain script's periodic checkpoint, platform minutes")  # fmt: skip
+    e.add_argument("--between-min", type=float, default=40.0,
+                   help="the trace: mean platform minutes between withdrawals")  # fmt: skip
+    e.add_argument("--outage-min", type=float, default=25.0,
+                   help="the trace: mean platform minutes a withdrawal lasts")  # fmt: skip
+    e.add_argument("--policies", default=",".join(names),
+                   help="comma-separated, the plain one included (default: all)")  # fmt: skip
     a = p.parse_args()
-    names = ("plain --requeue", "wait", "shrink", "standard", "deadline", "all-standard")
+    if a.engine == "emulator":
+        from recovery_emulator import main as real_runs
+
+        real_runs(a, POLICIES)
+        return
     rng = random.Random(a.seed)
     work = a.hours * 60 * a.nodes
     totals = {n: [0.0, 0.0, 0] for n in names}
