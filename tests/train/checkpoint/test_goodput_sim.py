@@ -14,7 +14,7 @@ import pytest
 from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train.checkpoint import young_daly_seconds
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "goodput.py"
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "goodput.py"
 
 
 @pytest.fixture(scope="module")
