@@ -1,5 +1,5 @@
 """The rate `checkpoint.auto` weighs, updated at a restart, on records built by hand (exact
-figures). The local engine's supervisor re-reads the cluster (`tgnb.cloud.rates.at_restart`);
+figures). The local engine's supervisor re-reads the cluster (`tgnb.cloud.rates.apply` at a restart);
 the nodes of Slurm and Kubernetes, which hold no API key, fold the run's own events into the
 launch's estimate (`tgnb.train.rates.at_restart`). Both work on the config as the launch wrote it
 (`tgnb.cloud.rates.apply`), read back as the runtime reads it (`tgnb.tasks.config.from_dict`)."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tgnb.cloud import ClusterState
-from tgnb.cloud.rates import apply, at_restart
+from tgnb.cloud.rates import apply
 from tgnb.errors import TrainConfigError
 from tgnb.events import (
     NODE_ADDED,
@@ -82,7 +82,7 @@ def test_the_local_restart_reads_the_cluster_again_with_its_new_preemption() -> 
             (P + "2", PREEMPTION_NOTIFIED, "2026-11-29T20:30:00Z"),
         ]
     )
-    line = at_restart(train, state, 1, restart=1, now=NOW + timedelta(hours=1))
+    line = apply(train, state, 1, NOW + timedelta(hours=1), restart=1)
     ck = train["checkpoint"]
     assert line == ck["preemptions_source"]
     assert line.startswith("checkpoint.auto weighs (the cluster re-read at restart 1) ")
@@ -90,7 +90,7 @@ def test_the_local_restart_reads_the_cluster_again_with_its_new_preemption() -> 
     assert ck["observed_preemptions_per_hour"] > before
     assert "preemptions_per_hour" not in ck  # never written: the setting stays the default prior
     assert ck["preemptions_as_of"] == "2026-11-29T21:00:00Z"  # read then, not at the launch
-    assert at_restart({"checkpoint": {"every_steps": 5}}, state, 1, restart=1) is None
+    assert apply({"checkpoint": {"every_steps": 5}}, state, 1, restart=1) is None
 
 
 def test_after_a_local_re_read_the_runtime_adds_nothing(tmp_path: Path) -> None:
@@ -103,6 +103,6 @@ def test_after_a_local_re_read_the_runtime_adds_nothing(tmp_path: Path) -> None:
     assert (
         node_rates.at_restart(policy, tmp_path, 1).preemptions_source != policy.preemptions_source
     )
-    at_restart(train, cluster([]), 1, 1, NOW + timedelta(hours=1))  # the supervisor's, after it
+    apply(train, cluster([]), 1, NOW + timedelta(hours=1), restart=1)  # the supervisor's, after it
     policy = CheckpointPolicy(**train["checkpoint"])
     assert node_rates.at_restart(policy, tmp_path, 1) is policy

@@ -21,6 +21,7 @@ from tgnb.events import (
     Event,
     parse_time,
 )
+from tgnb.runs import node
 from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import rates as node_rates
 
@@ -108,7 +109,7 @@ def test_nothing_to_update_leaves_the_policy(tmp_path: Path) -> None:
 
 
 def test_the_restart_count_comes_from_the_engines_variable() -> None:
-    assert node_rates.restart_count({}) == 0
-    assert node_rates.restart_count({"TGNB_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "3"}) == 3
-    assert node_rates.restart_count({"TGNB_RESTART_COUNT": "2"}) == 2
-    assert node_rates.restart_count({"SLURM_RESTART_COUNT": "x"}) == 0
+    assert node.restart_count({}) == 0
+    assert node.restart_count({"TGNB_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "3"}) == 3
+    assert node.restart_count({"TGNB_RESTART_COUNT": "2"}) == 2
+    assert node.restart_count({"SLURM_RESTART_COUNT": "x"}) == 0

@@ -19,7 +19,7 @@ outweigh it. (Poisson arrivals: the platform's reclaims of preemptible capacity 
 memoryless; a burst of withdrawals counts as several preemptions, as it costs several restarts.)
 
 `apply` writes the run's estimate into its training config: at launch (`tgnb.prelaunch`), and
-at each restart of a local run (`at_restart`: the supervisor reads the cluster again, whose
+at each restart of a local run (``apply(..., restart=N)``: the supervisor reads the cluster again, whose
 events now hold the preemption that stopped the run, and rewrites the node's config file before
 the relaunch). The nodes of Slurm and Kubernetes hold no API key and read no cluster: there the
 runtime updates the launch estimate with the run's own record (`tgnb.train.rates`), for which
@@ -121,14 +121,6 @@ def estimate(
     )
 
 
-def for_run(
-    state: ClusterState, setting: float, nodes: int, now: datetime | None = None
-) -> tuple[float, str]:
-    """`run_estimate` less its weight: the run's rate and the line that says where it came from."""
-    rate, _weight, line = run_estimate(state, setting, nodes, now)
-    return rate, line
-
-
 def run_estimate(
     state: ClusterState, setting: float, nodes: int, now: datetime | None = None
 ) -> tuple[float, float, str]:
@@ -176,15 +168,3 @@ def apply(
         "preemptions_as_of": format_time(now),
     }
     return line
-
-
-def at_restart(
-    train: dict[str, Any],
-    state: ClusterState,
-    nodes: int,
-    restart: int,
-    now: datetime | None = None,
-) -> str | None:
-    """`apply` at `restart` of a run on `nodes`, from `state` read just before it (the local
-    engine: its supervisor reads the emulated cluster)."""
-    return apply(train, state, nodes, now, restart=restart)

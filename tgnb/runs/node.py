@@ -22,6 +22,7 @@ so `tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an ar
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,6 +63,17 @@ NODE_ENV = "TGNB_NODE"
 #: the job on the recovery policy's "resume me" codes, so the runtime does not. Unset (a user's own
 #: sbatch script around `tgnb.train.protect`), the runtime requeues its job after a drain notice.
 REQUEUE_ENV = "TGNB_REQUEUE"
+#: The variables an engine counts a run's restarts in: tgnb's own (local engine, Kubernetes), Slurm's.
+RESTART_VARS = (RESTART_ENV, "SLURM_RESTART_COUNT")
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """This start's restart count as the engine set it (0: the first start, or no engine)."""
+    env = os.environ if env is None else env
+    counts = [int(v) for v in (env.get(n, "").strip() for n in RESTART_VARS) if v.isdigit()]
+    return max(counts, default=0)
+
+
 NOTICE_ENV = "TGNB_NOTICE_FILE"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(

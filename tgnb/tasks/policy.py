@@ -23,7 +23,7 @@ class CheckpointPolicy:
     `observed_preemptions_per_hour` at launch from the rate the cluster's ``node_lifecycle_events``
     show, the setting being the prior (`tgnb.cloud.rates`), and says so in `preemptions_source`;
     `preemption_rate` is the one weighed. At each restart it is updated with what was seen since:
-    the local engine reads the cluster again (`tgnb.cloud.rates.at_restart`); on Slurm and
+    the local engine reads the cluster again (`tgnb.cloud.rates.apply`); on Slurm and
     Kubernetes, whose nodes hold no API key, the runtime folds the run's own preemptions and hours
     since `preemptions_as_of` into the launch estimate, worth `preemptions_weight_hours`
     (`tgnb.train.rates`). The default, one failure per ten

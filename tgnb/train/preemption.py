@@ -122,7 +122,7 @@ class CheckpointGuard:
         self, policy: CheckpointPolicy, run_dir: str | os.PathLike[str], recorder: Recorder
     ):
         # a restart: the rate `auto` weighs, updated with the run's own record (Slurm, Kubernetes)
-        self.policy = rates.at_restart(policy, run_dir, rates.restart_count())
+        self.policy = rates.at_restart(policy, run_dir, node.restart_count())
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.recorder = recorder
@@ -247,10 +247,8 @@ class CheckpointGuard:
         return [None, None]
 
     def restart_count(self) -> int:
-        for name in ("SLURM_RESTART_COUNT", "TGNB_RESTART_COUNT"):
-            value = os.environ.get(name)
-            if value and value.isdigit():
-                return int(value)
+        if any(os.environ.get(name, "").strip().isdigit() for name in node.RESTART_VARS):
+            return node.restart_count()
         events = read_jsonl(self.run_dir / "events.jsonl")
         return 1 + sum(1 for ev in events if ev.reason == RUN_RESUMED)
 

@@ -42,9 +42,6 @@ from tgnb.events import (
 )
 from tgnb.tasks.policy import CheckpointPolicy
 
-#: The variables that count the run's restarts (the local engine and Kubernetes; Slurm).
-RESTART_VARS = ("TGNB_RESTART_COUNT", "SLURM_RESTART_COUNT")
-
 
 @dataclasses.dataclass(frozen=True)
 class OwnRecord:
@@ -69,16 +66,6 @@ def own_record(events: Iterable[Event], after: datetime, pid: int | None = None)
     told = sum(1 for s in spans if any(e.reason in (SIGNAL_RECEIVED, DRAIN_NOTICE) for e in s))
     seconds = sum((s[-1].time - s[0].time).total_seconds() for s in spans)
     return OwnRecord(told, seconds / 3600.0, len(spans))
-
-
-def restart_count(env: dict[str, str] | os._Environ[str] | None = None) -> int:
-    """This start's restart count from the engine's variable (0: the first start)."""
-    env = os.environ if env is None else env
-    for name in RESTART_VARS:
-        value = env.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 0
 
 
 def at_restart(

@@ -81,12 +81,9 @@ class RunFinished(Exception):
 
 
 def _restarted() -> bool:
-    import os
+    from tgnb.runs.node import restart_count
 
-    from tgnb.runs.node import RESTART_ENV
-
-    counts = (os.environ.get(RESTART_ENV), os.environ.get("SLURM_RESTART_COUNT"))
-    return any(c and c.strip().isdigit() and int(c) > 0 for c in counts)
+    return restart_count() > 0
 
 
 def check_resume(cfg: TrainConfig) -> None:

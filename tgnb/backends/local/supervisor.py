@@ -19,7 +19,7 @@ emulator's node list): on the preemptible nodes it asks for, or, when they are s
 to fewer nodes, or move to standard nodes (and back to preemptible ones as soon as the policy would
 start there: the run is stopped with SIGTERM, checkpoints and restarts). Each decision is a
 ``RecoveryDecided`` event with its reason. Before a restart on preemptible nodes, ``checkpoint.auto``'s
-preemption rate is estimated again from the cluster read then (`tgnb.cloud.rates.at_restart`), in the
+preemption rate is estimated again from the cluster read then (`tgnb.cloud.rates.apply`), in the
 config file the relaunch reads. Exit 0 means succeeded; a "resume me" code (75), or any
 end of a process whose node was preempted, means start again (uncounted); anything else is a
 failure, restarted after the policy's backoff while at most ``max_restarts`` are counted
@@ -254,7 +254,7 @@ class Supervisor:
 
     def reestimate(self, nodes: Sequence[NodeInfo], restart: int) -> None:
         """Before restart `restart` on preemptible `nodes`: ``checkpoint.auto``'s rate from the
-        cluster read now, whose events hold the preemption just seen (`rates.at_restart`); the
+        cluster read now, whose events hold the preemption just seen (`rates.apply`); the
         last estimate stays when the cluster cannot be read."""
         if restart == 0 or self.node_class != "preemptible" or self.cluster_state is None:
             return
@@ -263,7 +263,7 @@ class Supervisor:
         except Exception as exc:  # the emulator may be restarting: the last estimate stands
             print(f"preemption rate not re-read ({type(exc).__name__}); kept", flush=True)
             return
-        rates.at_restart(self.train, state, len(nodes), restart)
+        rates.apply(self.train, state, len(nodes), restart=restart)
 
     def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> Outcome:
         """Launch on `nodes` and watch until the processes end."""
