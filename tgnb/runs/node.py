@@ -21,9 +21,12 @@ so `tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an ar
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -72,6 +75,21 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     counts = [int(v) for v in (env.get(n, "").strip() for n in RESTART_VARS) if v.isdigit()]
     return max(counts, default=0)
+
+
+def last_step(run_dir: str | os.PathLike[str]) -> int:
+    """The newest step in the run's `METRICS` (0 when none yet): the run's progress, read by
+    the engines that place a restart (a deadline judges by it)."""
+    try:
+        with open(Path(run_dir) / METRICS, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            return int(json.loads(line).get("step") or 0)
+    return 0
 
 
 NOTICE_ENV = "TGNB_NOTICE_FILE"

@@ -33,11 +33,13 @@ for 10 min") that the engine puts on the run's timeline (`tgnb.events.RECOVERY_D
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tgnb.errors import ValidationError
+from tgnb.runs import node
 from tgnb.runs.node import Exit
 
 WhenShort = Literal["wait", "shrink", "standard"]
@@ -186,26 +188,18 @@ def policy_for(
     return RecoveryPolicy()
 
 
-def check_rendered(policy: RecoveryPolicy, engine: str, *, falls_back: bool = False) -> None:
-    """Refuse what `engine` cannot render. A deadline needs an engine that decides each restart
-    with the run's progress, as the local supervisor does. ``"standard"`` needs one that places
-    each restart on a node class: the local supervisor after `wait_s`, or a scheduler that prefers
-    preemptible nodes and falls back to standard ones at once (`falls_back`: Kubernetes' preferred
-    node affinity), which can wait no `wait_s` (so it must be 0); an sbatch job keeps the node
-    class it was submitted with (Slurm 22.05 has no ``--prefer``)."""
+def check_rendered(policy: RecoveryPolicy, engine: str) -> None:
+    """Refuse what an engine whose scheduler places every pod by itself (Kubernetes) cannot
+    render. The local supervisor and Slurm's placer job (`tgnb.backends.slurm.placer`) decide
+    each restart with `decide`, and render every policy. Such a scheduler has no run's progress,
+    so no deadline; it can prefer preemptible nodes and fall back to standard ones at once
+    (Kubernetes' preferred node affinity), so ``"standard"`` with no `wait_s` (it must be 0)."""
     if policy.deadline is not None:
         raise ValidationError(
             f"a deadline decides each restart from the run's progress, which the {engine} engine "
-            "cannot do: drop deadline=, or use the local engine"
+            "cannot do: drop deadline=, or use the local or Slurm engine"
         )
-    if policy.when_short != "standard":
-        return
-    if not falls_back:
-        raise ValidationError(
-            f"when_short='standard' moves a run between node classes, which the {engine} engine "
-            "cannot do: use when_short='wait' or 'shrink' there"
-        )
-    if policy.wait_s != 0:
+    if policy.when_short == "standard" and policy.wait_s != 0:
         raise ValidationError(
             f"when_short='standard' on {engine}: its scheduler moves a pod to a standard node at "
             f"once when no preemptible node fits, it cannot wait {policy.wait_s:g} s first: "
@@ -236,6 +230,23 @@ class Facts:
     steps_total: int | None = None
     step_s: float | None = None  # seconds per step at full size, as observed
     restart_s: float = 60.0  # what one restart costs (start, resume)
+
+
+def progress(
+    run_dir: str | os.PathLike[str], started: float, max_steps: Any, now: float
+) -> dict[str, Any]:
+    """The progress fields of `Facts`, from the run's own metrics (`tgnb.runs.node.last_step`):
+    the step time is observed since the run first started, waits included (a conservative
+    estimate for a deadline). `max_steps`: the run's training config's, if any."""
+    steps = node.last_step(run_dir)
+    total = max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) else 0
+    return {
+        "now": now,
+        "started": started,
+        "steps_done": steps,
+        "steps_total": total if total > 0 else None,
+        "step_s": (now - started) / steps if steps else None,
+    }
 
 
 @dataclass(frozen=True)

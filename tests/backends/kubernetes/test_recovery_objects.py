@@ -81,5 +81,5 @@ def test_standard_prefers_preemptible_nodes_and_falls_back_to_standard_ones() ->
 def test_what_kubernetes_cannot_render_is_refused_with_the_fix() -> None:
     with pytest.raises(ValidationError, match=r"cannot wait 600 s first: use RecoveryPolicy\(when"):
         job_of(RecoveryPolicy(when_short="standard"))
-    with pytest.raises(ValidationError, match="drop deadline=, or use the local engine"):
+    with pytest.raises(ValidationError, match="drop deadline=, or use the local or Slurm engine"):
         job_of(RecoveryPolicy(deadline=2e9))

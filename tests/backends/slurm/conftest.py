@@ -46,8 +46,23 @@ def node_state() -> str:
     return out.stdout.strip()
 
 
+def set_features(features: str) -> None:
+    """Make the test node a preemptible one (``"preemptible"``, as slurm.conf has it) or a
+    standard one (``""``: Together's standard nodes carry no feature), at run time."""
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={NODE}", f"AvailableFeatures={features}",
+         f"ActiveFeatures={features}"],
+        check=True, timeout=15,
+    )  # fmt: skip
+
+
 def resume_node() -> None:
-    """Bring the test node back if a test left it drained (State=RESUME)."""
+    """Bring the test node back if a test left it drained (State=RESUME) or standard."""
+    out = subprocess.run(
+        ["scontrol", "show", "node", "-o", NODE], capture_output=True, text=True, check=False
+    ).stdout
+    if "AvailableFeatures=preemptible" not in out:
+        set_features("preemptible")
     if "drain" in node_state():
         subprocess.run(
             ["scontrol", "update", f"NodeName={NODE}", "State=RESUME"], check=False, timeout=15

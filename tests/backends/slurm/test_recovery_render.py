@@ -13,7 +13,6 @@ import pytest
 
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.backends.slurm.render import RenderOptions, directives, render_script
-from tgnb.errors import ValidationError
 from tgnb.runs.recovery import RecoveryPolicy
 
 from .test_slurm_jobs import make_backend
@@ -88,12 +87,9 @@ def test_a_failure_is_requeued_within_the_budget_and_final_beyond_it(
     assert final.state is JobState.FAILED and final.restart_count == 0, final
 
 
-def test_a_class_move_is_refused_before_anything_is_rendered() -> None:
-    """An sbatch job keeps the node class it was submitted with: `standard` (at any wait_s) and a
-    deadline are refused with the fix, before a script exists."""
-    for policy, fix in (
-        ({"when_short": "standard", "wait_s": 0}, "use when_short='wait' or 'shrink' there"),
-        ({"deadline": 2e9}, "drop deadline=, or use the local engine"),
-    ):
-        with pytest.raises(ValidationError, match=fix):
-            render_script(spec(**policy), RUN_DIR)
+def test_a_class_move_renders_the_run_on_preemptible_nodes() -> None:
+    """`standard` (at any wait_s) and a deadline render: the run's job asks for preemptible nodes,
+    and its placer job (test_placer.py) changes that while it is pending."""
+    for policy in ({"when_short": "standard", "wait_s": 60}, {"deadline": 2e9}):
+        script = render_script(spec(min_nodes=None, **policy), RUN_DIR)
+        assert "#SBATCH --constraint=preemptible" in script and "#SBATCH --nodes=2" in script

@@ -10,6 +10,7 @@ have checkpointed and requeued itself before it ends.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,9 @@ import pytest
 
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.backends.slurm import SlurmBackend
+from tgnb.runs.recovery import RecoveryPolicy
+
+from .conftest import set_features
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("trl")
@@ -29,7 +33,9 @@ DRAIN_WINDOW_S = 120.0  # Together's 300 s drain window, shortened
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
 
 
-def grpo_spec(name: str, max_steps: int, paced: bool = False) -> RunSpec:
+def grpo_spec(
+    name: str, max_steps: int, paced: bool = False, recovery: RecoveryPolicy | None = None
+) -> RunSpec:
     """A tiny GRPO run; `paced` swaps the format reward for `paced_reward.paced` (same reward,
     after a short sleep) so that the steps after a notice take seconds, not a blink."""
     train: dict[str, Any] = {
@@ -49,6 +55,7 @@ def grpo_spec(name: str, max_steps: int, paced: bool = False) -> RunSpec:
         train=train,
         resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
         env=env,
+        recovery=recovery,
     )
 
 
@@ -206,6 +213,45 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     assert resumed.data["step"] == saved[0].data["step"] == drain.data["step"]
     assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
     assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
+
+
+def test_drained_with_no_preemptible_capacity_resumes_on_a_standard_node(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """``when_short="standard"``: the drain notice checkpoints and requeues the run; while it is
+    pending the node comes back as a standard one (no ``preemptible`` feature), so after `wait_s`
+    the run's placer lets it start there, and it resumes from the notice's checkpoint."""
+    backend = backend_for(tmp_path)
+    backend.placer_poll_seconds = 1.0
+    max_steps = 36
+    policy = RecoveryPolicy(when_short="standard", wait_s=5)
+    job = backend.submit(grpo_spec("grpo-standard", max_steps, paced=True, recovery=policy))
+    cleanup_jobs.append(job)
+    run_dir = Path(backend.run_dir(job))
+    cleanup_jobs.append((run_dir / ".tgnb-placer").read_text().strip())
+    wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
+        check=True,
+    )
+    wait_until("the requeue", lambda: backend.restart_count(job) >= 1, DRAIN_WINDOW_S)
+    set_features("")  # the preemptible node is gone; a standard one is there
+    subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
+    final = backend.wait(job, timeout=500)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, (final, log[-2000:])
+
+    events = backend.events(job)
+    got = [e.reason for e in events]
+    moved = next(e for e in events if e.data.get("rule") == "standard")
+    resumed = next(e for e in events if e.reason == "RunResumed")
+    drain = next(e for e in events if e.reason == "DrainNoticeReceived")
+    assert got.index("RunRequeued") < got.index("RecoveryDecided", got.index("RunRequeued"))
+    assert moved.data["node_class"] == "standard" and moved.time < resumed.time, events
+    waited = re.search(r"free for (\d+) s$", moved.message)
+    assert waited and int(waited.group(1)) >= 5, moved.message  # after wait_s, not before
+    assert resumed.data["step"] == drain.data["step"]  # not a step lost
+    assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
 
 
 def test_torchrun_two_processes_with_c10d_rendezvous(

@@ -314,7 +314,7 @@ def build_objects(
 ) -> RunObjects:
     """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad."""
     L.validate_spec(spec, namespace, claim)
-    check_rendered(spec.policy, "Kubernetes", falls_back=True)
+    check_rendered(spec.policy, "Kubernetes")
     labels = run_labels(spec)
     nodes = spec.resources.nodes
     multi = nodes > 1

@@ -10,15 +10,16 @@ job's working directory, so it can be found again from the job id alone.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.backends.slurm import placer
 from tgnb.backends.slurm.commands import CommandRunner
+from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.backends.slurm.render import (
     CONFIG_NAME,
     SCRIPT_NAME,
@@ -32,75 +33,6 @@ from tgnb.events import RUN_EXITED, Event, read_jsonl
 from tgnb.runs import node, workdir
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
-
-#: Slurm job states (``JobState=`` of ``scontrol show job``, ``State`` of ``sacct``) to ours.
-STATE_MAP: dict[str, JobState] = {
-    "PENDING": JobState.PENDING,
-    "CONFIGURING": JobState.PENDING,
-    "RUNNING": JobState.RUNNING,
-    "COMPLETING": JobState.RUNNING,
-    "SIGNALING": JobState.RUNNING,
-    "STAGE_OUT": JobState.RUNNING,
-    "RESIZING": JobState.RUNNING,
-    "SUSPENDED": JobState.PENDING,
-    "STOPPED": JobState.PENDING,
-    "REQUEUED": JobState.REQUEUED,
-    "REQUEUE_FED": JobState.REQUEUED,
-    "REQUEUE_HOLD": JobState.REQUEUED,
-    "PREEMPTED": JobState.REQUEUED,
-    "COMPLETED": JobState.SUCCEEDED,
-    "CANCELLED": JobState.CANCELLED,
-    "FAILED": JobState.FAILED,
-    "TIMEOUT": JobState.FAILED,
-    "NODE_FAIL": JobState.FAILED,
-    "BOOT_FAIL": JobState.FAILED,
-    "DEADLINE": JobState.FAILED,
-    "OUT_OF_MEMORY": JobState.FAILED,
-    "SPECIAL_EXIT": JobState.FAILED,
-    "REVOKED": JobState.CANCELLED,
-}
-
-
-def parse_fields(line: str) -> dict[str, str]:
-    """``Key=Value`` pairs of a one-line ``scontrol show ... -o`` record (values may hold spaces)."""
-    matches = list(_FIELD.finditer(line))
-    out: dict[str, str] = {}
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out[m.group(1)] = line[m.end() : end].strip()
-    return out
-
-
-def job_status(fields: Mapping[str, str]) -> JobStatus:
-    """Our `JobStatus` of one ``scontrol show job`` record.
-
-    A PENDING job that has restarted before is REQUEUED: it was preempted (or drained and requeued)
-    and will run again; so is one still COMPLETING right after its requeue (no ``EndTime`` yet). ``Reason=`` and the Slurm state go into `detail`.
-    """
-    raw = fields.get("JobState", "")
-    slurm_state = raw.split("+")[0].upper()
-    restarts = int(fields.get("Restarts", "0") or 0)
-    state = STATE_MAP.get(slurm_state, JobState.UNKNOWN)
-    if state is JobState.PENDING and restarts > 0:
-        state = JobState.REQUEUED
-    # Just after a requeue the job shows COMPLETING (its processes are being stopped) with no end
-    # time, where a job that really completes has one.
-    if (
-        slurm_state == "COMPLETING"
-        and restarts > 0
-        and fields.get("EndTime") in ("Unknown", "None")
-    ):
-        state = JobState.REQUEUED
-    exit_code = None
-    if state.finished and ":" in fields.get("ExitCode", ""):
-        code, _, sig = fields["ExitCode"].partition(":")
-        exit_code = int(code) if code.isdigit() and sig in ("0", "") else 128 + int(sig or 0)
-    nodelist = fields.get("NodeList", "")
-    nodes = tuple(n for n in nodelist.split(",") if n and n != "(null)")
-    reason = fields.get("Reason", "")
-    detail = slurm_state if reason in ("", "None") else f"{slurm_state} ({reason})"
-    return JobStatus(state, restarts, nodes, exit_code, detail)
 
 
 def _over(status: JobStatus) -> bool:
@@ -116,7 +48,8 @@ class SlurmBackend:
     `host`: a login node to reach over SSH (None: this machine). `runs_root`: where run directories
     go on shared storage (default ``$TGNB_HOME/runs`` here, ``$HOME/tgnb-runs`` on a login node).
     `gres`: False on a CPU-only cluster (no ``--gres=gpu:N``). `python`: the interpreter on the
-    nodes (default: this one when local, ``python`` over SSH).
+    nodes (default: this one when local, ``python`` over SSH). `placer_poll_seconds`: how often a
+    run's placer job looks at its pending job (`tgnb.backends.slurm.placer`).
     """
 
     name = "slurm"
@@ -130,6 +63,7 @@ class SlurmBackend:
         python: str | None = None,
         runner: CommandRunner | None = None,
         poll_seconds: float = 1.0,
+        placer_poll_seconds: float = 5.0,
     ) -> None:
         self.runner = runner or CommandRunner(host)
         self._runs_root = None if runs_root is None else str(runs_root)
@@ -137,6 +71,7 @@ class SlurmBackend:
             gres=gres, python=python or (sys.executable if self.runner.host is None else "python")
         )
         self.poll_seconds = poll_seconds
+        self.placer_poll_seconds = placer_poll_seconds
         self._run_dirs: dict[str, str] = {}
         self._accounting: bool | None = None
 
@@ -209,7 +144,30 @@ class SlurmBackend:
                 f"sbatch answered {out!r} instead of a job id: check sbatch --parsable"
             )
         self._run_dirs[job_id] = run_dir
+        if placer.needs_placer(spec.policy):
+            self._submit_placer(spec, run_dir, job_id)
         return job_id
+
+    def _submit_placer(self, spec: RunSpec, run_dir: str, job_id: str) -> None:
+        """Submit the run's placer job (`tgnb.backends.slurm.placer`; it needs none of the run's
+        secrets); if that fails, the run's job is cancelled (a run without its policy is not left
+        behind) and the error raised."""
+        script, config = placer.render_placer(
+            spec, run_dir, self.options.python, time.time(), self.placer_poll_seconds
+        )
+        try:
+            self.runner.write_file(f"{run_dir}/{placer.CONFIG_NAME}", config)
+            self.runner.write_file(f"{run_dir}/{placer.SCRIPT_NAME}", script, mode=0o755)
+            out = self.runner.run(
+                ["sbatch", "--parsable", f"{run_dir}/{placer.SCRIPT_NAME}", job_id]
+            ).stdout.strip()
+            placer_id = out.split(";")[0].strip()
+            if not placer_id.isdigit():
+                raise BackendError(f"sbatch answered {out!r} for the run's placer, not a job id")
+            self.runner.write_file(f"{run_dir}/{placer.JOB_FILE}", placer_id + "\n")
+        except Exception:
+            self.runner.run(["scancel", job_id], check=False)
+            raise
 
     @staticmethod
     def _run_dir_of_script(script: str) -> str:
@@ -271,7 +229,14 @@ class SlurmBackend:
         return False
 
     def cancel(self, job_id: str) -> None:
+        """Cancel the run's job, and its placer job when it has one."""
         self.runner.run(["scancel", str(job_id)])
+        try:
+            placer_id = self.runner.read_file(f"{self.run_dir(job_id)}/{placer.JOB_FILE}")
+        except (BackendError, OSError):
+            return  # no placer (or no run directory to find it in)
+        if placer_id.strip().isdigit():
+            self.runner.run(["scancel", placer_id.decode().strip()], check=False)
 
     def requeue(self, job_id: str) -> None:
         """Ask Slurm to requeue the job now (as a preemption would)."""

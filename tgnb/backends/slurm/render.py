@@ -18,6 +18,9 @@ preemptible-compute guide for Slurm:
   requeue is a ``RunRequeued`` / ``RunFailedRestarting`` event in the run's ``events.jsonl``. The
   script exports ``TGNB_REQUEUE=script`` (`tgnb.runs.node.REQUEUE_ENV`), so the runtime leaves the
   requeue to it: one place decides (the runtime requeues only under a user's own sbatch script);
+  a policy that moves between node classes (``when_short="standard"``, a deadline) gets its
+  placer job as well (`tgnb.backends.slurm.placer`), which changes what the job asks for while
+  it is pending;
 - secrets by reference only: the script checks or maps the variable by name, never its value.
 
 Rendering is a pure function of the `RunSpec` and options: the golden files pin its output.
@@ -34,7 +37,7 @@ from tgnb import events as ev
 from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
 from tgnb.runs import node
-from tgnb.runs.recovery import FINAL_CODES, check_rendered
+from tgnb.runs.recovery import FINAL_CODES
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
@@ -222,7 +225,6 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
     """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
     options = options or RenderOptions()
     spec.validate()
-    check_rendered(spec.policy, "Slurm")
     if (
         not run_dir.startswith("/")
         or not run_dir.isprintable()

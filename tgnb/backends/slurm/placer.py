@@ -1,0 +1,265 @@
+"""The placer: the part of a Slurm run's recovery policy that acts while the run's job waits.
+
+An sbatch job keeps the node class it asked for while it runs (``scontrol update`` cannot change
+a running job's ``Features``), and Slurm 22.05 has no ``--prefer``; nothing in the job's own script
+runs while it is pending. So a run whose policy moves between node classes
+(``when_short="standard"``, or a ``deadline``: `needs_placer`) gets a second, small job: one CPU,
+``--requeue``, no GPU, submitted right after the run's (`render_placer`), running
+``python -m tgnb.backends.slurm placer.json JOBID`` until the run's job has ended.
+
+Every few seconds it reads the run's job (``scontrol show job``) and, while that job is pending,
+the cluster's nodes (``scontrol show node``): each node is of the class its ``preemptible``
+feature says (Together's standard nodes carry no feature), free when it is up, not drained and
+has the CPUs and GPUs the run needs. With those and the run's own progress it calls the one rule
+every engine follows (`tgnb.runs.recovery.decide`) and makes the pending job ask for it:
+
+- preemptible nodes (the run was submitted with ``--constraint=preemptible``, and a job that was
+  moved gets it back at its next pending stretch: its next restart goes back to them);
+- standard nodes, after `RecoveryPolicy.wait_s` without preemptible capacity or when a deadline is
+  at risk: the constraint is cleared (``Features=``), so the job starts on the nodes that are free,
+  which are then standard ones.
+
+Each decision is a ``RecoveryDecided`` line in the run's ``events.jsonl``, as the local supervisor
+writes it. A placer that is itself requeued (its node was reclaimed) starts its wait again: it
+keeps no state but the job's own.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tgnb.backends.base import JobState, RunSpec
+from tgnb.backends.slurm.commands import CommandRunner
+from tgnb.backends.slurm.records import job_status, parse_fields
+from tgnb.events import RECOVERY_DECIDED, Event, utcnow
+from tgnb.runs import node
+from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, decide, progress
+
+SCRIPT_NAME = "placer.sbatch"
+CONFIG_NAME = "placer.json"
+#: The placer's job id, written by `SlurmBackend.submit` (cancelled with the run).
+JOB_FILE = ".tgnb-placer"
+PREEMPTIBLE = "preemptible"
+#: Node state flags (``State=IDLE+DRAIN``) under which a node takes no new job.
+_UNSCHEDULABLE = frozenset(
+    {"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING",
+     "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+     "RESERVED", "FUTURE", "INVALID_REG", "PLANNED"}
+)  # fmt: skip
+
+
+def needs_placer(policy: RecoveryPolicy) -> bool:
+    """Whether the run moves between node classes, which only a placer can do on Slurm."""
+    return policy.when_short == "standard" or policy.deadline is not None
+
+
+def render_placer(
+    spec: RunSpec, run_dir: str, python: str, launched: float, poll_s: float = 5.0
+) -> tuple[str, str]:
+    """``(script, config_json)`` of the run's placer; its job id argument is the run's job."""
+    head = [
+        f"--job-name={spec.name}-placer",
+        f"--output={run_dir}/placer-%j.out",
+        "--open-mode=append",
+        f"--chdir={run_dir}",
+        "--requeue",
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=1",
+        "--mem=256M",
+    ]
+    head += [f"--partition={spec.partition}"] if spec.partition else []
+    head += [f"--account={spec.account}"] if spec.account else []
+    script = [
+        "#!/bin/bash",
+        *(f"#SBATCH {d}" for d in head),
+        "#SBATCH --export=ALL",
+        f"# Rendered by tgnb for run {spec.name}: places each restart of its job (the job id is",
+        "# this script's argument) on a node class by the run's recovery policy; ends with the run.",
+        f'exec {shlex.quote(python)} -m tgnb.backends.slurm {run_dir}/{CONFIG_NAME} "$1"',
+    ]
+    res = spec.resources
+    config = {
+        "run": spec.name,
+        "policy": spec.policy.to_dict(),
+        "nodes": res.nodes,
+        "min_nodes": res.min_nodes,
+        "gpus_per_node": res.gpus_per_node,
+        "cpus_per_task": res.cpus_per_task or 1,
+        "partition": spec.partition,
+        "max_steps": spec.train.get("max_steps"),
+        "launched": launched,
+        "poll_s": poll_s,
+    }
+    return "\n".join(script) + "\n", json.dumps(config, indent=2) + "\n"
+
+
+# -- what the placer sees -------------------------------------------------------------------------
+
+
+def _tres(value: str, key: str) -> int:
+    """The count of `key` in a TRES list (``cpu=2,mem=4000M,gres/gpu=8``), 0 when absent."""
+    for part in value.split(","):
+        name, _, count = part.partition("=")
+        if name == key and count.isdigit():
+            return int(count)
+    return 0
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node of ``scontrol show node -o``, as the placer judges it."""
+
+    name: str
+    kind: str  # "preemptible" or "standard"
+    up: bool  # takes new jobs: not drained, down or otherwise held
+    free_cpus: int
+    gpus: int
+    free_gpus: int
+    partitions: tuple[str, ...]
+
+    @classmethod
+    def from_fields(cls, f: Mapping[str, str]) -> SlurmNode:
+        features = f.get("ActiveFeatures") or f.get("AvailableFeatures") or ""
+        state = f.get("State", "").upper()
+        base, *flags = state.split("+")
+        up = base.rstrip("*~#$@%!^-") in ("IDLE", "MIXED") and not (
+            base.endswith("*") or _UNSCHEDULABLE & set(flags)
+        )
+        cpus = int(f.get("CPUTot", "0") or 0) - int(f.get("CPUAlloc", "0") or 0)
+        gpus = _tres(f.get("CfgTRES", ""), "gres/gpu")
+        return cls(
+            name=f.get("NodeName", ""),
+            kind=PREEMPTIBLE if PREEMPTIBLE in features.split(",") else "standard",
+            up=up,
+            free_cpus=cpus,
+            gpus=gpus,
+            free_gpus=gpus - _tres(f.get("AllocTRES", ""), "gres/gpu"),
+            partitions=tuple(p for p in f.get("Partitions", "").split(",") if p),
+        )
+
+
+def slurm_facts(
+    config: Mapping[str, Any],
+    nodes: Sequence[SlurmNode],
+    short_for: float,
+    run_dir: str | Path,
+    now: float,
+) -> Facts:
+    """`tgnb.runs.recovery.Facts` of a pending Slurm run: the nodes of each class that could take
+    one of its tasks now, the preemptible GPUs up, and the run's progress."""
+    gpus, cpus, part = config["gpus_per_node"], config["cpus_per_task"], config.get("partition")
+
+    def fits(n: SlurmNode) -> bool:
+        in_partition = not part or not n.partitions or part in n.partitions
+        return n.up and in_partition and n.free_cpus >= cpus and n.free_gpus >= gpus
+
+    free = {k: sum(1 for n in nodes if n.kind == k and fits(n)) for k in (PREEMPTIBLE, "standard")}
+    return Facts(
+        nodes=config["nodes"],
+        min_nodes=config.get("min_nodes"),
+        free=free,
+        short_for_s=short_for,
+        allocated_gpus=sum(n.gpus for n in nodes if n.kind == PREEMPTIBLE and n.up)
+        if gpus
+        else None,
+        desired_gpus=config["nodes"] * gpus if gpus else None,
+        gpus_per_node=gpus,
+        **progress(run_dir, config["launched"], config.get("max_steps"), now),
+    )
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+class Placer:
+    """Follows one run's job (`job`) with the settings of its ``placer.json`` (`config_path`)."""
+
+    def __init__(self, config_path: str | Path, job: str, runner: CommandRunner | None = None):
+        self.config_path = Path(config_path)
+        self.config: dict[str, Any] = json.loads(self.config_path.read_text())
+        self.run_dir = self.config_path.parent
+        self.policy = RecoveryPolicy.from_dict(self.config["policy"])
+        self.job = str(job)
+        self.runner = runner or CommandRunner(None)
+        self.pending_since: float | None = None
+        self.said: tuple[str, ...] = ()
+
+    def _show(self, *what: str) -> list[dict[str, str]] | None:
+        proc = self.runner.run(["scontrol", "show", *what, "-o"], check=False)
+        if proc.returncode != 0:
+            return None
+        return [parse_fields(line) for line in proc.stdout.splitlines() if line.strip()]
+
+    def event(self, d: Decision) -> None:
+        data = {"action": d.action, "nodes": d.nodes, "node_class": d.node_class, "rule": d.rule}
+        ev = Event(
+            utcnow(), "tgnb", RECOVERY_DECIDED, d.reason, run=self.config["run"],
+            data={**data, "job_id": self.job},
+        )  # fmt: skip
+        with open(self.run_dir / node.EVENTS, "a", encoding="utf-8") as fh:
+            fh.write(ev.to_json() + "\n")
+        print(f"tgnb placer: {d.reason}", flush=True)
+
+    def tick(self, now: float | None = None) -> bool:
+        """One look at the run's job; False once it has ended (the placer is done)."""
+        now = time.time() if now is None else now
+        jobs = self._show("job", self.job)
+        if jobs is None or not jobs:
+            return False  # the controller no longer knows the job: it ended
+        fields = jobs[0]
+        state = job_status(fields).state
+        if state.finished:
+            return False
+        if state not in (JobState.PENDING, JobState.REQUEUED) or not fields.get(
+            "JobState", ""
+        ).startswith("PENDING"):
+            self.pending_since, self.said = None, ()
+            return True
+        self.pending_since = self.pending_since or now
+        nodes = self._show("node")
+        if nodes is None:
+            return True  # the controller did not answer: look again at the next poll
+        facts = slurm_facts(
+            self.config, [SlurmNode.from_fields(n) for n in nodes], now - self.pending_since,
+            self.run_dir, now,
+        )  # fmt: skip
+        d = decide(self.policy, facts)
+        to_standard = d.action == "start" and d.node_class == "standard"
+        asks_preemptible = PREEMPTIBLE in fields.get("Features", "")
+        if to_standard == asks_preemptible:
+            features = "" if to_standard else PREEMPTIBLE
+            proc = self.runner.run(
+                ["scontrol", "update", f"JobId={self.job}", f"Features={features}"], check=False
+            )
+            if proc.returncode != 0:  # it started meanwhile, or the controller is busy
+                print(f"tgnb placer: scontrol update failed: {proc.stderr.strip()}", flush=True)
+                return True
+        key = (d.action, d.rule, d.node_class, str(d.nodes))
+        if key != self.said:
+            self.event(d)
+            self.said = key
+        return True
+
+    def run(self) -> int:
+        poll = float(self.config.get("poll_s") or 5.0)
+        print(f"tgnb placer: following job {self.job} of run {self.config['run']}", flush=True)
+        while self.tick():
+            time.sleep(poll)
+        print(f"tgnb placer: job {self.job} has ended", flush=True)
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or not args[1].isdigit():
+        print("usage: python -m tgnb.backends.slurm PLACER_JSON JOBID", file=sys.stderr)
+        return 2
+    return Placer(args[0], args[1]).run()
