@@ -283,8 +283,10 @@ class Run:
         return df
 
     def summary(self) -> dict[str, Any]:
-        """What the run achieved: steps done against max_steps, steps lost to preemptions (steps
-        done but not in the checkpoint a restart resumed from), restarts, first and last reward."""
+        """What the run achieved: steps done against max_steps, steps lost to restarts (steps
+        done but not in the checkpoint a restart resumed from: all of them when it started again
+        from step 0, its node gone with no notice), restarts, preemptions (the notices the run
+        saw), first and last reward."""
         rows = self.records("metrics")
         evs = self.run_events()
         max_steps = self.max_steps()
@@ -292,15 +294,21 @@ class Run:
         notices = {(ev.reason, ev.data.get("step")) for ev in evs if ev.reason in _PREEMPTIONS}
         notices -= _moves(evs)
         lost = 0
-        for ev in evs:
-            if ev.reason != RUN_RESUMED or "step" not in ev.data:
-                continue
-            before = [
-                int(r["step"])
-                for r in rows
-                if "step" in r and float(r.get("time", 0)) < ev.time.timestamp()
-            ]
-            lost += max(0, max(before, default=0) - int(ev.data["step"]))
+        starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
+        for n, i in enumerate(starts[1:], 1):  # each restart: what it did not resume is lost
+            until = starts[n + 1] if n + 1 < len(starts) else len(evs)
+            resume = next(
+                (e for e in evs[i:until] if e.reason == RUN_RESUMED and "step" in e.data), None
+            )
+            at = evs[i].time.timestamp()
+            before = max(
+                (int(r["step"]) for r in rows if "step" in r and float(r.get("time", 0)) < at),
+                default=0,
+            )
+            trained = any(float(r.get("time", 0)) >= at for r in rows if "step" in r)
+            if resume is None and not trained:
+                continue  # it trained nothing (found the run finished, or was stopped at once)
+            lost += max(0, before - (int(resume.data["step"]) if resume else 0))
         key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
         # rounded to 4 significant digits: a summary is read, not computed with
         rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]

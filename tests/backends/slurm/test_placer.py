@@ -186,3 +186,19 @@ def test_cancel_stops_the_placer_too(slurm: str, tmp_path: Path, cleanup_jobs: l
     backend.cancel(job)
     assert backend.wait(job, timeout=60).state is JobState.CANCELLED
     assert backend.wait(placer_job, timeout=60).state is JobState.CANCELLED
+
+
+@pytest.mark.slurm
+def test_no_preemptible_node_at_all_is_refused_with_the_fix(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """sbatch refuses a ``--constraint=preemptible`` job when no node has the feature (the
+    target is 0): the error says that, and what to do, and nothing is queued."""
+    from tgnb.errors import BackendError
+
+    backend = make_backend(tmp_path)
+    set_features("")
+    with pytest.raises(BackendError, match=r"raise the preemptible target .* preemptible=False"):
+        backend.submit(spec("no-capacity", RecoveryPolicy(when_short="standard"), sleep=1))
+    queued = subprocess.run(["squeue", "-h", "-n", "no-capacity"], capture_output=True, text=True)
+    assert queued.stdout.strip() == ""

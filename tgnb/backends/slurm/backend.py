@@ -137,7 +137,10 @@ class SlurmBackend:
             self.runner.write_tree(f"{run_dir}/{node.WORKDIR}", snapshot)
         self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
         self.runner.write_file(script_path, script, mode=0o755)
-        out = self.runner.run(["sbatch", "--parsable", script_path], env=env).stdout.strip()
+        try:
+            out = self.runner.run(["sbatch", "--parsable", script_path], env=env).stdout.strip()
+        except BackendError as exc:
+            raise self._explain_refusal(spec, exc) from None
         job_id = out.split(";")[0].strip()
         if not job_id.isdigit():
             raise BackendError(
@@ -168,6 +171,21 @@ class SlurmBackend:
         except Exception:
             self.runner.run(["scancel", job_id], check=False)
             raise
+
+    def _explain_refusal(self, spec: RunSpec, exc: BackendError) -> BackendError:
+        """sbatch refuses a job no node could ever run; when that is because the cluster has no
+        preemptible node right now (its target is 0, or every one was reclaimed), say so."""
+        if "node configuration is not available" not in str(exc) or not spec.resources.preemptible:
+            return exc
+        proc = self.runner.run(["sinfo", "-h", "-o", "%f"], check=False)
+        features = {f for line in proc.stdout.split() for f in line.split(",")}
+        if proc.returncode != 0 or placer.PREEMPTIBLE in features:
+            return exc
+        return BackendError(
+            "no node of the cluster has the Slurm feature preemptible now, so sbatch refuses the "
+            "run: raise the preemptible target (session.scale(preemptible=8)) and launch again, "
+            "or launch with preemptible=False"
+        )
 
     @staticmethod
     def _run_dir_of_script(script: str) -> str:
