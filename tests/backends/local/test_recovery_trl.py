@@ -18,8 +18,8 @@ from tgnb.train.checkpoint import checkpoint_dirs, read_marker
 from .test_backend import wait_until
 
 pytestmark = pytest.mark.slow
-MAX_STEPS = 150  # long enough that the run still trains after its second restart (a fast machine
-# finished 60 steps before the second preemption, so no resume at 2 nodes was left to see)
+MAX_STEPS = 500  # long enough that the run still trains after its second restart: a fast machine
+# finished 60, then 150 steps before the second preemption, so no resume at 2 nodes was left to see
 
 
 @pytest.mark.timeout(1200)
