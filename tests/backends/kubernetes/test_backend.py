@@ -48,6 +48,7 @@ PVC = f"/api/v1/namespaces/{NS}/persistentvolumeclaims"
 SVC = f"/api/v1/namespaces/{NS}/services"
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 PODS = f"/api/v1/namespaces/{NS}/pods"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 
 
 def golden(k8s: Any, name: str) -> list[dict[str, Any]]:
@@ -278,14 +279,20 @@ def test_cancel_deletes_in_the_foreground_and_keeps_the_claim(
     fake_api: Any, api_client: Any, k8s: Any
 ) -> None:
     """Fakes the API server (none can run here): the Job goes with propagation Foreground, then
-    its Service and ConfigMap; a later status (the Job is gone) says cancelled."""
+    its Service and ConfigMap; a run without a placer answers 404 for the placer's Deployment and
+    ConfigMap, and nothing more is asked; a later status (the Job is gone) says cancelled."""
     b = backend(api_client)
+    gone = (404, k8s.status(404, "NotFound", "not found"))
+    fake_api.route("DELETE", f"{DEPLOYMENTS}/grpo-2n-placer", gone)
+    fake_api.route("DELETE", f"{CM}/grpo-2n-placer", gone)
     b.cancel("grpo-2n")
     deletes = fake_api.sent("DELETE")
     assert [r.path for r in deletes] == [
         f"{JOBS}/grpo-2n",
         f"{SVC}/grpo-2n",
         f"{CM}/grpo-2n-config",
+        f"{DEPLOYMENTS}/grpo-2n-placer",
+        f"{CM}/grpo-2n-placer",
     ]
     job_delete = deletes[0]
     policy = job_delete.query.get("propagationPolicy", [None])[0] or (job_delete.body or {}).get(
@@ -447,8 +454,11 @@ def test_events_preemption_notices_of_the_runs_nodes_and_run_records(
     got = backend(api_client).events("grpo-tiny")
     (req,) = [r for r in fake_api.requests if r.path == "/api/v1/events"]
     assert req.query["fieldSelector"] == ["reason=TogetherPreemptionNotified"]
-    (sched,) = [r for r in fake_api.requests if r.path.endswith(f"{NS}/events")]
-    assert sched.query["fieldSelector"] == ["reason=Scheduled"]
+    namespaced = [r for r in fake_api.requests if r.path.endswith(f"{NS}/events")]
+    assert sorted(r.query["fieldSelector"][0] for r in namespaced) == [
+        "reason=RecoveryDecided",
+        "reason=Scheduled",
+    ]
     reasons = [(e.source, e.reason, e.node) for e in got]
     assert reasons == [
         ("cluster", "TogetherPreemptionNotified", "gpu-preemptible-dp-3"),
