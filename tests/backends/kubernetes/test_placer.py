@@ -112,7 +112,7 @@ def placer(api_client: Any, policy: RecoveryPolicy, run_dir: Path, nodes: int = 
     config = {
         "run": "rec", "namespace": NS, "policy": policy.to_dict(), "nodes": nodes,
         "min_nodes": None, "gpus_per_node": 8, "max_steps": 1000, "launched": T0,
-        "run_dir": str(run_dir), "poll_s": 0.01,
+        "run_dir": str(run_dir), "poll_s": 0.01, "deployment": "rec-placer",
     }  # fmt: skip
     return Placer(config, api_client)
 
@@ -248,3 +248,19 @@ def test_no_gated_pod_no_node_read(fake_api: Any, api_client: Any, tmp_path: Pat
     cluster(fake_api, [], [running])
     assert placer(api_client, RecoveryPolicy(deadline=2e9), tmp_path).tick(T0) is None
     assert [r.path for r in fake_api.requests] == [PODS]
+
+
+def test_the_placer_removes_itself_once_the_job_has_finished(
+    fake_api: Any, api_client: Any, tmp_path: Path, k8s: Any
+) -> None:
+    """The placer is created before the Job: a Job not there yet is not taken for gone; once the
+    Job has been seen and has completed, the loop ends and deletes the placer's Deployment."""
+    job = f"/apis/batch/v1/namespaces/{NS}/jobs/rec"
+    fake_api.route("GET", job, (404, k8s.status(404, "NotFound", "jobs.batch rec not found")))
+    cluster(fake_api, [], [])
+    p = placer(api_client, RecoveryPolicy(deadline=2e9), tmp_path)
+    assert not p.job_finished()
+    fake_api.route("GET", job, (200, k8s.job("rec", conditions=[k8s.condition("Complete")])))
+    assert p.run() == 0
+    deletes = [r.path for r in fake_api.sent("DELETE")]
+    assert deletes == [f"/apis/apps/v1/namespaces/{NS}/deployments/rec-placer"]

@@ -19,19 +19,23 @@ from tgnb.runs.recovery import RecoveryPolicy
 GATE = {"name": "tgnb.together.ai/placement"}
 
 
-def spec(policy: RecoveryPolicy | None, preemptible: bool = True) -> RunSpec:
+def spec(
+    policy: RecoveryPolicy | None, preemptible: bool = True, min_nodes: int | None = None
+) -> RunSpec:
     return RunSpec(
         name="rec",
         train={"algorithm": "grpo", "model": "tiny", "max_steps": 1000},
-        resources=Resources(nodes=2, gpus_per_node=8, preemptible=preemptible),
+        resources=Resources(nodes=2, min_nodes=min_nodes, gpus_per_node=8, preemptible=preemptible),
         image="ghcr.io/example/tgnb:1",
         recovery=policy,
         secrets={"HF_TOKEN": SecretRef(name="hf", key="token")},
     )
 
 
-def dicts(policy: RecoveryPolicy | None, preemptible: bool = True) -> list[dict[str, Any]]:
-    out = build_objects(spec(policy, preemptible), "research", launched=1.8e9).to_dicts()
+def dicts(
+    policy: RecoveryPolicy | None, preemptible: bool = True, min_nodes: int | None = None
+) -> list[dict[str, Any]]:
+    out = build_objects(spec(policy, preemptible, min_nodes), "research", launched=1.8e9).to_dicts()
     for obj in out:
         kubernetes_validate.validate(obj, "1.30", strict=True)
     return out
@@ -76,17 +80,7 @@ def test_a_policy_that_needs_a_placer_gates_the_pods_and_leaves_the_class_out(
 def test_no_placer_no_gate(policy: RecoveryPolicy, selector: bool) -> None:
     """Without a wait before standard nodes and without a deadline, no gate and no placer: the
     nodeSelector (or the preferred affinity of standard with wait_s=0) as before."""
-    if policy.when_short == "shrink":
-        policy = RecoveryPolicy(when_short="shrink", wait_s=60)
-        objs = build_objects(
-            RunSpec(
-                name="rec", train={"algorithm": "grpo", "model": "tiny"}, image="img:1",
-                resources=Resources(nodes=2, min_nodes=1, gpus_per_node=8), recovery=policy,
-            ),
-            "research",
-        ).to_dicts()  # fmt: skip
-    else:
-        objs = dicts(policy)
+    objs = dicts(policy, min_nodes=1 if policy.when_short == "shrink" else None)
     pod = pod_of(objs)
     assert "schedulingGates" not in pod
     assert ("nodeSelector" in pod) is selector

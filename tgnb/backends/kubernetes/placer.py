@@ -47,6 +47,8 @@ GPU = "nvidia.com/gpu"
 #: The annotation of a ``RecoveryDecided`` Event holding the decision's fields as JSON.
 DECISION_ANNOTATION = "tgnb.together.ai/decision"
 PREEMPTIBLE = L.PREEMPTIBLE
+#: How long a placer waits for its run's Job to appear before it takes it for gone.
+JOB_GRACE_S = 600.0
 
 
 # -- what the placer sees -------------------------------------------------------------------------
@@ -224,6 +226,8 @@ class Placer:
         self.batch = client.BatchV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.said: tuple[str, ...] = ()
+        self.started = time.time()
+        self.job_seen = False
 
     def event(self, d: Decision, pod: Any) -> None:
         """The decision as a ``RecoveryDecided`` Event on `pod` (the run's timeline reads it)."""
@@ -257,11 +261,18 @@ class Placer:
             print(f"tgnb placer: could not record the decision ({exc.status})", flush=True)
         print(f"tgnb placer: {d.reason}", flush=True)
 
-    def job_finished(self) -> bool:
+    def job_finished(self, now: float | None = None) -> bool:
+        """Whether the run's Job has finished or is gone. The placer is created before the Job:
+        a Job not there yet is gone only once it was seen, or `JOB_GRACE_S` after the placer
+        started (a submit that failed half-way and could not clean up)."""
+        now = time.time() if now is None else now
         try:
             job = self.batch.read_namespaced_job(self.name, self.namespace)
         except ApiException as exc:
-            return exc.status == 404
+            if exc.status != 404:
+                raise
+            return self.job_seen or now - self.started >= JOB_GRACE_S
+        self.job_seen = True
         for c in (job.status.conditions or []) if job.status else []:
             if c.type in ("Complete", "Failed") and c.status == "True":
                 return True

@@ -12,7 +12,8 @@ A run whose recovery policy moves between node classes after a wait or by a dead
   take the placer with the run), the run's image, 100m CPU and 256Mi, the run's directory mounted
   read-only from the shared claim so it reads the run's ``metrics.jsonl`` for a deadline.
 
-Every object carries the run's labels. No secret reaches the placer: it gets none.
+Every object carries the run's labels. No secret reaches the placer: it gets none. The run's image
+runs it, so a run with a placer needs ``tgnb[k8s]`` (the ``kubernetes`` client) in its image.
 """
 
 from __future__ import annotations
@@ -175,8 +176,10 @@ def build_placer(
             client.V1Volume(name="config", config_map=client.V1ConfigMapVolumeSource(name=name)),
             client.V1Volume(
                 name="runs",
+                # read-only at the mount only: the kubelet creates a missing sub-directory (the
+                # placer may start before the run's first pod) in the volume, which must be writable
                 persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
-                    claim_name=claim, read_only=True
+                    claim_name=claim
                 ),
             ),
         ],
