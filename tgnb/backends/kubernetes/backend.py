@@ -5,7 +5,8 @@
 run's name, which is also the Job's name.
 
 What it can see: the Job and its pods (state, nodes, restart count), the pods' logs, the
-``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, and the run's own
+``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, the
+``RecoveryDecided`` Events of the run's placer (`tgnb.backends.kubernetes.placer`), and the run's own
 records that the training process prints on stdout (``@tgnb `` lines). The run's ``events.jsonl``
 lies on the shared volume claim inside the cluster and is not reachable from here.
 """
@@ -384,8 +385,8 @@ class KubernetesBackend:
             resp.release_conn()
 
     def events(self, job_id: str) -> list[Event]:
-        """``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, and the
-        run's own records found in its pods' logs (the ``events.jsonl`` on the claim is not
+        """``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, its
+        placer's decisions (``RecoveryDecided``), and the run's own records found in its pods' logs (the ``events.jsonl`` on the claim is not
         reachable from here; pods whose node was removed take their logs with them)."""
         pods = self._pods(job_id)
         nodes = self._nodes_seen.get(job_id, set()) | self._scheduled_nodes(job_id)
