@@ -188,25 +188,6 @@ def policy_for(
     return RecoveryPolicy()
 
 
-def check_rendered(policy: RecoveryPolicy, engine: str) -> None:
-    """Refuse what an engine whose scheduler places every pod by itself (Kubernetes) cannot
-    render. The local supervisor and Slurm's placer job (`tgnb.backends.slurm.placer`) decide
-    each restart with `decide`, and render every policy. Such a scheduler has no run's progress,
-    so no deadline; it can prefer preemptible nodes and fall back to standard ones at once
-    (Kubernetes' preferred node affinity), so ``"standard"`` with no `wait_s` (it must be 0)."""
-    if policy.deadline is not None:
-        raise ValidationError(
-            f"a deadline decides each restart from the run's progress, which the {engine} engine "
-            "cannot do: drop deadline=, or use the local or Slurm engine"
-        )
-    if policy.when_short == "standard" and policy.wait_s != 0:
-        raise ValidationError(
-            f"when_short='standard' on {engine}: its scheduler moves a pod to a standard node at "
-            f"once when no preemptible node fits, it cannot wait {policy.wait_s:g} s first: "
-            "use RecoveryPolicy(when_short='standard', wait_s=0)"
-        )
-
-
 # -- the decision --------------------------------------------------------------------------------
 
 

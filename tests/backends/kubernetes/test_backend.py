@@ -18,6 +18,7 @@ from tgnb.backends.kubernetes.backend import KubernetesBackend
 from tgnb.config import register_secret
 from tgnb.errors import AuthenticationError, BackendError, NotFoundError, ValidationError
 from tgnb.events import STDOUT_PREFIX
+from tgnb.runs.recovery import RecoveryPolicy
 
 NS = "research"
 TRAIN = {
@@ -48,6 +49,7 @@ PVC = f"/api/v1/namespaces/{NS}/persistentvolumeclaims"
 SVC = f"/api/v1/namespaces/{NS}/services"
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 PODS = f"/api/v1/namespaces/{NS}/pods"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 
 
 def golden(k8s: Any, name: str) -> list[dict[str, Any]]:
@@ -278,14 +280,20 @@ def test_cancel_deletes_in_the_foreground_and_keeps_the_claim(
     fake_api: Any, api_client: Any, k8s: Any
 ) -> None:
     """Fakes the API server (none can run here): the Job goes with propagation Foreground, then
-    its Service and ConfigMap; a later status (the Job is gone) says cancelled."""
+    its Service and ConfigMap; a run without a placer answers 404 for the placer's Deployment and
+    ConfigMap, and nothing more is asked; a later status (the Job is gone) says cancelled."""
     b = backend(api_client)
+    gone = (404, k8s.status(404, "NotFound", "not found"))
+    fake_api.route("DELETE", f"{DEPLOYMENTS}/grpo-2n-placer", gone)
+    fake_api.route("DELETE", f"{CM}/grpo-2n-placer", gone)
     b.cancel("grpo-2n")
     deletes = fake_api.sent("DELETE")
     assert [r.path for r in deletes] == [
         f"{JOBS}/grpo-2n",
         f"{SVC}/grpo-2n",
         f"{CM}/grpo-2n-config",
+        f"{DEPLOYMENTS}/grpo-2n-placer",
+        f"{CM}/grpo-2n-placer",
     ]
     job_delete = deletes[0]
     policy = job_delete.query.get("propagationPolicy", [None])[0] or (job_delete.body or {}).get(
@@ -447,8 +455,11 @@ def test_events_preemption_notices_of_the_runs_nodes_and_run_records(
     got = backend(api_client).events("grpo-tiny")
     (req,) = [r for r in fake_api.requests if r.path == "/api/v1/events"]
     assert req.query["fieldSelector"] == ["reason=TogetherPreemptionNotified"]
-    (sched,) = [r for r in fake_api.requests if r.path.endswith(f"{NS}/events")]
-    assert sched.query["fieldSelector"] == ["reason=Scheduled"]
+    namespaced = [r for r in fake_api.requests if r.path.endswith(f"{NS}/events")]
+    assert sorted(r.query["fieldSelector"][0] for r in namespaced) == [
+        "reason=RecoveryDecided",
+        "reason=Scheduled",
+    ]
     reasons = [(e.source, e.reason, e.node) for e in got]
     assert reasons == [
         ("cluster", "TogetherPreemptionNotified", "gpu-preemptible-dp-3"),
@@ -511,3 +522,119 @@ def test_follow_ends_when_the_run_is_deleted(fake_api: Any, api_client: Any, k8s
     fake_api.route("GET", PODS, (200, k8s.pods()))
     lines = list(backend(api_client).logs("gone", follow=True))
     assert lines == []
+
+
+# -- the placer (a policy that waits before standard nodes, or a deadline) -------------------------
+
+PLACED = RunSpec(
+    name="grpo-std",
+    train=TRAIN,
+    image="ghcr.io/example/tgnb:0.1",
+    resources=Resources(nodes=1, gpus_per_node=8, preemptible=True),
+    recovery=RecoveryPolicy(when_short="standard", wait_s=600),
+    secrets=SECRETS,
+)
+SA = f"/api/v1/namespaces/{NS}/serviceaccounts"
+ROLES = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles"
+ROLE_BINDINGS = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings"
+CLUSTER_ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+CLUSTER_BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+
+
+def test_submit_creates_the_placer_before_the_job(fake_api: Any, api_client: Any) -> None:
+    """Fakes the API server (none can run here): the placer's RBAC, config and Deployment are
+    posted after the run's ConfigMap and claim and before the Job, whose pods are gated."""
+    backend(api_client).submit(PLACED)
+    posts = fake_api.sent("POST")
+    assert [r.path for r in posts] == [
+        CM, PVC, SA, ROLES, ROLE_BINDINGS, CLUSTER_ROLES, CLUSTER_BINDINGS, CM, DEPLOYMENTS, JOBS
+    ]  # fmt: skip
+    assert [r.body["metadata"]["name"] for r in posts[2:9]] == [
+        "grpo-std-placer", "grpo-std-placer", "grpo-std-placer", "tgnb-placer-research-grpo-std",
+        "tgnb-placer-research-grpo-std", "grpo-std-placer", "grpo-std-placer",
+    ]  # fmt: skip
+    pod = posts[-1].body["spec"]["template"]["spec"]
+    assert pod["schedulingGates"] == [{"name": "tgnb.together.ai/placement"}]
+
+
+def test_a_refused_cluster_role_names_the_fix_and_leaves_nothing(
+    fake_api: Any, api_client: Any, k8s: Any
+) -> None:
+    """Fakes the API server (none can run here): a user who may not create ClusterRoles gets one
+    line naming `wait_s=0` or an admin; what was created is deleted again, no Job is sent."""
+    fake_api.route(
+        "POST", CLUSTER_ROLES, (403, k8s.status(403, "Forbidden", "clusterroles is forbidden"))
+    )
+    with pytest.raises(AuthenticationError, match=r"when_short='standard', wait_s=0\) without a deadline, or ask an admin") as info:  # fmt: skip
+        backend(api_client).submit(PLACED)
+    assert "\n" not in str(info.value)
+    assert JOBS not in [r.path for r in fake_api.sent("POST")]
+    assert [r.path for r in fake_api.sent("DELETE")] == [
+        f"{ROLE_BINDINGS}/grpo-std-placer",
+        f"{ROLES}/grpo-std-placer",
+        f"{SA}/grpo-std-placer",
+        f"{CM}/grpo-std-config",
+    ]
+
+
+def test_cancel_removes_the_placer(fake_api: Any, api_client: Any) -> None:
+    """Fakes the API server (none can run here): after the Job, Service and ConfigMap, the
+    placer's Deployment, ConfigMap, bindings, roles and ServiceAccount are deleted."""
+    backend(api_client).cancel("grpo-std")
+    assert [r.path for r in fake_api.sent("DELETE")] == [
+        f"{JOBS}/grpo-std",
+        f"{SVC}/grpo-std",
+        f"{CM}/grpo-std-config",
+        f"{DEPLOYMENTS}/grpo-std-placer",
+        f"{CM}/grpo-std-placer",
+        f"{ROLE_BINDINGS}/grpo-std-placer",
+        f"{ROLES}/grpo-std-placer",
+        f"{SA}/grpo-std-placer",
+        f"{CLUSTER_BINDINGS}/tgnb-placer-research-grpo-std",
+        f"{CLUSTER_ROLES}/tgnb-placer-research-grpo-std",
+    ]
+
+
+def test_events_include_the_placers_decisions(fake_api: Any, api_client: Any, k8s: Any) -> None:
+    """Fakes the API server (none can run here): the placer's RecoveryDecided Events (label
+    selector of the run) become tgnb events with the decision's fields, on the run's timeline."""
+    serve(fake_api, k8s, k8s.job("grpo-std"))
+    decision = {
+        "metadata": {
+            "name": "grpo-std-recovery-abcde",
+            "namespace": NS,
+            "labels": {"tgnb/run": "grpo-std"},
+            "annotations": {
+                "tgnb.together.ai/decision": json.dumps(
+                    {"action": "start", "nodes": 1, "node_class": "standard", "rule": "standard"}
+                )
+            },
+        },
+        "involvedObject": {"kind": "Pod", "name": "grpo-std-0-aaaaa"},
+        "reason": "RecoveryDecided",
+        "message": "moved to 1 standard node: 0 of 8 preemptible GPUs allocated for 10 min",
+        "type": "Normal",
+        "firstTimestamp": "2026-11-29T19:10:00Z",
+    }
+    fake_api.route(
+        "GET",
+        f"/api/v1/namespaces/{NS}/events",
+        (200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": [decision]}),
+    )
+    fake_api.route(
+        "GET", "/api/v1/events", (200, {"kind": "EventList", "apiVersion": "v1", "items": []})
+    )
+    got = [e for e in backend(api_client).events("grpo-std") if e.reason == "RecoveryDecided"]
+    assert [(e.source, e.run, e.message) for e in got] == [
+        ("tgnb", "grpo-std", decision["message"])
+    ]
+    assert got[0].data == {
+        "action": "start",
+        "nodes": 1,
+        "node_class": "standard",
+        "rule": "standard",
+    }
+    (req,) = [
+        r for r in fake_api.requests if r.query.get("fieldSelector") == ["reason=RecoveryDecided"]
+    ]
+    assert req.query["labelSelector"] == ["tgnb/run=grpo-std"]

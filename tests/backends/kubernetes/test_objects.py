@@ -21,6 +21,7 @@ from tgnb.backends.kubernetes import restart_count_from_env
 from tgnb.backends.kubernetes.objects import build_objects, command
 from tgnb.config import register_secret
 from tgnb.errors import ValidationError
+from tgnb.runs.recovery import RecoveryPolicy
 
 GOLDEN = Path(__file__).parent / "golden"
 NS = "research"
@@ -56,7 +57,18 @@ CASES: dict[str, RunSpec] = {
         image="ghcr.io/example/tgnb:0.1",
         resources=Resources(nodes=1, gpus_per_node=8, preemptible=False, cpus_per_task=32),
     ),
+    # gated pods and the run's placer (`placer_objects`): standard nodes after 10 min short
+    "placer": RunSpec(
+        name="grpo-std",
+        train=TRAIN,
+        image="ghcr.io/example/tgnb:0.1",
+        resources=Resources(nodes=2, gpus_per_node=8, preemptible=True),
+        recovery=RecoveryPolicy(when_short="standard", wait_s=600),
+        secrets=SECRETS,
+    ),
 }
+#: The launch time in the placer's config (a fixed one, so the golden file is stable).
+LAUNCHED = 1.8e9
 
 
 class _Dumper(yaml.SafeDumper):
@@ -72,7 +84,7 @@ _Dumper.add_representer(str, _str)
 
 
 def dicts(name: str) -> list[dict[str, Any]]:
-    return build_objects(CASES[name], NS).to_dicts()
+    return build_objects(CASES[name], NS, launched=LAUNCHED).to_dicts()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

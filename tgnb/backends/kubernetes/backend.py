@@ -5,13 +5,15 @@
 run's name, which is also the Job's name.
 
 What it can see: the Job and its pods (state, nodes, restart count), the pods' logs, the
-``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, and the run's own
+``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, the
+``RecoveryDecided`` Events of the run's placer (`tgnb.backends.kubernetes.placer`), and the run's own
 records that the training process prints on stdout (``@tgnb `` lines). The run's ``events.jsonl``
 lies on the shared volume claim inside the cluster and is not reachable from here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -24,9 +26,18 @@ from kubernetes.client.exceptions import ApiException
 from tgnb.backends.base import JobState, JobStatus, RunSpec
 from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
+from tgnb.backends.kubernetes.placer import DECISION_ANNOTATION
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
 from tgnb.errors import AuthenticationError, BackendError, NotFoundError, TgnbError
-from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, from_record, parse_record, parse_time
+from tgnb.events import (
+    PREEMPTION_NOTIFIED,
+    RECOVERY_DECIDED,
+    Event,
+    dedupe,
+    from_record,
+    parse_record,
+    parse_time,
+)
 
 
 class KubernetesBackend:
@@ -53,6 +64,8 @@ class KubernetesBackend:
         self.poll_interval = poll_interval
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
         self._nodes_seen: dict[str, set[str]] = {}
         self._cancelled: set[str] = set()
 
@@ -105,7 +118,10 @@ class KubernetesBackend:
         return False
 
     def submit(self, spec: RunSpec) -> str:
-        """Create the run's ConfigMap, the shared claim (if absent), its Service and its Job."""
+        """Create the run's ConfigMap, the shared claim (if absent), its Service, its placer (when
+        its policy needs one: `placer_objects`) and its Job. The placer goes before the Job: the
+        Job's pods are gated until a placer lifts the gate, so a placer refused (a user who may not
+        create its ClusterRole) must leave no Job whose pods would wait forever."""
         objs = self.build(spec)
         ns, name = self.namespace, spec.name
         exists = BackendError(
@@ -136,6 +152,8 @@ class KubernetesBackend:
                         else _error(exc, "create the rendezvous Service")
                     ) from None
                 created.append(("service", name))
+            if objs.placer is not None:
+                self._create_placer(objs, created)
             try:
                 self.batch.create_namespaced_job(ns, objs.job)
             except ApiException as exc:
@@ -150,15 +168,79 @@ class KubernetesBackend:
         self._cancelled.discard(name)
         return name
 
+    def _create_placer(self, objs: RunObjects, created: list[tuple[str, str]]) -> None:
+        placer, ns = objs.placer, self.namespace
+        assert placer is not None
+        steps: list[tuple[str, Any, Any]] = [
+            ("serviceaccount", self.core.create_namespaced_service_account, placer.service_account),
+            ("role", self.rbac.create_namespaced_role, placer.role),
+            ("rolebinding", self.rbac.create_namespaced_role_binding, placer.role_binding),
+            ("clusterrole", self.rbac.create_cluster_role, placer.cluster_role),
+            (
+                "clusterrolebinding",
+                self.rbac.create_cluster_role_binding,
+                placer.cluster_role_binding,
+            ),
+            ("configmap", self.core.create_namespaced_config_map, placer.config_map),
+            ("deployment", self.apps.create_namespaced_deployment, placer.deployment),
+        ]
+        for kind, create, obj in steps:
+            try:
+                create(obj) if kind.startswith("cluster") else create(ns, obj)
+            except ApiException as exc:
+                if exc.status == 403:
+                    raise AuthenticationError(
+                        f"the Kubernetes API refused to create the run's placer {kind} "
+                        f"{obj.metadata.name!r} (403): its policy waits before standard nodes or "
+                        "has a deadline, which needs a placer that reads the cluster's nodes; use "
+                        "RecoveryPolicy(when_short='standard', wait_s=0) without a deadline, or ask "
+                        "an admin for the rights to create Roles, ClusterRoles and their bindings",
+                        403,
+                    ) from None
+                raise _error(exc, f"create the run's placer {kind}") from None
+            created.append((kind, obj.metadata.name))
+
+    def _delete(self, kind: str, name: str) -> None:
+        ns = self.namespace
+        deletes: dict[str, Any] = {
+            "configmap": lambda: self.core.delete_namespaced_config_map(name, ns),
+            "service": lambda: self.core.delete_namespaced_service(name, ns),
+            "serviceaccount": lambda: self.core.delete_namespaced_service_account(name, ns),
+            "role": lambda: self.rbac.delete_namespaced_role(name, ns),
+            "rolebinding": lambda: self.rbac.delete_namespaced_role_binding(name, ns),
+            "clusterrole": lambda: self.rbac.delete_cluster_role(name),
+            "clusterrolebinding": lambda: self.rbac.delete_cluster_role_binding(name),
+            "deployment": lambda: self.apps.delete_namespaced_deployment(name, ns),
+        }
+        deletes[kind]()
+
     def _delete_quietly(self, created: list[tuple[str, str]]) -> None:
         for kind, obj in reversed(created):
+            with contextlib.suppress(Exception):  # best effort: the error raised matters more
+                self._delete(kind, obj)
+
+    def _delete_placer(self, job_id: str) -> None:
+        """The run's placer, if it has one: its Deployment (which it may have deleted itself once
+        the run finished) tells; its RBAC and ConfigMap follow."""
+        name, cluster = L.placer_name(job_id), L.placer_cluster_name(self.namespace, job_id)
+        found = False
+        for kind, obj in (
+            ("deployment", name),
+            ("configmap", name),
+            ("rolebinding", name),
+            ("role", name),
+            ("serviceaccount", name),
+            ("clusterrolebinding", cluster),
+            ("clusterrole", cluster),
+        ):
             try:
-                if kind == "configmap":
-                    self.core.delete_namespaced_config_map(obj, self.namespace)
-                else:
-                    self.core.delete_namespaced_service(obj, self.namespace)
-            except Exception:  # best effort: the error being raised matters more
-                pass
+                self._delete(kind, obj)
+                found = True
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise _error(exc, f"delete the placer's {kind} {obj!r}") from None
+            if kind == "configmap" and not found:
+                return  # neither its Deployment nor its config: the run has no placer
 
     # -- follow -------------------------------------------------------------------------------
 
@@ -200,8 +282,9 @@ class KubernetesBackend:
         return self.status(job_id).restart_count
 
     def cancel(self, job_id: str) -> None:
-        """Delete the Job (foreground: its pods go first, with their grace period), its Service and
-        its ConfigMap. The shared claim, and so the run's checkpoints, stay."""
+        """Delete the Job (foreground: its pods go first, with their grace period), its Service,
+        its ConfigMap and its placer's objects. The shared claim, and so the run's checkpoints,
+        stay."""
         try:
             self.batch.delete_namespaced_job(
                 job_id, self.namespace, propagation_policy="Foreground"
@@ -224,6 +307,7 @@ class KubernetesBackend:
             except ApiException as exc:
                 if exc.status != 404:
                     raise _error(exc, f"delete {obj!r}") from None
+        self._delete_placer(job_id)
 
     def logs(self, job_id: str, follow: bool = False, index: int = 0) -> Iterator[str]:
         """Lines (without newline) of the trainer container in the pods of `index`, oldest pod
@@ -301,8 +385,8 @@ class KubernetesBackend:
             resp.release_conn()
 
     def events(self, job_id: str) -> list[Event]:
-        """``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, and the
-        run's own records found in its pods' logs (the ``events.jsonl`` on the claim is not
+        """``TogetherPreemptionNotified`` events of the nodes the run's pods were placed on, its
+        placer's decisions (``RecoveryDecided``), and the run's own records found in its pods' logs (the ``events.jsonl`` on the claim is not
         reachable from here; pods whose node was removed take their logs with them)."""
         pods = self._pods(job_id)
         nodes = self._nodes_seen.get(job_id, set()) | self._scheduled_nodes(job_id)
@@ -327,9 +411,40 @@ class KubernetesBackend:
                     run=job_id,
                 )
             )
+        out.extend(self._decisions(job_id))
         for pod in pods:
             out.extend(run_records(_split(self._read_log(pod)), job_id))
         return dedupe(out)
+
+    def _decisions(self, job_id: str) -> list[Event]:
+        """The run's placer's decisions (``RecoveryDecided`` Events, `placer.Placer.event`)."""
+        try:
+            found = self.core.list_namespaced_event(
+                self.namespace,
+                field_selector=f"reason={RECOVERY_DECIDED}",
+                label_selector=f"{L.RUN_LABEL}={job_id}",
+            )
+        except Exception as exc:
+            raise _error(exc, "list the placer's decisions") from None
+        out = []
+        for item in found.items or []:
+            labels = (item.metadata.labels or {}) if item.metadata else {}
+            if item.reason != RECOVERY_DECIDED or labels.get(L.RUN_LABEL) != job_id:
+                continue
+            raw = ((item.metadata.annotations or {}) if item.metadata else {}).get(
+                DECISION_ANNOTATION, "{}"
+            )
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = {}
+            fields = ("action", "nodes", "node_class", "rule")
+            data = {k: data[k] for k in fields if isinstance(data, dict) and k in data}
+            out.append(
+                Event(_event_time(item), "tgnb", RECOVERY_DECIDED, item.message or "", None,
+                      job_id, data)
+            )  # fmt: skip
+        return out
 
     def _scheduled_nodes(self, job_id: str) -> set[str]:
         """Nodes the run's pods were assigned to, from the namespace's ``Scheduled`` events: a

@@ -142,3 +142,31 @@ def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> 
         key = ref.key or name
         if not _SECRET_KEY.fullmatch(key):
             raise ValidationError(f"secret key {key!r} for {name} is not valid: use [-._a-zA-Z0-9]")
+
+
+#: The scheduling gate on the pods of a run whose placer places them (`needs_placer`).
+PLACEMENT_GATE = "tgnb.together.ai/placement"
+PLACER_CONFIG_FILE = "placer.json"
+PLACER_CONTAINER = "placer"
+#: On the placer's pod instead of `RUN_LABEL` (the run's pods are those that carry that one).
+PLACER_LABEL = "tgnb/placer-of"
+
+
+def needs_placer(spec: RunSpec) -> bool:
+    """Whether the run's pods wait for its placer (`tgnb.backends.kubernetes.placer`): a policy
+    that leaves preemptible nodes after `wait_s` > 0, or by a deadline. ``"standard"`` with no
+    wait and no deadline is a preferred node affinity, which the scheduler renders by itself."""
+    policy = spec.policy
+    if not spec.resources.preemptible:
+        return False
+    return (policy.when_short == "standard" and policy.wait_s > 0) or policy.deadline is not None
+
+
+def placer_name(run: str) -> str:
+    """The placer's Deployment, ServiceAccount, ConfigMap, Role and RoleBinding."""
+    return f"{run}-placer"
+
+
+def placer_cluster_name(namespace: str, run: str) -> str:
+    """The placer's ClusterRole and ClusterRoleBinding (cluster-wide: the namespace is in it)."""
+    return f"tgnb-placer-{namespace}-{run}"

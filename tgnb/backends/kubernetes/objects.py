@@ -13,6 +13,11 @@ A run is:
   failure policy ignores disruptions and the runtime's "preempted, resume me" exit code, so the
   Job controller recreates the pod and the preemption does not count as a failure.
 
+A policy that leaves preemptible nodes after a wait or by a deadline (`labels.needs_placer`) gives
+the Job's pods a scheduling gate and no compute class: the run's placer
+(`tgnb.backends.kubernetes.placer`, its objects in `placer_objects`) decides each placement with
+`tgnb.runs.recovery.decide` and lifts the gate with the class chosen. Every policy is rendered.
+
 Secrets reach pods only as ``env.valueFrom.secretKeyRef``; no secret value is ever in an object.
 Only the Kubernetes fields that exist in 1.30 are used (podFailurePolicy, backoffLimitPerIndex and
 podReplacementPolicy are beta and on by default there, GA later).
@@ -28,10 +33,11 @@ from kubernetes import client
 
 from tgnb.backends.base import RunSpec
 from tgnb.backends.kubernetes import labels as L
+from tgnb.backends.kubernetes.placer_objects import PlacerObjects, build_placer, standard_affinity
 from tgnb.config import scrub
 from tgnb.errors import ValidationError
 from tgnb.runs import node, workdir
-from tgnb.runs.recovery import FINAL_CODES, check_rendered
+from tgnb.runs.recovery import FINAL_CODES
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,14 @@ class RunObjects:
     claim: client.V1PersistentVolumeClaim
     service: client.V1Service | None
     job: client.V1Job
+    placer: PlacerObjects | None = None
 
     def all(self) -> list[Any]:
         out: list[Any] = [self.config_map, self.claim]
         if self.service is not None:
             out.append(self.service)
+        if self.placer is not None:  # before the Job: its pods wait for the placer
+            out += self.placer.all()
         out.append(self.job)
         return out
 
@@ -156,7 +165,10 @@ def placement(spec: RunSpec) -> tuple[dict[str, str] | None, client.V1Affinity |
     A preemptible run whose recovery policy is ``when_short="standard"`` prefers preemptible nodes
     (a preferred affinity of weight 100) and is placed on a standard node when none fits: every
     pod, the first and each one recreated after a preemption, asks the scheduler again, so a run
-    moved to a standard node goes back at its next restart when preemptible capacity is there."""
+    moved to a standard node goes back at its next restart when preemptible capacity is there.
+    A run with a placer (`labels.needs_placer`) has neither: its placer sets one on each pod."""
+    if L.needs_placer(spec):
+        return None, None
     if spec.resources.preemptible and spec.policy.when_short == "standard":
         prefer = client.V1PreferredSchedulingTerm(
             weight=100,
@@ -176,17 +188,7 @@ def placement(spec: RunSpec) -> tuple[dict[str, str] | None, client.V1Affinity |
         return None, affinity
     if spec.resources.preemptible:
         return {L.COMPUTE_CLASS_LABEL: L.PREEMPTIBLE}, None
-    not_preemptible = client.V1NodeSelectorRequirement(
-        key=L.COMPUTE_CLASS_LABEL, operator="NotIn", values=[L.PREEMPTIBLE]
-    )
-    affinity = client.V1Affinity(
-        node_affinity=client.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
-                node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=[not_preemptible])]
-            )
-        )
-    )
-    return None, affinity
+    return None, standard_affinity()
 
 
 def pod_failure_policy(spec: RunSpec) -> client.V1PodFailurePolicy:
@@ -311,10 +313,11 @@ def build_objects(
     claim: str = L.DEFAULT_CLAIM,
     claim_size: str = L.DEFAULT_CLAIM_SIZE,
     storage_class: str | None = None,
+    launched: float | None = None,
 ) -> RunObjects:
-    """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad."""
+    """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad.
+    `launched`: the launch time the placer's deadline counts from (default: now)."""
     L.validate_spec(spec, namespace, claim)
-    check_rendered(spec.policy, "Kubernetes")
     labels = run_labels(spec)
     nodes = spec.resources.nodes
     multi = nodes > 1
@@ -363,6 +366,9 @@ def build_objects(
         subdomain=spec.name if multi else None,
         node_selector=node_selector,
         affinity=affinity,
+        scheduling_gates=[client.V1PodSchedulingGate(name=L.PLACEMENT_GATE)]
+        if L.needs_placer(spec)
+        else None,
         init_containers=None if snapshot is None else [unpack_container(spec)],
         containers=[container(spec)],
         volumes=volumes(spec, claim),
@@ -389,4 +395,7 @@ def build_objects(
             ),
         ),
     )
-    return RunObjects(config_map=config_map, claim=pvc, service=service, job=job)
+    placer = (
+        build_placer(spec, namespace, labels, claim, launched) if L.needs_placer(spec) else None
+    )
+    return RunObjects(config_map=config_map, claim=pvc, service=service, job=job, placer=placer)

@@ -1,0 +1,350 @@
+"""The placer: the part of a Kubernetes run's recovery policy that acts while the run's pods wait.
+
+The scheduler alone places a pod at once, wherever it fits: it can prefer preemptible nodes
+(``when_short="standard"`` with ``wait_s=0`` is that), not wait `RecoveryPolicy.wait_s` for them
+first, and it knows nothing of a run's progress. So a run whose policy moves between node classes
+after a wait or by a deadline (`labels.needs_placer`) has a scheduling gate
+(``tgnb.together.ai/placement``, Pod Scheduling Readiness, GA in 1.30) on its Job's pod template
+and no compute class: every pod the Job controller creates, the first and each one recreated
+after a preemption, waits for one placement. A small Deployment on a standard node
+(`placer_objects`) runs ``python -m tgnb.backends.kubernetes.placer /config/placer.json``.
+
+Every few seconds it lists the run's gated pods and, while there are some, the cluster's nodes:
+each node is of the class its ``together.ai/compute-class`` label says (Together's standard nodes
+carry none), free when it is Ready, not cordoned, has no NoSchedule/NoExecute taint the pod does
+not tolerate, and has the GPUs the run needs on each node left (allocatable ``nvidia.com/gpu``
+less what the unfinished pods bound there request). With those, how long the oldest gated pod has
+waited and the run's own progress (its ``metrics.jsonl``, mounted read-only) it calls the one rule
+every engine follows (`tgnb.runs.recovery.decide`) and, on ``start``, patches every gated pod
+(a JSON patch: the gate removed, and a nodeSelector ``together.ai/compute-class: preemptible`` or
+the seed's NotIn affinity added, both allowed on a gated pod); on ``wait`` it leaves them gated.
+
+Each decision, once per change, is a core/v1 Event (reason ``RecoveryDecided``) on the pod, its
+fields in an annotation; `KubernetesBackend.events` puts them on the run's timeline. (The run's
+``events.jsonl`` is on the shared claim, which the placer mounts read-only: it writes nothing
+there.) Once the run's Job has finished or is gone, the placer deletes its own Deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tgnb.backends.kubernetes import labels as L
+from tgnb.backends.kubernetes.placer_objects import standard_affinity
+from tgnb.events import RECOVERY_DECIDED, utcnow
+from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, decide, progress
+
+GPU = "nvidia.com/gpu"
+#: The annotation of a ``RecoveryDecided`` Event holding the decision's fields as JSON.
+DECISION_ANNOTATION = "tgnb.together.ai/decision"
+PREEMPTIBLE = L.PREEMPTIBLE
+#: How long a placer waits for its run's Job to appear before it takes it for gone.
+JOB_GRACE_S = 600.0
+
+
+# -- what the placer sees -------------------------------------------------------------------------
+
+
+def _tolerates(tolerations: Sequence[Any], taint: Any) -> bool:
+    for t in tolerations:
+        if t.effect and t.effect != taint.effect:
+            continue
+        if t.operator == "Exists" and (not t.key or t.key == taint.key):
+            return True
+        if t.key == taint.key and (t.value or "") == (taint.value or ""):
+            return True
+    return False
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def node_class(n: Any) -> str:
+    labels = (n.metadata.labels or {}) if n.metadata else {}
+    return PREEMPTIBLE if labels.get(L.COMPUTE_CLASS_LABEL) == PREEMPTIBLE else "standard"
+
+
+def gpus_requested(pods: Sequence[Any]) -> dict[str, int]:
+    """GPUs the unfinished pods request on each node they are bound to (an extended resource's
+    limit is its request)."""
+    out: dict[str, int] = {}
+    for p in pods:
+        node = p.spec.node_name if p.spec else None
+        phase = p.status.phase if p.status else None
+        if not node or phase in ("Succeeded", "Failed"):
+            continue
+        for c in p.spec.containers or []:
+            res = c.resources
+            want = (res.requests or {}).get(GPU) or (res.limits or {}).get(GPU) if res else None
+            out[node] = out.get(node, 0) + _quantity(want)
+    return out
+
+
+def usable(n: Any, tolerations: Sequence[Any]) -> bool:
+    """Ready, not cordoned, and no taint that keeps the run's pod off."""
+    if n.spec and n.spec.unschedulable:
+        return False
+    conditions = (n.status.conditions or []) if n.status else []
+    if not any(c.type == "Ready" and c.status == "True" for c in conditions):
+        return False
+    taints = (n.spec.taints or []) if n.spec else []
+    return all(
+        t.effect not in ("NoSchedule", "NoExecute") or _tolerates(tolerations, t) for t in taints
+    )
+
+
+def free_nodes(
+    nodes: Sequence[Any], used: Mapping[str, int], gpus: int, tolerations: Sequence[Any]
+) -> dict[str, int]:
+    """The nodes of each class that could take one of the run's pods now."""
+    free = {PREEMPTIBLE: 0, "standard": 0}
+    for n in nodes:
+        if not usable(n, tolerations):
+            continue
+        allocatable = _quantity(((n.status.allocatable or {}) if n.status else {}).get(GPU))
+        if gpus and allocatable - used.get(n.metadata.name, 0) < gpus:
+            continue
+        free[node_class(n)] += 1
+    return free
+
+
+def gated(pod: Any) -> bool:
+    return any(g.name == L.PLACEMENT_GATE for g in (pod.spec.scheduling_gates or []))
+
+
+def kube_facts(
+    config: Mapping[str, Any],
+    pods: Sequence[Any],
+    nodes: Sequence[Any],
+    all_pods: Sequence[Any],
+    run_dir: str | Path,
+    now: float,
+) -> Facts:
+    """`tgnb.runs.recovery.Facts` of a run's gated pods (`pods`): one placement for all of them."""
+    gpus = int(config["gpus_per_node"])
+    tolerations = (pods[0].spec.tolerations or []) if pods else []
+    free = free_nodes(nodes, gpus_requested(all_pods), gpus, tolerations)
+    oldest = min(_seconds(p.metadata.creation_timestamp, now) for p in pods) if pods else now
+    want = min(len(pods), int(config["nodes"])) or int(config["nodes"])
+    least = config.get("min_nodes")
+    preemptible_up = [n for n in nodes if node_class(n) == PREEMPTIBLE and usable(n, tolerations)]
+    allocated = sum(_quantity((n.status.allocatable or {}).get(GPU)) for n in preemptible_up)
+    return Facts(
+        nodes=want,
+        min_nodes=min(int(least), want) if least else None,
+        free=free,
+        short_for_s=max(0.0, now - oldest),
+        allocated_gpus=allocated if gpus else None,
+        desired_gpus=want * gpus if gpus else None,
+        gpus_per_node=gpus,
+        **progress(run_dir, float(config["launched"]), config.get("max_steps"), now),
+    )
+
+
+def _seconds(value: Any, now: float) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return now
+
+
+def placement_patch(pod: Any, node_class_: str) -> list[dict[str, Any]]:
+    """The JSON patch that places `pod` on `node_class_` and lifts tgnb's gate (other gates stay).
+    On a gated pod Kubernetes allows adding nodeSelector entries, setting an affinity that was
+    unset, and removing gates."""
+    ops: list[dict[str, Any]] = []
+    gates = pod.spec.scheduling_gates or []
+    for i, g in reversed(list(enumerate(gates))):
+        if g.name == L.PLACEMENT_GATE:
+            ops.append({"op": "remove", "path": f"/spec/schedulingGates/{i}"})
+    if node_class_ == PREEMPTIBLE:
+        if pod.spec.node_selector:
+            key = L.COMPUTE_CLASS_LABEL.replace("~", "~0").replace("/", "~1")
+            ops.append({"op": "add", "path": f"/spec/nodeSelector/{key}", "value": PREEMPTIBLE})
+        else:
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/spec/nodeSelector",
+                    "value": {L.COMPUTE_CLASS_LABEL: PREEMPTIBLE},
+                }
+            )
+    else:
+        body = client.ApiClient().sanitize_for_serialization(standard_affinity())
+        if pod.spec.affinity is None:
+            ops.append({"op": "add", "path": "/spec/affinity", "value": body})
+        elif pod.spec.affinity.node_affinity is None:
+            ops.append(
+                {"op": "add", "path": "/spec/affinity/nodeAffinity", "value": body["nodeAffinity"]}
+            )
+        else:  # only additions to what is there are allowed: the NotIn to each term
+            required = (
+                pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+            )
+            term = body["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            if required is None or not required.node_selector_terms:
+                path = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+                ops.append({"op": "add", "path": path, "value": term})
+            else:
+                expr = term["nodeSelectorTerms"][0]["matchExpressions"][0]
+                for i, t in enumerate(required.node_selector_terms):
+                    base = f"/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/{i}/matchExpressions"
+                    if t.match_expressions:
+                        ops.append({"op": "add", "path": f"{base}/-", "value": expr})
+                    else:
+                        ops.append({"op": "add", "path": base, "value": [expr]})
+    return ops
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+class Placer:
+    """Places the gated pods of one run with the settings of its ``placer.json`` (`config`)."""
+
+    def __init__(
+        self, config: Mapping[str, Any], api_client: Any, run_dir: str | Path | None = None
+    ):
+        self.config = dict(config)
+        self.name = str(self.config["run"])
+        self.namespace = str(self.config["namespace"])
+        self.policy = RecoveryPolicy.from_dict(self.config["policy"])
+        self.run_dir = Path(run_dir or self.config["run_dir"])
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.said: tuple[str, ...] = ()
+        self.started = time.time()
+        self.job_seen = False
+
+    def event(self, d: Decision, pod: Any) -> None:
+        """The decision as a ``RecoveryDecided`` Event on `pod` (the run's timeline reads it)."""
+        data = {"action": d.action, "nodes": d.nodes, "node_class": d.node_class, "rule": d.rule}
+        now = utcnow()
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{self.name}-recovery-",
+                namespace=self.namespace,
+                labels={L.MANAGED_BY_LABEL: L.MANAGED_BY, L.RUN_LABEL: self.name},
+                annotations={DECISION_ANNOTATION: json.dumps(data, sort_keys=True)},
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                name=pod.metadata.name,
+                namespace=self.namespace,
+                uid=pod.metadata.uid,
+            ),
+            reason=RECOVERY_DECIDED,
+            message=d.reason,
+            type="Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component="tgnb-placer"),
+        )
+        try:
+            self.core.create_namespaced_event(self.namespace, body)
+        except ApiException as exc:  # the decision stands; only its record is lost
+            print(f"tgnb placer: could not record the decision ({exc.status})", flush=True)
+        print(f"tgnb placer: {d.reason}", flush=True)
+
+    def job_finished(self, now: float | None = None) -> bool:
+        """Whether the run's Job has finished or is gone. The placer is created before the Job:
+        a Job not there yet is gone only once it was seen, or `JOB_GRACE_S` after the placer
+        started (a submit that failed half-way and could not clean up)."""
+        now = time.time() if now is None else now
+        try:
+            job = self.batch.read_namespaced_job(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return self.job_seen or now - self.started >= JOB_GRACE_S
+        self.job_seen = True
+        for c in (job.status.conditions or []) if job.status else []:
+            if c.type in ("Complete", "Failed") and c.status == "True":
+                return True
+        return False
+
+    def tick(self, now: float | None = None) -> Decision | None:
+        """One look at the run's pods; the decision when some were gated."""
+        now = time.time() if now is None else now
+        found = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{L.RUN_LABEL}={self.name}"
+        )
+        items: list[Any] = list(found.items or [])
+        pods = [p for p in items if gated(p) and not p.metadata.deletion_timestamp]
+        if not pods:
+            self.said = ()
+            return None
+        nodes = self.core.list_node().items or []
+        everyone = (
+            self.core.list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed"
+            ).items
+            or []
+        )
+        facts = kube_facts(self.config, pods, nodes, everyone, self.run_dir, now)
+        d = decide(self.policy, facts)
+        if d.action == "start":
+            for pod in pods:  # one placement: every pod gets the same class
+                try:
+                    self.core.patch_namespaced_pod(
+                        pod.metadata.name, self.namespace, placement_patch(pod, d.node_class)
+                    )
+                except ApiException as exc:  # deleted meanwhile: its replacement comes gated
+                    print(
+                        f"tgnb placer: could not place {pod.metadata.name} ({exc.status})",
+                        flush=True,
+                    )
+        key = (d.action, d.rule, d.node_class, str(d.nodes))
+        if key != self.said or d.action == "start":
+            self.event(d, pods[0])
+            self.said = () if d.action == "start" else key
+        return d
+
+    def run(self) -> int:
+        poll = float(self.config.get("poll_s") or 5.0)
+        print(f"tgnb placer: placing the pods of run {self.name}", flush=True)
+        while True:
+            try:
+                if self.job_finished():
+                    break
+                self.tick()
+            except ApiException as exc:  # the API server is busy or restarting: look again
+                print(f"tgnb placer: the API answered {exc.status}", flush=True)
+            time.sleep(poll)
+        print(f"tgnb placer: run {self.name} has finished; removing the placer", flush=True)
+        name = self.config.get("deployment") or L.placer_name(self.name)
+        try:
+            self.apps.delete_namespaced_deployment(name, self.namespace)
+        except ApiException as exc:
+            print(f"tgnb placer: could not delete {name} ({exc.status})", flush=True)
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m tgnb.backends.kubernetes.placer PLACER_JSON", file=sys.stderr)
+        return 2
+    from kubernetes import config as kube_config
+
+    kube_config.load_incluster_config()
+    return Placer(json.loads(Path(args[0]).read_text()), client.ApiClient()).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The objects of a run's placer (`tgnb.backends.kubernetes.placer`), built with the client's models.
+
+A run whose recovery policy moves between node classes after a wait or by a deadline
+(`labels.needs_placer`) has its pods held by a scheduling gate, and a placer that lifts it:
+
+- a ConfigMap ``RUN-placer`` holding ``placer.json`` (the policy, the run's size, its launch time);
+- a ServiceAccount, a Role (the namespace's pods: get, list, watch, patch; events: create; its own
+  Deployment: get, delete, to remove itself once the run's Job has finished) and its RoleBinding;
+- a ClusterRole and ClusterRoleBinding ``tgnb-placer-NAMESPACE-RUN`` to read nodes and count the
+  GPUs the pods of every namespace request on them (the free capacity of each class);
+- a one-replica Deployment on a standard node (the seed's NotIn affinity: a preemption must not
+  take the placer with the run), the run's image, 100m CPU and 256Mi, the run's directory mounted
+  read-only from the shared claim so it reads the run's ``metrics.jsonl`` for a deadline.
+
+Every object carries the run's labels. No secret reaches the placer: it gets none. The run's image
+runs it, so a run with a placer needs ``tgnb[k8s]`` (the ``kubernetes`` client) in its image.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from tgnb.backends.base import RunSpec
+from tgnb.backends.kubernetes import labels as L
+
+RBAC = "rbac.authorization.k8s.io"
+
+
+@dataclass(frozen=True)
+class PlacerObjects:
+    """The placer's objects, in the order they are created (the RBAC before its user)."""
+
+    config_map: client.V1ConfigMap
+    service_account: client.V1ServiceAccount
+    role: client.V1Role
+    role_binding: client.V1RoleBinding
+    cluster_role: client.V1ClusterRole
+    cluster_role_binding: client.V1ClusterRoleBinding
+    deployment: client.V1Deployment
+
+    def all(self) -> list[Any]:
+        return [
+            self.service_account,
+            self.role,
+            self.role_binding,
+            self.cluster_role,
+            self.cluster_role_binding,
+            self.config_map,
+            self.deployment,
+        ]
+
+
+def placer_config(spec: RunSpec, namespace: str, launched: float, poll_s: float = 5.0) -> str:
+    """``placer.json``: what the placer needs to decide, nothing more (no env, no secrets)."""
+    res = spec.resources
+    config = {
+        "run": spec.name,
+        "namespace": namespace,
+        "policy": spec.policy.to_dict(),
+        "nodes": res.nodes,
+        "min_nodes": res.min_nodes,
+        "gpus_per_node": res.gpus_per_node,
+        "max_steps": spec.train.get("max_steps"),
+        "launched": launched,
+        "run_dir": L.run_dir_for(spec),
+        "deployment": L.placer_name(spec.name),
+        "poll_s": poll_s,
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def standard_affinity() -> client.V1Affinity:
+    """The seed's NotIn affinity: a node that is not preemptible."""
+    not_preemptible = client.V1NodeSelectorRequirement(
+        key=L.COMPUTE_CLASS_LABEL, operator="NotIn", values=[L.PREEMPTIBLE]
+    )
+    return client.V1Affinity(
+        node_affinity=client.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
+                node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=[not_preemptible])]
+            )
+        )
+    )
+
+
+def _rule(
+    group: str, resources: list[str], verbs: list[str], names: list[str] | None = None
+) -> Any:
+    return client.V1PolicyRule(
+        api_groups=[group], resources=resources, verbs=verbs, resource_names=names
+    )
+
+
+def build_placer(
+    spec: RunSpec,
+    namespace: str,
+    labels: dict[str, str],
+    claim: str,
+    launched: float | None = None,
+) -> PlacerObjects:
+    """The placer of `spec` (already validated by `build_objects`)."""
+    name = L.placer_name(spec.name)
+    cluster_name = L.placer_cluster_name(namespace, spec.name)
+    launched = time.time() if launched is None else launched
+
+    def meta(n: str, ns: str | None = namespace) -> client.V1ObjectMeta:
+        return client.V1ObjectMeta(name=n, namespace=ns, labels=dict(labels))
+
+    config_map = client.V1ConfigMap(
+        api_version="v1",
+        kind="ConfigMap",
+        metadata=meta(name),
+        data={L.PLACER_CONFIG_FILE: placer_config(spec, namespace, launched)},
+    )
+    account = client.V1ServiceAccount(api_version="v1", kind="ServiceAccount", metadata=meta(name))
+    role = client.V1Role(
+        api_version=f"{RBAC}/v1",
+        kind="Role",
+        metadata=meta(name),
+        rules=[
+            _rule("", ["pods"], ["get", "list", "watch", "patch"]),
+            _rule("", ["events"], ["create"]),
+            _rule("batch", ["jobs"], ["get"], [spec.name]),
+            _rule("apps", ["deployments"], ["get", "delete"], [name]),
+        ],
+    )
+    subject = client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=namespace)
+    role_binding = client.V1RoleBinding(
+        api_version=f"{RBAC}/v1",
+        kind="RoleBinding",
+        metadata=meta(name),
+        role_ref=client.V1RoleRef(api_group=RBAC, kind="Role", name=name),
+        subjects=[subject],
+    )
+    cluster_role = client.V1ClusterRole(
+        api_version=f"{RBAC}/v1",
+        kind="ClusterRole",
+        metadata=meta(cluster_name, None),
+        rules=[_rule("", ["nodes"], ["get", "list"]), _rule("", ["pods"], ["list"])],
+    )
+    cluster_role_binding = client.V1ClusterRoleBinding(
+        api_version=f"{RBAC}/v1",
+        kind="ClusterRoleBinding",
+        metadata=meta(cluster_name, None),
+        role_ref=client.V1RoleRef(api_group=RBAC, kind="ClusterRole", name=cluster_name),
+        subjects=[subject],
+    )
+    config_path = f"{L.CONFIG_DIR}/{L.PLACER_CONFIG_FILE}"
+    # not the run's label: the run's pods (its status, its Service) are those that carry it
+    pod_labels = {L.MANAGED_BY_LABEL: L.MANAGED_BY, L.PLACER_LABEL: spec.name}
+    container = client.V1Container(
+        name=L.PLACER_CONTAINER,
+        image=spec.image,
+        command=["python", "-m", "tgnb.backends.kubernetes.placer", config_path],
+        env=[client.V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
+        resources=client.V1ResourceRequirements(
+            requests={"cpu": "100m", "memory": "256Mi"}, limits={"memory": "256Mi"}
+        ),
+        volume_mounts=[
+            client.V1VolumeMount(name="config", mount_path=L.CONFIG_DIR, read_only=True),
+            client.V1VolumeMount(
+                name="runs", mount_path=L.run_dir_for(spec), sub_path=spec.name, read_only=True
+            ),
+        ],
+    )
+    pod = client.V1PodSpec(
+        service_account_name=name,
+        affinity=standard_affinity(),
+        containers=[container],
+        volumes=[
+            client.V1Volume(name="config", config_map=client.V1ConfigMapVolumeSource(name=name)),
+            client.V1Volume(
+                name="runs",
+                # read-only at the mount only: the kubelet creates a missing sub-directory (the
+                # placer may start before the run's first pod) in the volume, which must be writable
+                persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+                    claim_name=claim
+                ),
+            ),
+        ],
+    )
+    deployment = client.V1Deployment(
+        api_version="apps/v1",
+        kind="Deployment",
+        metadata=meta(name),
+        spec=client.V1DeploymentSpec(
+            replicas=1,
+            selector=client.V1LabelSelector(match_labels={L.PLACER_LABEL: spec.name}),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=pod_labels), spec=pod
+            ),
+        ),
+    )
+    return PlacerObjects(
+        config_map, account, role, role_binding, cluster_role, cluster_role_binding, deployment
+    )
