@@ -9,12 +9,14 @@ What it can see: the Job and its pods (state, nodes, restart count), the pods' l
 ``RecoveryDecided`` Events of the run's placer (`tgnb.backends.kubernetes.placer`), and the run's own
 records that the training process prints on stdout (``@tgnb `` lines). The run's ``events.jsonl``
 lies on the shared volume claim inside the cluster and is not reachable from here.
+
+The placer's API calls (create, delete, read its decisions) are in
+`tgnb.backends.kubernetes.placer_api`; the one-line errors for a failed API call in
+`tgnb.backends.kubernetes.apierrors`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -25,19 +27,12 @@ from kubernetes.client.exceptions import ApiException
 
 from tgnb.backends.base import JobState, JobStatus, RunSpec
 from tgnb.backends.kubernetes import labels as L
+from tgnb.backends.kubernetes.apierrors import api_error, event_time
 from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
-from tgnb.backends.kubernetes.placer import DECISION_ANNOTATION
+from tgnb.backends.kubernetes.placer_api import PlacerApi
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
-from tgnb.errors import AuthenticationError, BackendError, NotFoundError, TgnbError
-from tgnb.events import (
-    PREEMPTION_NOTIFIED,
-    RECOVERY_DECIDED,
-    Event,
-    dedupe,
-    from_record,
-    parse_record,
-    parse_time,
-)
+from tgnb.errors import BackendError, NotFoundError, TgnbError
+from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, from_record, parse_record
 
 
 class KubernetesBackend:
@@ -66,6 +61,7 @@ class KubernetesBackend:
         self.batch = client.BatchV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.rbac = client.RbacAuthorizationV1Api(api_client)
+        self._placer = PlacerApi(self.core, self.rbac, self.apps, namespace)
         self._nodes_seen: dict[str, set[str]] = {}
         self._cancelled: set[str] = set()
 
@@ -134,14 +130,14 @@ class KubernetesBackend:
                 self.core.create_namespaced_config_map(ns, objs.config_map)
             except ApiException as exc:
                 raise (
-                    exists if exc.status == 409 else _error(exc, "create the run's config")
+                    exists if exc.status == 409 else api_error(exc, "create the run's config")
                 ) from None
             created.append(("configmap", config_map_name(name)))
             try:
                 self.core.create_namespaced_persistent_volume_claim(ns, objs.claim)
             except ApiException as exc:
                 if exc.status != 409:  # the shared claim exists already: keep it
-                    raise _error(exc, f"create the volume claim {self.claim!r}") from None
+                    raise api_error(exc, f"create the volume claim {self.claim!r}") from None
             if objs.service is not None:
                 try:
                     self.core.create_namespaced_service(ns, objs.service)
@@ -149,98 +145,24 @@ class KubernetesBackend:
                     raise (
                         exists
                         if exc.status == 409
-                        else _error(exc, "create the rendezvous Service")
+                        else api_error(exc, "create the rendezvous Service")
                     ) from None
                 created.append(("service", name))
             if objs.placer is not None:
-                self._create_placer(objs, created)
+                self._placer.create(objs, created)
             try:
                 self.batch.create_namespaced_job(ns, objs.job)
             except ApiException as exc:
-                raise (exists if exc.status == 409 else _error(exc, "create the Job")) from None
+                raise (exists if exc.status == 409 else api_error(exc, "create the Job")) from None
         except TgnbError:
-            self._delete_quietly(created)
+            self._placer.delete_quietly(created)
             raise
         except Exception as exc:
-            self._delete_quietly(created)
-            raise _error(exc, "submit the run") from None
+            self._placer.delete_quietly(created)
+            raise api_error(exc, "submit the run") from None
         self._nodes_seen[name] = set()
         self._cancelled.discard(name)
         return name
-
-    def _create_placer(self, objs: RunObjects, created: list[tuple[str, str]]) -> None:
-        placer, ns = objs.placer, self.namespace
-        assert placer is not None
-        steps: list[tuple[str, Any, Any]] = [
-            ("serviceaccount", self.core.create_namespaced_service_account, placer.service_account),
-            ("role", self.rbac.create_namespaced_role, placer.role),
-            ("rolebinding", self.rbac.create_namespaced_role_binding, placer.role_binding),
-            ("clusterrole", self.rbac.create_cluster_role, placer.cluster_role),
-            (
-                "clusterrolebinding",
-                self.rbac.create_cluster_role_binding,
-                placer.cluster_role_binding,
-            ),
-            ("configmap", self.core.create_namespaced_config_map, placer.config_map),
-            ("deployment", self.apps.create_namespaced_deployment, placer.deployment),
-        ]
-        for kind, create, obj in steps:
-            try:
-                create(obj) if kind.startswith("cluster") else create(ns, obj)
-            except ApiException as exc:
-                if exc.status == 403:
-                    raise AuthenticationError(
-                        f"the Kubernetes API refused to create the run's placer {kind} "
-                        f"{obj.metadata.name!r} (403): its policy waits before standard nodes or "
-                        "has a deadline, which needs a placer that reads the cluster's nodes; use "
-                        "RecoveryPolicy(when_short='standard', wait_s=0) without a deadline, or ask "
-                        "an admin for the rights to create Roles, ClusterRoles and their bindings",
-                        403,
-                    ) from None
-                raise _error(exc, f"create the run's placer {kind}") from None
-            created.append((kind, obj.metadata.name))
-
-    def _delete(self, kind: str, name: str) -> None:
-        ns = self.namespace
-        deletes: dict[str, Any] = {
-            "configmap": lambda: self.core.delete_namespaced_config_map(name, ns),
-            "service": lambda: self.core.delete_namespaced_service(name, ns),
-            "serviceaccount": lambda: self.core.delete_namespaced_service_account(name, ns),
-            "role": lambda: self.rbac.delete_namespaced_role(name, ns),
-            "rolebinding": lambda: self.rbac.delete_namespaced_role_binding(name, ns),
-            "clusterrole": lambda: self.rbac.delete_cluster_role(name),
-            "clusterrolebinding": lambda: self.rbac.delete_cluster_role_binding(name),
-            "deployment": lambda: self.apps.delete_namespaced_deployment(name, ns),
-        }
-        deletes[kind]()
-
-    def _delete_quietly(self, created: list[tuple[str, str]]) -> None:
-        for kind, obj in reversed(created):
-            with contextlib.suppress(Exception):  # best effort: the error raised matters more
-                self._delete(kind, obj)
-
-    def _delete_placer(self, job_id: str) -> None:
-        """The run's placer, if it has one: its Deployment (which it may have deleted itself once
-        the run finished) tells; its RBAC and ConfigMap follow."""
-        name, cluster = L.placer_name(job_id), L.placer_cluster_name(self.namespace, job_id)
-        found = False
-        for kind, obj in (
-            ("deployment", name),
-            ("configmap", name),
-            ("rolebinding", name),
-            ("role", name),
-            ("serviceaccount", name),
-            ("clusterrolebinding", cluster),
-            ("clusterrole", cluster),
-        ):
-            try:
-                self._delete(kind, obj)
-                found = True
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise _error(exc, f"delete the placer's {kind} {obj!r}") from None
-            if kind == "configmap" and not found:
-                return  # neither its Deployment nor its config: the run has no placer
 
     # -- follow -------------------------------------------------------------------------------
 
@@ -253,9 +175,9 @@ class KubernetesBackend:
                     f"no run {job_id!r} in namespace {self.namespace!r}: list runs to find its name",
                     404,
                 ) from None
-            raise _error(exc, f"read the Job {job_id!r}") from None
+            raise api_error(exc, f"read the Job {job_id!r}") from None
         except Exception as exc:
-            raise _error(exc, f"read the Job {job_id!r}") from None
+            raise api_error(exc, f"read the Job {job_id!r}") from None
 
     def _pods(self, job_id: str) -> list[Any]:
         try:
@@ -263,7 +185,7 @@ class KubernetesBackend:
                 self.namespace, label_selector=f"{L.RUN_LABEL}={job_id}"
             )
         except Exception as exc:
-            raise _error(exc, f"list the pods of {job_id!r}") from None
+            raise api_error(exc, f"list the pods of {job_id!r}") from None
         pods = sorted(found.items or [], key=pod_order)
         seen = self._nodes_seen.setdefault(job_id, set())
         seen.update(p.spec.node_name for p in pods if p.spec and p.spec.node_name)
@@ -294,9 +216,9 @@ class KubernetesBackend:
                 raise NotFoundError(
                     f"no run {job_id!r} in namespace {self.namespace!r}: nothing to cancel", 404
                 ) from None
-            raise _error(exc, f"delete the Job {job_id!r}") from None
+            raise api_error(exc, f"delete the Job {job_id!r}") from None
         except Exception as exc:
-            raise _error(exc, f"delete the Job {job_id!r}") from None
+            raise api_error(exc, f"delete the Job {job_id!r}") from None
         self._cancelled.add(job_id)
         for delete, obj in (
             (self.core.delete_namespaced_service, job_id),
@@ -306,8 +228,8 @@ class KubernetesBackend:
                 delete(obj, self.namespace)
             except ApiException as exc:
                 if exc.status != 404:
-                    raise _error(exc, f"delete {obj!r}") from None
-        self._delete_placer(job_id)
+                    raise api_error(exc, f"delete {obj!r}") from None
+        self._placer.delete_placer(job_id)
 
     def logs(self, job_id: str, follow: bool = False, index: int = 0) -> Iterator[str]:
         """Lines (without newline) of the trainer container in the pods of `index`, oldest pod
@@ -357,7 +279,7 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status in (400, 404):  # not started yet, or its node is gone
                 return ""
-            raise _error(exc, f"read the logs of {pod.metadata.name!r}") from None
+            raise api_error(exc, f"read the logs of {pod.metadata.name!r}") from None
 
     def _stream_log(self, pod_name: str) -> Iterator[str]:
         try:
@@ -371,7 +293,7 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status in (400, 404):
                 return
-            raise _error(exc, f"follow the logs of {pod_name!r}") from None
+            raise api_error(exc, f"follow the logs of {pod_name!r}") from None
         buf = b""
         try:
             for chunk in resp.stream(4096):
@@ -396,14 +318,14 @@ class KubernetesBackend:
                 field_selector=f"reason={PREEMPTION_NOTIFIED}"
             )
         except Exception as exc:
-            raise _error(exc, "list TogetherPreemptionNotified events") from None
+            raise api_error(exc, "list TogetherPreemptionNotified events") from None
         for item in found.items or []:
             obj = item.involved_object
             if obj is None or obj.kind != "Node" or obj.name not in nodes:
                 continue
             out.append(
                 Event(
-                    time=_event_time(item),
+                    time=event_time(item),
                     source="cluster",
                     reason=PREEMPTION_NOTIFIED,
                     message=item.message or "",
@@ -411,40 +333,10 @@ class KubernetesBackend:
                     run=job_id,
                 )
             )
-        out.extend(self._decisions(job_id))
+        out.extend(self._placer.decisions(job_id))
         for pod in pods:
             out.extend(run_records(_split(self._read_log(pod)), job_id))
         return dedupe(out)
-
-    def _decisions(self, job_id: str) -> list[Event]:
-        """The run's placer's decisions (``RecoveryDecided`` Events, `placer.Placer.event`)."""
-        try:
-            found = self.core.list_namespaced_event(
-                self.namespace,
-                field_selector=f"reason={RECOVERY_DECIDED}",
-                label_selector=f"{L.RUN_LABEL}={job_id}",
-            )
-        except Exception as exc:
-            raise _error(exc, "list the placer's decisions") from None
-        out = []
-        for item in found.items or []:
-            labels = (item.metadata.labels or {}) if item.metadata else {}
-            if item.reason != RECOVERY_DECIDED or labels.get(L.RUN_LABEL) != job_id:
-                continue
-            raw = ((item.metadata.annotations or {}) if item.metadata else {}).get(
-                DECISION_ANNOTATION, "{}"
-            )
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                data = {}
-            fields = ("action", "nodes", "node_class", "rule")
-            data = {k: data[k] for k in fields if isinstance(data, dict) and k in data}
-            out.append(
-                Event(_event_time(item), "tgnb", RECOVERY_DECIDED, item.message or "", None,
-                      job_id, data)
-            )  # fmt: skip
-        return out
 
     def _scheduled_nodes(self, job_id: str) -> set[str]:
         """Nodes the run's pods were assigned to, from the namespace's ``Scheduled`` events: a
@@ -455,7 +347,7 @@ class KubernetesBackend:
                 self.namespace, field_selector="reason=Scheduled"
             )
         except Exception as exc:
-            raise _error(exc, "list the pods' scheduling events") from None
+            raise api_error(exc, "list the pods' scheduling events") from None
         nodes = set()
         own_pod = re.compile(rf"^{re.escape(job_id)}-\d+-[a-z0-9]+$")
         for item in found.items or []:
@@ -498,41 +390,3 @@ def _started(pod: Any) -> bool:
         if cs.name == L.CONTAINER and cs.state is not None:
             return cs.state.running is not None or cs.state.terminated is not None
     return False
-
-
-def _event_time(item: Any) -> Any:
-    for value in (item.first_timestamp, item.event_time, item.last_timestamp):
-        if value is not None:
-            return parse_time(value)
-    created = item.metadata.creation_timestamp if item.metadata else None
-    return parse_time(created) if created is not None else parse_time(0)
-
-
-def _error(exc: BaseException, doing: str) -> TgnbError:
-    """A one-line tgnb error for a failed call to the Kubernetes API."""
-    if isinstance(exc, ApiException):
-        detail = _status_message(exc)
-        if exc.status in (401, 403):
-            return AuthenticationError(
-                f"the Kubernetes API refused to {doing} ({exc.status}: {detail}): "
-                "check the cluster's kube_config and the namespace's permissions",
-                exc.status,
-            )
-        if exc.status == 404:
-            return NotFoundError(f"could not {doing}: {detail} (404)", 404)
-        return BackendError(
-            f"could not {doing}: the Kubernetes API answered {exc.status}: {detail}"
-        )
-    if isinstance(exc, TgnbError):
-        return exc
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return BackendError(f"could not reach the Kubernetes API to {doing}: {first}")
-
-
-def _status_message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "")
-        message = str(body.get("message") or exc.reason or "")
-    except (ValueError, AttributeError):
-        message = str(exc.reason or "")
-    return message.strip().splitlines()[0] if message.strip() else "no message"
