@@ -31,7 +31,7 @@ def test_a_script_run_drained_requeues_and_resumes_from_its_snapshot(
     with open(wd / "data.jsonl", "w", encoding="utf-8") as fh:
         for i in range(200):
             fh.write(json.dumps({"a": i % 3, "b": (i // 3) % 3}) + "\n")
-    max_steps = 16
+    max_steps = 160  # a fast machine ran all of 16 between step 3 and the drain notice
     spec = RunSpec(
         name="script-drain",
         train={
