@@ -238,6 +238,15 @@ class Decision:
     reason: str
     rule: str  # "full", "wait", "shrink", "standard", "deadline"
 
+    def data(self) -> dict[str, Any]:
+        """The fields a ``RecoveryDecided`` event carries (its message is `reason`), the same on
+        every engine."""
+        return {k: getattr(self, k) for k in DECISION_DATA}
+
+
+#: The fields of a `Decision` in a ``RecoveryDecided`` event's data.
+DECISION_DATA = ("action", "nodes", "node_class", "rule")
+
 
 def _minutes(seconds: float) -> str:
     if seconds < 90:

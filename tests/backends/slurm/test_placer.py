@@ -26,6 +26,7 @@ from tgnb.runs.recovery import RecoveryPolicy, decide
 
 from .conftest import NODE, set_features
 from .test_slurm_jobs import make_backend
+from .test_slurm_training import wait_until
 
 GPU_NODES = [
     "NodeName=gpu-preemptible-dp-0 CPUAlloc=4 CPUTot=64 AvailableFeatures=preemptible "
@@ -97,15 +98,6 @@ def decisions(backend: Any, job: str) -> list[tuple[str, str, str]]:
         for e in backend.events(job)
         if e.reason == "RecoveryDecided"
     ]
-
-
-def wait_until(what: str, ok: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := ok()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
-    return value
 
 
 @pytest.mark.slurm

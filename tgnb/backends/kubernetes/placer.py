@@ -231,7 +231,7 @@ class Placer:
 
     def event(self, d: Decision, pod: Any) -> None:
         """The decision as a ``RecoveryDecided`` Event on `pod` (the run's timeline reads it)."""
-        data = {"action": d.action, "nodes": d.nodes, "node_class": d.node_class, "rule": d.rule}
+        data = d.data()
         now = utcnow()
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(

@@ -22,6 +22,7 @@ from tgnb.backends.kubernetes.objects import RunObjects
 from tgnb.backends.kubernetes.placer import DECISION_ANNOTATION
 from tgnb.errors import AuthenticationError
 from tgnb.events import RECOVERY_DECIDED, Event
+from tgnb.runs.recovery import DECISION_DATA
 
 
 class PlacerApi:
@@ -133,8 +134,7 @@ class PlacerApi:
                 data = json.loads(raw)
             except ValueError:
                 data = {}
-            fields = ("action", "nodes", "node_class", "rule")
-            data = {k: data[k] for k in fields if isinstance(data, dict) and k in data}
+            data = {k: data[k] for k in DECISION_DATA if isinstance(data, dict) and k in data}
             out.append(
                 Event(event_time(item), "tgnb", RECOVERY_DECIDED, item.message or "", None,
                       job_id, data)

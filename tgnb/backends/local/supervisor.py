@@ -212,14 +212,7 @@ class Supervisor:
         return None
 
     def decision(self, d: Decision) -> None:
-        self.event(
-            RECOVERY_DECIDED,
-            d.reason,
-            action=d.action,
-            nodes=d.nodes,
-            node_class=d.node_class,
-            rule=d.rule,
-        )
+        self.event(RECOVERY_DECIDED, d.reason, **d.data())
 
     # -- one attempt ---------------------------------------------------------------------------
 

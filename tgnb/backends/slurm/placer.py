@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tgnb.backends.base import JobState, RunSpec
+from tgnb.backends.base import RunSpec
 from tgnb.backends.slurm.commands import CommandRunner
 from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.events import RECOVERY_DECIDED, Event, utcnow
@@ -199,10 +199,9 @@ class Placer:
         return [parse_fields(line) for line in proc.stdout.splitlines() if line.strip()]
 
     def event(self, d: Decision) -> None:
-        data = {"action": d.action, "nodes": d.nodes, "node_class": d.node_class, "rule": d.rule}
         ev = Event(
             utcnow(), "tgnb", RECOVERY_DECIDED, d.reason, run=self.config["run"],
-            data={**data, "job_id": self.job},
+            data={**d.data(), "job_id": self.job},
         )  # fmt: skip
         with open(self.run_dir / node.EVENTS, "a", encoding="utf-8") as fh:
             fh.write(ev.to_json() + "\n")
@@ -218,9 +217,7 @@ class Placer:
         state = job_status(fields).state
         if state.finished:
             return False
-        if state not in (JobState.PENDING, JobState.REQUEUED) or not fields.get(
-            "JobState", ""
-        ).startswith("PENDING"):
+        if not fields.get("JobState", "").startswith("PENDING"):  # running, or being requeued
             self.pending_since, self.said = None, ()
             return True
         self.pending_since = self.pending_since or now
