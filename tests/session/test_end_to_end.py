@@ -35,7 +35,7 @@ from tgnb.session import Session, attach
 from .conftest import make_session, stop_everything
 
 pytestmark = pytest.mark.slow
-MAX_STEPS = 30
+MAX_STEPS = 200  # a fast machine ran all of 30 between step 5 and the preemption
 FAST_DRAIN = {"drain_poll_seconds": 0.2}
 
 

@@ -21,6 +21,7 @@ shared volume cannot run code on load.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
@@ -362,6 +363,19 @@ class Writer:
             use_non_blocking_copy=cuda,
         )
         self.stager = _AgreedStager(options, self.group)
+        if self.group is not None:
+            atexit.register(self.release)
+
+    def release(self) -> None:
+        """Let go of the saves' gloo group while the interpreter is still whole (at exit): left
+        to the interpreter's teardown, its gloo threads can abort a run that finished
+        ("terminate called without an active exception", SIGABRT, exit 1 from the launcher).
+        Destroyed here unless a ``destroy_process_group()`` of the user's took it already."""
+        group, self.group = self.group, None
+        self.stager.group = None
+        if group is not None and dist.is_initialized():
+            with contextlib.suppress(ValueError):  # no longer registered: destroyed already
+                dist.destroy_process_group(group)
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
         with _quiet():
