@@ -1,5 +1,7 @@
-"""What `Session.launch` makes of its arguments before anything is recorded or sent: the run's
-training config and workdir, and every check that can fail at launch rather than on the node.
+"""What `Session.launch` makes of its arguments before anything is recorded or sent: one
+`LaunchPlan` (`plan`) holding the run's contract (a `RunSpec`, valid by construction), the workdir
+snapshot it ships (taken once, `tgnb.runs.workdir.take`) and the preemption estimate, after every
+check that can fail at launch rather than on the node.
 
 - ``launch("grpo" | "dpo" | "sft")``: a built-in algorithm on the built-in tiny task;
 - ``launch("train.py", args=[...])``: a script of the workdir (a path ending in ``.py``);
@@ -9,7 +11,8 @@ training config and workdir, and every check that can fail at launch rather than
 The workdir (`tgnb.runs.workdir`) goes with every script run, and with a built-in run that reads
 from it (a relative dataset path, a reward module found there) or names one (``workdir=``).
 
-The checks (`check`), in the notebook's process and without importing torch or TRL there: the
+The checks (`check`) read the snapshot, not the live folder: what was checked is what the node
+gets. They run in the notebook's process and without importing torch or TRL there: the
 light ones (`tgnb.tasks.config.check_light`: types, ranges of common TRL options, the model,
 datasets resolved against the workdir with the columns the algorithm reads, the checkpoint
 policy); the script exists and compiles; and, when the config names something only TRL or the
@@ -27,13 +30,16 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import workdir as wd
+from tgnb.runs.spec import RunSpec
 
 if TYPE_CHECKING:
     from tgnb.cloud import ClusterState
@@ -118,6 +124,98 @@ def train_config(
     if train.get("algorithm") == "script":
         return train, given or wd.default_workdir()
     return train, given
+
+
+def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s keys set, mappings merged key by key (``checkpoint={...}`` adds to
+    the config's ``checkpoint:``)."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            base[key] = merge(dict(base[key]), value)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+    return base
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A launch, checked: the run's `spec` (with the `snapshot` it ships) and the line that says
+    where ``checkpoint.auto``'s preemption rate came from (`estimate`, None without ``auto``).
+    `discard` removes the staged snapshot once the engine has written it where the run reads it."""
+
+    spec: RunSpec
+    snapshot: wd.Snapshot | None
+    estimate: str | None
+
+    def resolved(self, run_dir: str | None = None) -> str:
+        """The config as the node will run it, as YAML (`resolved`)."""
+        root = None if self.snapshot is None else self.snapshot.root
+        return resolved(self.spec.train, root, run_dir)
+
+    def discard(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.discard()
+
+
+def plan(
+    what: str | os.PathLike[str] | Mapping[str, Any] | None,
+    *,
+    command: Sequence[str] | None = None,
+    args: Sequence[str] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    state: ClusterState | None = None,
+    **spec_fields: Any,
+) -> LaunchPlan:
+    """The `LaunchPlan` of a launch (see the module docstring): the training config from `what`
+    (or `command`) with `overrides` merged, the workdir snapshotted once, the spec built (it
+    checks itself) from `spec_fields` (`RunSpec`'s: resources, env, secrets, recovery...), the
+    estimate made from `state` on preemptible nodes, then every check run on the snapshot. On
+    bad input a `ValidationError` (or `TrainConfigError`) and nothing left behind. (The estimate
+    completes the spec's ``checkpoint:`` in place: it is tgnb's own, computed from the checked
+    setting.)"""
+    if name is not None and not isinstance(name, str):
+        raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
+    base, root = train_config(what, command=command, args=args, workdir=workdir)
+    train = merge(base, overrides or {})
+    if root is None and reads_workdir(train, wd.default_workdir()):
+        root = wd.default_workdir()
+    name = name or f"{train.get('algorithm', 'grpo')}-{uuid.uuid4().hex[:6]}"
+    train["name"] = name
+    snapshot = None if root is None else wd.take(root)
+    try:
+        spec = RunSpec(
+            name=name,
+            train=train,
+            workdir=None if root is None else os.fspath(root),
+            snapshot=snapshot,
+            **spec_fields,
+        )
+        if snapshot is not None:
+            _check_shipped(train, snapshot)
+        check(train, None if snapshot is None else snapshot.root)
+        res = spec.resources
+        estimate = None
+        if state is not None and res.preemptible:  # auto weighs what this cluster's nodes saw
+            estimate = observed_preemption_rate(train, state, res.nodes)
+    except BaseException:
+        if snapshot is not None:
+            snapshot.discard()
+        raise
+    return LaunchPlan(spec, snapshot, estimate)
+
+
+def _check_shipped(train: Mapping[str, Any], snapshot: wd.Snapshot) -> None:
+    """The script is in the snapshot, not only in the folder (an ignore pattern took it out)."""
+    script = train.get("script")
+    shipped = not isinstance(script, str) or script in snapshot.files
+    if not shipped and (snapshot.folder / str(script)).is_file():
+        raise ValidationError(
+            f"script {script!r} is in {str(snapshot.folder)!r} but left out of the snapshot "
+            f"the node gets (a pattern of {wd.IGNORE_FILE} or the defaults matches it): "
+            f"change {wd.IGNORE_FILE} so that it ships"
+        )
 
 
 def reads_workdir(train: Mapping[str, Any], root: Path) -> bool:

@@ -14,7 +14,6 @@ Bad input is refused before anything is sent or recorded (`tgnb.errors.Validatio
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,7 +27,7 @@ from tgnb.events import Event, dedupe, parse_since, parse_time
 from tgnb.runs.backend import Backend
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
-from tgnb.runs.spec import GPUS_PER_NODE, JobState, Resources, RunSpec, SecretRef
+from tgnb.runs.spec import GPUS_PER_NODE, JobState, Resources, SecretRef
 from tgnb.runs.store import RunStore
 
 if TYPE_CHECKING:
@@ -36,15 +35,6 @@ if TYPE_CHECKING:
 
 #: The cluster `attach()` creates on the local emulator when none is named.
 DEMO_CLUSTER = "tgnb-demo"
-
-
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            base[key] = _merge(dict(base[key]), value)
-        else:
-            base[key] = dict(value) if isinstance(value, Mapping) else value
-    return base
 
 
 class Session:
@@ -260,24 +250,19 @@ class Session:
         recorded or submitted.
         """
         from tgnb import prelaunch
-        from tgnb.runs import workdir as wd
 
-        if name is not None and not isinstance(name, str):
-            raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
-        base, root = prelaunch.train_config(what, command=command, args=args, workdir=workdir)
-        train = _merge(base, train_overrides)
-        if root is None and prelaunch.reads_workdir(train, wd.default_workdir()):
-            root = wd.default_workdir()
-        algorithm = str(train.get("algorithm", "grpo"))
-        name = name or f"{algorithm}-{uuid.uuid4().hex[:6]}"
-        train["name"] = name
-        prelaunch.check(train, root)
         res = Resources(
             nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node, preemptible=preemptible
         )
-        spec = RunSpec(
+        state = self.cluster.state()
+        plan = prelaunch.plan(
+            what,
+            command=command,
+            args=args,
+            workdir=workdir,
             name=name,
-            train=train,
+            overrides=train_overrides,
+            state=state,
             resources=res,
             image=image,
             partition=partition,
@@ -285,26 +270,26 @@ class Session:
             time_limit=time_limit,
             env=dict(env or {}),
             secrets=dict(secrets or {}),
-            workdir=None if root is None else os.fspath(root),
             recovery=RecoveryPolicy.coerce(recovery),
         )
-        spec.validate()
-        if spec.workdir is not None:
-            wd.scan(spec.workdir)  # its size and contents, before anything is recorded
-        if self.store.find(name) is not None:
+        try:
+            self._check_capacity(res, state)
+            return self._submit(plan, dry_run)
+        finally:
+            plan.discard()  # the engine wrote the snapshot where the run reads it
+
+    def _submit(self, plan: Any, dry_run: bool) -> Any:
+        """Record the plan's run and submit it (`dry_run`: the config as the node runs it)."""
+        spec, backend = plan.spec, self.backend
+        if self.store.find(spec.name) is not None:
             raise ValidationError(
-                f"a run named {name!r} already exists: choose another name= (or session.run(name))"
+                f"a run named {spec.name!r} already exists: choose another name= (or "
+                "session.run(name))"
             )
-        state = self.cluster.state()
-        self._check_capacity(res, state)
-        if preemptible:  # checkpoint.auto weighs what this cluster's nodes saw, the setting a prior
-            prelaunch.observed_preemption_rate(train, state, nodes)
-        backend = self.backend
         backend.preflight(spec)  # engine checks (commands, controller, image) before recording
+        run_dir = backend.run_dir_for(spec.name)
         if dry_run:
-            where = backend.run_dir_for(name)
-            return prelaunch.resolved(train, root, None if where is None else os.fspath(where))
-        run_dir = backend.run_dir_for(name)
+            return plan.resolved(None if run_dir is None else os.fspath(run_dir))
         record = self.store.create(
             spec,
             backend=backend.name,

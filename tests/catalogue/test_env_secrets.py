@@ -92,14 +92,21 @@ def test_local_launch_refused_and_nothing_stored(session: Session, env: dict[str
 
 @pytest.mark.parametrize("env", BAD_ENV.values(), ids=list(BAD_ENV))
 def test_slurm_script_refused(env: dict[str, str]) -> None:
-    spec = RunSpec(name="run", train={"algorithm": "dpo"}, env=env)
-    refused(lambda: render_script(spec, "/shared/runs/run"), *env.values())
+    """Refused by the spec as it is built, before anything renders."""
+    refused(
+        lambda: render_script(RunSpec(name="run", train={"algorithm": "dpo"}, env=env), "/r/run"),
+        *env.values(),
+    )
 
 
 @pytest.mark.parametrize("env", BAD_ENV.values(), ids=list(BAD_ENV))
 def test_kubernetes_objects_refused(env: dict[str, str]) -> None:
-    spec = RunSpec(name="run", train={"algorithm": "dpo"}, image="img:1", env=env)
-    refused(lambda: build_objects(spec, "research"), *env.values())
+    """Refused by the spec as it is built, before any object is."""
+    train = {"algorithm": "dpo"}
+    refused(
+        lambda: build_objects(RunSpec(name="run", train=train, image="img:1", env=env), "ns"),
+        *env.values(),
+    )
 
 
 def test_plain_variables_pass_on_every_engine() -> None:

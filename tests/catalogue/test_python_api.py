@@ -186,12 +186,14 @@ BAD_SPECS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("kw", BAD_SPECS.values(), ids=list(BAD_SPECS))
 def test_slurm_script_refused(kw: dict[str, Any]) -> None:
+    """Refused by the spec as it is built (the contract checks itself), before any rendering."""
     kw = dict(kw)
     train = kw.pop("train", None)
-    spec = _spec(**kw)
-    if train is not None:
-        spec = RunSpec(name="run", train=train)
-    refused(lambda: render_script(spec, "/shared/runs/run"))
+
+    def build() -> RunSpec:
+        return RunSpec(name="run", train=train) if train is not None else _spec(**kw)
+
+    refused(lambda: render_script(build(), "/shared/runs/run"))
 
 
 @pytest.mark.parametrize("run_dir", ["/x\ny", "/x\x00y", "relative", "/x y"])

@@ -64,9 +64,9 @@ def test_launch_leaves_the_estimates_weight_and_time_for_a_restart() -> None:
     assert policy.preemptions_weight_hours == pytest.approx(5.5)
     for bad in (0, -1.0, "5", True, float("nan")):
         with pytest.raises(TrainConfigError, match="preemptions_weight_hours must be a number"):
-            config.check_policy(CheckpointPolicy(auto=True, preemptions_weight_hours=bad))
+            CheckpointPolicy(auto=True, preemptions_weight_hours=bad)  # checks itself
     with pytest.raises(TrainConfigError, match="preemptions_as_of must be text"):
-        config.check_policy(CheckpointPolicy(preemptions_as_of=5))
+        CheckpointPolicy(preemptions_as_of=5)  # type: ignore[arg-type]
 
 
 def test_the_local_restart_reads_the_cluster_again_with_its_new_preemption() -> None:

@@ -29,14 +29,19 @@ runtime updates the launch estimate with the run's own record (`tgnb.train.rates
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from tgnb.cloud.models import PREEMPTIBLE_PREFIX, ClusterState
 from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN, format_time, utcnow
-from tgnb.tasks.policy import PRIOR_NODE_HOURS, CheckpointPolicy
+from tgnb.tasks.policy import (
+    PRIOR_NODE_HOURS,
+    CheckpointPolicy,
+    PreemptionEstimate,
+    estimate_fields,
+    posterior,
+)
 
 #: How long the platform keeps ``node_lifecycle_events``.
 RETENTION = timedelta(hours=72)
@@ -112,7 +117,7 @@ def estimate(
     hours = seconds / 3600.0
     k = len(preempted)
     return PreemptionRate(
-        per_node_hour=(prior * prior_node_hours + k) / (prior_node_hours + hours),
+        per_node_hour=posterior(prior, prior_node_hours, k, hours),
         preemptions=k,
         node_hours=hours,
         prior=prior,
@@ -152,19 +157,15 @@ def apply(
     (`run_estimate` on `nodes`), ``preemptions_source`` to the line that says so (naming the
     `restart` it was re-read at, if any), and the estimate's weight and time; return that line,
     or None when ``auto`` is off (nothing changed)."""
-    policy = train.get("checkpoint") or {}
-    if not isinstance(policy, Mapping) or policy.get("auto") is not True:
+    given = train.get("checkpoint") or {}
+    policy = CheckpointPolicy.parse(given)  # the config was checked: this reads it
+    if not policy.auto:
         return None
     now = now or utcnow()
-    setting = float(policy.get("preemptions_per_hour", CheckpointPolicy.preemptions_per_hour))
-    rate, weight, line = run_estimate(state, setting, nodes, now)
+    rate, weight, line = run_estimate(state, policy.preemptions_per_hour, nodes, now)
     when = "" if restart is None else f" (the cluster re-read at restart {restart})"
     line = f"checkpoint.auto weighs{when} {line}"
-    train["checkpoint"] = {
-        **policy,
-        "observed_preemptions_per_hour": rate,
-        "preemptions_source": line,
-        "preemptions_weight_hours": weight,
-        "preemptions_as_of": format_time(now),
-    }
+    estimate = PreemptionEstimate(rate, line, weight, format_time(now))
+    # the config keeps the user's keys as given, with the estimate's beside them
+    train["checkpoint"] = {**given, **estimate_fields(estimate)}
     return line

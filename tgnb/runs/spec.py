@@ -12,10 +12,13 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import ValidationError
 from tgnb.runs.recovery import RecoveryPolicy, policy_for
+
+if TYPE_CHECKING:
+    from tgnb.runs.workdir import Snapshot
 
 #: GPUs on one node of a Together GPU cluster: targets and counts come in whole nodes. Defined here
 #: once; the emulator, the control plane, the backends and `Session` read it from here.
@@ -86,6 +89,9 @@ class Resources:
     cpus_per_task: int | None = None
     memory_gib: int | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
         """Every field typed and bounded: each one reaches a script or a manifest."""
         _count("nodes", self.nodes, 1, MAX_NODES)
@@ -107,7 +113,10 @@ class Resources:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What to run and where. `train` is the training config mapping (``tgnb.train`` YAML)."""
+    """What to run and where: the run's contract, validated once, when it is built (a bad value
+    is a `ValidationError` naming the fix); the engines and the store take it as it is. `train` is
+    the training config mapping (``tgnb.train`` YAML); `snapshot` the workdir as the launch took
+    and checked it (`tgnb.prelaunch.plan`), which the engines ship (never stored)."""
 
     name: str
     train: Mapping[str, Any]
@@ -123,6 +132,18 @@ class RunSpec:
     workdir: str | None = None
     #: how the run recovers (`tgnb.runs.recovery`); None: the default (`policy`)
     recovery: RecoveryPolicy | None = None
+    snapshot: Snapshot | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def workdir_snapshot(self) -> Snapshot | None:
+        """The snapshot the engines ship: the launch's, or (a spec built by hand) one taken now."""
+        from tgnb.runs import workdir
+
+        if self.snapshot is not None or self.workdir is None:
+            return self.snapshot
+        return workdir.scan(self.workdir)
 
     @property
     def policy(self) -> RecoveryPolicy:

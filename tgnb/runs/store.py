@@ -67,6 +67,7 @@ CREATE INDEX IF NOT EXISTS history_run ON history(run_id, seq);
 def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
     """A `RunSpec` as plain JSON-able data (secrets stay references)."""
     out = asdict(spec)
+    out.pop("snapshot", None)  # the launch's staged files, shipped by the engine, never stored
     out["train"] = dict(spec.train)
     out["env"] = dict(spec.env)
     out["secrets"] = {k: asdict(v) for k, v in spec.secrets.items()}
@@ -185,8 +186,8 @@ class RunStore:
         run_dir: str | Path | None = None,
         detail: str = "submitted",
     ) -> RunRecord:
-        """Record a new run in state ``pending``. Its name must be valid and not taken."""
-        spec.validate()
+        """Record a new run in state ``pending``. Its name must not be taken (the spec is valid:
+        `RunSpec` checks itself when it is built)."""
         run_id = "run-" + uuid.uuid4().hex[:12]
         now = time.time()
         with self._write() as db:

@@ -9,19 +9,25 @@ Rules (the README's "Your own code" says the same):
   the workdir and against each file or folder name; a trailing ``/`` names folders only.
 - At most `MAX_BYTES` in all (`max_bytes` to change it) and `MAX_FILES` files; symbolic links and
   special files are refused by name (a snapshot holds plain files only).
-- It is taken once, at launch, into the run directory's ``workdir/`` (`tgnb.runs.node.WORKDIR`); a
-  restart or a requeue uses that snapshot, so editing the folder mid-run changes nothing running.
-  On the node it is the working directory and the first entry of ``sys.path``.
+- It is taken once, at launch (`take`): each file read once, without following a link, into a
+  private staging folder that the launch checks then read (`tgnb.prelaunch.plan`), so what was
+  checked is what ships; the engine writes that snapshot into the run directory's ``workdir/``
+  (`tgnb.runs.node.WORKDIR`). A restart or a requeue uses it, so editing the folder mid-run changes
+  nothing running. On the node it is the working directory and the first entry of ``sys.path``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
 import io
 import os
+import shutil
 import stat
 import sys
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +65,23 @@ def default_workdir() -> Path:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The files of a workdir (relative paths) and their total size."""
+    """The files of a workdir (relative paths) and their total size, under `root`: the staged
+    copy `take` made (its `source` the user's folder), or the folder itself (`scan`)."""
 
     root: Path
     files: tuple[str, ...]
     size: int
+    source: Path | None = None
+
+    @property
+    def folder(self) -> Path:
+        """The user's folder the snapshot was taken of."""
+        return self.source or self.root
+
+    def discard(self) -> None:
+        """Remove the staged copy (nothing when the snapshot is the folder itself)."""
+        if self.source is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def tar(self) -> bytes:
         """The snapshot as a gzipped tar (plain files, mode kept, owner and times reset)."""
@@ -156,3 +174,60 @@ def scan(
                     f"{base / IGNORE_FILE} (one pattern a line), or pass a smaller workdir="
                 )
     return Snapshot(base, tuple(files), size)
+
+
+def _read_plain(path: Path, rel: str) -> tuple[bytes, int]:
+    """The bytes and mode of the plain file at `path`, opened without following a link."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ValidationError(
+            f"workdir file {rel!r} disappeared while the snapshot was taken: launch again once "
+            "the folder stops changing"
+        ) from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ValidationError(
+            f"workdir holds a link {rel!r}: a snapshot takes plain files; remove it or list it "
+            f"in {IGNORE_FILE}"
+        ) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValidationError(
+                f"workdir holds {rel!r}, which is not a plain file (a link or a special file): "
+                f"remove it or list it in {IGNORE_FILE}"
+            )
+        return fh.read(), stat.S_IMODE(st.st_mode)
+
+
+def take(
+    root: str | os.PathLike[str], max_bytes: int = MAX_BYTES, max_files: int = MAX_FILES
+) -> Snapshot:
+    """The snapshot of `root`, staged: `scan`'s files, each read once (no link followed, a file
+    gone mid-copy a `ValidationError`) into a new private folder, which is the returned
+    snapshot's `root` (`Snapshot.discard` removes it). Launch checks read the staged copy and
+    the engines ship it, so nothing changed in between reaches the node."""
+    listed = scan(root, max_bytes, max_files)
+    staged = Path(tempfile.mkdtemp(prefix="tgnb-workdir-"))
+    try:
+        size = 0
+        for rel in listed.files:
+            data, mode = _read_plain(listed.root / rel, rel)
+            size += len(data)
+            if size > max_bytes:
+                raise ValidationError(
+                    f"workdir {str(listed.root)!r} grew past {max_bytes / 2**20:.0f} MiB while the "
+                    f"snapshot was taken: list data and outputs in {IGNORE_FILE}"
+                )
+            target = staged / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            os.chmod(target, mode | 0o400)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staged)
+        raise
+    return Snapshot(staged, listed.files, size, source=listed.root)

@@ -44,7 +44,7 @@ import yaml
 
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.tasks.policy import MAX_STEPS, CheckpointPolicy, _bounded
 
 ALGORITHMS = ("grpo", "dpo", "sft")
 #: The kind of a run of the user's own program (a script or a command).
@@ -109,10 +109,11 @@ def load_yaml(text: str) -> Any:
         raise yaml.YAMLError("the YAML is nested too deeply: flatten it") from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """One training run: what to train (model, data, rewards), how (TRL options, LoRA, seed,
-    steps) and where (run directory), plus the checkpoint policy."""
+    steps) and where (run directory), plus the checkpoint policy. Frozen: the node parses it
+    once (`load`) and every part of the runtime reads that one object."""
 
     algorithm: str = "grpo"
     model: str = "tiny"
@@ -133,16 +134,20 @@ class TrainConfig:
     command: list[str] | None = None  # algorithm: script; a program run as it is
 
     def __post_init__(self) -> None:
+        def default(key: str, value: Any) -> None:
+            object.__setattr__(self, key, value)  # the defaults that follow from other fields
+
         if self.algorithm == SCRIPT:
-            self.dataset = self.dataset or ""
+            default("dataset", self.dataset or "")
         if self.dataset is None:
-            self.dataset = DEFAULT_DATASET.get(self.algorithm, "arithmetic")
+            default("dataset", DEFAULT_DATASET.get(self.algorithm, "arithmetic"))
         if self.name is None:
-            self.name = (
-                Path(self.run_dir).name if self.run_dir else f"{self.algorithm}-{self.model}"
+            default(
+                "name",
+                Path(self.run_dir).name if self.run_dir else f"{self.algorithm}-{self.model}",
             )
         if self.run_dir is None:
-            self.run_dir = str(default_home() / "runs" / self.name)
+            default("run_dir", str(default_home() / "runs" / str(self.name)))
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain data (what ``run.yaml`` holds)."""
@@ -178,14 +183,8 @@ def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
             raise unknown("config key", str(key), known)
     values = dict(raw)
     policy = values.pop("checkpoint", None) or {}
-    if isinstance(policy, CheckpointPolicy):
-        policy = dataclasses.asdict(policy)
-    if not isinstance(policy, Mapping):
-        raise TrainConfigError("'checkpoint' must be a mapping such as {every_steps: 50}.")
-    policy_keys = field_names(CheckpointPolicy)
-    for key in policy:
-        if key not in policy_keys:
-            raise unknown("checkpoint key", str(key), policy_keys)
+    if not isinstance(policy, CheckpointPolicy):
+        policy = CheckpointPolicy.parse(policy)
     if isinstance(values.get("rewards"), str):
         values["rewards"] = [values["rewards"]]
     if values.get("trl") is None:
@@ -195,7 +194,7 @@ def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
     for key in ("seed", "max_steps", "dataset_size"):
         if key in values and not isinstance(values[key], int):
             raise TrainConfigError(f"'{key}' must be an integer, not {values[key]!r}.")
-    return TrainConfig(**values, checkpoint=CheckpointPolicy(**policy))
+    return TrainConfig(**values, checkpoint=policy)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -278,17 +277,8 @@ def check_model(model: str) -> None:
 
 
 #: Upper bounds of the integer settings (a step count past them is a typo, not a plan).
-MAX_STEPS, MAX_SEED, MAX_DATASET_SIZE = 10_000_000, 2**32 - 1, 100_000_000
+MAX_SEED, MAX_DATASET_SIZE = 2**32 - 1, 100_000_000
 _REWARD_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-def _bounded(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TrainConfigError(f"'{name}' must be an integer, not {value!r:.40}.")
-    if value < low:
-        raise TrainConfigError(f"{name} must be at least {low}, not {value}.")
-    if value > high:
-        raise TrainConfigError(f"{name} must be at most {high}, not {value:.3g}.")
 
 
 def _text(name: str, value: Any) -> None:
@@ -319,41 +309,6 @@ def _check_reward(name: Any, workdir: Path | None = None) -> None:
         rewards.resolve(name)  # cheap here: imported already, or the import error at once
 
 
-def check_policy(p: CheckpointPolicy) -> None:
-    """The ``checkpoint:`` values: flags are booleans, counts whole, rates and periods positive
-    (no preemptions at all is fine)."""
-    flags = ("auto", "on_signal", "watch_drain", "requeue_on_drain", "async_save")
-    for key in (*flags, "allow_fresh_start"):
-        if not isinstance(getattr(p, key), bool):
-            raise TrainConfigError(f"checkpoint.{key} must be true or false.")
-    if p.every_steps is not None:
-        _bounded("checkpoint.every_steps", p.every_steps, 1, MAX_STEPS)
-    _bounded("checkpoint.keep_last", p.keep_last, 1, 1000)
-    for key in ("preemptions_source", "preemptions_as_of"):
-        if getattr(p, key) is not None and not isinstance(getattr(p, key), str):
-            raise TrainConfigError(f"checkpoint.{key} must be text (or left out).")
-    weight = p.preemptions_weight_hours
-    if weight is not None and not (
-        isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
-        and weight > 0
-    ):  # fmt: skip
-        raise TrainConfigError(
-            f"checkpoint.preemptions_weight_hours must be a number above 0, not {weight!r:.40}."
-        )
-    rates = ("preemptions_per_hour", "observed_preemptions_per_hour")
-    for key in ("every_seconds", *rates, "failures_per_hour", "drain_poll_seconds"):
-        value = getattr(p, key)
-        if value is None and key in ("every_seconds", "observed_preemptions_per_hour"):
-            continue
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        zero_ok = key in rates
-        if not (number and math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
-            raise TrainConfigError(
-                f"checkpoint.{key} must be a number {'>= 0' if zero_ok else 'above 0'}, "
-                f"not {value!r:.40}."
-            )
-
-
 def _check_program(cfg: TrainConfig) -> None:
     """A script run: `script` (a relative path) or `command`, not both, with string arguments."""
     if cfg.algorithm != SCRIPT:
@@ -382,7 +337,6 @@ def _check_program(cfg: TrainConfig) -> None:
     if cfg.command is not None and cfg.args:
         raise TrainConfigError("'args' go with 'script'; put a command's arguments in 'command'.")
     _bounded("seed", cfg.seed, 0, MAX_SEED)
-    check_policy(cfg.checkpoint)
     for key in ("name", "run_dir"):
         if getattr(cfg, key) is not None:
             _text(key, getattr(cfg, key))
@@ -438,7 +392,6 @@ def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:
             raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
         for reward in cfg.rewards:
             _check_reward(reward, workdir)
-    check_policy(cfg.checkpoint)
     if cfg.lora is not None and not isinstance(cfg.lora, Mapping):
         raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")
     for key in ("max_steps", "seed"):

@@ -41,20 +41,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def enter_workdir(cfg: TrainConfig) -> None:
+def enter_workdir(cfg: TrainConfig) -> TrainConfig:
     """The run's workdir snapshot, when it has one, becomes the working directory and the first
-    entry of ``sys.path`` (relative dataset paths, reward modules, the script's own imports)."""
+    entry of ``sys.path`` (relative dataset paths, reward modules, the script's own imports);
+    returns `cfg` with its run directory made absolute first."""
+    import dataclasses
     from pathlib import Path
 
     from tgnb.train.program import workdir_of
 
-    cfg.run_dir = str(Path(cfg.run_dir or ".").resolve())
-    snap = workdir_of(Path(cfg.run_dir))
+    run_dir = Path(cfg.run_dir or ".").resolve()
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    snap = workdir_of(run_dir)
     if snap != Path.cwd():
         import os
 
         os.chdir(snap)
         sys.path.insert(0, str(snap))
+    return cfg
 
 
 def resolved(cfg: TrainConfig) -> dict[str, Any]:
@@ -80,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = config.load(args.config, args.overrides, args.run_dir)
-        enter_workdir(cfg)
+        cfg = enter_workdir(cfg)
         if args.check:
             validate(cfg)
             import yaml

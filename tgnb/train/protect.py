@@ -58,27 +58,11 @@ class RunContext:
 
 
 def _policy(given: CheckpointPolicy | dict[str, Any] | None) -> CheckpointPolicy:
-    from tgnb.tasks.config import check_policy
-
-    if isinstance(given, CheckpointPolicy):
-        policy = given
-    else:
-        policy = CheckpointPolicy(**_known(given or {}, "checkpoint key"))
+    policy = given if isinstance(given, CheckpointPolicy) else CheckpointPolicy.parse(given)
     launched = os.environ.get(node.CHECKPOINT_ENV)
     if launched:  # the launch's policy wins: the cockpit set it
-        policy = dataclasses.replace(policy, **_launched(launched))
-    check_policy(policy)
+        policy = policy.merged(_launched(launched), f"checkpoint key in ${node.CHECKPOINT_ENV}")
     return policy
-
-
-def _known(keys: dict[str, Any], kind: str) -> dict[str, Any]:
-    fields = {f.name for f in dataclasses.fields(CheckpointPolicy)}
-    unknown = sorted(set(keys) - fields)
-    if unknown:
-        from tgnb.tasks.config import unknown as unknown_key
-
-        raise unknown_key(kind, unknown[0], fields)
-    return keys
 
 
 def _launched(text: str) -> dict[str, Any]:
@@ -94,7 +78,7 @@ def _launched(text: str) -> dict[str, Any]:
         raise TrainConfigError(f"${name} is not valid JSON ({exc}): {fix}") from None
     if not isinstance(keys, dict):
         raise TrainConfigError(f"${name} holds {text!r:.40}, not a JSON object: {fix}")
-    return _known(keys, f"checkpoint key in ${name}")
+    return keys
 
 
 def run_context(

@@ -73,30 +73,23 @@ def at_restart(
 ) -> CheckpointPolicy:
     """`policy` with its rate updated by the run's own record since the estimate (see the module
     docstring), at `restart` (above 0); `policy` itself when there is nothing to update."""
-    if not (policy.auto and restart > 0 and policy.preemptions_as_of):
-        return policy
-    rate, weight = policy.observed_preemptions_per_hour, policy.preemptions_weight_hours
-    if rate is None or not weight:
+    est = policy.estimate
+    if not (policy.auto and restart > 0 and est and est.as_of and est.weight_hours):
         return policy
     try:
-        since = parse_time(policy.preemptions_as_of)
+        since = parse_time(est.as_of)
     except ValueError:
         return policy
     seen = own_record(read_jsonl(Path(run_dir) / "events.jsonl"), since, os.getpid())
     if not seen.attempts:  # the estimate is newer than every attempt (the local engine's)
         return policy
-    new = (rate * weight + seen.preemptions) / (weight + seen.hours)
+    # as of now: folding it again adds nothing
+    new = est.updated(seen.preemptions, seen.hours, "", format_time(utcnow()))
     line = (
-        f"checkpoint.auto weighs {new:.3g} preemptions per hour of the run: the estimate "
-        f"{rate:.3g} (as {weight:.3g} h of the run) updated at restart {restart} with this run's "
-        f"own {seen.preemptions} preemption(s) over {seen.hours:.3g} h in {seen.attempts} "
-        f"attempt(s) since {format_time(since)} (the nodes read no cluster); at launch: "
-        f"{policy.preemptions_source}"
+        f"checkpoint.auto weighs {new.per_hour:.3g} preemptions per hour of the run: the "
+        f"estimate {est.per_hour:.3g} (as {est.weight_hours:.3g} h of the run) updated at restart "
+        f"{restart} with this run's own {seen.preemptions} preemption(s) over {seen.hours:.3g} h "
+        f"in {seen.attempts} attempt(s) since {format_time(since)} (the nodes read no cluster); "
+        f"at launch: {est.source}"
     )
-    return dataclasses.replace(  # the estimate as of now: folding it again adds nothing
-        policy,
-        observed_preemptions_per_hour=new,
-        preemptions_source=line,
-        preemptions_weight_hours=weight + seen.hours,
-        preemptions_as_of=format_time(utcnow()),
-    )
+    return policy.with_estimate(dataclasses.replace(new, source=line))

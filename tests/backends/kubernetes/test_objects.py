@@ -231,14 +231,16 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"secrets": {"A": SecretRef(name="Not_Valid")}}, "not a valid Kubernetes name"),
     ({"env": {"A": "1"}, "secrets": {"A": SecretRef(name="a")}}, "both in env and in secrets"),
     ({"run_dir": "relative/dir"}, "cannot be mounted"),
-    ({"resources": Resources(nodes=0)}, "nodes must be at least 1"),
+    ({"resources": {"nodes": 0}}, "nodes must be at least 1"),
 ]
 
 
 @pytest.mark.parametrize(("change", "expected"), BAD)
 def test_bad_input_is_one_line(change: dict[str, Any], expected: str) -> None:
     base = {"name": "ok-run", "train": TRAIN, "image": "img:1"}
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError) as info:  # the spec, or its Resources, refuses it
+        if isinstance(change.get("resources"), dict):
+            change = {**change, "resources": Resources(**change["resources"])}
         build_objects(RunSpec(**{**base, **change}), NS)
     message = str(info.value)
     assert expected in message and "\n" not in message

@@ -94,9 +94,9 @@ def check_name(kind: str, value: str, pattern: re.Pattern[str] = _DNS1123_SUBDOM
 def validate_spec(spec: RunSpec, namespace: str, claim: str = DEFAULT_CLAIM) -> None:
     """Check a RunSpec for Kubernetes before anything is built or sent.
 
-    Raises `ValidationError` with a one-line message naming the fix.
+    Raises `ValidationError` with a one-line message naming the fix. (The spec checked itself
+    when it was built.)
     """
-    spec.validate()
     if spec.image is None or not spec.image.strip():
         raise ValidationError(
             "a Kubernetes run needs an image: pass image=... (a container image with tgnb[train])"

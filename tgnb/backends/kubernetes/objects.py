@@ -261,9 +261,10 @@ MAX_WORKDIR_TAR = 700 * 1024
 def workdir_tar(spec: RunSpec) -> bytes | None:
     """The gzipped snapshot of the run's workdir, or None; `ValidationError` when it cannot fit
     the ConfigMap that carries it."""
-    if spec.workdir is None:
+    snapshot = spec.workdir_snapshot()
+    if snapshot is None:
         return None
-    data = workdir.scan(spec.workdir).tar()
+    data = snapshot.tar()
     if len(data) > MAX_WORKDIR_TAR:
         raise ValidationError(
             f"the workdir snapshot is {len(data) // 1024} KiB gzipped; on Kubernetes it travels in "

@@ -21,7 +21,7 @@ from tgnb.backends.local import proctree
 from tgnb.config import Secret
 from tgnb.errors import BackendError
 from tgnb.events import Event, read_jsonl
-from tgnb.runs import logtail, node, workdir
+from tgnb.runs import logtail, node
 from tgnb.runs.store import RunRecord, RunStore
 
 SUPERVISOR_LOG = "supervisor.log"
@@ -118,10 +118,8 @@ class LocalBackend:
         return f"<LocalBackend cluster={self.cluster_id} type={self.cluster_type}>"
 
     def preflight(self, spec: RunSpec) -> None:
-        """The spec and its workdir (the emulated nodes run on this machine)."""
-        spec.validate()
-        if spec.workdir is not None:
-            workdir.scan(spec.workdir)
+        """Nothing more to check: the spec checked itself and its snapshot when they were made,
+        and the emulated nodes run on this machine."""
 
     def run_dir_for(self, name: str) -> Path:
         """Where a run keeps its checkpoints, metrics and events by default."""
@@ -140,8 +138,9 @@ class LocalBackend:
             )
         run_dir = Path(rec.run_dir or self.run_dir_for(spec.name))
         run_dir.mkdir(parents=True, exist_ok=True)
-        if spec.workdir is not None:  # once: every start of the run uses this snapshot
-            workdir.scan(spec.workdir).copy_into(run_dir / node.WORKDIR)
+        snapshot = spec.workdir_snapshot()
+        if snapshot is not None:  # once: every start of the run uses this snapshot
+            snapshot.copy_into(run_dir / node.WORKDIR)
         self._start_supervisor(rec, run_dir)
         return rec.id
 

@@ -30,7 +30,7 @@ from tgnb.backends.slurm.render import (
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
-from tgnb.runs import node, workdir
+from tgnb.runs import node
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
 
@@ -110,10 +110,7 @@ class SlurmBackend:
         """Everything `submit` checks before it writes or submits anything: the spec renders,
         Slurm's commands exist and the controller answers, the secrets are set. Returns the
         script, the config and the secrets' environment."""
-        spec.validate()
         script, config = self.render(spec)
-        if spec.workdir is not None:
-            workdir.scan(spec.workdir)
         self.runner.preflight()
         env: dict[str, str] = {}
         for name, ref in sorted(spec.secrets.items()):
@@ -132,9 +129,9 @@ class SlurmBackend:
         script, config, env = self.preflight(spec)
         run_dir = self._run_dir_of_script(script)
         script_path = f"{run_dir}/{SCRIPT_NAME}"
-        if spec.workdir is not None:  # once: every requeue of the job uses this snapshot
-            snapshot = workdir.scan(spec.workdir).tar()
-            self.runner.write_tree(f"{run_dir}/{node.WORKDIR}", snapshot)
+        snapshot = spec.workdir_snapshot()
+        if snapshot is not None:  # once: every requeue of the job uses this snapshot
+            self.runner.write_tree(f"{run_dir}/{node.WORKDIR}", snapshot.tar())
         self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
         self.runner.write_file(script_path, script, mode=0o755)
         try:

@@ -224,7 +224,6 @@ def _failure_requeue(spec: RunSpec) -> list[str]:
 def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = None) -> str:
     """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
     options = options or RenderOptions()
-    spec.validate()
     if (
         not run_dir.startswith("/")
         or not run_dir.isprintable()
