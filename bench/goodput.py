@@ -52,9 +52,9 @@ from typing import Any
 
 from tgnb.backends.base import JobState
 from tgnb.emulator.testing import running_emulator
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.runs.run import Run
 from tgnb.session import Session, attach
-from tgnb.tasks.policy import CheckpointPolicy
 
 
 def _times(run: Run, reason: str) -> list[float]:

@@ -199,6 +199,19 @@ def emulator_imports(module: str, source: str | None = None) -> list[str]:
     ]
 
 
+def test_the_control_plane_reads_the_run_contract_not_the_tasks() -> None:
+    """The run's contract (`tgnb.runs.spec`, `tgnb.runs.policy`) lies below the planes: the
+    control plane reads it there and imports nothing of what a run trains (`tgnb.tasks`)."""
+    wrong = [
+        f"{module} imports {target} (line {line})"
+        for module in MODULES
+        if module == "tgnb.cloud" or module.startswith("tgnb.cloud.")
+        for target, line, _ in imports(module)
+        if target == "tgnb.tasks" or target.startswith("tgnb.tasks.")
+    ]
+    assert wrong == []
+
+
 def test_only_the_connection_and_the_local_backend_import_the_emulator() -> None:
     """The emulator is a peer of the Together API, not a mode of the product (ARCHITECTURE.md):
     the rest of the product reaches it through `tgnb.connection` (its `Endpoint.emulator`)."""

@@ -285,7 +285,7 @@ def _sidebar_events(run: Run) -> int:
 
 def _restart_count(run: Run) -> int:
     """What the trainer reads from ``events.jsonl`` at a restart: 1 + the resumes recorded."""
-    from tgnb.tasks.policy import CheckpointPolicy
+    from tgnb.runs.policy import CheckpointPolicy
     from tgnb.train.preemption import CheckpointGuard
 
     assert run.run_dir is not None

@@ -23,8 +23,8 @@ from tgnb.events import (
     Event,
     parse_time,
 )
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.tasks import config
-from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import rates as node_rates
 
 from .conftest import _cluster_record

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tgnb.errors import TrainConfigError
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.tasks import config as tc
-from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train.validate import validate
 
 

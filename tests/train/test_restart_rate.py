@@ -22,7 +22,7 @@ from tgnb.events import (
     parse_time,
 )
 from tgnb.runs import node
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import rates as node_rates
 
 NOW = parse_time("2026-11-29T20:00:00Z")

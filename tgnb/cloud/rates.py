@@ -35,7 +35,7 @@ from typing import Any
 
 from tgnb.cloud.models import PREEMPTIBLE_PREFIX, ClusterState
 from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN, format_time, utcnow
-from tgnb.tasks.policy import (
+from tgnb.runs.policy import (
     PRIOR_NODE_HOURS,
     CheckpointPolicy,
     PreemptionEstimate,

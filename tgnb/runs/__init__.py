@@ -1,5 +1,7 @@
-"""Runs: the domain types of a run (`tgnb.runs.spec`), the `Backend` protocol engines implement
-(`tgnb.runs.backend`), the durable run store (sqlite under the tgnb home) and the `Run` object."""
+"""Runs: the domain types of a run (`tgnb.runs.spec`; its checkpoint policy and preemption
+estimate, `tgnb.runs.policy`, below every plane that reads them), the `Backend` protocol engines
+implement (`tgnb.runs.backend`), the durable run store (sqlite under the tgnb home) and the `Run`
+object."""
 
 from tgnb.runs.backend import Backend
 from tgnb.runs.recovery import RecoveryPolicy

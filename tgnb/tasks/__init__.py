@@ -1,5 +1,5 @@
 """What a run trains and how, for every plane: its config (`config.TrainConfig` with its
-``checkpoint:`` section, `policy.CheckpointPolicy`), the built-in offline model (`assets`:
+``checkpoint:`` section, `tgnb.runs.policy.CheckpointPolicy`), the built-in offline model (`assets`:
 ``tiny``), the data sets (`data`: built-in, local files, Hugging Face) and the GRPO rewards
 (`rewards`).
 

@@ -11,7 +11,7 @@ A config file looks like::
     seed: 0
     trl: {learning_rate: 5.0e-3, num_generations: 8}   # passed through to GRPOConfig / DPOConfig
     lora: {r: 8, lora_alpha: 16}                        # optional, becomes a peft LoraConfig
-    checkpoint: {every_steps: 50, keep_last: 2}         # a tgnb.tasks.policy.CheckpointPolicy
+    checkpoint: {every_steps: 50, keep_last: 2}         # a tgnb.runs.policy.CheckpointPolicy
 
 A run of the user's own code names a script (a path inside the workdir, run as ``__main__`` with
 ``args``) or a command (run as it is, in the workdir)::
@@ -44,7 +44,7 @@ import yaml
 
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
-from tgnb.tasks.policy import MAX_STEPS, CheckpointPolicy, _bounded
+from tgnb.runs.policy import MAX_STEPS, CheckpointPolicy, bounded
 
 ALGORITHMS = ("grpo", "dpo", "sft")
 #: The kind of a run of the user's own program (a script or a command).
@@ -336,7 +336,7 @@ def _check_program(cfg: TrainConfig) -> None:
             raise TrainConfigError(f"'{what}' must hold strings only, not {word!r:.40}.")
     if cfg.command is not None and cfg.args:
         raise TrainConfigError("'args' go with 'script'; put a command's arguments in 'command'.")
-    _bounded("seed", cfg.seed, 0, MAX_SEED)
+    bounded("seed", cfg.seed, 0, MAX_SEED)
     for key in ("name", "run_dir"):
         if getattr(cfg, key) is not None:
             _text(key, getattr(cfg, key))
@@ -372,9 +372,9 @@ def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:
     if cfg.algorithm == SCRIPT or cfg.script is not None or cfg.command is not None:
         _check_program(cfg)
         return
-    _bounded("max_steps", cfg.max_steps, 1, MAX_STEPS)
-    _bounded("seed", cfg.seed, 0, MAX_SEED)
-    _bounded("dataset_size", cfg.dataset_size, 1, MAX_DATASET_SIZE)
+    bounded("max_steps", cfg.max_steps, 1, MAX_STEPS)
+    bounded("seed", cfg.seed, 0, MAX_SEED)
+    bounded("dataset_size", cfg.dataset_size, 1, MAX_DATASET_SIZE)
     _text("model", cfg.model)
     check_model(cfg.model)
     _text("dataset", cfg.dataset)

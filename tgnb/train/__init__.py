@@ -14,8 +14,8 @@ the functions that build and run a trainer, and `Checkpointer` (which imports to
 
 from typing import TYPE_CHECKING, Any
 
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.runs.spec import EXIT_PREEMPTED
-from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train.protect import protect
 
 if TYPE_CHECKING:

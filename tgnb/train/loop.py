@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from tgnb.errors import CheckpointError, TrainConfigError
 from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, Exit
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.preemption import CheckpointGuard

@@ -58,8 +58,8 @@ from tgnb.events import (
     read_jsonl,
 )
 from tgnb.runs import node
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.runs.spec import EXIT_PREEMPTED
-from tgnb.tasks.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio, rates
 from tgnb.train.record import Recorder

@@ -42,7 +42,7 @@ from typing import Any
 
 from tgnb.errors import TrainConfigError
 from tgnb.runs import node
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 
 __all__ = ["RunContext", "protect", "protect_with", "run_context"]
 

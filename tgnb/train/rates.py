@@ -40,7 +40,7 @@ from tgnb.events import (
     read_jsonl,
     utcnow,
 )
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.staging import DefaultStager
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import dcpio
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder

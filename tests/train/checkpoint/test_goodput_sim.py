@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train.checkpoint import young_daly_seconds
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "goodput.py"

@@ -19,7 +19,7 @@ from transformers import TrainerState
 
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.errors import CheckpointError
-from tgnb.tasks.policy import CheckpointPolicy
+from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.preemption import CheckpointGuard

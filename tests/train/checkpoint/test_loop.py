@@ -318,7 +318,7 @@ def test_the_launchs_policy_wins_key_by_key_and_bad_input_is_refused(
 ) -> None:
     import torch
 
-    from tgnb.tasks.policy import CheckpointPolicy
+    from tgnb.runs.policy import CheckpointPolicy
     from tgnb.train.loop import Checkpointer
 
     model = torch.nn.Linear(2, 1)

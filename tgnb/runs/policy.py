@@ -59,7 +59,7 @@ def _unknown(kind: str, key: str, known: list[str]) -> TrainConfigError:
     return TrainConfigError(f"unknown {kind} '{key}'.{hint}")
 
 
-def _bounded(name: str, value: Any, low: int, high: int) -> None:
+def bounded(name: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TrainConfigError(f"'{name}' must be an integer, not {value!r:.40}.")
     if value < low:
@@ -173,8 +173,8 @@ class CheckpointPolicy:
             if not isinstance(getattr(self, key), bool):
                 raise TrainConfigError(f"checkpoint.{key} must be true or false.")
         if self.every_steps is not None:
-            _bounded("checkpoint.every_steps", self.every_steps, 1, MAX_STEPS)
-        _bounded("checkpoint.keep_last", self.keep_last, 1, 1000)
+            bounded("checkpoint.every_steps", self.every_steps, 1, MAX_STEPS)
+        bounded("checkpoint.keep_last", self.keep_last, 1, 1000)
         for key in ("preemptions_source", "preemptions_as_of"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 raise TrainConfigError(f"checkpoint.{key} must be text (or left out).")
