@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import workdir as wd
 from tgnb.runs.spec import RunSpec
+from tgnb.tasks.config import ALGORITHMS as BUILTIN
 
 if TYPE_CHECKING:
     from tgnb.cloud import ClusterState
 
-BUILTIN = ("grpo", "dpo", "sft")
 CHECK_TIMEOUT_S = 300.0
 
 

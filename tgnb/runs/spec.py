@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import ValidationError
+from tgnb.runs.node import Exit
 from tgnb.runs.recovery import RecoveryPolicy, policy_for
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
 GPUS_PER_NODE = 8
 
 #: Exit code of a training process that saved a checkpoint because it was preempted and wants to be
-#: started again (BSD EX_TEMPFAIL). 0 means finished, anything else failed.
-EXIT_PREEMPTED = 75
+#: started again (`tgnb.runs.node.Exit`, the one list of exit codes). 0 means finished.
+EXIT_PREEMPTED = int(Exit.PREEMPTED)
 
 _NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")  # fullmatch: no trailing newline
 #: Upper bounds of what one run may ask for (a script or manifest never holds more).

@@ -31,13 +31,14 @@ from typing import Any
 
 from tgnb.errors import CheckpointError
 from tgnb.events import CHECKPOINT_FAILED, CHECKPOINT_SAVED
+from tgnb.runs.node import Exit
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.record import Recorder
 
-#: Exit code of a run stopped because its disk is full (sysexits' EX_IOERR): the last complete
-#: checkpoint is intact; free space, then restart.
-EXIT_NO_SPACE = 74
+#: Exit code of a run stopped because its disk is full (`tgnb.runs.node.Exit.NO_SPACE`): the last
+#: complete checkpoint is intact; free space, then restart.
+EXIT_NO_SPACE = int(Exit.NO_SPACE)
 
 
 def no_space(exc: BaseException | None, disk: Path | None = None, need: int = 0) -> bool:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from tgnb.notebook.commands.grammar import Parser, number, out_name, whole
+from tgnb.tasks.config import ALGORITHMS
 
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
@@ -127,7 +128,6 @@ def parse_body(cell: str) -> dict[str, Any]:
 
 #: Body keys that are launch options, not config keys.
 _BODY_OPTIONS = ("workdir", "recovery", "min_nodes")  # Session.launch options, not config
-_BUILTIN = ("grpo", "dpo", "sft")
 
 
 def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -141,11 +141,11 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
     script_args = list(getattr(args, "script_args", None) or [])
     if what and what.endswith(".py"):
         raw.update(algorithm="script", script=what)
-    elif what and what.lower() in _BUILTIN:
+    elif what and what.lower() in ALGORITHMS:
         raw["algorithm"] = what.lower()
     elif what:
         raise UsageError(
-            f"%tg launch: {what!r} is neither an algorithm ({', '.join(_BUILTIN)}) nor a script "
+            f"%tg launch: {what!r} is neither an algorithm ({', '.join(ALGORITHMS)}) nor a script "
             "(a .py file): e.g. %tg launch grpo, or %tg launch train.py -- --lr 1e-4"
         )
     if "script" in raw or "command" in raw:
