@@ -49,7 +49,7 @@ def _entry(ckpt: Path, rel: str, size: int | None = None) -> dict[str, Any]:
     """A manifest entry for `rel` with its true size and checksum where it can be read."""
     target = ckpt / rel if rel else ckpt
     if size is not None:
-        return {"path": rel, "size": size, ck.ALGORITHM: ck._hasher().hexdigest()}
+        return {"path": rel, "size": size, ck.ALGORITHM: ck.hasher().hexdigest()}
     got = ck._hash(target)
     return {"path": rel, "size": got[0], ck.ALGORITHM: got[1]}
 

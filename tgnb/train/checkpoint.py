@@ -122,7 +122,8 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _hasher() -> Any:
+def hasher() -> Any:
+    """A new checksum of the manifest's algorithm (`ALGORITHM`: xxh3, 128 bits)."""
     try:
         import xxhash
     except ImportError:  # never call a checkpoint torn for want of a library
@@ -143,7 +144,7 @@ def _open(path: Path) -> int:
 
 
 def _hash(path: Path) -> tuple[int, str]:
-    digest = _hasher()
+    digest = hasher()
     size = 0
     with open(_open(path), "rb", buffering=0) as fh:
         buf = bytearray(_CHUNK)
@@ -173,7 +174,7 @@ def digest(path: Path, rels: list[str]) -> list[FileEntry]:
     """Hash and fsync the files `rels` of the checkpoint `path` (a few threads: hashing and fsync
     release the GIL): their manifest entries. Each rank digests the files it wrote."""
     root = Path(path)
-    _hasher()  # a missing library fails here, before any work
+    hasher()  # a missing library fails here, before any work
 
     def one(rel: str) -> FileEntry:
         size, sum_ = _hash(root / rel)
@@ -360,7 +361,7 @@ def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpo
             f"{pickled[0]}: a pickle file, which tgnb never writes (the Trainer would load it)",
         )
     if checksums:
-        _hasher()  # a missing library is an error, not a torn checkpoint
+        hasher()  # a missing library is an error, not a torn checkpoint
         with _pool(len(ckpt.files)) as pool:
             got = list(pool.map(lambda e: _hash(root / e.path), ckpt.files))
         for g, e in zip(got, ckpt.files, strict=True):

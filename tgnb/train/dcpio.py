@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 from tgnb.errors import CheckpointError
 from tgnb.train import checkpoint as ck
 from tgnb.train import record
+from tgnb.train.hashwriter import HashingWriter
 
 STATE_DIR = "dcp"
 _METADATA = "torch.distributed.checkpoint.metadata"
@@ -353,6 +354,8 @@ class Writer:
     def __init__(self) -> None:
         self.group = dist.new_group(backend="gloo") if dist_up() else None
         self.inflight: Future[Any] | None = None
+        #: the manifest entries of the files DCP wrote into each checkpoint, hashed as written
+        self.written: dict[Path, dict[str, ck.FileEntry]] = {}
         cuda = torch.cuda.is_available()
         # one stager for the run: its CPU copy (pinned on a GPU machine) is allocated by the first
         # save and reused by the next ones, so a later stall is a copy, not an allocation
@@ -377,11 +380,16 @@ class Writer:
             with contextlib.suppress(ValueError):  # no longer registered: destroyed already
                 dist.destroy_process_group(group)
 
+    def _storage(self, path: Path) -> HashingWriter:
+        """DCP's writer into the checkpoint `path`, checksumming as it writes: its entries are
+        `written[path]` (`tgnb.train.hashwriter`)."""
+        storage = HashingWriter(path / STATE_DIR, path)
+        self.written[path] = storage.entries
+        return storage
+
     def save(self, path: Path, state: dict[str, Any]) -> None:
         with _quiet():
-            dcp.save(
-                state, storage_writer=FileSystemWriter(path / STATE_DIR), process_group=self.group
-            )
+            dcp.save(state, storage_writer=self._storage(path), process_group=self.group)
 
     def close(self) -> None:
         self.stager.close()
@@ -400,7 +408,7 @@ class Writer:
         with _quiet():
             fut = dcp.async_save(
                 state,
-                storage_writer=FileSystemWriter(path / STATE_DIR),
+                storage_writer=self._storage(path),
                 process_group=self.group,
                 async_stager=self.stager,
             )

@@ -1,8 +1,9 @@
 """How a run's checkpoints are written (the guard in `tgnb.train.preemption` decides when).
 
 `Saver.save` writes ``checkpoint-<step>`` through `tgnb.train.dcpio`: every rank its RNG file and
-its DCP shard, rank 0 the small JSON files; then every rank fsyncs and checksums the files it wrote
-(`tgnb.train.checkpoint.digest`, the ranks in parallel), the entries are all-gathered (with any
+its DCP shard, rank 0 the small JSON files; every rank checksums its DCP files as it writes them
+(`tgnb.train.hashwriter`; DCP fsyncs them) and fsyncs and checksums the small files it wrote
+(`tgnb.train.checkpoint.digest`, the ranks in parallel); the entries are all-gathered (with any
 rank's failure, so that every rank fails alike), and rank 0 seals the checkpoint
 (`tgnb.train.checkpoint.write_marker`: the marker last), rotates older ones and records
 ``CheckpointSaved``. Synchronous saves (preemption, final) return once sealed. Asynchronous ones
@@ -162,7 +163,9 @@ class Saver:
         try:  # every rank its own files, in parallel; every rank learns of any failure
             if "local_error" in job:
                 raise job["local_error"]
-            mine: Any = ck.digest(path, dcpio.own_files(path))
+            written = self.writer.written.pop(path, {})  # DCP's files, hashed as written
+            rest = [f for f in dcpio.own_files(path) if f not in written]  # JSON, RNG: small
+            mine: Any = [*written.values(), *ck.digest(path, rest)]
         except Exception as exc:  # sent as text: any exception pickles as that
             mine = f"rank {dcpio.rank()}: {type(exc).__name__}: {exc}"
         parts = self.writer.gather(mine)

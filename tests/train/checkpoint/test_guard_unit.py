@@ -180,8 +180,8 @@ def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
     assert "2 preemptions per hour (the setting)" in said
 
 
-class BlockedWriter(dcpio.FileSystemWriter):
-    """DCP's file writer, held at its first write until `gate` opens (a slow disk, made slow on
+class BlockedWriter(dcpio.HashingWriter):
+    """tgnb's DCP file writer, held at its first write until `gate` opens (a slow disk, made slow on
     purpose so the test can see training go on while the save is in flight)."""
 
     gate = threading.Event()
@@ -194,7 +194,7 @@ class BlockedWriter(dcpio.FileSystemWriter):
 def test_async_save_is_staged_then_written_while_training_goes_on_and_sigterm_waits_for_it(
     make_guard: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dcpio, "FileSystemWriter", BlockedWriter)
+    monkeypatch.setattr(dcpio, "HashingWriter", BlockedWriter)
     BlockedWriter.gate.clear()
     guard, trainer = make_guard(every_steps=2)
     boundary(guard, trainer, 1)
@@ -324,3 +324,29 @@ def test_every_file_of_a_checkpoint_is_digested_by_exactly_one_rank(
     assert owned[1] == ["dcp/__1_0.distcp", "dcp/__1_1.distcp", "rng-1.safetensors"]
     assert owned[10] == ["dcp/__10_0.distcp", "rng-10.safetensors"]
     assert sorted(owned[0] + owned[1] + owned[10]) == sorted(names)
+
+
+def test_the_shards_are_checksummed_as_written_not_read_back(
+    make_guard: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each byte of a DCP shard is written once: the manifest's entries for DCP's files (the
+    metadata under its final name included) come from the writer's stream, the small files
+    tgnb writes itself are the only ones digested by reading; and the entries are the files'
+    true checksums (read back here, by the test)."""
+    read_back: list[str] = []
+    real_digest = ck.digest
+
+    def watched(path: Path, rels: list[str]) -> list[ck.FileEntry]:
+        read_back.extend(rels)
+        return real_digest(path, rels)
+
+    monkeypatch.setattr(ck, "digest", watched)
+    guard, trainer = make_guard(every_steps=1, async_save=False)
+    boundary(guard, trainer, 1)
+    ckpt = ck.latest_complete(tmp_path / "checkpoints")
+    assert ckpt is not None
+    shards = {e.path for e in ckpt.files if e.path.startswith(f"{dcpio.STATE_DIR}/")}
+    assert f"{dcpio.STATE_DIR}/.metadata" in shards and len(shards) >= 2
+    assert read_back and not any(r.startswith(f"{dcpio.STATE_DIR}/") for r in read_back)
+    on_disk = {e.path: e for e in real_digest(ckpt.path, sorted(shards))}
+    assert {e.path: e for e in ckpt.files if e.path in shards} == on_disk
