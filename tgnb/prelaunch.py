@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -165,13 +165,14 @@ def plan(
     workdir: str | os.PathLike[str] | None = None,
     name: str | None = None,
     overrides: Mapping[str, Any] | None = None,
-    state: ClusterState | None = None,
+    state: Callable[[], ClusterState] | None = None,
     **spec_fields: Any,
 ) -> LaunchPlan:
     """The `LaunchPlan` of a launch (see the module docstring): the training config from `what`
     (or `command`) with `overrides` merged, the workdir snapshotted once, the spec built (it
-    checks itself) from `spec_fields` (`RunSpec`'s: resources, env, secrets, recovery...), the
-    estimate made from `state` on preemptible nodes, then every check run on the snapshot. On
+    checks itself) from `spec_fields` (`RunSpec`'s: resources, env, secrets, recovery...), every
+    check run on the snapshot, then the estimate made on preemptible nodes from the cluster's
+    `state` (called only then: bad input sends no request). On
     bad input a `ValidationError` (or `TrainConfigError`) and nothing left behind. (The estimate
     completes the spec's ``checkpoint:`` in place: it is tgnb's own, computed from the checked
     setting.)"""
@@ -198,7 +199,7 @@ def plan(
         res = spec.resources
         estimate = None
         if state is not None and res.preemptible:  # auto weighs what this cluster's nodes saw
-            estimate = observed_preemption_rate(train, state, res.nodes)
+            estimate = observed_preemption_rate(train, state(), res.nodes)
     except BaseException:
         if snapshot is not None:
             snapshot.discard()

@@ -254,7 +254,12 @@ class Session:
         res = Resources(
             nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node, preemptible=preemptible
         )
-        state = self.cluster.state()
+        read: list[ClusterState] = []  # the cluster read once, after the checks, if at all
+
+        def state() -> ClusterState:
+            read[:] = read or [self.cluster.state()]
+            return read[0]
+
         plan = prelaunch.plan(
             what,
             command=command,
@@ -273,7 +278,7 @@ class Session:
             recovery=RecoveryPolicy.coerce(recovery),
         )
         try:
-            self._check_capacity(res, state)
+            self._check_capacity(res, state())
             return self._submit(plan, dry_run)
         finally:
             plan.discard()  # the engine wrote the snapshot where the run reads it
