@@ -275,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sources = [resolve(n) for n in names]  # every name checked before anything runs
         params = {k: _value(v) for k, v in args.parameter}
         failed = 0
+        results: list[NotebookResult] = []
         with _owner_token() as owner:
             try:
                 for source in sources:
@@ -292,10 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         failed += 1
                         print(f"tgnb notebooks: {exc}", file=sys.stderr)
                         continue
-                    print(result, flush=True)
+                    results.append(result)
             finally:
                 if args.stop:
                     _stop_own(args.home, owner)
+                # the terminal ends with what was made, below the progress bars and --stop's line
+                for result in results:
+                    print(result, flush=True)
         return 1 if failed else 0
     except TgnbError as exc:
         print(f"tgnb notebooks: {exc}", file=sys.stderr)

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tgnb.config import Secret, Settings
+from tgnb.config import DEFAULT_TIME_SCALE, Secret, Settings
 from tgnb.errors import ConfigError, EmulatorError, ValidationError
 
-#: Platform time runs this many times faster on an emulator started here (300 s -> 6 s):
-#: provisioning, drain windows and Post-Training's inactivity timeouts alike.
-DEFAULT_TIME_SCALE = 0.02
 #: Seconds between status polls (capacity, a resource coming up): the emulator on loopback
 #: answers at once; the service is asked every 10 s.
 LOCAL_POLL = 0.25

@@ -120,13 +120,25 @@ class Session:
         poll = poll if poll is not None else self.poll
         return self.cluster.wait_for_capacity(timeout=timeout, poll=poll, callback=callback)
 
-    def preempt(self, node: str | None = None) -> Preemption:
-        """Emulator only: preempt `node` (default: the oldest running preemptible node) now; the
-        node, when its notice came and when it goes away."""
+    def preempt(
+        self, node: str | None = None, *, run: Run | None = None, timeout: float | None = 900.0
+    ) -> Preemption:
+        """Emulator only: preempt `node` now; the node, when its notice came and when it goes
+        away. With `run` instead, the run's node, once the run is placed and has trained a step
+        (waiting up to `timeout` seconds; a run that finished first is a `ValidationError`).
+        With neither, the oldest running preemptible node."""
         if self.emulator is None:
             raise ValidationError(
                 "preempt works only on the local emulator: Together preempts real nodes itself"
             )
+        if run is not None and node is None:
+            st = run.wait_for_step(1, timeout=timeout, poll=min(self.poll, 0.5))
+            if st.state.finished:
+                raise ValidationError(
+                    f"run {run.name!r} has {st.state.value}: nothing of it to preempt "
+                    "(name a node to preempt one)"
+                )
+            node = st.nodes[0]
         try:
             return Preemption.from_view(self.emulator.preempt(self.cluster.id, node))
         except ValidationError as exc:

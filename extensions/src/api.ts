@@ -63,6 +63,7 @@ export type Message =
   | { type: 'runs'; runs: IRun[] }
   | { type: 'event'; event: IEvent; live: boolean }
   | { type: 'run_state'; run: string; from: string; to: string }
+  | { type: 'detached'; message: string }
   | { type: 'error'; message: string };
 
 function url(path: string): string {

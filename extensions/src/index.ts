@@ -39,6 +39,9 @@ function errorText(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+/** How often a live sidebar with no cluster reads it again (milliseconds). */
+const REATTACH_MS = 2000;
+
 const SEEN_KEY = 'tgnb:toasted';
 const SEEN_MAX = 500;
 
@@ -167,6 +170,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       switch (message.type) {
         case 'cluster':
           sidebar.setCluster(message.cluster);
+          sidebar.setError('');
+          break;
+        case 'detached':
+          sidebar.setDetached(message.message);
           break;
         case 'runs':
           sidebar.setRuns(message.runs);
@@ -182,12 +189,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     // Nothing is attached until the person opens the sidebar or runs a command (or the server
     // has attached already): opening JupyterLab alone starts no emulator and sends no request.
+    // Once live, while no cluster is attached (none yet, or the platform stopped answering), the
+    // cluster is read again every few seconds: an emulator started or restarted (on any port)
+    // after the page opened is found without a reload. A read starts no emulator.
     let live = false;
+    let reading = false;
+    const retry = async (): Promise<void> => {
+      if (sidebar.cluster === null && !reading) {
+        reading = true;
+        await refresh();
+        reading = false;
+      }
+    };
     const goLive = (): void => {
       if (!live) {
         live = true;
         stream.start();
         void refresh();
+        window.setInterval(() => void retry(), REATTACH_MS);
       }
     };
 

@@ -154,7 +154,16 @@ export class TogetherSidebar extends Widget {
     this.errorNode.textContent = message;
   }
 
+  /** The platform stopped answering (the emulator stopped or moved): no cluster until the next
+   * read attaches again; `reason` says why, beside the Attach button. */
+  setDetached(reason: string): void {
+    this._cluster = null;
+    this.detachedReason = reason;
+    this.renderCluster();
+  }
+
   setCluster(cluster: ICluster): void {
+    this.detachedReason = '';
     const first = this._cluster === null || this._cluster.id !== cluster.id;
     const targetMoved =
       this._cluster !== null &&
@@ -198,9 +207,18 @@ export class TogetherSidebar extends Widget {
     this.clusterNode.replaceChildren();
     this.capacityNode.replaceChildren();
     if (c === null) {
-      const link = el('button', 'jp-Button tgnb-attach', 'Attach to a cluster');
+      const link = el('button', 'jp-Button jp-mod-accept tgnb-attach', 'Attach');
+      link.title = 'attach to a cluster (empty name: the default, the local emulator without a key)';
+      link.dataset.testid = 'tgnb-attach';
       link.onclick = () => this.actions.attach();
-      this.clusterNode.append(el('div', 'tgnb-muted', 'not attached yet'), link);
+      const state = this.detachedReason ? 'disconnected' : 'not attached yet';
+      const status = el('div', 'tgnb-muted', state);
+      status.dataset.testid = 'tgnb-detached';
+      this.clusterNode.append(status);
+      if (this.detachedReason) {
+        this.clusterNode.append(el('div', 'tgnb-muted tgnb-reason-text', this.detachedReason));
+      }
+      this.clusterNode.append(link);
       return;
     }
     const name = el('div', 'tgnb-cluster-name', c.name);
@@ -260,6 +278,7 @@ export class TogetherSidebar extends Widget {
   }
 
   private _cluster: ICluster | null = null;
+  private detachedReason = '';
   private _runs: IRun[] = [];
   private pending = 0;
   private pendingNode!: HTMLElement;

@@ -1,6 +1,6 @@
 """A notebook's HTML export read as a newcomer would, in headless Chromium, checked by the DOM: no
-stderr output area (progress bars are not errors), the panels' static fallbacks with their last
-state, and no word broken inside a table cell at a laptop's width.
+stderr output area (progress bars are not errors), the panels' static fallbacks each with its
+state as of its cell, and no word broken inside a table cell at a laptop's width.
 
 Real parts: a papermill kernel, the emulator daemon, nbconvert's lab template, Chromium. The run
 is the local engine tests' stand-in trainer (a step counter) instead of TRL: the export is under test,
@@ -28,17 +28,20 @@ CELLS = [
     "%tg watch export-dom",
     "from tgnb.notebook.widgets import RunPanel\n\nRunPanel(run, poll_interval=0.5)  # the value",
     "print(run.name, run.wait(timeout=120).state.value)",
+    "%tg watch export-dom --wait",
     "%tg preempt",
     "%tg events --since 1h",
     "%tg runs --all",
     "%tg cost --all",
 ]
 
-#: A notebook that never loads the magics: a panel shown as a cell's value is kept current too.
+#: A notebook that never loads the magics: a panel displayed in a cell that lasts until the run
+#: ends is brought up to date as that cell ends too.
 PLAIN_CELLS = [
     "import tgnb\n\nsession = tgnb.attach(local=True)",
     "run = session.launch('grpo', name='plain', max_steps=5)",
-    "from tgnb.notebook.widgets import RunPanel\n\nRunPanel(run, poll_interval=0.5)",
+    "from tgnb.notebook.widgets import RunPanel\n\n"
+    "display(RunPanel(run, poll_interval=0.5))\n"
     "run.wait(timeout=120, progress=False).state.value",
 ]
 
@@ -119,13 +122,14 @@ def test_no_stderr_block_in_the_export(page: Any) -> None:
     assert "run export-dom: 100%" in stdout and "6/6" in stdout, stdout
 
 
-def test_panels_show_their_last_state(page: Any) -> None:
-    """`%tg watch`'s panel and a panel that is a cell's value, both shown before the run ended:
-    each reads its last step and state."""
-    panels = page.locator(".tgnb-run-panel")
-    assert panels.count() == 2
-    for text in panels.all_inner_texts():
-        assert "step 6 / 6" in text and "succeeded" in text, text
+def test_panels_show_their_cells_state(page: Any) -> None:
+    """`%tg watch`'s panel and a panel that is a cell's value, both shown before the run ended,
+    read the run as it was then; `%tg watch --wait`'s, after, its last step and state."""
+    texts = page.locator(".tgnb-run-panel").all_inner_texts()
+    assert len(texts) == 3, texts
+    for text in texts[:2]:
+        assert "step 6 / 6" not in text and "succeeded" not in text, text
+    assert "step 6 / 6" in texts[2] and "succeeded" in texts[2], texts[2]
     assert page.locator(".tgnb-events table tbody tr").count() >= 3
 
 

@@ -34,22 +34,22 @@ def tgnb_emulator(
 
 def test_another_commands_emulator_with_another_time_scale_is_refused(tmp_path: Path) -> None:
     try:
-        assert tgnb_emulator(tmp_path, "start").returncode == 0  # time scale 1, no owner
+        assert tgnb_emulator(tmp_path, "start").returncode == 0  # the default scale, no owner
         st = daemon.status(tmp_path)
-        assert st.options and st.options["time_scale"] == 1.0 and st.owner is None
-        assert "time scale 1" in st.describe()
+        assert st.options and st.options["time_scale"] == 0.02 and st.owner is None
+        assert "time scale 0.02" in st.describe()
         # asking nothing in particular reuses it
         again = tgnb_emulator(tmp_path, "start")
         assert again.returncode == 0 and again.stdout.startswith("already running"), again.stderr
         # asking another time scale is refused, with what differs and the fix
-        asked = tgnb_emulator(tmp_path, "start", "--time-scale", "0.02", owner="someone-else")
+        asked = tgnb_emulator(tmp_path, "start", "--time-scale", "0.5", owner="someone-else")
         assert asked.returncode == 1
-        assert "time scale 1 (asked 0.02)" in asked.stderr
+        assert "time scale 0.02 (asked 0.5)" in asked.stderr
         assert "tgnb emulator stop" in asked.stderr
         assert daemon.status(tmp_path).pid == st.pid
         # the same from Python: an explicit time scale must match, none reuses what runs
-        with pytest.raises(EmulatorMismatchError, match=r"time scale 1 \(asked 0.02\)"):
-            tgnb.attach(local=True, home=tmp_path, time_scale=0.02)
+        with pytest.raises(EmulatorMismatchError, match=r"time scale 0.02 \(asked 0.5\)"):
+            tgnb.attach(local=True, home=tmp_path, time_scale=0.5)
         session = tgnb.attach(local=True, home=tmp_path)
         assert session.cloud.base_url.startswith(st.base_url or "?")
         session.cloud.close()

@@ -201,3 +201,9 @@ def test_the_api_key_appears_in_no_output(
     captured = capsys.readouterr()
     shown += [captured.out, captured.err]
     assert all(key not in text for text in shown)
+
+
+def test_watch_timeout_goes_with_wait(ip: Any, tg: Any, attached: EmulatorHandle) -> None:
+    ip.run_line_magic("tg", "attach --local")
+    with pytest.raises(UsageError, match=r"--timeout goes with --wait"):
+        ip.run_line_magic("tg", "watch nope --timeout 5m")

@@ -107,3 +107,53 @@ def test_only_a_comment_word_outside_quotes_is_dropped() -> None:
     assert _without_comment(line) == "launch --set a=b#c --name 'x # y' --model \"m #1\"  "
     assert _without_comment("#all comment") == ""
     assert _without_comment("status") == "status"
+
+
+@pytest.mark.slow
+def test_readme_tour_run_all_shows_one_preemption_checkpoint_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tour as one notebook (a cell per line) run top to bottom by papermill, as Run All
+    does, on a fresh tgnb home: `%tg preempt` waits for the run to train, so the run is preempted
+    once, checkpoints, resumes once and finishes; `%tg watch run --wait` shows that end."""
+    import nbformat
+
+    from tgnb import batch
+    from tgnb.config import EMULATOR_OWNER_ENV
+    from tgnb.events import CHECKPOINT_SAVED, RUN_RESUMED
+    from tgnb.session import attach, shutdown_local
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TGNB_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("TOGETHER_API_KEY", "TOGETHER_BASE_URL", EMULATOR_OWNER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_code_cell(line) for line in tour_cells()]
+    source = tmp_path / "tour.ipynb"
+    nbformat.write(nb, source)
+    try:
+        result = batch.run_notebook(source, tmp_path / "out", html=False)
+        done = nbformat.read(result.output, as_version=4)
+        session = attach(local=True, start=False)
+        (run,) = session.runs()
+        summary = run.summary()
+        assert summary["state"] == "succeeded", summary
+        assert summary["steps"] == summary["max_steps"] == 60, summary
+        assert summary["preemptions"] == 1 and summary["restarts"] == 1, summary
+        reasons = [e.reason for e in run.run_events()]
+        assert reasons.count(RUN_RESUMED) == 1, reasons
+        assert CHECKPOINT_SAVED in reasons, reasons
+        # the cell that waited shows the end: the run succeeded, with its resume
+        waited = next(
+            i for i, c in enumerate(done.cells) if c.source.startswith("%tg watch run --wait")
+        )
+        html = str(done.cells[waited].outputs)
+        assert "succeeded" in html and "1 resume" in html, html[:2000]
+    finally:
+        shutdown_local(home)

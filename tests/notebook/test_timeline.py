@@ -182,6 +182,34 @@ def test_markers_at_one_instant_are_grouped_with_a_count() -> None:
     assert "×4" in text
     for word in ("signal", "checkpoint", "requeued", "resumed"):
         assert word in text.lower(), text
+    # the legend explains the count, and lists the markers drawn, not every kind there is
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend-marker"]
+    assert "×N: N events at one moment (hover for each)" in legend
+    assert "preemption notice" not in legend and "target changed" not in legend, legend
+
+
+def test_the_legend_lists_only_the_markers_drawn() -> None:
+    events = [
+        Event(at(0), "run", "RunStarted", run="grpo-e", node="gpu-preemptible-dp-1"),
+        Event(at(500), "run", "RunExited", run="grpo-e", node="gpu-preemptible-dp-1"),
+    ]
+    root = ET.fromstring(EventTimeline(events, now=at(600)).to_svg())
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend-marker"]
+    assert len(legend) == 2 and not any(t and t.startswith("×N") for t in legend), legend
+
+
+def test_a_fitted_axis_reaches_the_end_of_a_drain_window_begun_on_it() -> None:
+    """The run finished elsewhere before the preempted node's removal: the drain window is drawn
+    whole, not cut at the run's end."""
+    events = [
+        Event(at(-100), "cluster", "TogetherNodeAdded", node="gpu-preemptible-dp-1"),
+        Event(at(0), "run", "RunStarted", run="grpo-f", node="gpu-preemptible-dp-1"),
+        Event(at(50), "cluster", "TogetherPreemptionNotified", node="gpu-preemptible-dp-1"),
+        Event(at(60), "run", "RunExited", run="grpo-f", node="gpu-preemptible-dp-1"),
+        Event(at(350), "cluster", "TogetherPreempted", node="gpu-preemptible-dp-1"),
+    ]
+    fitted = EventTimeline(events, now=at(400), fit_runs=True)
+    assert rel(fitted.bounds()[0]) == 0 and rel(fitted.bounds()[1]) == 350
 
 
 def test_recovery_decisions_have_their_own_marker_tooltip_and_legend() -> None:

@@ -55,6 +55,13 @@ def test_run_panel_progress_curves_and_markers(recorded_run: Run) -> None:
         classes = [el.get("class") for el in root.iter()]
         assert "series" in classes
         assert {"mark checkpoint", "mark preemption", "mark resume"} <= set(classes)
+        # the three share step 4: drawn side by side, each with its own dashes, not one line
+        marks = [el for el in root.iter() if (el.get("class") or "").startswith("mark ")]
+        assert len({el.get("x1") for el in marks}) == 3
+        assert len({el.get("stroke-dasharray") for el in marks}) == 3
+        assert all(
+            "checkpoint, preemption, resume at step 4" in "".join(el.itertext()) for el in marks
+        )
     assert "gpu-preemptible-dp-2" in panel.header.value
     bundle = panel._repr_mimebundle_()
     assert WIDGET_VIEW in bundle

@@ -49,6 +49,8 @@ def test_run_shows_progress_and_stops_the_emulator_it_started(
         assert "starts.ipynb: cell 2 of 2 [" in err
         assert "without encryption" not in err + out
         assert "stopped the local emulator" in out
+        # the terminal ends with the result line, below --stop's
+        assert out.rstrip().splitlines()[-1].startswith("starts.ipynb: ran in "), out
         assert not daemon.status(home).running
     finally:
         daemon.stop(home)

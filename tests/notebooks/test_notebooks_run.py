@@ -161,7 +161,8 @@ def _blocks(page: str, mime: str) -> list[str]:
 
 def test_exports_read_cleanly(executed: Any) -> None:
     """Each HTML export as a newcomer reads it: progress is ordinary output, not a stderr block
-    drawn as an error; every panel shows its last state; the events are a table."""
+    drawn as an error; no panel shows a run that has not started (each shows its cell's state,
+    and the notebooks watch a run once it trains, or until it ends); the events are a table."""
     for name, html_path in executed.html.items():
         page = Path(html_path).read_text(encoding="utf-8")
         stderr = _blocks(page, "application/vnd.jupyter.stderr")

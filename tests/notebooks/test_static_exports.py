@@ -1,7 +1,8 @@
 """A notebook's static outputs hold what the panels showed when the work was done: after
 ``%tg scale --wait`` the ClusterPanel's ``text/html`` fallback reads the allocated capacity (not
-"cluster: not read yet"), and after the run finished the ``%tg watch`` RunPanel's reads its last
-step and "succeeded" (not "step 0 ... pending"), in the executed notebook and in its HTML export.
+"cluster: not read yet"); each cell's panel shows its state as of that cell: ``%tg watch`` right
+after the launch the run before it finished (not its end, which a later cell shows), ``%tg watch
+--wait`` the run's last step and "succeeded", in the executed notebook and in its HTML export.
 
 A real kernel (papermill) and emulator daemon; the run is the local engine tests' stand-in trainer (a
 step counter) instead of TRL, since the panels, not the training, are under test.
@@ -27,6 +28,7 @@ CELLS = [
     "%tg scale --preemptible 8 --wait --timeout 60s",
     "run = session.launch('grpo', name='static', max_steps=6)",
     "%tg watch static",
+    "%tg watch static --wait --timeout 120s",
     "status = run.wait(timeout=120)\nstatus.state.value",
 ]
 
@@ -38,7 +40,7 @@ def _html_of(nb: Any, index: int) -> str:
     return str(found[-1])
 
 
-def test_panels_fallbacks_show_their_last_state(
+def test_panels_fallbacks_show_their_cells_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     home = tmp_path / "home"
@@ -60,11 +62,13 @@ def test_panels_fallbacks_show_their_last_state(
     with running_emulator(home, time_scale=0.01):
         result = batch.run_notebook(source, tmp_path / "out")
     done = nbformat.read(result.output, as_version=4)
-    assert "succeeded" in str(done.cells[4].outputs)
+    assert "succeeded" in str(done.cells[5].outputs)
     cluster = _html_of(done, 1)
     assert "not read yet" not in cluster
     assert "allocated 8 / desired 8 GPUs" in cluster
-    run = _html_of(done, 3)
+    early = _html_of(done, 3)  # 6 steps of 0.3 s: still going as the watch cell ended
+    assert "tgnb-run-panel" in early and "succeeded" not in early and "step 6 / 6" not in early
+    run = _html_of(done, 4)
     assert "step 6 / 6" in run and "succeeded" in run and "pending" not in run
     assert result.html is not None
     page = result.html.read_text(encoding="utf-8")

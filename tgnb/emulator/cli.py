@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tgnb.config import DEFAULT_TIME_SCALE
 from tgnb.emulator import daemon
 from tgnb.errors import TgnbError
 
@@ -34,8 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     knobs.add_argument(
         "--time-scale",
         type=float,
-        default=1.0,
-        help="multiplies every platform duration (0.02: a 300 s drain window lasts 6 s)",
+        default=DEFAULT_TIME_SCALE,
+        help="multiplies every platform duration (default %(default)g, as `%%tg attach --local`: "
+        "a 300 s drain window lasts 6 s; 1: real time)",
     )
     knobs.add_argument(
         "--drain-window-s",

@@ -10,6 +10,11 @@ from tgnb.markup import escape
 
 #: Marker colours by kind (checkpoint, preemption, resume).
 MARKER_COLOURS = {"checkpoint": "#3366cc", "preemption": "#d62728", "resume": "#1b9e77"}
+#: Dash pattern by kind, so that markers read apart in grey print and side by side.
+MARKER_DASHES = {"checkpoint": "1,2", "preemption": "4,2", "resume": "6,2,1,2"}
+#: Pixels between markers that fall on the same step (a checkpoint on a preemption notice, and
+#: the resume from it, share its step): drawn side by side, not one over the other.
+MARKER_GAP = 3.0
 
 
 def _fmt(v: float) -> str:
@@ -112,14 +117,20 @@ def curve_svg(
 
     sx, sy, frame = axes((left, top, w, h), (x0, x1), (y0, y1), decimals, height - 6)
     out.append(frame)
-    order = {"resume": 0, "checkpoint": 1, "preemption": 2}  # preemptions drawn on top
-    for step, kind in sorted(markers, key=lambda m: (order.get(m[1], 3), m[0])):
-        x = sx(step)
-        out.append(
-            f'<line class="mark {kind}" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" '
-            f'stroke="{MARKER_COLOURS.get(kind, "#888")}" stroke-dasharray="3,2">'
-            f"<title>{kind} at step {_fmt(step)}</title></line>"
-        )
+    order = {"checkpoint": 0, "preemption": 1, "resume": 2}  # as they happen at one step
+    at: dict[float, list[str]] = {}
+    for step, kind in sorted(set(markers), key=lambda m: (m[0], order.get(m[1], 3))):
+        at.setdefault(step, []).append(kind)
+    for step, kinds_here in at.items():
+        together = ", ".join(kinds_here)
+        for i, kind in enumerate(kinds_here):
+            x = sx(step) + (i - (len(kinds_here) - 1) / 2) * MARKER_GAP
+            out.append(
+                f'<line class="mark {kind}" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h}" '
+                f'stroke="{MARKER_COLOURS.get(kind, "#888")}" stroke-width="1.5" '
+                f'stroke-dasharray="{MARKER_DASHES.get(kind, "3,2")}">'
+                f"<title>{together} at step {_fmt(step)}</title></line>"
+            )
     kinds = sorted({k for _, k in markers}, key=lambda k: order.get(k, 3))
     lx = width - right
     for kind in reversed(kinds):

@@ -208,17 +208,22 @@ _LEGEND = (
 )
 
 
-def _marker_legend(tl: EventTimeline) -> list[str]:
-    """The markers the legend explains: the usual ones, and the recovery policy's when the
-    timeline has them."""
+#: The legend's entry for a group of markers drawn as one with a count (`_group_svg`).
+COUNT_LABEL = "×N: N events at one moment (hover for each)"
+
+
+def _marker_legend(tl: EventTimeline, grouped: bool) -> list[tuple[str, str]]:
+    """What the legend explains, as (marker reason, label): the markers the timeline draws, in
+    the usual order, and the ``×N`` count when some markers were drawn as one (`grouped`)."""
     shown = {m.reason for ln in tl.lanes for m in ln.markers}
-    return [*_LEGEND, *(r for r in _RECOVERY if r in shown)]
+    out = [(r, LABEL[r]) for r in (*_LEGEND, *_RECOVERY) if r in shown]
+    return [*out, ("count", COUNT_LABEL)] if grouped else out
 
 
-def _legend_lines(reasons: list[str], width: int) -> int:
+def _legend_lines(labels: list[str], width: int) -> int:
     lines, x = 1, 8.0
-    for reason in reasons:
-        w = 22 + 6.5 * len(LABEL[reason])
+    for label in labels:
+        w = 22 + 6.5 * len(label)
         if x + w > width and x > 8.0:
             lines, x = lines + 1, 8.0
         x += w
@@ -250,8 +255,17 @@ def render(tl: EventTimeline) -> str:
     lanes = tl.lanes
     n_rows = len(lanes) + (1 if tl.hidden else 0)
     plot_h = n_rows * (_LANE_H + _GAP)
-    marker_legend = _marker_legend(tl)
-    height = top + plot_h + 60 + 18 * (_legend_lines(marker_legend, tl.width) - 1)
+    when = tl.short_time if hi - lo < 86400 else tl.format_time
+    bucketed = _all_markers(tl, x_of)
+    placed_by_lane = [
+        sorted((p for p in bucketed[i] if lo <= p[1].time <= hi), key=lambda p: p[0])
+        for i in range(len(lanes))
+    ]
+    groups_by_lane = [_groups(placed) for placed in placed_by_lane]
+    grouped = any(len(g) > _GROUP_MAX for groups in groups_by_lane for g in groups)
+    marker_legend = _marker_legend(tl, grouped)
+    legend_lines = _legend_lines([label for _, label in marker_legend], tl.width)
+    height = top + plot_h + 60 + 18 * (legend_lines - 1)
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
         f'class="tgnb-timeline" width="{tl.width}" '
@@ -283,8 +297,6 @@ def render(tl: EventTimeline) -> str:
             f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle" fill="#555">{escape(label)}</text>'
         )
 
-    when = tl.short_time if hi - lo < 86400 else tl.format_time
-    bucketed = _all_markers(tl, x_of)
     for i, lane in enumerate(lanes):
         y_lane: float = top + i * (_LANE_H + _GAP)
         mid = y_lane + _LANE_H / 2
@@ -313,8 +325,7 @@ def render(tl: EventTimeline) -> str:
                 f'<rect class="span {escape(s.kind)}" x="{x0:.1f}" y="{yy:.1f}" width="{w:.1f}" height="{h}" '
                 f'fill="{SPAN_STYLE[s.kind]}"{opacity}><title>{title}</title></rect>'
             )
-        placed = sorted((p for p in bucketed[i] if lo <= p[1].time <= hi), key=lambda p: p[0])
-        for group in _groups(placed):
+        for group in groups_by_lane[i]:
             out.append(_group_svg(group, mid, when))
         out.append("</g>")
     if tl.hidden:
@@ -350,13 +361,14 @@ def render(tl: EventTimeline) -> str:
         x += 24 + 7 * len(label)
     y += 18
     x = 8.0
-    for reason in marker_legend:
-        width = 22 + 6.5 * len(LABEL[reason])
+    for reason, label in marker_legend:
+        width = 22 + 6.5 * len(label)
         if x + width > tl.width and x > 8.0:  # wrap: the next line of the legend
             x, y = 8.0, y + 18
-        shape, color = MARKER_STYLE[reason]
-        out.append(_shape(shape, x + 5, y - 4, color))
-        out.append(f'<text x="{x + 14:.0f}" y="{y}">{escape(LABEL[reason])}</text>')
+        if reason in MARKER_STYLE:
+            shape, color = MARKER_STYLE[reason]
+            out.append(_shape(shape, x + 5, y - 4, color))
+        out.append(f'<text class="legend-marker" x="{x + 14:.0f}" y="{y}">{escape(label)}</text>')
         x += width
     out.append("</svg>")
     return "".join(out)

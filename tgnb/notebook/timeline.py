@@ -247,7 +247,9 @@ class EventTimeline:
 
     # -- rendering -----------------------------------------------------------------------------
     def bounds(self) -> tuple[float, float]:
-        """The first and last instants on the axis (POSIX seconds)."""
+        """The first and last instants on the axis (POSIX seconds). Fitted to the runs, the
+        axis still reaches the end of a drain window that began on it (the node's removal may
+        come after the run has finished elsewhere)."""
         shown = self.lanes
         if self.fit_runs and any(ln.kind == "run" and (ln.spans or ln.markers) for ln in shown):
             shown = [ln for ln in shown if ln.kind == "run"]
@@ -256,6 +258,8 @@ class EventTimeline:
         ends = [s.end for ln in shown for s in ln.spans] + starts
         lo = min(starts, default=self.now - 60)
         hi = max([*ends, lo + 1.0])
+        drains = [s for ln in self.lanes for s in ln.spans if s.kind == "drain"]
+        hi = max([hi, *(s.end for s in drains if lo <= s.start <= hi)])
         return lo, hi
 
     def to_svg(self) -> str:

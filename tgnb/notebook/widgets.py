@@ -9,6 +9,7 @@ outputs show where no widget state is saved.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import weakref
@@ -82,9 +83,11 @@ class Panel(W.VBox):
         super().close()
 
     def show(self) -> None:
-        """Display the panel under a display id: `refresh_displays` (after each cell) re-sends
+        """Display the panel under a display id: `refresh_displays` (after the cell) re-sends
         its bundle when its static rendering changed, so the ``text/html`` fallback that
-        papermill and nbconvert keep holds its latest state, not the first one."""
+        papermill and nbconvert keep holds its state as of the end of its cell (a ``%tg watch``
+        above the cell that preempts shows the run before the preemption; the live widget keeps
+        moving in the browser)."""
         from IPython.display import display
 
         self._sent = self.to_html()
@@ -94,8 +97,8 @@ class Panel(W.VBox):
 
     def _ipython_display_(self) -> None:
         """A panel that is a cell's value (``tgnb.panel(res)``, ``%tg pt panel``) is shown as
-        `show` shows it, so its export holds its last state, not the state it had when the cell
-        ended; in a terminal IPython, once."""
+        `show` shows it, so its export holds its state as of the end of its cell; in a terminal
+        IPython, once."""
         from tgnb.progress import in_kernel
 
         if in_kernel():
@@ -257,7 +260,8 @@ class ClusterPanel(Panel):
         )
 
 
-#: Panels shown with `Panel.show`, whose displays `refresh_displays` keeps current.
+#: Panels shown with `Panel.show` in the running cell, whose displays `refresh_displays` brings
+#: up to date as the cell ends.
 _SHOWN: weakref.WeakSet[Panel] = weakref.WeakSet()
 
 
@@ -279,19 +283,20 @@ _REFRESHED_FOR: list[Any] = [None]  # the cell result of the last refresh (two h
 
 
 def refresh_displays(*args: Any) -> None:
-    """Bring the displayed bundles of shown panels up to date (an IPython ``post_run_cell`` hook,
-    so the update belongs to the cell that just ran and papermill records it). Once per cell:
-    ``%load_ext tgnb`` and the first shown panel may both have hooked it (both pass the cell's
-    result)."""
+    """Bring the displayed bundles of the panels shown in the cell that just ran up to date (an
+    IPython ``post_run_cell`` hook, so the update belongs to that cell and papermill records it),
+    then leave them: an export shows each cell's state as of that cell, not the state of a later
+    one. Once per cell: ``%load_ext tgnb`` and the first shown panel may both have hooked it
+    (both pass the cell's result)."""
     if args and args[0] is not None:
         if args[0] is _REFRESHED_FOR[0]:
             return
         _REFRESHED_FOR[0] = args[0]
     for panel in list(_SHOWN):
-        try:
+        _SHOWN.discard(panel)
+        # a display that cannot be updated must not fail the user's cell
+        with contextlib.suppress(Exception):
             panel.refresh_display()
-        except Exception:  # a display that cannot be updated must not fail the user's cell
-            _SHOWN.discard(panel)
 
 
 #: Metric names tried, in order, for the reward and the loss curves.

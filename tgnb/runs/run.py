@@ -232,6 +232,26 @@ class Run:
             if bar is not None:
                 bar.close()
 
+    def wait_for_step(
+        self, step: int = 1, timeout: float | None = None, poll: float = 0.5
+    ) -> JobStatus:
+        """Block until the run runs on its nodes and has logged optimizer step `step` (or a
+        later one), or has finished; its status then (finished: check ``state.finished``).
+        Raises `TimeoutError` after `timeout` seconds with neither."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.sync()
+            if st.state.finished:
+                return st
+            if st.state is JobState.RUNNING and st.nodes and self._last_step() >= step:
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"run {self.name!r} has not trained step {step} after {timeout:g} s "
+                    f"(it is {st.state.value}{': ' + st.detail if st.detail else ''})"
+                )
+            time.sleep(poll)
+
     def _last_step(self) -> int:
         """The highest optimizer step in the run's metrics so far (0 before the first)."""
         return max((int(r["step"]) for r in self.records("metrics") if "step" in r), default=0)

@@ -45,7 +45,7 @@ from tgnb.errors import (
     ValidationError,
 )
 from tgnb.server.serialize import cluster_json, run_json
-from tgnb.server.service import Cockpit
+from tgnb.server.service import LOST, Cockpit
 
 #: A comment line sent on an idle event stream so proxies keep it open (seconds).
 KEEPALIVE_S = 15.0
@@ -96,10 +96,14 @@ class TgnbHandler(APIHandler):
         return cockpit
 
     async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run a blocking call on the session; a tgnb error finishes the request as JSON."""
+        """Run a blocking call on the session; a tgnb error finishes the request as JSON (and
+        one that says the platform no longer answers there drops the session: `Cockpit.lost`)."""
+        session = self.cockpit.attached
         try:
             return await self.cockpit.run(fn)
         except TgnbError as exc:
+            if isinstance(exc, LOST) and session is not None:
+                self.cockpit.lost(session, one_line(str(exc)))
             self.fail(_status_of(exc), str(exc))
             return None
         except Exception as exc:  # an SDK or library error the session did not translate

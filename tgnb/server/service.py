@@ -9,7 +9,10 @@ to a bounded buffer of numbered messages:
 - ``{"type": "runs", "runs": [...]}`` when a run's status or progress changed;
 - ``{"type": "event", "event": {...}, "live": bool}`` for each new cluster or run event;
 - ``{"type": "run_state", "run": name, "from": state, "to": state}`` when a run changed state
-  (``"from": null`` for a run first seen while listening).
+  (``"from": null`` for a run first seen while listening);
+- ``{"type": "detached", "message": "..."}`` when the platform stopped answering (an emulator
+  stopped, or restarted on another port): the session is dropped, and the next read attaches
+  again to wherever the platform answers now (the browser retries that read every few seconds).
 
 Messages from the first poll after an attach describe the past (``"live": false``): the browser
 lists them but raises no notification for them.
@@ -24,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tgnb.config import scrub
+from tgnb.errors import AuthenticationError, EmulatorError, TransientApiError
 from tgnb.server.serialize import cluster_json, event_json, run_json
 
 if TYPE_CHECKING:
@@ -35,6 +40,9 @@ T = TypeVar("T")
 BUFFER = 2000
 #: Most messages one (re)connection replays: the latest snapshots plus the newest events.
 REPLAY = 200
+#: The errors that mean the attached platform no longer answers there (connection refused, the
+#: emulator gone or its key changed with a restart): the session is dropped and attached again.
+LOST = (TransientApiError, EmulatorError, AuthenticationError)
 
 
 class Cockpit:
@@ -66,6 +74,7 @@ class Cockpit:
         self._seen: set[tuple[Any, ...]] = set()
         self._last_cluster: dict[str, Any] | None = None
         self._last_runs: dict[str, dict[str, Any]] | None = None
+        self._resend = False
 
     # -- the session ---------------------------------------------------------------------------
     @property
@@ -119,6 +128,19 @@ class Cockpit:
                     self._session.cloud.close()
             self._session = None
 
+    def lost(self, session: Session, message: str) -> None:
+        """`session` stopped answering: drop it (when it is still the attached one), so the next
+        read attaches again, and tell the listeners. The feed's history stays (an event seen
+        before is not sent twice); the next snapshots are sent whatever they hold."""
+        with self._lock:
+            if self._session is not session:
+                return
+            self.close()
+            self._last_cluster = None  # sent again on the next read, as is the runs snapshot
+            self._resend = True
+        self._publish({"type": "detached", "message": message})
+        self._wake()
+
     # -- the feed ------------------------------------------------------------------------------
     def _publish(self, message: dict[str, Any]) -> None:
         self.seq += 1
@@ -151,8 +173,8 @@ class Cockpit:
                 if live and (before is None or before["state"] != now["state"]):
                     was = None if before is None else before["state"]
                     out.append({"type": "run_state", "run": name, "from": was, "to": now["state"]})
-            if runs != self._last_runs:
-                self._last_runs = runs
+            if runs != self._last_runs or self._resend:
+                self._last_runs, self._resend = runs, False
                 out.append({"type": "runs", "runs": list(runs.values())})
             self._primed = True
             return out
@@ -185,6 +207,11 @@ class Cockpit:
             self._changed = asyncio.Event()
         return self._changed
 
+    def _wake(self) -> None:
+        """Wake the listeners waiting for new messages (on the event loop's thread)."""
+        event, self._changed = self.changed(), asyncio.Event()
+        event.set()
+
     def ensure_poller(self) -> None:
         """Start the poller (on the running event loop) unless it runs already."""
         if self._poller is None or self._poller.done():
@@ -194,17 +221,19 @@ class Cockpit:
         loop = asyncio.get_running_loop()
         idle = 0
         while idle < 30:
+            session = self._session
             try:
                 messages = await loop.run_in_executor(None, self.poll)
+            except LOST as exc:
+                messages = []
+                if session is not None:
+                    self.lost(session, scrub(str(exc)))
             except Exception as exc:
-                from tgnb.config import scrub
-
                 messages = [{"type": "error", "message": scrub(str(exc))}]
+            for message in messages:
+                self._publish(message)
             if messages:
-                for message in messages:
-                    self._publish(message)
-                event, self._changed = self.changed(), asyncio.Event()
-                event.set()
+                self._wake()
             idle = idle + 1 if self.listeners == 0 else 0
             await asyncio.sleep(self.poll_interval)
         self._poller = None
