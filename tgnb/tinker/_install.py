@@ -18,9 +18,6 @@ import sys
 import types
 from typing import Any
 
-#: The names a program's ``tinker`` answers from this layer rather than from Tinker.
-CLIENTS = ("ServiceClient", "TrainingClient", "SamplingClient")
-
 
 def installed() -> bool:
     """Whether ``import tinker`` currently answers this layer."""
@@ -35,18 +32,23 @@ def install() -> types.ModuleType:
 
     if installed():
         return current
-    import tgnb.tinker as layer
+    from tgnb.tinker._sampling import SamplingClient
+    from tgnb.tinker._service import ServiceClient
+    from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
+    from tgnb.tinker._training import TrainingClient
 
-    module = types.ModuleType("tinker", layer.__doc__)
+    module = types.ModuleType("tinker", "Tinker's namespace with tgnb.tinker's clients.")
     module.__dict__.update(
         {k: v for k, v in current.__dict__.items() if k not in ("__doc__", "__getattr__")}
     )
-    module.__dict__.update({name: getattr(layer, name) for name in CLIENTS})
     module.__dict__.update(
+        ServiceClient=ServiceClient,
+        TrainingClient=TrainingClient,
+        SamplingClient=SamplingClient,
+        load_tokenizer=load_tokenizer,
+        TINKER_LOSS_DEFAULTS=TINKER_LOSS_DEFAULTS,
         __tgnb_layer__=True,
         __tgnb_genuine__=current,
-        load_tokenizer=layer.load_tokenizer,
-        TINKER_LOSS_DEFAULTS=layer.TINKER_LOSS_DEFAULTS,
     )
     sys.modules["tinker"] = module
     return module
