@@ -250,23 +250,32 @@ print("learned", losses[-1] < losses[0])
 """
 
 
-@pytest.mark.parametrize(
-    "how", ["python -m tgnb.tinker script.py", "tgnb.tinker.install() in the script"]
-)
+RUNS = {  # the command line, and the entry script's first line
+    "python -m tgnb.tinker train.py": (["-m", "tgnb.tinker", "train.py"], ""),
+    "python -m tgnb.tinker -m recipe.train": (["-m", "tgnb.tinker", "-m", "recipe.train"], ""),
+    "tgnb.tinker.install() in train.py": (
+        ["train.py"],
+        "import tgnb.tinker; tgnb.tinker.install()",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(RUNS))
 def test_a_program_whose_own_modules_import_tinker(
     rl_emulator: EmulatorHandle, tmp_path: Path, how: str
 ) -> None:
-    """A folder of its own: ``recipe/lib.py`` does ``import tinker``; the entry script imports
-    it. One line runs it on Post-Training, with no change to ``lib.py``."""
+    """A folder of its own: ``recipe/lib.py`` does ``import tinker``; the entry script (a file,
+    or a module run with ``-m``) imports it. One line runs it on Post-Training, with no change
+    to ``lib.py``."""
     (tmp_path / "recipe").mkdir()
     (tmp_path / "recipe" / "__init__.py").write_text("")
     (tmp_path / "recipe" / "lib.py").write_text(LIBRARY)
-    installed = how.startswith("tgnb.tinker.install")
-    first = "import tgnb.tinker; tgnb.tinker.install()" if installed else ""
-    (tmp_path / "train.py").write_text(textwrap.dedent(ENTRY.format(first_line=first)))
-    command = [sys.executable] + ([] if installed else ["-m", "tgnb.tinker"])
+    args, first = RUNS[how]
+    entry = textwrap.dedent(ENTRY.format(first_line=first))
+    (tmp_path / "train.py").write_text(entry)
+    (tmp_path / "recipe" / "train.py").write_text(entry)
     proc = subprocess.run(
-        [*command, "train.py", MODEL, "3"],
+        [sys.executable, *args, MODEL, "3"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
