@@ -42,8 +42,8 @@ def test_docs_async_pipeline_with_sync_calls_inside_the_loop(
     rl_emulator: EmulatorHandle, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The docs' pipeline pattern (submit step k+1 before awaiting step k), with the sync calls
-    Tinker's tutorials make inside ``async def main()``: ``get_tokenizer()``, ``.result()``,
-    ``forward()``, ``create_sampling_client()``. Each works; the calls that wait for a result
+    Tinker's tutorials make inside ``async def main()``: ``get_tokenizer()`` (of a training and
+    of a sampling client), ``.result()``, ``forward()``, ``create_sampling_client()``. Each works; the calls that wait for a result
     log Tinker's warning, the ones that only submit do not; the loop itself keeps running
     (a task scheduled on it before the calls has run by the end)."""
     caplog.set_level(logging.WARNING, logger="tgnb.tinker")
@@ -85,6 +85,7 @@ def test_docs_async_pipeline_with_sync_calls_inside_the_loop(
                 prompt = types.ModelInput.from_ints(tokenizer.encode(EXAMPLES[0][0]))
                 params = types.SamplingParams(max_tokens=4, temperature=0.0)
                 sampled = sampler.sample(prompt, 1, params).result()
+                assert sampler.get_tokenizer().encode("ab") == tokenizer.encode("ab")  # sync
                 info = training_client.get_info()
             finally:
                 await sampler.close_async()
@@ -108,6 +109,7 @@ def test_docs_async_pipeline_with_sync_calls_inside_the_loop(
     for label in ("APIFuture.result", "TrainingClient.create_sampling_client"):
         assert any(TINKER_WARNING.format(label) in m for m in messages), (label, messages)
     assert any(TINKER_WARNING.format("TrainingClient.get_info") in m for m in messages)
+    assert any(TINKER_WARNING.format("SamplingClient.get_base_model") in m for m in messages)
 
 
 def test_cookbook_rl_train_pattern_periodic_saves_and_off_policy(

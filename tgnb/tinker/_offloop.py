@@ -13,7 +13,9 @@ the cookbook's ``rl/train.py``.
 a notebook's, where the SDK already blocks as in a script), the call runs on a worker thread,
 where the SDK drives its own loop as usual, while the caller's thread waits for it; the calls
 that wait for a result log Tinker's warning (logger ``tgnb.tinker``). Futures the clients
-answer (`OffLoopFuture`) do the same for ``result()``.
+answer (`OffLoopFuture`) do the same for ``result()``. ``get_tokenizer()`` is not wrapped: as
+on Tinker, it asks the server through a wrapped call (``get_info`` / ``get_base_model``, whose
+name the warning gives) and loads the tokenizer on the caller's thread.
 """
 
 from __future__ import annotations

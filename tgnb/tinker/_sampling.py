@@ -32,9 +32,7 @@ from tgnb.tinker._support import (
 BASE_SAMPLER_LORA: dict[str, Any] = {"rank": 1}
 
 
-@serve_sync_calls(
-    waits=("get_base_model", "get_tokenizer", "close"), submits=("sample", "compute_logprobs")
-)
+@serve_sync_calls(waits=("get_base_model", "close"), submits=("sample", "compute_logprobs"))
 @dataclass(frozen=True)
 class SamplingClient(_SdkSamplingClient):
     """Samples from one session's published weights (see the module docstring)."""

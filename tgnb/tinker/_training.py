@@ -42,7 +42,6 @@ from tgnb.tinker._support import (
 @serve_sync_calls(
     waits=(
         "get_info",
-        "get_tokenizer",
         "forward_backward_custom",
         "create_sampling_client",
         "save_weights_and_get_sampling_client",
