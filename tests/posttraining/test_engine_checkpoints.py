@@ -114,10 +114,10 @@ def test_exports_reproduce_the_engines_logprobs(tmp_path: Path) -> None:
     for _ in range(3):
         step(host, "a")
     host.weights_sync("a", {})
-    step(host, "a")  # trainer moves on; the inference checkpoint holds the published weights
+    step(host, "a")  # the trainer moves on: the inference checkpoint holds its new weights
     host.save_inference_checkpoint("a", tmp_path / "inf")
-    want = published_logprobs(host, "a")
-    assert logprobs(host, "a") != pytest.approx(want, abs=1e-4)
+    want = logprobs(host, "a")
+    assert published_logprobs(host, "a") != pytest.approx(want, abs=1e-4)
 
     adapter = export_checkpoint(
         tmp_path / "inf", "CHECKPOINT_VARIANT_ADAPTER", tmp_path / "adapter"
@@ -152,7 +152,7 @@ def test_full_weight_checkpoints(tmp_path: Path) -> None:
     step(host, "f")
     host.weights_sync("f", {})
     host.save_inference_checkpoint("f", tmp_path / "inf")
-    want = published_logprobs(host, "f")
+    want = logprobs(host, "f")
     host.close_session("f")
     host.open_session("g", None)
     host.load_training_checkpoint("g", tmp_path / "ck", load_optimizer=True)

@@ -42,11 +42,13 @@ def _lora_b_zero(folder: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_inference_checkpoint_says_which_policy_it_holds(
+def test_inference_checkpoint_holds_the_weights_of_its_step(
     rl_emulator: EmulatorHandle, tmp_path: Path
 ) -> None:
-    """The raw route keeps the API's rule (an inference checkpoint holds the PUBLISHED weights)
-    and its record says which policy version that is; tgnb's save('inference') publishes first."""
+    """An inference checkpoint holds the trainer's weights at the step it was taken (Together:
+    "snapshots the model weights", ``step`` "Training step at time of save"), not the last
+    published ones: after 3 steps with no weights-sync it is not the step-0 adapter, and its
+    record says policy version 3. tgnb's save('inference') publishes nothing."""
     import tgnb
 
     with ModelResourcesClient.create(
@@ -54,23 +56,25 @@ def test_inference_checkpoint_says_which_policy_it_holds(
     ) as mr:
         sess = mr.create_session(lora_config={"rank": 4}, interval=0.1)
         _steps(sess.trainer, 3)
-        stale = sess.create_inference_checkpoint()
+        raw = sess.create_inference_checkpoint()
         pt = rl_emulator.client().post_training
-        rec = pt.checkpoints.retrieve(stale.id).model_dump()
-        assert rec["step"] in ("3", 3) and rec["weights_version"] in ("0", 0)
+        rec = pt.checkpoints.retrieve(raw.id).model_dump()
+        assert rec["step"] in ("3", 3) and rec["weights_version"] in ("3", 3)
         files = download_checkpoint(
-            rl_emulator.client(), stale.id, variant="CHECKPOINT_VARIANT_ADAPTER",
-            output_dir=str(tmp_path / "stale"),
+            rl_emulator.client(), raw.id, variant="CHECKPOINT_VARIANT_ADAPTER",
+            output_dir=str(tmp_path / "raw"),
         )  # fmt: skip
-        assert files and _lora_b_zero(tmp_path / "stale")  # the step-0 weights, as its record says
+        assert files and not _lora_b_zero(tmp_path / "raw")  # the trained weights
 
         res = tgnb.post_training(local=True, home=rl_emulator.home).attach(mr.model_resources_id)
         handle = res.session(sess.session_id)
+        _steps(sess.trainer, 1)
         ck = handle.save("inference")
-        assert ck.step == 3 and ck.weights_version == 3
-        assert pt.checkpoints.retrieve(ck.id).model_dump()["weights_version"] in ("3", 3)
+        assert ck.step == 4 and ck.weights_version == 4
+        policy = pt.sessions.retrieve(sess.session_id).policy_state
+        assert int(policy.applied_weights_version) == 0  # nothing was published
         out = handle.download(ck.id, variant="adapter", out=tmp_path / "fresh")
-        assert out and not _lora_b_zero(tmp_path / "fresh")  # the trained weights
+        assert out and not _lora_b_zero(tmp_path / "fresh")
         sess.stop()
 
 

@@ -215,7 +215,32 @@ def test_save_state_then_load_state_with_optimizer_continues_bit_identically(
                 client.close()
 
 
-def test_sampling_client_from_a_saved_weights_path(rl_emulator: EmulatorHandle) -> None:
+def downloaded_logprobs(emulator: EmulatorHandle, path: str, tokens: list[int], out: Path) -> Any:
+    """The logprobs of `tokens` under inference checkpoint `path`'s downloaded adapter, loaded
+    with peft on the base model (the first token has none)."""
+    import torch
+    from peft import PeftModel
+    from together.post_training import download_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from tgnb.emulator.rl.catalog import resolve
+
+    variant = "CHECKPOINT_VARIANT_ADAPTER"
+    download_checkpoint(emulator.client(), path, variant=variant, output_dir=str(out))
+    base = AutoModelForCausalLM.from_pretrained(resolve(MODEL).path, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(out)).eval()
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        lsm = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
+    return lsm.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+
+
+def test_sampling_client_from_a_saved_weights_path(
+    rl_emulator: EmulatorHandle, tmp_path: Path
+) -> None:
+    """A sampler on a ``save_weights_for_sampler`` path samples the weights of its step, and
+    the checkpoint's download holds those weights (saved before anything was published: the
+    emulator's inference checkpoints held the published, untrained, adapter)."""
     service_client = tinker.ServiceClient()
     training_client = service_client.create_lora_training_client(base_model=MODEL, rank=8, seed=3)
     samplers = []
@@ -239,6 +264,8 @@ def test_sampling_client_from_a_saved_weights_path(rl_emulator: EmulatorHandle) 
         at_4 = live.compute_logprobs(prompt).result()
         assert saved.compute_logprobs(prompt).result() == pytest.approx(at_4, abs=1e-5)
         assert from_trainer.compute_logprobs(prompt).result() == pytest.approx(at_4, abs=1e-5)
+        got = downloaded_logprobs(rl_emulator, sampler_path, prompt.to_ints(), tmp_path)
+        assert got == pytest.approx(at_4[1:], abs=1e-5)
         base_lp = base.compute_logprobs(prompt).result()
         assert sum(x for x in at_4 if x) > sum(x for x in base_lp if x) + 1.0  # it learned
         params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)

@@ -167,22 +167,15 @@ class TrainingSession:
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, kind: str = "inference") -> CheckpointInfo:
         """Create a checkpoint: ``"training"`` (weights and optimizer, to resume) or
-        ``"inference"`` (the sampling weights, to download or serve).
+        ``"inference"`` (the weights, to download or serve).
 
-        An inference checkpoint holds the PUBLISHED weights (the API's rule), which lag the
-        trainer until a weights-sync; so ``save("inference")`` publishes first (a weights-sync:
-        sampling sees the trained weights from then on) and the checkpoint holds the trainer's
-        weights at its current step (``weights_version`` says which policy version). To keep
-        what is published as it is, call the SDK's ``client.create_inference_checkpoint()``."""
+        Both hold the trainer's weights at its current step (as Together documents them;
+        ``weights_version`` says which policy version), whatever was last published for
+        sampling: saving publishes nothing."""
         if kind not in ("training", "inference"):
             from tgnb.errors import ValidationError
 
             raise ValidationError(f"checkpoint kind {kind!r}: use 'training' or 'inference'")
-        if kind == "inference":
-            self.conn.call(
-                lambda: self.trainer.weights_sync(),
-                f"publish session {self.id}'s weights before its inference checkpoint",
-            )
         fn = (
             self.client.create_training_checkpoint
             if kind == "training"

@@ -34,7 +34,10 @@ Tinker call                                    Post-Training routes
   ``get_tokenizer``
 =============================================  ============================================
 
-Every call above has its ``_async`` twin. Loss defaults: Together documents none for PPO and
+Every call above has its ``_async`` twin, and the synchronous ones work inside a running event
+loop as on Tinker, with its warning where it gives one (`tgnb.tinker._offloop`). A program whose
+own modules ``import tinker`` runs with ``python -m tgnb.tinker script.py args...`` or
+``tgnb.tinker.install()`` first in its entry script (`tgnb.tinker._install`). Loss defaults: Together documents none for PPO and
 CISPO, so this layer sends Tinker's own explicitly (PPO clips to [0.8, 1.2], CISPO to [0.0, 4.0];
 `TINKER_LOSS_DEFAULTS`); the emulator's defaults for raw API calls are written down in
 `tgnb.emulator.rl.losses`. Losses are Tinker's: ``cross_entropy``, ``importance_sampling``,
@@ -63,8 +66,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import tinker as _genuine
 from together.post_training.tinker import APIFuture, types
 
+from tgnb.tinker._install import install, installed, uninstall
 from tgnb.tinker._sampling import SamplingClient
 from tgnb.tinker._service import ServiceClient
 from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
@@ -76,8 +81,11 @@ __all__ = [
     "SamplingClient",
     "ServiceClient",
     "TrainingClient",
+    "install",
+    "installed",
     "load_tokenizer",
     "types",
+    "uninstall",
 ]
 
 
@@ -85,10 +93,8 @@ def __getattr__(name: str) -> Any:
     """Tinker's types (``tinker.Datum``, ``tinker.AdamParams``, ...) and its error classes."""
     if hasattr(types, name):
         return getattr(types, name)
-    import tinker as _tinker
-
-    if name.endswith("Error") and hasattr(_tinker, name):
-        return getattr(_tinker, name)
+    if name.endswith("Error") and hasattr(_genuine, name):
+        return getattr(_genuine, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

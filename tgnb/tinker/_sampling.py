@@ -19,6 +19,7 @@ from typing import Any
 from together.post_training import ModelResourcesClient
 from together.post_training.tinker import SamplingClient as _SdkSamplingClient
 
+from tgnb.tinker._offloop import serve_sync_calls
 from tgnb.tinker._support import (
     POLL_INTERVAL,
     Connection,
@@ -31,6 +32,7 @@ from tgnb.tinker._support import (
 BASE_SAMPLER_LORA: dict[str, Any] = {"rank": 1}
 
 
+@serve_sync_calls(waits=("get_base_model", "close"), submits=("sample", "compute_logprobs"))
 @dataclass(frozen=True)
 class SamplingClient(_SdkSamplingClient):
     """Samples from one session's published weights (see the module docstring)."""

@@ -16,6 +16,7 @@ from together.post_training import ModelResourcesClient
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
 from together.post_training.tinker import types
 
+from tgnb.tinker._offloop import serve_sync_calls
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import POLL_INTERVAL, Connection, Release, training_state
 from tgnb.tinker._training import TrainingClient
@@ -30,6 +31,15 @@ def _ignored_train_options(train_mlp: bool, train_attn: bool) -> None:
         )
 
 
+@serve_sync_calls(
+    waits=(
+        "create_lora_training_client",
+        "create_training_client_from_state",
+        "create_training_client_from_state_with_optimizer",
+        "create_sampling_client",
+        "get_server_capabilities",
+    )
+)
 class ServiceClient(_SdkServiceClient):
     """Entry point of a Tinker script on Post-Training (see `tgnb.tinker`)."""
 

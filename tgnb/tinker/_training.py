@@ -24,6 +24,7 @@ from together.post_training import ModelResourcesClient
 from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
+from tgnb.tinker._offloop import serve_sync_calls
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
     POLL_INTERVAL,
@@ -38,6 +39,24 @@ from tgnb.tinker._support import (
 )
 
 
+@serve_sync_calls(
+    waits=(
+        "get_info",
+        "forward_backward_custom",
+        "create_sampling_client",
+        "save_weights_and_get_sampling_client",
+        "close",
+    ),
+    submits=(
+        "forward",
+        "forward_backward",
+        "optim_step",
+        "save_state",
+        "save_weights_for_sampler",
+        "load_state",
+        "load_state_with_optimizer",
+    ),
+)
 @dataclass
 class TrainingClient(_SdkTrainingClient):
     """One LoRA training session, driven the Tinker way (see the module docstring)."""

@@ -341,7 +341,7 @@ class RLApi:
                 "checkpoint_id",
                 f"checkpoint {c.id} is a TRAINING checkpoint (weights and optimizer state, to "
                 "resume a session from); only inference checkpoints download: create one "
-                "(create_inference_checkpoint, after a weights-sync) and download that",
+                "(create_inference_checkpoint) and download that",
             )
         variant = request.query_params.get("variant") or training.VARIANTS[0]
         if variant not in training.VARIANTS:

@@ -9,7 +9,9 @@ LoRA config, optimizer kind and param groups) and the weights:
 
 A TRAINING checkpoint holds the trainer's weights and ``optimizer.safetensors`` (the optimizer's
 state tensors; its scalar state and param groups in ``meta.json``); an INFERENCE checkpoint holds
-the published (sampling) weights. Loading a training checkpoint publishes the loaded weights
+the trainer's weights alone: the weights at the step it was taken, as Together documents it ("snapshots
+the model weights", its ``step`` "Training step at time of save"), whatever was last published
+(a weights-sync) for sampling. Loading a training checkpoint publishes the loaded weights
 (policy version = the checkpoint's step) and, with ``load_optimizer``, restores the Adam/Muon state.
 
 `export` writes the ADAPTER variant (the adapter files) or the MERGED one (the adapter merged into
@@ -35,7 +37,7 @@ VARIANTS = ("CHECKPOINT_VARIANT_ADAPTER", "CHECKPOINT_VARIANT_MERGED")
 
 
 def save(host: ResourceHost, sess: LoraSession, directory: Path, *, training: bool) -> None:
-    """Write `sess`'s trainer (training) or published (inference) weights into `directory`."""
+    """Write `sess`'s trainer weights into `directory` (a training checkpoint adds the optimizer)."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -46,24 +48,22 @@ def save(host: ResourceHost, sess: LoraSession, directory: Path, *, training: bo
         "base_model": host.spec.name,
         "base_path": host.spec.path,
         "step": sess.step,
-        "weights_version": sess.version,
+        "weights_version": sess.version if training else sess.step,
         "lora_config": sess.lora,
         "optimizer": None,
     }
     if sess.train:
         from peft.utils import get_peft_model_state_dict
 
-        name = sess.train if training else sess.published
         state = get_peft_model_state_dict(
-            host.model, adapter_name=name, save_embedding_layers=False
+            host.model, adapter_name=sess.train, save_embedding_layers=False
         )
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
                   str(directory / ADAPTER_FILES[0]))  # fmt: skip
         config = _copy_config(host.model.peft_config[sess.train], host.spec.name)
         config.save_pretrained(str(directory))
     else:
-        model = host.base if training else host.published_model
-        model.save_pretrained(str(directory))
+        host.base.save_pretrained(str(directory))
     if training and sess.optimizer is not None:
         tensors, meta["optimizer"] = _optimizer_state(sess.optimizer)
         save_file(tensors, str(directory / "optimizer.safetensors"))

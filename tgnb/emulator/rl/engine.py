@@ -422,7 +422,7 @@ class ResourceHost:
             checkpoints.load(self, sid, Path(directory), load_optimizer=load_optimizer)
 
     def save_inference_checkpoint(self, sid: str, directory: Path) -> None:
-        """The published (sampling) weights: adapter or full weights, + JSON metadata."""
+        """The trainer's weights at its step (adapter or full weights) + JSON metadata."""
         from tgnb.emulator.rl import checkpoints
 
         with self.lock:

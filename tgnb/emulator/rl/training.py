@@ -216,13 +216,9 @@ def _checkpoint(p: Platform, host: Any, s: SessionRecord, kind: str) -> dict[str
         host.save_inference_checkpoint(s.id, tmp)
     tmp.rename(target)
     now = p.clock()
-    step = int(host.step(s.id))
-    # a training checkpoint holds the trainer's weights (its step), an inference one the
-    # published weights: the policy version they were published at (behind the step until a
-    # weights-sync)
-    version = (
-        step if kind == CKPT_TRAINING else int(host.policy_state(s.id)["applied_weights_version"])
-    )
+    # both kinds hold the trainer's weights at its step (policy version = step), not the ones
+    # last published for sampling
+    step = version = int(host.step(s.id))
     rec = CheckpointRecord(
         id=cid,
         project_id=s.project_id,

@@ -1,0 +1,124 @@
+"""Synchronous calls made inside a running event loop, served as Tinker serves them.
+
+On Tinker a synchronous call made from ``async def`` code works: Tinker's work runs on its own
+background loop while the caller's thread waits, and the calls that wait for a result
+(``get_tokenizer()``, ``create_sampling_client()``, ``future.result()``, ...) log Tinker's
+warning, "Synchronous method 'X()' called from async context. Use 'X_async()' instead", with
+the calling stack; calls that only submit work (``forward``, ``optim_step``, ``sample``, ...)
+say nothing. The SDK's layer refuses every one of them instead (``RuntimeError: blocking calls
+cannot be used from a running event loop``), which stops the docs' async pipeline pattern and
+the cookbook's ``rl/train.py``.
+
+`serve_sync_calls` makes this package's clients behave as Tinker's: inside a running loop (not
+a notebook's, where the SDK already blocks as in a script), the call runs on a worker thread,
+where the SDK drives its own loop as usual, while the caller's thread waits for it; the calls
+that wait for a result log Tinker's warning (logger ``tgnb.tinker``). Futures the clients
+answer (`OffLoopFuture`) do the same for ``result()``. ``get_tokenizer()`` is not wrapped: as
+on Tinker, it asks the server through a wrapped call (``get_info`` / ``get_base_model``, whose
+name the warning gives) and loads the tokenizer on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import traceback
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from together.post_training._loop import _process_loop, blocking_would_stall_caller
+
+C = TypeVar("C", bound=type)
+log = logging.getLogger("tgnb.tinker")
+
+
+@functools.cache
+def _workers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=8, thread_name_prefix="tgnb-tinker-sync")
+
+
+def run_sync(label: str, fn: Callable[..., Any], *args: Any, warn: bool, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, off the caller's running event loop if there is one.
+
+    On the SDK's own loop thread it runs in place (blocking there would deadlock, and the SDK
+    says so)."""
+    if not blocking_would_stall_caller() or _process_loop.owns_running_loop():
+        return fn(*args, **kwargs)
+    if warn:  # Tinker's message (tinker.lib.sync_only), then its stack
+        log.warning(
+            f"Synchronous method '{label}()' called from async context. Use "
+            f"'{label}_async()' instead.\nCalling sync methods from async code can cause "
+            "deadlocks and performance issues."
+        )
+        log.warning(
+            "===== Stack for calling sync from async ===== \n%s\n ===========",
+            "".join(traceback.format_stack()[:-1]),
+        )
+    context = contextvars.copy_context()
+    return _workers().submit(context.run, functools.partial(fn, *args, **kwargs)).result()
+
+
+class OffLoopFuture:
+    """A submitted call's future (``result()``, ``result_async()``, ``await``) whose ``result()``
+    also works inside a running loop, with Tinker's warning; anything else is the inner one's."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def result(self, timeout: float | None = None) -> Any:
+        return run_sync("APIFuture.result", self._inner.result, timeout=timeout, warn=True)
+
+    async def result_async(self, timeout: float | None = None) -> Any:
+        return await self._inner.result_async(timeout=timeout)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.result_async().__await__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _future(value: Any) -> Any:
+    if hasattr(value, "result_async") and not isinstance(value, OffLoopFuture):
+        return OffLoopFuture(value)
+    return value
+
+
+def _sync(cls: type, name: str, warn: bool) -> Callable[..., Any]:
+    method = getattr(cls, name)
+    label = f"{cls.__name__}.{name}"
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _future(run_sync(label, method, self, *args, warn=warn, **kwargs))
+
+    return call
+
+
+def _async(cls: type, name: str) -> Callable[..., Any]:
+    method = getattr(cls, name)
+
+    @functools.wraps(method)
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _future(await method(self, *args, **kwargs))
+
+    return call
+
+
+def serve_sync_calls(*, waits: Iterable[str] = (), submits: Iterable[str] = ()) -> Callable[[C], C]:
+    """Class decorator: the named sync methods work inside a running loop (`run_sync`); those
+    in `waits` log Tinker's warning there. Futures they (and the ``_async`` twins of `submits`)
+    answer are `OffLoopFuture`s."""
+
+    def decorate(cls: C) -> C:
+        for name in waits:
+            setattr(cls, name, _sync(cls, name, warn=True))
+        for name in submits:
+            setattr(cls, name, _sync(cls, name, warn=False))
+            if hasattr(cls, f"{name}_async"):
+                setattr(cls, f"{name}_async", _async(cls, f"{name}_async"))
+        return cls
+
+    return decorate
