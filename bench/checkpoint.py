@@ -8,11 +8,12 @@ runs the real `tgnb.train.saving.Saver` and `tgnb.train.dcpio.load` and measures
 
 - (a) ``async stall / sync stall``: the time training is held by a periodic asynchronous save
   (staging to CPU memory) over the time a synchronous save of the same state holds it (write,
-  fsync, marker). Target <= 0.15.
+  fsync, marker). Target <= 0.10 (issue 32).
 - (b) ``preempt / plain``: from the stop decision at a step boundary to the sealed marker (a
-  synchronous save: every rank's shard written, fsynced and checksummed by that rank, rank 0's
-  manifest and marker), over a plain parallel write + fsync of the same bytes by the same ranks (DCP
-  splits a replicated state evenly between them). Target <= 1.3. The signal's delivery and the rest
+  synchronous save: every rank's shard written, fsynced and checksummed by that rank as it is written
+  -- no byte read back, `tgnb.train.hashwriter` --, rank 0's manifest and marker), over a plain
+  parallel write + fsync of the same bytes by the same ranks (DCP splits a replicated state evenly
+  between them). Target <= 1.1 (issue 32). The signal's delivery and the rest
   of the step in progress are not included (they are the same for any writer), nor the removal of
   older checkpoints that follows the marker (about 0.2 s for 1.2 GB here).
 - (c) ``load / plain``: a resume's load (DCP read, reshard, into model and optimizer) over a plain
