@@ -12,6 +12,7 @@ from tgnb.config import Settings
 from tgnb.errors import (
     AmbiguousNameError,
     ApiError,
+    ApiNotFoundError,
     AuthenticationError,
     BackendError,
     CheckpointError,
@@ -46,6 +47,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AmbiguousNameError",
     "ApiError",
+    "ApiNotFoundError",
     "AuthenticationError",
     "BackendError",
     "CheckpointError",

@@ -36,8 +36,13 @@ class AuthenticationError(ApiError):
     """The API refused the key (401/403)."""
 
 
-class NotFoundError(ApiError):
-    """A cluster (or another object) does not exist."""
+class NotFoundError(TgnbError, LookupError):
+    """What was named does not exist: a run in the store, a cluster, a session, a Job. Raised by
+    tgnb itself (a lookup) or, as `ApiNotFoundError`, by an API that answered 404."""
+
+
+class ApiNotFoundError(ApiError, NotFoundError):
+    """An API answered 404: an `ApiError` (with its `status_code`) and a `NotFoundError`."""
 
 
 class AmbiguousNameError(ValidationError):

@@ -48,7 +48,7 @@ def status_error(code: int, body: object) -> together.APIStatusError:
         ),
         (
             status_error(404, {"code": 5, "message": "cluster not found", "details": []}),
-            errors.NotFoundError,
+            errors.ApiNotFoundError,  # an ApiError (status 404) and a NotFoundError
             ["not found (404)", "cluster not found"],
         ),
         (
@@ -172,3 +172,12 @@ def test_wrong_key_through_the_sdk(
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert "check the key" in str(info.value)
     assert len(rec.requests) == 1  # 401 is not retried
+
+
+def test_not_found_is_its_own_error_and_a_404_is_both() -> None:
+    """A lookup that finds nothing (the run store, a name) is a `NotFoundError`, not an API
+    error; the API's 404 is an `ApiNotFoundError`: caught as either."""
+    assert not issubclass(errors.NotFoundError, errors.ApiError)
+    err = translate(status_error(404, {"message": "cluster not found"}), "read cluster c-1")
+    assert isinstance(err, errors.NotFoundError) and isinstance(err, errors.ApiError)
+    assert isinstance(err, errors.ApiError) and err.status_code == 404

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tgnb.backends.base import JobState, Resources, RunSpec, SecretRef
-from tgnb.errors import NotFoundError, ValidationError
+from tgnb.errors import ApiError, NotFoundError, ValidationError
 from tgnb.runs.store import RunStore, spec_from_dict, spec_to_dict
 
 
@@ -68,8 +68,9 @@ def test_names_are_unique_and_valid(tmp_path: Path) -> None:
         store.create(_spec("same"), backend="local")
     with pytest.raises(ValidationError, match="not valid"):
         store.create(_spec("Bad_Name"), backend="local")
-    with pytest.raises(NotFoundError, match="no run named"):
+    with pytest.raises(NotFoundError, match="no run named") as missing:
         store.get("missing")
+    assert not isinstance(missing.value, ApiError)  # a lookup in the store, no API was asked
     assert [r.name for r in store.list()] == ["same"]
 
 

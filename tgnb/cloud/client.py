@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from tgnb.config import Settings, register_secret, scrub
 from tgnb.errors import (
     ApiError,
+    ApiNotFoundError,
     AuthenticationError,
     ConfigError,
-    NotFoundError,
     TgnbError,
     TransientApiError,
 )
@@ -150,7 +150,7 @@ def translate(
             )
         if status == 404:
             return _make(
-                NotFoundError,
+                ApiNotFoundError,
                 f"not found (404) while trying to {what}{said}: check the cluster id "
                 "(Cloud.clusters() lists them)",
                 status,

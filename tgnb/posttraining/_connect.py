@@ -24,7 +24,7 @@ from tgnb.cloud.client import (
 )
 from tgnb.config import Secret, register_secret, scrub
 from tgnb.connection import Emulator
-from tgnb.errors import ApiError, NotFoundError, TgnbError, ValidationError
+from tgnb.errors import ApiError, ApiNotFoundError, TgnbError, ValidationError
 
 if TYPE_CHECKING:
     from together import Together
@@ -121,7 +121,7 @@ def fail(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn
             " ".join(str(said).split()) if said else server_message(body)
         ) or f"HTTP {exc.status_code}"
         if exc.status_code == 404:
-            err: TgnbError = NotFoundError(
+            err: TgnbError = ApiNotFoundError(
                 scrub(
                     f"not found (404) while trying to {what}: {detail}; "
                     "pt.resources() / res.sessions() / res.checkpoints() list what exists"
