@@ -18,7 +18,10 @@ from typing import Any
 
 from together.post_training import ModelResourcesClient
 from together.post_training.tinker import SamplingClient as _SdkSamplingClient
+from together.post_training.tinker import types
 
+from tgnb.tinker._mapped import Mapped
+from tgnb.tinker._stops import cut_at_stops, split_stops
 from tgnb.tinker._support import (
     POLL_INTERVAL,
     Connection,
@@ -43,6 +46,35 @@ class SamplingClient(_SdkSamplingClient):
         """This class over the same session as a sampler the SDK's layer made."""
         state = {f.name: getattr(sdk, f.name) for f in dataclasses.fields(sdk) if f.init}
         return cls(**state, _base_model=base_model)
+
+    # -- sampling: token-id stops honoured (`tgnb.tinker._stops`) ----------------------------
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> Any:
+        params, ids = split_stops(sampling_params)
+        future = super().sample(
+            prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
+        )
+        return Mapped(lambda r: cut_at_stops(r, ids), future) if ids else future
+
+    async def sample_async(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> types.SampleResponse:
+        params, ids = split_stops(sampling_params)
+        response = await super().sample_async(
+            prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
+        )
+        return cut_at_stops(response, ids) if ids else response
 
     def get_base_model(self) -> str:
         """The base model this client samples (read from its session's record)."""

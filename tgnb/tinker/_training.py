@@ -1,7 +1,8 @@
 """`TrainingClient`: the SDK layer's trainer plus the calls Tinker scripts make that it lacks.
 
 - ``forward_backward`` returns ``loss_fn_outputs`` (per-token logprobs) by default, as Tinker
-  does; ``forward`` / ``forward_backward`` send Tinker's own loss defaults (`TINKER_LOSS_DEFAULTS`).
+  does, at every position, zero-weight ones included (`_outputs`: a scoring pass fills them);
+  ``forward`` / ``forward_backward`` send Tinker's own loss defaults (`TINKER_LOSS_DEFAULTS`).
 - ``get_info`` / ``get_tokenizer``: read from the session's record (``GET training-sessions/{id}``).
 - ``load_state`` / ``load_state_with_optimizer``: the API loads a checkpoint only into a new
   session (``resume_from_checkpoint_id``, ``load_optimizer``), so the client opens one on its
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from together.post_training import ModelResourcesClient
 from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
+from tgnb.tinker._mapped import Mapped
+from tgnb.tinker._outputs import excluded, filled, scoring_data
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
     POLL_INTERVAL,
@@ -53,12 +57,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return super().forward(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = super().forward(scoring_data(data), "cross_entropy") if holes else None
+        future = super().forward(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     async def forward_async(
         self,
@@ -68,12 +75,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return await super().forward_async(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = await super().forward_async(scoring_data(data), "cross_entropy") if holes else None
+        future = await super().forward_async(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     def forward_backward(  # type: ignore[override]
         self,
@@ -83,12 +93,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return super().forward_backward(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = super().forward(scoring_data(data), "cross_entropy") if holes else None
+        future = super().forward_backward(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     async def forward_backward_async(  # type: ignore[override]
         self,
@@ -98,12 +111,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return await super().forward_backward_async(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = await super().forward_async(scoring_data(data), "cross_entropy") if holes else None
+        future = await super().forward_backward_async(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     # -- what the model is ---------------------------------------------------------------------
     def get_info(self) -> types.GetInfoResponse:
