@@ -11,7 +11,8 @@
 - ``save_weights_for_sampler`` takes a training checkpoint and an inference checkpoint at the
   same step and answers the inference one's id (downloadable, deployable); the training one is
   what lets ``create_sampling_client(model_path=...)`` serve that path.
-- ``create_sampling_client(model_path)``: a sampler on a session of its own (`_sampling`).
+- ``create_sampling_client(model_path)``: a sampler on a session of its own, on the service
+  client's shared resources (`_pool`, `_sampling`).
 - ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`.
 """
 
@@ -28,6 +29,7 @@ from together.post_training.tinker import types
 
 from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._outputs import excluded, filled, scoring_data
+from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
     POLL_INTERVAL,
@@ -47,6 +49,7 @@ class TrainingClient(_SdkTrainingClient):
     """One LoRA training session, driven the Tinker way (see the module docstring)."""
 
     _conn: Connection = field(default_factory=Connection, repr=False)
+    _pool: ResourcePool | None = field(default=None, repr=False)  # its service client's
 
     # -- losses: Tinker's outputs and defaults ------------------------------------------------
     def forward(
@@ -219,7 +222,8 @@ class TrainingClient(_SdkTrainingClient):
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler on the weights saved at `model_path` (a session of its own)."""
-        return open_sampler(self._conn, model_path=model_path, base_model=None)
+        pool = self._pool or ResourcePool(self._conn)
+        return open_sampler(self._conn, pool, model_path=model_path, base_model=None)
 
     async def create_sampling_client_async(
         self, model_path: str, retry_config: Any = None
