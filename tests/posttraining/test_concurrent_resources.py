@@ -6,28 +6,15 @@ device: 5 at once, none came up, and no model loaded again until a restart)."""
 from __future__ import annotations
 
 import math
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from together.post_training import ModelResourcesClient
 
-from tgnb.emulator.testing import EmulatorHandle
-from tgnb.tasks.assets import tiny_path
+from tgnb.emulator.testing import EmulatorHandle, unloadable_model
 
 from .conftest import TINY, ce_sample
-
-
-def _broken_model(root: Path) -> str:
-    """A model directory the catalogue accepts (a config) whose weights cannot be read."""
-    broken = root / "broken-model"
-    broken.mkdir()
-    for f in tiny_path().iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, broken / f.name)
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    return str(broken)
 
 
 def _create(base_model: str) -> ModelResourcesClient | Exception:
@@ -49,7 +36,7 @@ def _trains(mr: ModelResourcesClient) -> bool:
 def test_five_resources_created_at_once_all_come_up_and_a_broken_one_fails_alone(
     rl_emulator: EmulatorHandle, tmp_path: Path
 ) -> None:
-    names = [TINY] * 5 + [_broken_model(tmp_path)]
+    names = [TINY] * 5 + [unloadable_model(tmp_path)]
     with ThreadPoolExecutor(len(names)) as pool:
         made = list(pool.map(_create, names))
     *good, bad = made
