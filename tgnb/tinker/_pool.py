@@ -4,7 +4,10 @@ On Tinker, clients cost by the work they do; on Post-Training a Model Resource b
 READY until it stops, whatever runs on it, and takes up to `MAX_SESSIONS` LoRA sessions. So the
 clients of one ``ServiceClient`` (training clients, and samplers on saved weights) open their
 sessions on one resource per base model until it holds `MAX_SESSIONS`, and only then is another
-provisioned. A resource is stopped when the last session on it is (a borrowed one, the
+provisioned. Training starts on a resource with no generator (supervised work never samples, so
+it pays for the trainer's GPU only); the first sampler a training client asks for moves its
+session onto a resource with a generator (`TrainingClient`), where samplers on saved weights
+open too. A resource is stopped when the last session on it is (a borrowed one, the
 ``model_resources_id`` given, is only detached); each client's ``close()`` or the interpreter's
 exit gives its session back. Five clients of one service client: one resource, not five. At
 exit, a line says what they cost, and one per resource left running (`_report`).
@@ -64,9 +67,12 @@ class ResourcePool:
         with self._lock:
             return [h.client.model_resources_id for h in self._held]
 
-    def open(self, base_model: str, lora: dict[str, Any], **resume: Any) -> tuple[Any, Release]:
-        """A new session for `base_model` and what gives it (and its lease) back, in order."""
-        held = self._lease(base_model)
+    def open(
+        self, base_model: str, lora: dict[str, Any], *, sampling: bool, **resume: Any
+    ) -> tuple[Any, Release]:
+        """A new session for `base_model` and what gives it (and its lease) back, in order; on a
+        resource with a generator when `sampling`, else on any (a new one gets none)."""
+        held = self._lease(base_model, sampling)
         release = Release()
         release.add(held.label, functools.partial(self._give_back, held))
         try:
@@ -81,22 +87,35 @@ class ResourcePool:
             raise
         return session, release
 
-    def _lease(self, base_model: str) -> _Held:
+    def generators(self, resource_id: str) -> int | None:
+        """The generators of resource `resource_id` this pool provisioned (None: not one, e.g.
+        the borrowed one, which serves every client as it is)."""
+        with self._lock:
+            found = [
+                h for h in self._held if h.client.model_resources_id == resource_id and h.owned
+            ]
+        return found[0].seen.generators if found else None
+
+    def _lease(self, base_model: str, sampling: bool) -> _Held:
         with self._lock:  # held while provisioning: clients opened at once share one resource
             for held in self._held:
-                if held.base_model == base_model and held.sessions < MAX_SESSIONS:
+                fits = held.seen.generators > 0 or not sampling or not held.owned
+                if held.base_model == base_model and held.sessions < MAX_SESSIONS and fits:
                     held.sessions += 1
                     return held
-            held = self._provision(base_model)
+            held = self._provision(base_model, sampling)
             held.sessions = 1
             self._held.append(held)
             self._seen.append(held.seen)
             return held
 
-    def _provision(self, base_model: str) -> _Held:
+    def _provision(self, base_model: str, sampling: bool) -> _Held:
         if self._borrowed is None:
             mr = ModelResourcesClient.create(
-                base_model=base_model, interval=POLL_INTERVAL, **self._conn.native()
+                base_model=base_model,
+                compute_config={"num_generator_replicas": 1 if sampling else 0},
+                interval=POLL_INTERVAL,
+                **self._conn.native(),
             )
             return _Held(mr, base_model, True, self._seen_now(mr, base_model, owned=True))
         if any(not h.owned for h in self._held):

@@ -113,7 +113,7 @@ def open_sampler(
         base_model, lora = state.base_model, state.lora_config
         resume = {"resume_from_checkpoint_id": state.checkpoint_id, "load_optimizer": False}
     assert base_model is not None
-    session, release = pool.open(base_model, lora, **resume)
+    session, release = pool.open(base_model, lora, sampling=True, **resume)
     try:
         session.trainer.weights_sync()
     except BaseException:

@@ -134,7 +134,7 @@ class ServiceClient(_SdkServiceClient):
         )
 
     def _open(self, base_model: str, lora: dict[str, Any], **resume: Any) -> TrainingClient:
-        session, release = self._pool.open(base_model, lora, **resume)
+        session, release = self._pool.open(base_model, lora, sampling=False, **resume)
         # the SDK's client closes whatever `_lifecycle` it is given; this one owns both handles
         return TrainingClient(session, release, _conn=self._conn, _pool=self._pool)  # type: ignore[arg-type]
 

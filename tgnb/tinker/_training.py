@@ -13,7 +13,8 @@
   what lets ``create_sampling_client(model_path=...)`` serve that path.
 - ``create_sampling_client(model_path)``: a sampler on a session of its own, on the service
   client's shared resources (`_pool`, `_sampling`).
-- ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`.
+- ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`; the first
+  one moves the session from its generator-less resource onto one with a generator (`_pool`).
 """
 
 from __future__ import annotations
@@ -211,14 +212,39 @@ class TrainingClient(_SdkTrainingClient):
         self, name: str | None = None, retry_config: Any = None, **kwargs: Any
     ) -> SamplingClient:
         # `name` is deprecated on Tinker ("has no effect"), so it is not passed on to be warned about
+        self._onto_a_generator()
         sdk = super().save_weights_and_get_sampling_client(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
 
     async def save_weights_and_get_sampling_client_async(
         self, name: str | None = None, retry_config: Any = None, **kwargs: Any
     ) -> SamplingClient:
+        await asyncio.to_thread(self._onto_a_generator)
         sdk = await super().save_weights_and_get_sampling_client_async(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
+
+    def _onto_a_generator(self) -> None:
+        """Training starts on a resource with no generator (`_pool`); before its first sampler,
+        move the session onto one that has: a training checkpoint (weights and optimizer), a
+        session resumed from it there, the old session given back (and its resource, if last)."""
+        if self._pool is None:
+            return
+        record = self._session.retrieve()
+        if self._pool.generators(record.resources_id) != 0:
+            return
+        ckpt = super().save_state("").result()  # after everything submitted before (FIFO)
+        session, release = self._pool.open(
+            record.base_model,
+            lora_of(record),
+            sampling=True,
+            resume_from_checkpoint_id=ckpt.path,
+            load_optimizer=True,
+        )
+        old, self._lifecycle = self._lifecycle, release  # type: ignore[assignment]
+        self._session = session
+        self._published_weights = type(self._published_weights)()
+        if old is not None:
+            old.close()
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler on the weights saved at `model_path` (a session of its own)."""
