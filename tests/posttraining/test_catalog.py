@@ -49,7 +49,7 @@ def test_tiny_tokenizer_loads_by_name_offline_in_a_fresh_process(private_caches:
 
 def test_resolve_builtin_local_dir_and_unknown(tmp_path: Path) -> None:
     spec = catalog.resolve(catalog.TINY_NAME)
-    assert spec.name == catalog.TINY_NAME and spec.context_length == 256
+    assert spec.name == catalog.TINY_NAME and spec.context_length == 2048
     assert (Path(spec.path) / "config.json").is_file()
     local = catalog.resolve(spec.path)  # a local HF directory is its own name
     assert local.name == spec.path and local.path == spec.path
@@ -90,4 +90,4 @@ def test_supported_models_body_parses_with_the_sdk_types(monkeypatch: pytest.Mon
     assert names == [builtin, extra]  # the built-in model first, listed once
     config = parsed.data[0].compute_configs[0]  # type: ignore[index]
     assert config.trainer_config.lora.max_rank == catalog.DEFAULT_MAX_LORA_RANK  # type: ignore[union-attr]
-    assert config.generator_config.context_length == 256  # type: ignore[union-attr]
+    assert config.generator_config.context_length == 2048  # type: ignore[union-attr]

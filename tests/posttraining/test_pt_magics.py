@@ -110,6 +110,11 @@ def test_start_open_panel_cost_stop(
     assert isinstance(sessions, Table) and [r[1] for r in sessions.rows] == ["m1"]
     resources = ip.run_line_magic("tg", "pt resources")
     assert res.id in str(resources)
+    (row,) = [r for r in resources.rows if r[0] == res.id]
+    gpus, price, so_far = row[5:8]
+    assert gpus == "2" and price == "18.00 USD/h"  # 9 USD per GPU-hour on the emulator
+    assert so_far.endswith(" USD") and float(so_far.split()[0]) > 0
+    assert "resource(s)" in resources.caption and "USD so far" in resources.caption
     cost = ip.run_line_magic("tg", "pt cost")
     assert cost.head[3] == "GPU-MINUTES" and float(cost.rows[0][3]) > 0
     # the emulator's minutes are its platform time, and say so; the resource prints readably

@@ -122,3 +122,19 @@ def free_port() -> int:
 
 
 __all__ = ["QUIET_CLI_ENV", "EmulatorHandle", "free_port", "running_emulator"]
+
+
+def unloadable_model(root: Path) -> str:
+    """A model directory under `root` that the emulator's catalogue accepts (the built-in model's
+    config and tokenizer) but whose weights cannot be read: a resource on it goes to ERROR."""
+    import shutil
+
+    from tgnb.tasks.assets import tiny_path
+
+    broken = Path(root) / "unloadable-model"
+    broken.mkdir(parents=True)
+    for f in tiny_path().iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, broken / f.name)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    return str(broken)

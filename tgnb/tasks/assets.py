@@ -35,7 +35,7 @@ TINY_SHAPE: dict[str, Any] = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
-    "max_position_embeddings": 256,
+    "max_position_embeddings": 2048,  # the cookbook's loops need ≥ 2,048 (rl_loop: 369 tokens)
     "tie_word_embeddings": True,
 }
 

@@ -55,7 +55,7 @@ What it still cannot serve, and why:
   rather than trained differently.
 - A sampling client pinned to an older policy version: a session samples the weights it last
   published (``save_weights_and_get_sampling_client`` answers a client of the newest ones);
-  sampling saved weights opens a session (and, without ``model_resources_id``, a resource).
+  sampling saved weights opens a session (on the service client's shared resources).
 - ``get_telemetry`` answers ``None``; ``SamplingClient.create`` (an internal holder-based
   constructor) and ``on_queue_state_change`` (Tinker's queue notices) have no counterpart.
 - ``load_state`` runs when called (its future is already resolved): collect what was submitted

@@ -3,10 +3,10 @@ their ``_async`` twins), ``close``, and sampling clients opened on saved weights
 
 Post-Training samples only inside a training session, from the weights that session published
 (``weights-sync``). So a sampling client for saved weights is a session of its own, opened from
-the training checkpoint on a resource of its own (or the service client's ``model_resources_id``),
-with its weights published once; for a base model, a fresh LoRA session (its adapter starts at
-zero, so it samples the base model). Such a client owns that session and resource: ``close()``
-gives them back, as does the interpreter's exit.
+the training checkpoint on the service client's shared resources (`_pool`: no resource of its
+own), with its weights published once; for a base model, a fresh LoRA session (its adapter
+starts at zero, so it samples the base model). Such a client owns that session: ``close()``
+gives it back, as does the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from together.post_training import ModelResourcesClient
 from together.post_training.tinker import SamplingClient as _SdkSamplingClient
+from together.post_training.tinker import types
 
+from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._offloop import serve_sync_calls
+from tgnb.tinker._pool import ResourcePool
+from tgnb.tinker._stops import cut_at_stops, split_stops
 from tgnb.tinker._support import (
-    POLL_INTERVAL,
     Connection,
     Release,
     load_tokenizer,
@@ -45,6 +47,35 @@ class SamplingClient(_SdkSamplingClient):
         """This class over the same session as a sampler the SDK's layer made."""
         state = {f.name: getattr(sdk, f.name) for f in dataclasses.fields(sdk) if f.init}
         return cls(**state, _base_model=base_model)
+
+    # -- sampling: token-id stops honoured (`tgnb.tinker._stops`) ----------------------------
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> Any:
+        params, ids = split_stops(sampling_params)
+        future = super().sample(
+            prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
+        )
+        return Mapped(lambda r: cut_at_stops(r, ids), future) if ids else future
+
+    async def sample_async(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+    ) -> types.SampleResponse:
+        params, ids = split_stops(sampling_params)
+        response = await super().sample_async(
+            prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
+        )
+        return cut_at_stops(response, ids) if ids else response
 
     def get_base_model(self) -> str:
         """The base model this client samples (read from its session's record)."""
@@ -76,13 +107,10 @@ class SamplingClient(_SdkSamplingClient):
 
 
 def open_sampler(
-    conn: Connection,
-    *,
-    model_path: str | None,
-    base_model: str | None,
-    model_resources_id: str | None = None,
+    conn: Connection, pool: ResourcePool, *, model_path: str | None, base_model: str | None
 ) -> SamplingClient:
-    """A sampling client on a session of its own: from `model_path`'s weights, else `base_model`."""
+    """A sampling client on a session of its own, on `pool`'s resources: from `model_path`'s
+    weights, else `base_model`."""
     if model_path is None and base_model is None:
         raise ValueError("Either model_path or base_model must be provided")
     resume: dict[str, Any] = {}
@@ -92,24 +120,10 @@ def open_sampler(
         base_model, lora = state.base_model, state.lora_config
         resume = {"resume_from_checkpoint_id": state.checkpoint_id, "load_optimizer": False}
     assert base_model is not None
-    release = Release()
+    session, release = pool.open(base_model, lora, sampling=True, **resume)
     try:
-        if model_resources_id is None:
-            mr = ModelResourcesClient.create(
-                base_model=base_model, interval=POLL_INTERVAL, **conn.native()
-            )
-            release.add(f"model resources {mr.model_resources_id}", mr.stop)
-        else:
-            mr = ModelResourcesClient.attach(model_resources_id=model_resources_id, **conn.native())
-            release.add(f"model resources {mr.model_resources_id} (borrowed)", mr.detach)
-        session = mr.create_session(lora_config=lora, interval=POLL_INTERVAL, **resume)  # type: ignore[arg-type]
-        release.add(f"session {session.session_id}", session.stop, first=True)
         session.trainer.weights_sync()
     except BaseException:
         release.close(automatic=True)
         raise
     return SamplingClient(session, _base_model=base_model, _release=release)
-
-
-async def open_sampler_async(conn: Connection, **kwargs: Any) -> SamplingClient:
-    return await asyncio.to_thread(open_sampler, conn, **kwargs)

@@ -1,8 +1,9 @@
 """`ServiceClient`: the SDK layer's service client, opening this package's clients, plus
 ``create_sampling_client``, ``get_server_capabilities`` and every ``_async`` twin.
 
-Clients it opens provision their own model resource (or attach the ``model_resources_id`` given),
-and give back the session then the resource on ``close()`` or at the interpreter's exit.
+Clients it opens share its model resources (`_pool`: one per base model up to the session cap,
+or the ``model_resources_id`` given), and give back their session on ``close()`` or at the
+interpreter's exit; a resource stops with its last session.
 Resuming from a checkpoint opens the session with the LoRA config of the session that wrote it
 (rank, alpha, seed, ...): the adapter must have the same shape and the API reads the config.
 """
@@ -12,13 +13,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from together.post_training import ModelResourcesClient
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
 from together.post_training.tinker import types
 
 from tgnb.tinker._offloop import serve_sync_calls
+from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
-from tgnb.tinker._support import POLL_INTERVAL, Connection, Release, training_state
+from tgnb.tinker._support import Connection, training_state
 from tgnb.tinker._training import TrainingClient
 
 
@@ -62,7 +63,7 @@ class ServiceClient(_SdkServiceClient):
             **kwargs,
         )
         self._conn = Connection(api_key=api_key, base_url=base_url)
-        self._resources_id = model_resources_id
+        self._pool = ResourcePool(self._conn, model_resources_id)
 
     # -- training clients ----------------------------------------------------------------------
     def create_lora_training_client(
@@ -143,31 +144,9 @@ class ServiceClient(_SdkServiceClient):
         )
 
     def _open(self, base_model: str, lora: dict[str, Any], **resume: Any) -> TrainingClient:
-        release = Release()
-        try:
-            if self._resources_id is None:
-                mr = ModelResourcesClient.create(
-                    base_model=base_model, interval=POLL_INTERVAL, **self._conn.native()
-                )
-                release.add(f"model resources {mr.model_resources_id}", mr.stop)
-            else:
-                mr = ModelResourcesClient.attach(
-                    model_resources_id=self._resources_id, **self._conn.native()
-                )
-                release.add(f"model resources {mr.model_resources_id} (borrowed)", mr.detach)
-                attached = mr.retrieve()
-                if attached.base_model != base_model:
-                    raise ValueError(
-                        f"model resources {self._resources_id} serve {attached.base_model!r}, "
-                        f"not {base_model!r}: pass another model_resources_id, or none"
-                    )
-            session = mr.create_session(lora_config=lora, interval=POLL_INTERVAL, **resume)  # type: ignore[arg-type]
-            release.add(f"session {session.session_id}", session.stop, first=True)
-        except BaseException:
-            release.close(automatic=True)
-            raise
+        session, release = self._pool.open(base_model, lora, sampling=False, **resume)
         # the SDK's client closes whatever `_lifecycle` it is given; this one owns both handles
-        return TrainingClient(session, release, _conn=self._conn)  # type: ignore[arg-type]
+        return TrainingClient(session, release, _conn=self._conn, _pool=self._pool)  # type: ignore[arg-type]
 
     # -- sampling clients and capabilities -----------------------------------------------------
     def create_sampling_client(
@@ -178,12 +157,7 @@ class ServiceClient(_SdkServiceClient):
     ) -> SamplingClient:
         """A sampler on saved weights (`model_path`, from ``save_state`` or
         ``save_weights_for_sampler``) or on `base_model`; it owns a session (see `_sampling`)."""
-        return open_sampler(
-            self._conn,
-            model_path=model_path,
-            base_model=base_model,
-            model_resources_id=self._resources_id,
-        )
+        return open_sampler(self._conn, self._pool, model_path=model_path, base_model=base_model)
 
     async def create_sampling_client_async(
         self,

@@ -1,7 +1,8 @@
 """`TrainingClient`: the SDK layer's trainer plus the calls Tinker scripts make that it lacks.
 
 - ``forward_backward`` returns ``loss_fn_outputs`` (per-token logprobs) by default, as Tinker
-  does; ``forward`` / ``forward_backward`` send Tinker's own loss defaults (`TINKER_LOSS_DEFAULTS`).
+  does, at every position, zero-weight ones included (`_outputs`: a scoring pass fills them);
+  ``forward`` / ``forward_backward`` send Tinker's own loss defaults (`TINKER_LOSS_DEFAULTS`).
 - ``get_info`` / ``get_tokenizer``: read from the session's record (``GET training-sessions/{id}``).
 - ``load_state`` / ``load_state_with_optimizer``: the API loads a checkpoint only into a new
   session (``resume_from_checkpoint_id``, ``load_optimizer``), so the client opens one on its
@@ -10,21 +11,27 @@
 - ``save_weights_for_sampler`` takes a training checkpoint and an inference checkpoint at the
   same step and answers the inference one's id (downloadable, deployable); the training one is
   what lets ``create_sampling_client(model_path=...)`` serve that path.
-- ``create_sampling_client(model_path)``: a sampler on a session of its own (`_sampling`).
-- ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`.
+- ``create_sampling_client(model_path)``: a sampler on a session of its own, on the service
+  client's shared resources (`_pool`, `_sampling`).
+- ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`; the first
+  one moves the session from its generator-less resource onto one with a generator (`_pool`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from together.post_training import ModelResourcesClient
 from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
+from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._offloop import serve_sync_calls
+from tgnb.tinker._outputs import excluded, filled, scoring_data
+from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
     POLL_INTERVAL,
@@ -62,6 +69,7 @@ class TrainingClient(_SdkTrainingClient):
     """One LoRA training session, driven the Tinker way (see the module docstring)."""
 
     _conn: Connection = field(default_factory=Connection, repr=False)
+    _pool: ResourcePool | None = field(default=None, repr=False)  # its service client's
 
     # -- losses: Tinker's outputs and defaults ------------------------------------------------
     def forward(
@@ -72,12 +80,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return super().forward(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = super().forward(scoring_data(data), "cross_entropy") if holes else None
+        future = super().forward(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     async def forward_async(
         self,
@@ -87,12 +98,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return await super().forward_async(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = await super().forward_async(scoring_data(data), "cross_entropy") if holes else None
+        future = await super().forward_async(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     def forward_backward(  # type: ignore[override]
         self,
@@ -102,12 +116,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return super().forward_backward(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = super().forward(scoring_data(data), "cross_entropy") if holes else None
+        future = super().forward_backward(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     async def forward_backward_async(  # type: ignore[override]
         self,
@@ -117,12 +134,15 @@ class TrainingClient(_SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
-        return await super().forward_backward_async(
+        holes = excluded(data) if return_loss_fn_outputs else None
+        scored = await super().forward_async(scoring_data(data), "cross_entropy") if holes else None
+        future = await super().forward_backward_async(
             data,
             loss_fn,
             with_tinker_defaults(loss_fn, loss_fn_config),
             return_loss_fn_outputs=return_loss_fn_outputs,
         )
+        return future if holes is None else Mapped(partial(filled, holes), future, scored)
 
     # -- what the model is ---------------------------------------------------------------------
     def get_info(self) -> types.GetInfoResponse:
@@ -211,18 +231,44 @@ class TrainingClient(_SdkTrainingClient):
         self, name: str | None = None, retry_config: Any = None, **kwargs: Any
     ) -> SamplingClient:
         # `name` is deprecated on Tinker ("has no effect"), so it is not passed on to be warned about
+        self._onto_a_generator()
         sdk = super().save_weights_and_get_sampling_client(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
 
     async def save_weights_and_get_sampling_client_async(
         self, name: str | None = None, retry_config: Any = None, **kwargs: Any
     ) -> SamplingClient:
+        await asyncio.to_thread(self._onto_a_generator)
         sdk = await super().save_weights_and_get_sampling_client_async(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
 
+    def _onto_a_generator(self) -> None:
+        """Training starts on a resource with no generator (`_pool`); before its first sampler,
+        move the session onto one that has: a training checkpoint (weights and optimizer), a
+        session resumed from it there, the old session given back (and its resource, if last)."""
+        if self._pool is None:
+            return
+        record = self._session.retrieve()
+        if self._pool.generators(record.resources_id) != 0:
+            return
+        ckpt = super().save_state("").result()  # after everything submitted before (FIFO)
+        session, release = self._pool.open(
+            record.base_model,
+            lora_of(record),
+            sampling=True,
+            resume_from_checkpoint_id=ckpt.path,
+            load_optimizer=True,
+        )
+        old, self._lifecycle = self._lifecycle, release  # type: ignore[assignment]
+        self._session = session
+        self._published_weights = type(self._published_weights)()
+        if old is not None:
+            old.close()
+
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler on the weights saved at `model_path` (a session of its own)."""
-        return open_sampler(self._conn, model_path=model_path, base_model=None)
+        pool = self._pool or ResourcePool(self._conn)
+        return open_sampler(self._conn, pool, model_path=model_path, base_model=None)
 
     async def create_sampling_client_async(
         self, model_path: str, retry_config: Any = None

@@ -39,6 +39,30 @@ __all__ = [
 ]
 
 MAX_LORA_SESSIONS = 5
+
+#: Loading is not thread-safe: ``from_pretrained`` swaps process-wide state (``torch.nn.init``,
+#: the meta-device init context) while it loads, so two resources loading at once leave each
+#: other's parameters on the meta device ("Cannot copy out of meta tensor"), and transformers'
+#: lazy first imports race too ("cannot import name 'AutoTokenizer'"). Loads take turns.
+_LOAD_LOCK = threading.Lock()
+
+
+def _load_model(path: str, dtype: Any) -> Any:
+    with _LOAD_LOCK:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def _load_tokenizer(path: str) -> Any:
+    with _LOAD_LOCK:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+
+
 SYNC_TYPES = (
     "WEIGHT_SYNC_TYPE_SYNCHRONOUS",
     "WEIGHT_SYNC_TYPE_BACKGROUND_PUBLISH",
@@ -72,16 +96,13 @@ class ResourceHost:
 
     def __init__(self, spec: ModelSpec, *, lora_enabled: bool, device: str | None = None) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        self.tokenizer = _load_tokenizer(spec.path)
+        model: Any = _load_model(spec.path, torch.float32)
         self.spec = spec
         self.lora_enabled = lora_enabled
         self.device = device or default_device()
         self.lock = threading.RLock()
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
-        model: Any = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.float32)
         model = model.to(self.device).eval()
         model.requires_grad_(False)
         self.base = model
@@ -158,9 +179,7 @@ class ResourceHost:
         import copy
 
         if self._trained_in_place:  # a previous full-weight session trained the loaded weights
-            from transformers import AutoModelForCausalLM
-
-            fresh = AutoModelForCausalLM.from_pretrained(self.spec.path, dtype=self.base.dtype)
+            fresh = _load_model(self.spec.path, self.base.dtype)
             self.base.load_state_dict(fresh.state_dict())
         self._trained_in_place = True
         self.published_model = copy.deepcopy(self.base).eval()

@@ -1,4 +1,6 @@
-"""``%tg pt resources [--all]``: `PostTraining.resources()`."""
+"""``%tg pt resources [--all]``: `PostTraining.resources()`, each with its GPUs, its hourly price
+and what it has cost so far (`Resource.cost()`), and their total: a Model Resource bills from
+READY until it stops, whatever runs on it, so every one left running is in sight."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from tgnb.notebook.tables import Table
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "This project's model resources (active ones unless --all)."
+HELP = "This project's model resources (active ones unless --all), with their cost so far."
 
 
 def arguments(p: Parser) -> None:
@@ -20,17 +22,40 @@ def arguments(p: Parser) -> None:
 
 def run(tg: Tg, args: Any, cell: str | None) -> Table:
     tz = tg.timezone
-    rows = [
-        (
-            r.id,
-            r.base_model,
-            r.status + (f" (queue {r.queue_position})" if r.queue_position else ""),
-            "LoRA" if r.lora_enabled else "full",
-            str(r.generators),
-            when(r.created_at, tz),
-            when(r.expires_at, tz),
+    pt = tg.pt_state().handle()
+    rows, total, currency, notes = [], 0.0, "", set()
+    for r in pt.resources(all=args.all):
+        c = pt.attach(r.id).cost()
+        total += c.amount
+        currency = c.currency
+        notes.add(c.clock_note)
+        rows.append(
+            (
+                r.id,
+                r.base_model,
+                r.status + (f" (queue {r.queue_position})" if r.queue_position else ""),
+                "LoRA" if r.lora_enabled else "full",
+                str(r.generators),
+                str(c.gpus),
+                f"{c.price_per_hour:.2f} {c.currency}/h",
+                f"{c.amount:.2f} {c.currency}" + (" (est.)" if c.estimated else ""),
+                when(r.created_at, tz),
+                when(r.expires_at, tz),
+            )
         )
-        for r in tg.pt_state().handle().resources(all=args.all)
-    ]
-    head = ("RESOURCE", "MODEL", "STATUS", "KIND", "GENERATORS", "CREATED", "EXPIRES")
-    return Table(head, rows, "no model resources: %tg pt start MODEL")
+    head = (
+        "RESOURCE",
+        "MODEL",
+        "STATUS",
+        "KIND",
+        "GENERATORS",
+        "GPUS",
+        "PRICE",
+        "COST SO FAR",
+        "CREATED",
+        "EXPIRES",
+    )
+    caption = f"{len(rows)} resource(s), {total:.2f} {currency} so far; minutes in " + (
+        ", ".join(sorted(notes))
+    )
+    return Table(head, rows, "no model resources: %tg pt start MODEL", caption if rows else "")
