@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -19,8 +20,6 @@ from tgnb.errors import ValidationError
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, ClusterState
     from tgnb.runs.store import RunStore
-
-BACKENDS = ("local", "slurm", "kubernetes")
 
 
 def is_loopback(base_url: str | None) -> bool:
@@ -37,8 +36,10 @@ def is_loopback(base_url: str | None) -> bool:
 def backend_name(state: ClusterState, base_url: str | None, override: str | None = None) -> str:
     """The name of the backend for a cluster: the override, else by where and what it is."""
     if override is not None:
-        if override not in BACKENDS:
-            raise ValidationError(f"unknown backend {override!r}: use one of {', '.join(BACKENDS)}")
+        if override not in FACTORIES:
+            raise ValidationError(
+                f"unknown backend {override!r}: use one of {', '.join(FACTORIES)}"
+            )
         return override
     if is_loopback(base_url):
         return "local"
@@ -50,6 +51,45 @@ def backend_name(state: ClusterState, base_url: str | None, override: str | None
     raise ValidationError(
         f"cluster {state.name} has type {state.type!r}: pass backend='slurm' or 'kubernetes'"
     )
+
+
+def _local(cloud: Cloud, state: ClusterState, store: RunStore, **options: Any) -> Backend:
+    from tgnb.backends.local import LocalBackend
+
+    key = cloud.settings.api_key.get() if cloud.settings.api_key else None
+    return LocalBackend(
+        store,
+        cluster_id=state.id,
+        cluster_type=state.type or "KUBERNETES",
+        base_url=cloud.base_url,
+        api_key=key,
+        **options,
+    )
+
+
+def _slurm(cloud: Cloud, state: ClusterState, store: RunStore, **options: Any) -> Backend:
+    from tgnb.backends.slurm import SlurmBackend
+
+    options.setdefault("host", os.environ.get("TGNB_SLURM_HOST") or None)
+    return SlurmBackend(**options)
+
+
+def _kubernetes(cloud: Cloud, state: ClusterState, store: RunStore, **options: Any) -> Backend:
+    from tgnb.backends.kubernetes.backend import KubernetesBackend
+
+    raw = cloud.client.clusters.retrieve(state.id)
+    return KubernetesBackend.from_kube_config(
+        getattr(raw, "kube_config", None), cluster=state.name, **options
+    )
+
+
+#: The engines by name: each builds its backend from the attached cluster (its module imported
+#: only then, so the notebook side stays light).
+FACTORIES: dict[str, Callable[..., Backend]] = {
+    "local": _local,
+    "slurm": _slurm,
+    "kubernetes": _kubernetes,
+}
 
 
 def choose_backend(
@@ -68,27 +108,4 @@ def choose_backend(
     if override is not None and not isinstance(override, str):
         return override
     name = backend_name(state, cloud.base_url, override)
-    key = cloud.settings.api_key.get() if cloud.settings.api_key else None
-    if name == "local":
-        from tgnb.backends.local import LocalBackend
-
-        return LocalBackend(
-            store,
-            cluster_id=state.id,
-            cluster_type=state.type or "KUBERNETES",
-            base_url=cloud.base_url,
-            api_key=key,
-            **options,
-        )
-    if name == "slurm":
-        from tgnb.backends.slurm import SlurmBackend
-
-        options.setdefault("host", os.environ.get("TGNB_SLURM_HOST") or None)
-        backend: Backend = SlurmBackend(**options)
-        return backend
-    from tgnb.backends.kubernetes.backend import KubernetesBackend
-
-    raw = cloud.client.clusters.retrieve(state.id)
-    return KubernetesBackend.from_kube_config(
-        getattr(raw, "kube_config", None), cluster=state.name, **options
-    )
+    return FACTORIES[name](cloud, state, store, **options)
