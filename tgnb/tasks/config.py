@@ -44,6 +44,8 @@ import yaml
 
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
+from tgnb.runs.durations import check_seconds
+from tgnb.runs.workdir import provides
 from tgnb.tasks.policy import CheckpointPolicy
 
 ALGORITHMS = ("grpo", "dpo", "sft")
@@ -312,8 +314,7 @@ def _check_reward(name: Any, workdir: Path | None = None) -> None:
         raise TrainConfigError(f"reward {name!r:.60} is not 'package.module:function'.")
     module = name.partition(":")[0]
     top = module.split(".")[0]
-    base = workdir or Path.cwd()
-    if (base / f"{top}.py").is_file() or (base / top / "__init__.py").is_file():
+    if provides(workdir or Path.cwd(), top):
         return  # the workdir's own module: imported where the run is checked (tgnb.prelaunch)
     if top in sys.modules or importlib.util.find_spec(top) is None:
         rewards.resolve(name)  # cheap here: imported already, or the import error at once
@@ -340,10 +341,13 @@ def check_policy(p: CheckpointPolicy) -> None:
         raise TrainConfigError(
             f"checkpoint.preemptions_weight_hours must be a number above 0, not {weight!r:.40}."
         )
+    if p.every_seconds is not None:  # durations: each has its range (tgnb.runs.durations)
+        check_seconds("checkpoint.every_seconds", p.every_seconds, TrainConfigError)
+    check_seconds("checkpoint.drain_poll_seconds", p.drain_poll_seconds, TrainConfigError)
     rates = ("preemptions_per_hour", "observed_preemptions_per_hour")
-    for key in ("every_seconds", *rates, "failures_per_hour", "drain_poll_seconds"):
+    for key in (*rates, "failures_per_hour"):
         value = getattr(p, key)
-        if value is None and key in ("every_seconds", "observed_preemptions_per_hour"):
+        if value is None and key == "observed_preemptions_per_hour":
             continue
         number = isinstance(value, int | float) and not isinstance(value, bool)
         zero_ok = key in rates
