@@ -12,12 +12,15 @@ them through here:
   text, text tables.
 - `escape`: `plain`, then HTML/XML-escaped with quotes, so the result is safe in element text and
   in a quoted attribute value alike.
-- `plain_json`: `plain` applied to every string (keys too) of a JSON value.
+- `plain_json`: `plain` applied to every string (keys too) of a JSON value, and a number JSON
+  cannot hold (NaN, infinities: Python writes ``NaN``, which a browser's ``JSON.parse`` refuses,
+  dropping the whole message) made null.
 """
 
 from __future__ import annotations
 
 import html
+import math
 import re
 from typing import Any, TypeVar, cast
 
@@ -38,10 +41,13 @@ def escape(text: object) -> str:
 
 
 def plain_json(value: T) -> T:
-    """A JSON value with `plain` applied to each string in it (dicts, lists and tuples walked)."""
+    """A JSON value with `plain` applied to each string in it (dicts, lists and tuples walked)
+    and each float that is not finite made None (valid JSON: null)."""
     out: Any = value
     if isinstance(value, str):
         out = plain(value)
+    elif isinstance(value, float) and not math.isfinite(value):
+        out = None
     elif isinstance(value, dict):
         out = {plain(k) if isinstance(k, str) else k: plain_json(v) for k, v in value.items()}
     elif isinstance(value, (list, tuple)):

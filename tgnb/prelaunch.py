@@ -228,12 +228,8 @@ def reads_workdir(train: Mapping[str, Any], root: Path) -> bool:
         path = Path(dataset).expanduser()
         if not path.is_absolute() and (root / path).exists():
             return True
-    for reward in train.get("rewards") or ():
-        if isinstance(reward, str) and ":" in reward:
-            top = reward.partition(":")[0].split(".")[0]
-            if (root / f"{top}.py").is_file() or (root / top / "__init__.py").is_file():
-                return True
-    return False
+    rewards = train.get("rewards") or ()
+    return any(isinstance(r, str) and ":" in r and wd.provides(root, r) for r in rewards)
 
 
 def _needs_subprocess(cfg: Any) -> bool:
@@ -268,6 +264,7 @@ def check_on_a_node_like_process(
     """``python -m tgnb.train CONFIG --check`` in `root` with it on ``PYTHONPATH``, as the node
     will run it; its one-line refusal becomes a `ValidationError`; its output (the resolved
     config as YAML) is returned."""
+    from tgnb.backends.local import proctree
     from tgnb.runs import node
 
     with tempfile.TemporaryDirectory(prefix="tgnb-check-") as tmp:
@@ -276,21 +273,35 @@ def check_on_a_node_like_process(
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
         env.setdefault("HF_HUB_OFFLINE", "1")
+        tag = f"check-{os.getpid()}-{Path(tmp).name}"
+        env[proctree.TAG_ENV] = proctree.tag(tag, 0)  # inherited by whatever the check starts
         cmd = [sys.executable, "-m", "tgnb.train", str(config), "--check"]
         cmd += ["--run-dir", run_dir or str(Path(tmp) / "run")]
-        try:
-            proc = subprocess.run(
-                cmd, cwd=root, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+        # Output to files, not pipes: a process the user's modules start at import keeps a pipe
+        # open, and reading to its end would wait for that process, not for the check.
+        with open(Path(tmp) / "out", "w+") as out, open(Path(tmp) / "err", "w+") as err:
+            proc = subprocess.Popen(
+                cmd, cwd=root, env=env, stdout=out, stderr=err, start_new_session=True
             )
-        except subprocess.TimeoutExpired:
-            raise ValidationError(
-                f"checking the config took over {CHECK_TIMEOUT_S:.0f} s (importing your reward "
-                "modules?): make their import quick"
-            ) from None
-    if proc.returncode == 0:
-        return proc.stdout
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else f"exit {proc.returncode}"
+            try:
+                code = proc.wait(CHECK_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:  # the check's whole tree: the check, and what it started, is ended
+                proctree.kill_run(tag, [proc.pid])
+                proc.wait()
+            if code is None:
+                raise ValidationError(
+                    f"checking the config took over {CHECK_TIMEOUT_S:.0f} s (importing your "
+                    "reward modules?): make their import quick"
+                )
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+    if code == 0:
+        return stdout
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit {code}"
     raise TrainConfigError(last.removeprefix("tgnb train: "))
 
 

@@ -125,12 +125,24 @@ def alive(pid: int) -> bool:
 
 
 def read_server(home: Path) -> dict[str, Any] | None:
-    """The ``server.json`` of emulator home `home` (None: none, or not a JSON object)."""
+    """The ``server.json`` of emulator home `home`, checked as any input is (a crashed daemon, a
+    full disk or a hand edit may have left anything): a JSON object whose ``pid`` is a process id
+    (an integer above 1) and ``port`` a TCP port, ``options`` an object or absent. None: none,
+    or not such a record (then no process is trusted, signalled or asked from it)."""
     try:
         data = json.loads((home / "server.json").read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    pid, port, options = data.get("pid"), data.get("port"), data.get("options")
+    if not (_whole(pid, 2, 2**22 - 1) and _whole(port, 1, 65535)):
+        return None
+    return data if options is None or isinstance(options, dict) else None
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def current_owner() -> str | None:

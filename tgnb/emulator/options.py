@@ -178,20 +178,29 @@ def _shown(value: Any) -> str:
 def after_crash(eh: Path, options: ServeOptions, asked: Iterable[str] | None) -> ServeOptions:
     """`options` completed with what the crashed daemon of `eh` ran with: the recorded value of
     every option not in `asked` (None: all were asked), and the recorded port when no port is asked
-    (0) and it is free. Unchanged when no daemon crashed there (a clean stop removes its record)."""
-    info = read_server(eh)
+    (0) and it is free. Unchanged when no daemon crashed there (a clean stop removes its record).
+    The record is input like a command line: a recorded value out of its range (`check_options`)
+    is not restored, and options that do not make a valid whole are not either (start as asked)."""
+    info = read_server(eh)  # a checked record, or None
     had = (info or {}).get("options")
-    if not isinstance(had, dict) or alive(int((info or {}).get("pid") or 0)):
+    if info is None or not isinstance(had, dict) or alive(info["pid"]):
         return options
     flat = options.flat()
     given = set(flat) if asked is None else set(asked)
     for name, value in had.items():
-        if name in flat and name != "port" and name not in given:
+        if name in flat and name != "port" and name not in given and _in_range(name, value):
             flat[name] = value
-    port = (info or {}).get("port")
-    if not flat["port"] and isinstance(port, int) and port_free(port):
-        flat["port"] = port
+    if not flat["port"] and port_free(info["port"]):
+        flat["port"] = info["port"]
     try:
-        return ServeOptions.of(**flat)
-    except (TypeError, ValueError):  # a record from another version: start as asked
+        return ServeOptions.of(**flat).check()
+    except (TypeError, ValueError):  # a record from another version, or refused: as asked
         return options
+
+
+def _in_range(name: str, value: Any) -> bool:
+    try:
+        check_options({name: value})
+    except ValidationError:
+        return False
+    return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgnb.errors import TrainConfigError
+from tgnb.runs.durations import check_seconds
 
 #: The weight of the setting as the prior of a rate estimate, in node-hours of observation it
 #: counts as (`tgnb.cloud.rates`).
@@ -183,10 +184,13 @@ class CheckpointPolicy:
             raise TrainConfigError(
                 f"checkpoint.preemptions_weight_hours must be a number above 0, not {weight!r:.40}."
             )
+        if self.every_seconds is not None:  # durations: each has its range (runs.durations)
+            check_seconds("checkpoint.every_seconds", self.every_seconds, TrainConfigError)
+        check_seconds("checkpoint.drain_poll_seconds", self.drain_poll_seconds, TrainConfigError)
         rates = ("preemptions_per_hour", "observed_preemptions_per_hour")
-        for key in ("every_seconds", *rates, "failures_per_hour", "drain_poll_seconds"):
+        for key in (*rates, "failures_per_hour"):
             value = getattr(self, key)
-            if value is None and key in ("every_seconds", "observed_preemptions_per_hour"):
+            if value is None and key == "observed_preemptions_per_hour":
                 continue
             zero_ok = key in rates
             if not (_number(value) and (value > 0 or (zero_ok and value == 0))):

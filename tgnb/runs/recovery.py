@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tgnb.errors import ValidationError
 from tgnb.runs import node
+from tgnb.runs.durations import check_deadline, check_seconds
 from tgnb.runs.node import Exit
 
 WhenShort = Literal["wait", "shrink", "standard"]
@@ -88,10 +90,15 @@ class RecoveryPolicy:
     # -- validation and storage --------------------------------------------------------------
 
     def validate(
-        self, nodes: int = 1, min_nodes: int | None = None, preemptible: bool = True
+        self,
+        nodes: int = 1,
+        min_nodes: int | None = None,
+        preemptible: bool = True,
+        now: float | None = None,
     ) -> None:
         """One-line errors that name the fix; `nodes`, `min_nodes`, `preemptible`: the run's
-        `Resources`."""
+        `Resources`; `now` (default: the clock) what a deadline must be after. Every duration
+        has a range (`tgnb.runs.durations`)."""
         m = self.max_restarts
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= MAX_RESTARTS_LIMIT:
             raise ValidationError(
@@ -99,11 +106,7 @@ class RecoveryPolicy:
                 "e.g. RecoveryPolicy(max_restarts=3)"
             )
         for name in ("backoff_s", "backoff_max_s", "wait_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-                raise ValidationError(
-                    f"{name} must be a number of seconds >= 0, got {v!r:.40}: e.g. {name}=60"
-                )
+            check_seconds(name, getattr(self, name))
         if self.backoff_max_s < self.backoff_s:
             raise ValidationError(
                 f"backoff_max_s ({self.backoff_max_s}) is below backoff_s ({self.backoff_s}): "
@@ -133,12 +136,8 @@ class RecoveryPolicy:
                 f"when_short='shrink' restarts on fewer nodes, down to min_nodes: pass a min_nodes "
                 f"below nodes ({nodes}), e.g. nodes={max(nodes, 2)}, min_nodes=1"
             )
-        d = self.deadline
-        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or d <= 0):
-            raise ValidationError(
-                f"deadline must be a POSIX time in seconds, got {d!r:.40}: e.g. "
-                "deadline=time.time() + 6 * 3600"
-            )
+        if self.deadline is not None:
+            check_deadline(self.deadline, time.time() if now is None else now)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

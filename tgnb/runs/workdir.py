@@ -7,7 +7,8 @@ Rules (the README's "Your own code" says the same):
 - Everything under it is taken except what `DEFAULT_IGNORE` and an ignore file `IGNORE_FILE` in it
   name: one pattern a line, ``#`` comments, shell wildcards matched against the path relative to
   the workdir and against each file or folder name; a trailing ``/`` names folders only.
-- At most `MAX_BYTES` in all (`max_bytes` to change it) and `MAX_FILES` files; symbolic links and
+- At most `MAX_BYTES` in all (`max_bytes` to change it), `MAX_FILES` files and `MAX_DEPTH` folders
+  deep (a deeper tree is refused, not walked until Python's recursion limit); symbolic links and
   special files are refused by name (a snapshot holds plain files only).
 - It is taken once, at launch (`take`): each file read once, without following a link, into a
   private staging folder that the launch checks then read (`tgnb.prelaunch.plan`), so what was
@@ -51,6 +52,18 @@ DEFAULT_IGNORE = (
 )
 MAX_BYTES = 50 * 2**20
 MAX_FILES = 10_000
+#: Folders deep a snapshot goes at most (past it: a loop of bind mounts, generated data).
+MAX_DEPTH = 64
+
+
+def provides(root: Path, module: str) -> bool:
+    """Whether ``import module`` would find its top-level name in folder `root` as Python does
+    with `root` first on ``sys.path``: a module, a package, a namespace package (a folder with no
+    ``__init__.py``) or an extension module. A run that imports it must ship `root`."""
+    from importlib.machinery import PathFinder
+
+    top = module.partition(":")[0].split(".")[0]
+    return bool(top.isidentifier() and PathFinder.find_spec(top, [str(root)]) is not None)
 
 
 def default_workdir() -> Path:
@@ -155,6 +168,12 @@ def scan(
                     )
                 keep.append(d)
         dirnames[:] = keep
+        if keep and prefix.count("/") >= MAX_DEPTH:
+            raise ValidationError(
+                f"workdir {str(base)!r} holds folders more than {MAX_DEPTH} deep (under "
+                f"{prefix.split('/')[0]!r:.60}): list that folder in {base / IGNORE_FILE}, or "
+                "pass a smaller workdir="
+            )
         for name in sorted(filenames):
             rel = prefix + name
             if _ignored(rel, False, patterns):

@@ -45,6 +45,7 @@ import yaml
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
 from tgnb.runs.policy import MAX_STEPS, CheckpointPolicy, bounded
+from tgnb.runs.workdir import provides
 
 ALGORITHMS = ("grpo", "dpo", "sft")
 #: The kind of a run of the user's own program (a script or a command).
@@ -302,8 +303,7 @@ def _check_reward(name: Any, workdir: Path | None = None) -> None:
         raise TrainConfigError(f"reward {name!r:.60} is not 'package.module:function'.")
     module = name.partition(":")[0]
     top = module.split(".")[0]
-    base = workdir or Path.cwd()
-    if (base / f"{top}.py").is_file() or (base / top / "__init__.py").is_file():
+    if provides(workdir or Path.cwd(), top):
         return  # the workdir's own module: imported where the run is checked (tgnb.prelaunch)
     if top in sys.modules or importlib.util.find_spec(top) is None:
         rewards.resolve(name)  # cheap here: imported already, or the import error at once

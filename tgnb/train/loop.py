@@ -49,7 +49,7 @@ from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.protect import run_context
-from tgnb.train.record import Recorder, number, run_failed, run_started
+from tgnb.train.record import METRIC_COLUMNS, Recorder, number, run_failed, run_started
 from tgnb.train.saving import no_space
 
 __all__ = ["Checkpointer"]
@@ -143,7 +143,14 @@ class Checkpointer:
 
     def log(self, **values: Any) -> None:
         """Add `values` (numbers, 0-d tensors) to this step's ``metrics.jsonl`` row, written when
-        the step ends (rank 0 writes; the learning rate is added unless given)."""
+        the step ends (rank 0 writes; the learning rate is added unless given). The row's own
+        columns (`METRIC_COLUMNS`: ``step``, ``time``) are tgnb's: refused here, at once."""
+        if taken := [key for key in values if key in METRIC_COLUMNS]:
+            raise TrainConfigError(
+                f"Checkpointer.log({taken[0]}=...): {taken[0]!r} is a column tgnb writes in "
+                f"every metrics row (the loop's step and the time); log it under another name, "
+                f"e.g. log(my_{taken[0]}=...)"
+            )
         for key, value in values.items():  # a loss tensor's graph is not kept
             self._row[key] = value.detach() if isinstance(value, torch.Tensor) else value
 

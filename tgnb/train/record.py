@@ -18,6 +18,9 @@ from typing import IO, Any
 
 from tgnb.events import RUN_EXITED, RUN_STARTED, STDOUT_PREFIX, Event, utcnow
 
+#: The columns of every ``metrics.jsonl`` row that tgnb writes itself (the step, the time).
+METRIC_COLUMNS = ("step", "time")
+
 
 def rank() -> int:
     """This process's global rank as torchrun sets it (0 outside torchrun): the one lookup."""
@@ -72,8 +75,11 @@ class Recorder:
         self._append("events.jsonl", ev.to_dict())
         return ev
 
-    def metric(self, step: int, **values: Any) -> None:
-        self._append("metrics.jsonl", {"step": step, "time": time.time(), **values})
+    def metric(self, step: int, /, **values: Any) -> None:
+        """One ``metrics.jsonl`` row: `step`, the time, then `values` (a value named like one
+        of the row's own `METRIC_COLUMNS` is left out: the row's step and time are tgnb's)."""
+        row = {k: v for k, v in values.items() if k not in METRIC_COLUMNS}
+        self._append("metrics.jsonl", {"step": step, "time": time.time(), **row})
 
 
 def number(value: Any) -> float | int | None:

@@ -550,8 +550,8 @@ def test_submit_creates_the_placer_before_the_job(fake_api: Any, api_client: Any
         CM, PVC, SA, ROLES, ROLE_BINDINGS, CLUSTER_ROLES, CLUSTER_BINDINGS, CM, DEPLOYMENTS, JOBS
     ]  # fmt: skip
     assert [r.body["metadata"]["name"] for r in posts[2:9]] == [
-        "grpo-std-placer", "grpo-std-placer", "grpo-std-placer", "tgnb-placer-research-grpo-std",
-        "tgnb-placer-research-grpo-std", "grpo-std-placer", "grpo-std-placer",
+        "grpo-std-placer", "grpo-std-placer", "grpo-std-placer", "tgnb-placer:research:grpo-std",
+        "tgnb-placer:research:grpo-std", "grpo-std-placer", "grpo-std-placer",
     ]  # fmt: skip
     pod = posts[-1].body["spec"]["template"]["spec"]
     assert pod["schedulingGates"] == [{"name": "tgnb.together.ai/placement"}]
@@ -590,8 +590,8 @@ def test_cancel_removes_the_placer(fake_api: Any, api_client: Any) -> None:
         f"{ROLE_BINDINGS}/grpo-std-placer",
         f"{ROLES}/grpo-std-placer",
         f"{SA}/grpo-std-placer",
-        f"{CLUSTER_BINDINGS}/tgnb-placer-research-grpo-std",
-        f"{CLUSTER_ROLES}/tgnb-placer-research-grpo-std",
+        f"{CLUSTER_BINDINGS}/tgnb-placer%3Aresearch%3Agrpo-std",
+        f"{CLUSTER_ROLES}/tgnb-placer%3Aresearch%3Agrpo-std",
     ]
 
 

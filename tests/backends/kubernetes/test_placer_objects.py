@@ -123,19 +123,19 @@ def test_the_placer_objects() -> None:
     assert config["policy"]["deadline"] == 2e9 and config["namespace"] == "research"
     role = by[("Role", "rec-placer")]["rules"]
     assert {"apiGroups": [""], "resources": ["pods"],
-            "verbs": ["get", "list", "watch", "patch"]} in role  # fmt: skip
+            "verbs": ["list", "patch"]} in role  # fmt: skip
     assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in role
-    cluster = by[("ClusterRole", "tgnb-placer-research-rec")]
+    cluster = by[("ClusterRole", "tgnb-placer:research:rec")]
     assert "namespace" not in cluster["metadata"]
     assert cluster["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     ]
-    crb = by[("ClusterRoleBinding", "tgnb-placer-research-rec")]
+    crb = by[("ClusterRoleBinding", "tgnb-placer:research:rec")]
     assert crb["subjects"] == [
         {"kind": "ServiceAccount", "name": "rec-placer", "namespace": "research"}
     ]
-    assert crb["roleRef"]["name"] == "tgnb-placer-research-rec"
+    assert crb["roleRef"]["name"] == "tgnb-placer:research:rec"
     for d in objs[3:-1]:
         assert d["metadata"]["labels"]["tgnb/run"] == "rec"
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tgnb"

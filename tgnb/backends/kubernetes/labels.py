@@ -168,5 +168,8 @@ def placer_name(run: str) -> str:
 
 
 def placer_cluster_name(namespace: str, run: str) -> str:
-    """The placer's ClusterRole and ClusterRoleBinding (cluster-wide: the namespace is in it)."""
-    return f"tgnb-placer-{namespace}-{run}"
+    """The placer's ClusterRole and ClusterRoleBinding: cluster-wide, so the namespace is in the
+    name, joined by ``:``, which neither a namespace (a DNS label) nor a run name can hold: two
+    (namespace, run) pairs never share one (``ml``/``team-train`` and ``ml-team``/``train`` did
+    with ``-``). RBAC names are path segments, where ``:`` is allowed (``system:node``)."""
+    return f"tgnb-placer:{namespace}:{run}"

@@ -4,9 +4,10 @@ A run whose recovery policy moves between node classes after a wait or by a dead
 (`labels.needs_placer`) has its pods held by a scheduling gate, and a placer that lifts it:
 
 - a ConfigMap ``RUN-placer`` holding ``placer.json`` (the policy, the run's size, its launch time);
-- a ServiceAccount, a Role (the namespace's pods: get, list, watch, patch; events: create; its own
-  Deployment: get, delete, to remove itself once the run's Job has finished) and its RoleBinding;
-- a ClusterRole and ClusterRoleBinding ``tgnb-placer-NAMESPACE-RUN`` to read nodes and count the
+- a ServiceAccount, a Role (the namespace's pods: list, patch; events: create; the run's Job: get;
+  its own Deployment: get, delete, to remove itself once the run's Job has finished) and its
+  RoleBinding;
+- a ClusterRole and ClusterRoleBinding ``tgnb-placer:NAMESPACE:RUN`` to list nodes and count the
   GPUs the pods of every namespace request on them (the free capacity of each class);
 - a one-replica Deployment on a standard node (the seed's NotIn affinity: a preemption must not
   take the placer with the run), the run's image, 100m CPU and 256Mi, the run's directory mounted
@@ -14,6 +15,19 @@ A run whose recovery policy moves between node classes after a wait or by a dead
 
 Every object carries the run's labels. No secret reaches the placer: it gets none. The run's image
 runs it, so a run with a placer needs ``tgnb[k8s]`` (the ``kubernetes`` client) in its image.
+
+What the placer may do is the verbs its loop calls, no more; what remains wider than the run is
+what RBAC cannot narrow. A rule names objects only by name (``resourceNames``), never by label,
+and applies names to get, patch and delete but not to list: the run's Job and the placer's own
+Deployment are named; the run's pods are not (the Job controller names them, ``RUN-INDEX-xxxxx``,
+after the Role exists), so ``patch`` covers every pod of the namespace and ``list`` every pod of
+the cluster (the free GPUs of a node are the sum of its pods' requests: no narrower object says
+it). Since the run's image runs the placer, code in that image can patch the namespace's pods
+(their labels and annotations, a gated pod's gates and affinity, a container's image: what the API
+lets a pod update change) and read the pod specs of the cluster (env values included: secrets
+belong in Secrets, which it cannot read). Narrower needs a ValidatingAdmissionPolicy that holds
+the placer's account to the pods labelled with its run, a cluster administrator's object tgnb does
+not create: run placers in a namespace of their own team.
 """
 
 from __future__ import annotations
@@ -123,7 +137,7 @@ def build_placer(
         kind="Role",
         metadata=meta(name),
         rules=[
-            _rule("", ["pods"], ["get", "list", "watch", "patch"]),
+            _rule("", ["pods"], ["list", "patch"]),  # unnamed: RBAC cannot narrow (see above)
             _rule("", ["events"], ["create"]),
             _rule("batch", ["jobs"], ["get"], [spec.name]),
             _rule("apps", ["deployments"], ["get", "delete"], [name]),
@@ -141,7 +155,7 @@ def build_placer(
         api_version=f"{RBAC}/v1",
         kind="ClusterRole",
         metadata=meta(cluster_name, None),
-        rules=[_rule("", ["nodes"], ["get", "list"]), _rule("", ["pods"], ["list"])],
+        rules=[_rule("", ["nodes"], ["list"]), _rule("", ["pods"], ["list"])],
     )
     cluster_role_binding = client.V1ClusterRoleBinding(
         api_version=f"{RBAC}/v1",
