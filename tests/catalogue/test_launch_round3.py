@@ -81,8 +81,13 @@ def test_a_duration_out_of_its_range_is_refused(session: Session, kw: dict[str, 
     ids=["1e19", "2^62"],
 )
 def test_the_sbatch_script_never_renders_a_backoff_bash_cannot_hold(policy: dict[str, Any]) -> None:
-    spec = RunSpec(name="run", train={"algorithm": "grpo"}, recovery=RecoveryPolicy(**policy))
-    refused(lambda: render_script(spec, "/shared/runs/run"))
+    """Refused by the spec as it is built (the contract checks itself), before any rendering."""
+    train = {"algorithm": "grpo"}
+    refused(
+        lambda: render_script(
+            RunSpec(name="run", train=train, recovery=RecoveryPolicy(**policy)), "/shared/runs/run"
+        )
+    )
 
 
 @pytest.fixture
