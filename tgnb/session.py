@@ -289,8 +289,9 @@ class Session:
             recovery=RecoveryPolicy.coerce(recovery),
         )
         spec.validate()
-        if spec.workdir is not None:
-            wd.scan(spec.workdir)  # its size and contents, before anything is recorded
+        snapshot = None if spec.workdir is None else wd.scan(spec.workdir)  # before recording
+        if snapshot is not None and snapshot.notice():
+            print(snapshot.notice())  # the credential files left out
         if self.store.find(name) is not None:
             raise ValidationError(
                 f"a run named {name!r} already exists: choose another name= (or session.run(name))"

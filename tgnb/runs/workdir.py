@@ -7,6 +7,12 @@ Rules (the README's "Your own code" says the same):
 - Everything under it is taken except what `DEFAULT_IGNORE` and an ignore file `IGNORE_FILE` in it
   name: one pattern a line, ``#`` comments, shell wildcards matched against the path relative to
   the workdir and against each file or folder name; a trailing ``/`` names folders only.
+- Credential files (`CREDENTIALS`: ``.env``, ``.netrc``, ``.ssh/``, ``*.pem``, cloud credential
+  files...) are left out too, and the launch says which (`Snapshot.left_out`); to ship one, negate
+  it in the ignore file (``!.env``). A negation (``!pattern``) takes back what an earlier pattern
+  left out: the last pattern that matches decides, as in ``.gitignore`` (a file inside a folder left
+  out stays out: negate the folder). A file that holds a registered secret
+  (`tgnb.config.Scrubber.in_bytes`: whole, or its random part) is refused by name.
 - At most `MAX_BYTES` in all (`max_bytes` to change it) and `MAX_FILES` files; symbolic links and
   special files are refused by name (a snapshot holds plain files only).
 - It is taken once, at launch, into the run directory's ``workdir/`` (`tgnb.runs.node.WORKDIR`); a
@@ -43,6 +49,15 @@ DEFAULT_IGNORE = (
     "tgnb-out/",
     "wandb/",
 )
+#: Files that hold credentials by their name: left out unless the ignore file negates them.
+CREDENTIALS = (
+    ".env", ".env.*", "*.env", ".envrc", ".netrc", "_netrc", ".git-credentials", ".pgpass",
+    ".pypirc", ".npmrc", ".ssh/", ".aws/", ".azure/", ".gnupg/", ".kube/", ".docker/",
+    ".config/gcloud/", "gcloud/", ".huggingface/", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
+    "*.keystore", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials",
+    "credentials.json", "application_default_credentials.json", "service-account*.json",
+    "*serviceaccount*.json", "kubeconfig", "*.kubeconfig",
+)  # fmt: skip
 MAX_BYTES = 50 * 2**20
 MAX_FILES = 10_000
 
@@ -64,6 +79,19 @@ class Snapshot:
     root: Path
     files: tuple[str, ...]
     size: int
+    #: credential files and folders left out by `CREDENTIALS` (the launch says so)
+    left_out: tuple[str, ...] = ()
+
+    def notice(self) -> str:
+        """What the launch says of the credential files left out ("" when none)."""
+        if not self.left_out:
+            return ""
+        names = ", ".join(self.left_out[:5]) + (", ..." if len(self.left_out) > 5 else "")
+        first = self.left_out[0]
+        return (
+            f"tgnb: left credential files out of the workdir snapshot: {names} (to ship one, "
+            f"add !{first} to {self.root / IGNORE_FILE})"
+        )
 
     def tar(self) -> bytes:
         """The snapshot as a gzipped tar (plain files, mode kept, owner and times reset)."""
@@ -89,7 +117,7 @@ class Snapshot:
 
 
 def _patterns(root: Path) -> list[str]:
-    out = list(DEFAULT_IGNORE)
+    out = [*DEFAULT_IGNORE, *CREDENTIALS]
     ignore = root / IGNORE_FILE
     if ignore.is_file():
         for line in ignore.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -99,16 +127,32 @@ def _patterns(root: Path) -> list[str]:
     return out
 
 
-def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> bool:
+def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> str | None:
+    """The pattern that leaves `rel` out (the last one matching, ``!`` taking back), or None."""
     name = rel.rsplit("/", 1)[-1]
+    decided: str | None = None
     for pat in patterns:
-        dir_only = pat.endswith("/")
-        pat = pat.rstrip("/").lstrip("/")
+        negated = pat.startswith("!")
+        bare = pat[1:] if negated else pat
+        dir_only = bare.endswith("/")
+        bare = bare.rstrip("/").lstrip("/")
         if dir_only and not is_dir:
             continue
-        if fnmatch.fnmatchcase(rel, pat) or fnmatch.fnmatchcase(name, pat):
-            return True
-    return False
+        if fnmatch.fnmatchcase(rel, bare) or fnmatch.fnmatchcase(name, bare):
+            decided = None if negated else pat
+    return decided
+
+
+def _secret_in(path: Path, rel: str) -> None:
+    """Refuse the file `rel` when it holds a registered secret (`tgnb.config.Scrubber.in_bytes`)."""
+    from tgnb.config import holds_secret_bytes, register_env_secrets
+
+    register_env_secrets()
+    if holds_secret_bytes(path.read_bytes()):
+        raise ValidationError(
+            f"workdir file {rel!r} holds a secret (an API key or token tgnb knows): remove it "
+            f"from the file, or list the file in {IGNORE_FILE}, and pass the secret with secrets="
+        )
 
 
 def scan(
@@ -122,6 +166,7 @@ def scan(
     base = base.resolve()
     patterns = _patterns(base)
     files: list[str] = []
+    left_out: list[str] = []
     size = 0
     for dirpath, dirnames, filenames in os.walk(base):
         here = Path(dirpath)
@@ -129,7 +174,10 @@ def scan(
         prefix = "" if rel_dir == "." else f"{rel_dir}/"
         keep = []
         for d in sorted(dirnames):
-            if not _ignored(prefix + d, True, patterns):
+            why = _ignored(prefix + d, True, patterns)
+            if why in CREDENTIALS:
+                left_out.append(prefix + d + "/")
+            if why is None:
                 if (here / d).is_symlink():
                     raise ValidationError(
                         f"workdir holds a link {prefix + d!r}: a snapshot takes plain files; "
@@ -139,7 +187,10 @@ def scan(
         dirnames[:] = keep
         for name in sorted(filenames):
             rel = prefix + name
-            if _ignored(rel, False, patterns):
+            why = _ignored(rel, False, patterns)
+            if why in CREDENTIALS:
+                left_out.append(rel)
+            if why is not None:
                 continue
             st = os.lstat(here / name)
             if not stat.S_ISREG(st.st_mode):
@@ -149,10 +200,12 @@ def scan(
                 )
             files.append(rel)
             size += st.st_size
+            if size <= max_bytes:
+                _secret_in(here / name, rel)
             if len(files) > max_files or size > max_bytes:
                 raise ValidationError(
                     f"workdir {str(base)!r} holds more than {max_files} files or "
                     f"{max_bytes / 2**20:.0f} MiB: list data, outputs and environments in "
                     f"{base / IGNORE_FILE} (one pattern a line), or pass a smaller workdir="
                 )
-    return Snapshot(base, tuple(files), size)
+    return Snapshot(base, tuple(files), size, tuple(left_out))
