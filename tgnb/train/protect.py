@@ -184,9 +184,8 @@ def protect_with(
     recorder = Recorder(ctx.run_dir, ctx.name)
     guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
     args = trainer.args  # what makes it another run in the same directory (`ownership`)
-    guard.identity = identity(
-        ctx.name, seed=int(args.seed), learning_rate=number(args.learning_rate)
-    )
+    named = ctx.name if os.environ.get(node.RUN_ENV) else None  # tgnb's name for the run
+    guard.identity = identity(named, seed=int(args.seed), learning_rate=number(args.learning_rate))
     try:
         _own_args(trainer, guard)
     except BaseException:
