@@ -62,7 +62,7 @@ def test_the_suite_keys_themselves_are_still_refused_and_masked() -> None:
         assert scrub(f"Bearer {key} refused") == "Bearer *** refused"
         assert scrub(f"Bearer {key[:PREFIX_CHARS]}... (cut)") == "Bearer ***... (cut)"
         with pytest.raises(ValidationError, match="training config holds a secret"):
-            check_no_secrets(RunSpec(name="r", train={"trl": {"hub_token": key}}))
+            check_no_secrets(RunSpec(name="r", train={"trl": {"run_name": key}}))
 
 
 #: Key shapes -> their random part (the pieces come only from it).

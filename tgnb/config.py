@@ -35,6 +35,12 @@ gives none at all (it is found whole or by its prefix). Why this rule and not th
 - The prefix rule stays as it was: 12 leading characters of exactly the key are specific enough,
   and a cut message keeps just those (``tgp_FAKE_SEC`` in the catalogue lies wholly in the head).
 
+What counts as a secret value at all (`counts_as_secret`): at least `MIN_SECRET_CHARS` (8)
+characters, not one character repeated (``********``) and not a single word (``none``, ``null``,
+``changeme``, ``placeholder``: `_WORD`). A placeholder such as ``HF_TOKEN=none`` in the
+environment is no secret: registered, it refused ``report_to: none`` and masked ``nonexistent``
+as ``***xistent``. Real keys are longer and mix cases, digits or segments.
+
 Limits: a random part under 8 characters gives no pieces (``hf_Zx9-this-is-the-token-value`` is
 found whole or by its prefix only); a word-like segment at an end of a generated part (``ab`` in
 ``tgnb-emu-ab-X...``) is left out of it; text beginning with the first 12 characters of a key made
@@ -55,6 +61,8 @@ from pathlib import Path
 PIECE_CHARS = 8
 #: A run of this many leading characters of a secret is masked too, its public head included.
 PREFIX_CHARS = 12
+#: A value shorter than this is never a secret (a placeholder such as ``none``, ``xxx``).
+MIN_SECRET_CHARS = 8
 _SEGMENT = re.compile(r"[A-Za-z0-9]+")
 _WORD = re.compile(r"[a-z]{2,12}|[A-Z]{2,12}|[A-Z][a-z]{1,11}|v[0-9]{1,3}")
 
@@ -68,6 +76,14 @@ def random_part(secret: str) -> str:
     return secret[spans[0][0] : spans[-1][1]] if spans else ""
 
 
+def counts_as_secret(value: str | None) -> bool:
+    """Whether `value` can be a secret: `MIN_SECRET_CHARS` or more characters, not one character
+    repeated, not a single word (a placeholder: ``none``, ``changeme``)."""
+    if not value or len(value) < MIN_SECRET_CHARS or len(set(value)) == 1:
+        return False
+    return not _WORD.fullmatch(value)
+
+
 class Scrubber:
     """The registered secrets and the pieces of their random parts."""
 
@@ -76,8 +92,9 @@ class Scrubber:
         self.pieces: set[str] = set()
 
     def register(self, value: str | None) -> None:
-        """Remember a secret (4 characters or more) so that `scrub` removes it."""
-        if value and len(value) >= 4:
+        """Remember a secret so that `scrub` removes it; a value that cannot be one
+        (`counts_as_secret`: a placeholder such as ``none``) is passed over."""
+        if value and counts_as_secret(value):
             self.secrets.add(value)
             body = random_part(value)
             for i in range(len(body) - PIECE_CHARS + 1):
@@ -103,6 +120,15 @@ class Scrubber:
             return any(self.holds(k) or self.holds(v) for k, v in value.items())
         if isinstance(value, list | tuple):
             return any(self.holds(v) for v in value)
+        return False
+
+    def in_bytes(self, data: bytes) -> bool:
+        """Whether `data` (a file's bytes) holds a registered secret whole, or its random part
+        when that is 16 characters or more (the shorter pieces are for text shown)."""
+        for secret in self.secrets:
+            body = random_part(secret)
+            if secret.encode() in data or (len(body) >= 16 and body.encode() in data):
+                return True
         return False
 
     def _mask_pieces(self, text: str) -> str:
@@ -156,6 +182,11 @@ def holds_secret(value: object) -> bool:
     return _SCRUBBER.holds(value)
 
 
+def holds_secret_bytes(data: bytes) -> bool:
+    """Whether `data` holds a registered secret (`Scrubber.in_bytes`)."""
+    return _SCRUBBER.in_bytes(data)
+
+
 #: Names of environment variables that hold secrets by their look (``WANDB_API_KEY``, ``HF_TOKEN``,
 #: ``DB_PASSWORD``, ``AWS_SECRET_ACCESS_KEY``): refused in a run's plain `env` by every engine.
 SECRET_NAME = re.compile(
@@ -166,6 +197,40 @@ SECRET_NAME = re.compile(
 def looks_secret(name: str) -> bool:
     """Whether the environment variable `name` looks like it holds a secret (`SECRET_NAME`)."""
     return bool(SECRET_NAME.search(name))
+
+
+#: Keys of a training config whose string values hold secrets by their name (``trl.hub_token``,
+#: ``push_to_hub_token``, ``wandb_api_key``, ``s3_secret_key``, ``db_password``): `SECRET_NAME`, and
+#: any key ending in ``_token`` or ``_key``, except a tokenizer's special tokens (``pad_token``,
+#: ``eos_token``: text such as ``<|endoftext|>``, no credential).
+SECRET_KEY = re.compile(r"(?:^|_)(?:token|key)$|^(?:token|key)$", re.IGNORECASE)
+_SPECIAL_TOKEN = re.compile(
+    r"(?:pad|eos|bos|unk|sep|cls|mask|additional_special|special)_tokens?$", re.IGNORECASE
+)
+
+
+def looks_secret_key(key: str) -> bool:
+    """Whether the config key `key` names a secret (`SECRET_KEY`, `SECRET_NAME`)."""
+    if _SPECIAL_TOKEN.search(key):
+        return False
+    return bool(SECRET_KEY.search(key) or SECRET_NAME.search(key))
+
+
+def secret_keys(config: object, path: str = "") -> list[str]:
+    """The dotted paths of `config` (mappings and lists walked) whose key names a secret and whose
+    value is a non-empty string (`looks_secret_key`): ``["trl.hub_token"]``."""
+    found: list[str] = []
+    if isinstance(config, dict):
+        for key, value in config.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and looks_secret_key(key) and isinstance(value, str) and value:
+                found.append(where)
+            else:
+                found += secret_keys(value, where)
+    elif isinstance(config, list | tuple):
+        for i, value in enumerate(config):
+            found += secret_keys(value, f"{path}[{i}]")
+    return found
 
 
 #: Environment variables whose values are secrets wherever they appear.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -358,6 +359,23 @@ def program_text(line: str) -> str | None:
         return line
     head = line[:at]
     return head if head.strip() else None
+
+
+def metrics_row(record: Any) -> dict[str, Any] | None:
+    """`record` as a metrics row (one optimizer step: what `tgnb.train.record.Recorder.metric`
+    writes), or None when it is not one: not an object, ``step`` not a whole number >= 0, or a
+    value that is not a finite number (a bool, a string, NaN)."""
+    if not isinstance(record, Mapping):
+        return None
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    for value in record.values():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+    return dict(record)
 
 
 def parse_record(line: str) -> dict[str, Any] | None:

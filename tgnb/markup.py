@@ -5,7 +5,8 @@ prints, the API's ``node_lifecycle_events``, a run's or a session's name). Every
 timeline SVG, the panels' HTML, the static exports, the tables, the server extension's JSON — puts
 them through here:
 
-- `plain`: the text with bidirectional control characters (U+202A–U+202E, U+2066–U+2069, U+200E,
+- `plain`: the text with every registered secret masked (`tgnb.config.scrub`: a run's error line
+  or a node's message may quote a token the program read), bidirectional control characters (U+202A–U+202E, U+2066–U+2069, U+200E,
   U+200F, U+061C: they reorder what a reader sees, so ``evil\\u202etxt.exe`` reads as another
   name) and C0 control characters other than tab, newline and carriage return (invalid in XML,
   so one NUL breaks an SVG) dropped. For text that is not markup: JSON a front end renders as
@@ -24,6 +25,8 @@ import math
 import re
 from typing import Any, TypeVar, cast
 
+from tgnb.config import scrub
+
 T = TypeVar("T")
 
 #: Bidirectional formatting characters and the C0 controls XML does not allow.
@@ -31,8 +34,9 @@ _DROPPED = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\x00-\x08\x0
 
 
 def plain(text: object) -> str:
-    """`text` as a string, without bidi controls or C0 controls (tab, newline, CR kept)."""
-    return _DROPPED.sub("", str(text))
+    """`text` as a string, secrets masked, without bidi controls or C0 controls (tab, newline,
+    CR kept)."""
+    return scrub(_DROPPED.sub("", str(text)))
 
 
 def escape(text: object) -> str:

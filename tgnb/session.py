@@ -289,6 +289,8 @@ class Session:
             secrets=dict(secrets or {}),
             recovery=RecoveryPolicy.coerce(recovery),
         )
+        if plan.snapshot is not None and plan.snapshot.notice():
+            print(plan.snapshot.notice())  # the credential files left out
         try:
             self._check_capacity(res, state())
             return self._submit(plan, dry_run)

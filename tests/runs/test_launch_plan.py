@@ -88,8 +88,8 @@ def test_a_file_swapped_for_a_link_while_the_snapshot_is_taken_is_refused(
     secret.write_text("not for the node\n", encoding="utf-8")
     real_scan = wd.scan
 
-    def scan_then_swap(root: str | os.PathLike[str], *a: int) -> wd.Snapshot:
-        listed = real_scan(root, *a)
+    def scan_then_swap(root: str | os.PathLike[str], *a: int, **kw: bool) -> wd.Snapshot:
+        listed = real_scan(root, *a, **kw)
         (folder / "helper.py").unlink()
         (folder / "helper.py").symlink_to(secret)
         return listed
@@ -106,8 +106,8 @@ def test_a_file_deleted_while_the_snapshot_is_taken_names_the_fix(
     folder = _project(tmp_path)
     real_scan = wd.scan
 
-    def scan_then_delete(root: str | os.PathLike[str], *a: int) -> wd.Snapshot:
-        listed = real_scan(root, *a)
+    def scan_then_delete(root: str | os.PathLike[str], *a: int, **kw: bool) -> wd.Snapshot:
+        listed = real_scan(root, *a, **kw)
         (folder / "helper.py").unlink()
         return listed
 

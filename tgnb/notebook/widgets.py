@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from tgnb import events as ev
-from tgnb.markup import escape
+from tgnb.markup import escape, plain
 from tgnb.notebook._plot import curve_svg
 
 if TYPE_CHECKING:
@@ -423,7 +423,7 @@ class RunPanel(Panel):
             text += f" · ETA {int(eta // 60)}m{int(eta % 60):02d}s"
         text += f" · {self.state}"
         error = getattr(self, "error_line", None)
-        return f"{text}: {error}" if error and self.state == "failed" else text
+        return plain(f"{text}: {error}" if error and self.state == "failed" else text)
 
     def _header_html(self) -> str:
         e = escape

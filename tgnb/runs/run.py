@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tgnb.config import scrub
 from tgnb.errors import BackendError, TgnbError
 from tgnb.events import (
     DRAIN_NOTICE,
@@ -26,6 +27,7 @@ from tgnb.events import (
     Event,
     dedupe,
     from_record,
+    metrics_row,
     parse_record,
     program_text,
     read_jsonl,
@@ -109,11 +111,8 @@ class Run:
             st = self._engine_status(rec)
         else:
             st = JobStatus(rec.state, rec.restart_count, rec.nodes, rec.exit_code, rec.detail)
-        if st.state is JobState.FAILED:
-            st = JobStatus(
-                st.state, st.restart_count, st.nodes, st.exit_code, self.error() or st.detail
-            )
-        return st
+        detail = (self.error() if st.state is JobState.FAILED else None) or st.detail
+        return JobStatus(st.state, st.restart_count, st.nodes, st.exit_code, scrub(detail))
 
     def report(self) -> JobStatus:
         """`status` for a listing (a panel, a table): when the engine cannot say, its error is
@@ -161,13 +160,14 @@ class Run:
 
     def error(self) -> str | None:
         """Why the run failed, in one line: tgnb's own message or the Python exception's line
-        from the end of its log, else the failure its events recorded; None when not known."""
+        from the end of its log, else the failure its events recorded; None when not known.
+        Secrets are masked (`tgnb.config.scrub`): the program may have printed one."""
         found = last_error(self.logs(raw=True))
         if found:
-            return found
+            return scrub(found)
         for ev in reversed(self.run_events()):
             if ev.reason == RUN_EXITED and ev.data.get("exit_reason") == "failed":
-                return ev.message.removeprefix("failed: ") or None
+                return scrub(ev.message.removeprefix("failed: ")) or None
         return None
 
     def max_steps(self) -> int | None:
@@ -272,25 +272,30 @@ class Run:
         return None if d is None else d / name
 
     def records(self, kind: str) -> list[dict[str, Any]]:
-        """The run's ``metrics`` or ``events`` records: from its run directory when it is on this
-        machine, else from the ``@tgnb`` lines of its logs."""
+        """The run's ``metrics`` or ``events`` records from the protocol channel: its run
+        directory's ``{kind}.jsonl`` when the run directory is on this machine (none yet: [];
+        what the program prints is never read as a record then), else the ``@tgnb`` lines of its
+        logs (a Kubernetes pod's, a remote Slurm job's). A record that is not one of `kind`'s
+        (`tgnb.events.metrics_row`: a step that is not a whole number...) is passed over: one bad
+        record never breaks a reader."""
         path = self._file(f"{kind}.jsonl")
-        out: list[dict[str, Any]] = []
-        if path is not None and path.exists():
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue  # a torn last line
-                    if isinstance(rec, dict):  # a line that is not an object is no record
-                        out.append(rec)
-            return out
-        for line in self.logs(raw=True):
-            rec = parse_record(line)
-            if rec is not None and rec.pop("kind", None) == kind:
-                out.append(rec)
-        return out
+        found: list[dict[str, Any]] = []
+        if path is not None and path.parent.is_dir():
+            if path.exists():
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        try:
+                            found.append(json.loads(line))
+                        except ValueError:
+                            continue  # a torn last line
+        else:
+            for line in self.logs(raw=True):
+                rec = parse_record(line)
+                if rec is not None and rec.pop("kind", None) == kind:
+                    found.append(rec)
+        if kind == "metrics":
+            return [row for r in found if (row := metrics_row(r)) is not None]
+        return [r for r in found if isinstance(r, dict)]
 
     def metrics(self) -> pd.DataFrame:
         """The run's metrics (one row per logged optimizer step) as a pandas DataFrame."""

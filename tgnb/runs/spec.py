@@ -202,8 +202,10 @@ def check_no_secrets(spec: RunSpec) -> None:
     known secret value, its prefix or a piece of its random part (the API key, the emulator key,
     an HF token: `tgnb.config.holds_secret`), and control characters in a value (a NUL cannot be
     in an environment, a newline breaks a script): all would be written into a script, a
-    manifest, config.yaml or the store."""
-    from tgnb.config import holds_secret, looks_secret, register_env_secrets
+    manifest, config.yaml or the store. A training config key that names a secret
+    (`tgnb.config.secret_keys`: ``trl.hub_token``, ``*_key``, ``*password*``) is refused by its
+    name, whatever its value, as an env variable is."""
+    from tgnb.config import holds_secret, looks_secret, register_env_secrets, secret_keys
 
     register_env_secrets()
     for name, value in spec.env.items():
@@ -220,6 +222,12 @@ def check_no_secrets(spec: RunSpec) -> None:
                 f"env {name:.60} holds a control character ({ord(bad[0]):#04x}): environment "
                 "values must be printable text"
             )
+    if named := secret_keys(dict(spec.train)):
+        raise ValidationError(
+            f"the training config key {named[0]:.80} names a secret: drop it and pass the secret "
+            "by reference, secrets={'HF_TOKEN': SecretRef(name='hf', env='HF_TOKEN')} (the "
+            "libraries read HF_TOKEN, WANDB_API_KEY... from the environment)"
+        )
     if holds_secret(dict(spec.train)):
         raise ValidationError(
             "the training config holds a secret value (e.g. trl.hub_token): drop it and pass the "

@@ -7,6 +7,12 @@ Rules (the README's "Your own code" says the same):
 - Everything under it is taken except what `DEFAULT_IGNORE` and an ignore file `IGNORE_FILE` in it
   name: one pattern a line, ``#`` comments, shell wildcards matched against the path relative to
   the workdir and against each file or folder name; a trailing ``/`` names folders only.
+- Credential files (`CREDENTIALS`: ``.env``, ``.netrc``, ``.ssh/``, ``*.pem``, cloud credential
+  files...) are left out too, and the launch says which (`Snapshot.left_out`); to ship one, negate
+  it in the ignore file (``!.env``). A negation (``!pattern``) takes back what an earlier pattern
+  left out: the last pattern that matches decides, as in ``.gitignore`` (a file inside a folder left
+  out stays out: negate the folder). A file that holds a registered secret
+  (`tgnb.config.Scrubber.in_bytes`: whole, or its random part) is refused by name.
 - At most `MAX_BYTES` in all (`max_bytes` to change it), `MAX_FILES` files and `MAX_DEPTH` folders
   deep (a deeper tree is refused, not walked until Python's recursion limit); symbolic links and
   special files are refused by name (a snapshot holds plain files only).
@@ -50,6 +56,15 @@ DEFAULT_IGNORE = (
     "tgnb-out/",
     "wandb/",
 )
+#: Files that hold credentials by their name: left out unless the ignore file negates them.
+CREDENTIALS = (
+    ".env", ".env.*", "*.env", ".envrc", ".netrc", "_netrc", ".git-credentials", ".pgpass",
+    ".pypirc", ".npmrc", ".ssh/", ".aws/", ".azure/", ".gnupg/", ".kube/", ".docker/",
+    ".config/gcloud/", "gcloud/", ".huggingface/", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
+    "*.keystore", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials",
+    "credentials.json", "application_default_credentials.json", "service-account*.json",
+    "*serviceaccount*.json", "kubeconfig", "*.kubeconfig",
+)  # fmt: skip
 MAX_BYTES = 50 * 2**20
 MAX_FILES = 10_000
 #: Folders deep a snapshot goes at most (past it: a loop of bind mounts, generated data).
@@ -96,6 +111,20 @@ class Snapshot:
         if self.source is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    #: credential files and folders left out by `CREDENTIALS` (the launch says so)
+    left_out: tuple[str, ...] = ()
+
+    def notice(self) -> str:
+        """What the launch says of the credential files left out ("" when none)."""
+        if not self.left_out:
+            return ""
+        names = ", ".join(self.left_out[:5]) + (", ..." if len(self.left_out) > 5 else "")
+        first = self.left_out[0]
+        return (
+            f"tgnb: left credential files out of the workdir snapshot: {names} (to ship one, "
+            f"add !{first} to {self.folder / IGNORE_FILE})"
+        )
+
     def tar(self) -> bytes:
         """The snapshot as a gzipped tar (plain files, mode kept, owner and times reset)."""
         buf = io.BytesIO()
@@ -120,7 +149,7 @@ class Snapshot:
 
 
 def _patterns(root: Path) -> list[str]:
-    out = list(DEFAULT_IGNORE)
+    out = [*DEFAULT_IGNORE, *CREDENTIALS]
     ignore = root / IGNORE_FILE
     if ignore.is_file():
         for line in ignore.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -130,29 +159,51 @@ def _patterns(root: Path) -> list[str]:
     return out
 
 
-def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> bool:
+def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> str | None:
+    """The pattern that leaves `rel` out (the last one matching, ``!`` taking back), or None."""
     name = rel.rsplit("/", 1)[-1]
+    decided: str | None = None
     for pat in patterns:
-        dir_only = pat.endswith("/")
-        pat = pat.rstrip("/").lstrip("/")
+        negated = pat.startswith("!")
+        bare = pat[1:] if negated else pat
+        dir_only = bare.endswith("/")
+        bare = bare.rstrip("/").lstrip("/")
         if dir_only and not is_dir:
             continue
-        if fnmatch.fnmatchcase(rel, pat) or fnmatch.fnmatchcase(name, pat):
-            return True
-    return False
+        if fnmatch.fnmatchcase(rel, bare) or fnmatch.fnmatchcase(name, bare):
+            decided = None if negated else pat
+    return decided
+
+
+def _secret_in(data: bytes, rel: str) -> None:
+    """Refuse the file `rel` when it holds a registered secret (`tgnb.config.Scrubber.in_bytes`)."""
+    from tgnb.config import holds_secret_bytes, register_env_secrets
+
+    register_env_secrets()
+    if holds_secret_bytes(data):
+        raise ValidationError(
+            f"workdir file {rel!r} holds a secret (an API key or token tgnb knows): remove it "
+            f"from the file, or list the file in {IGNORE_FILE}, and pass the secret with secrets="
+        )
 
 
 def scan(
-    root: str | os.PathLike[str], max_bytes: int = MAX_BYTES, max_files: int = MAX_FILES
+    root: str | os.PathLike[str],
+    max_bytes: int = MAX_BYTES,
+    max_files: int = MAX_FILES,
+    *,
+    read: bool = True,
 ) -> Snapshot:
     """The files a snapshot of `root` takes; `ValidationError` (naming the fix) when it is not a
-    folder, holds a link or a special file, or is over the caps."""
+    folder, holds a link or a special file, a file holding a secret (`read`: `take` checks the
+    bytes it copies instead, so each file is read once), or is over the caps."""
     base = Path(root).expanduser()
     if not base.is_dir():
         raise ValidationError(f"workdir {str(base)!r} is not a folder: pass workdir= a folder")
     base = base.resolve()
     patterns = _patterns(base)
     files: list[str] = []
+    left_out: list[str] = []
     size = 0
     for dirpath, dirnames, filenames in os.walk(base):
         here = Path(dirpath)
@@ -160,7 +211,10 @@ def scan(
         prefix = "" if rel_dir == "." else f"{rel_dir}/"
         keep = []
         for d in sorted(dirnames):
-            if not _ignored(prefix + d, True, patterns):
+            why = _ignored(prefix + d, True, patterns)
+            if why in CREDENTIALS:
+                left_out.append(prefix + d + "/")
+            if why is None:
                 if (here / d).is_symlink():
                     raise ValidationError(
                         f"workdir holds a link {prefix + d!r}: a snapshot takes plain files; "
@@ -176,7 +230,10 @@ def scan(
             )
         for name in sorted(filenames):
             rel = prefix + name
-            if _ignored(rel, False, patterns):
+            why = _ignored(rel, False, patterns)
+            if why in CREDENTIALS:
+                left_out.append(rel)
+            if why is not None:
                 continue
             st = os.lstat(here / name)
             if not stat.S_ISREG(st.st_mode):
@@ -186,13 +243,15 @@ def scan(
                 )
             files.append(rel)
             size += st.st_size
+            if read and size <= max_bytes:
+                _secret_in((here / name).read_bytes(), rel)
             if len(files) > max_files or size > max_bytes:
                 raise ValidationError(
                     f"workdir {str(base)!r} holds more than {max_files} files or "
                     f"{max_bytes / 2**20:.0f} MiB: list data, outputs and environments in "
                     f"{base / IGNORE_FILE} (one pattern a line), or pass a smaller workdir="
                 )
-    return Snapshot(base, tuple(files), size)
+    return Snapshot(base, tuple(files), size, left_out=tuple(left_out))
 
 
 def _read_plain(path: Path, rel: str) -> tuple[bytes, int]:
@@ -229,12 +288,13 @@ def take(
     gone mid-copy a `ValidationError`) into a new private folder, which is the returned
     snapshot's `root` (`Snapshot.discard` removes it). Launch checks read the staged copy and
     the engines ship it, so nothing changed in between reaches the node."""
-    listed = scan(root, max_bytes, max_files)
+    listed = scan(root, max_bytes, max_files, read=False)
     staged = Path(tempfile.mkdtemp(prefix="tgnb-workdir-"))
     try:
         size = 0
         for rel in listed.files:
             data, mode = _read_plain(listed.root / rel, rel)
+            _secret_in(data, rel)
             size += len(data)
             if size > max_bytes:
                 raise ValidationError(
@@ -249,4 +309,4 @@ def take(
         with contextlib.suppress(OSError):
             shutil.rmtree(staged)
         raise
-    return Snapshot(staged, listed.files, size, source=listed.root)
+    return Snapshot(staged, listed.files, size, source=listed.root, left_out=listed.left_out)

@@ -46,7 +46,7 @@ from tgnb.errors import CheckpointError, TrainConfigError
 from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, Exit
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio
+from tgnb.train import dcpio, ownership
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.protect import run_context
 from tgnb.train.record import METRIC_COLUMNS, Recorder, number, run_failed, run_started
@@ -122,6 +122,9 @@ class Checkpointer:
         self.state = dcpio.State(model, optimizer, scheduler, write=self._write)
         self.recorder = Recorder(self.run_dir, name or ctx.name)
         self.guard = CheckpointGuard(self.policy, self.run_dir, self.recorder)
+        lr = number(optimizer.param_groups[0].get("lr")) if optimizer.param_groups else None
+        named = self.recorder.run if self.managed or name else None  # else: the folder's name
+        self.guard.identity = ownership.identity(named, learning_rate=lr)
         self.guard.attach(self.state)  # every rank, at the same point: the saves' process group
 
     @property

@@ -61,7 +61,7 @@ from tgnb.runs import node
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio, rates
+from tgnb.train import dcpio, ownership, rates
 from tgnb.train.record import Recorder
 from tgnb.train.saving import EXIT_NO_SPACE, Saver
 from tgnb.train.watcher import DrainWatcher
@@ -126,6 +126,10 @@ class CheckpointGuard:
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.recorder = recorder
+        #: who this run is (`tgnb.train.ownership`): recorded in each checkpoint's marker;
+        #: `protect` and `Checkpointer` add the seed, learning rate and model they know
+        self.identity = ownership.identity(recorder.run if os.environ.get(node.RUN_ENV) else None)
+        self._claim: ownership.Claim | None = None
         self.signal_received: tuple[int, float] | None = None
         self.drain_notice: tuple[str, dict[str, Any], float] | None = None
         self.stop_reason: str | None = None  # "signal" | "drain": a preemption
@@ -224,10 +228,18 @@ class CheckpointGuard:
         return str(ckpt.path)
 
     def _choose(self) -> list[Any]:
+        try:  # the directory is this run's while it lives (`tgnb.train.ownership`)
+            if self._claim is None:
+                self._claim = ownership.claim(self.ckpt_dir, self.identity)
+        except CheckpointError as exc:
+            return [None, str(exc)]
         rejected = 0
         for path in ck.checkpoint_dirs(self.ckpt_dir, real=False):  # a link is quarantined too
             ckpt, reason = ck.check(path)
             if ckpt is not None and not (reason := dcpio.probe(path, ckpt)):
+                owner = ckpt.meta.get("owner")
+                if other := ownership.check_owner(self.ckpt_dir, owner, self.identity):
+                    return [None, other]
                 return [str(ckpt.path), None]
             rejected += 1
             moved = ck.quarantine(path, reason)
@@ -315,6 +327,9 @@ class CheckpointGuard:
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, handler)
         self._previous.clear()
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     # -- internals ---------------------------------------------------------------------------------
     def _requeue(self) -> None:
@@ -402,6 +417,7 @@ class CheckpointGuard:
             "global_batch": batch,
             "samples": step * batch,  # the data position, in global samples
             "adapter_only": self._adapter_only,
+            "owner": self.identity,
         }
 
     def on_train_begin(self, args: Any, state: Any, dataloader: Any) -> None:

@@ -160,12 +160,16 @@ def protect_with(
     """`protect` with the run directory, policy and ``RunStarted`` details given (the built-in
     runner's entry: its config holds them)."""
     from tgnb.train.metrics import MetricsCallback
+    from tgnb.train.ownership import identity
     from tgnb.train.preemption import CheckpointGuard, resumable
-    from tgnb.train.record import Recorder
+    from tgnb.train.record import Recorder, number
 
     ctx = RunContext(Path(run_dir), name, policy, managed)
     recorder = Recorder(ctx.run_dir, ctx.name)
     guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
+    args = trainer.args  # what makes it another run in the same directory (`ownership`)
+    named = ctx.name if os.environ.get(node.RUN_ENV) else None  # tgnb's name for the run
+    guard.identity = identity(named, seed=int(args.seed), learning_rate=number(args.learning_rate))
     try:
         _own_args(trainer, guard)
     except BaseException:

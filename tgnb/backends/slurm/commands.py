@@ -2,6 +2,12 @@
 this machine or on a cluster's login node over SSH (``ssh HOST -- CMD``, the command quoted with
 `shlex.join` so the remote shell sees the same argv).
 
+Every command runs in a clean environment (`clean_environ`): the variables that find programs,
+the user's home and locale (`SUBMIT_ENV`, `SUBMIT_ENV_PREFIXES`) and what a call adds, never the
+kernel's whole ``os.environ``. sbatch's job inherits sbatch's environment (``--export=ALL``), so a
+job gets what the run declares (its ``env`` in the script, its ``secrets`` added here) and no
+``TOGETHER_API_KEY`` or ``HF_TOKEN`` of the kernel: nodes hold no API key.
+
 `CommandRunner.preflight` checks, before anything is submitted, that the commands exist and that
 the controller answers; every failure is a one-line `BackendError` that names the fix.
 """
@@ -19,6 +25,23 @@ from tgnb.errors import BackendError
 #: The commands a submission needs. ``sacct`` is used only when the cluster keeps accounting.
 REQUIRED = ("sbatch", "squeue", "scontrol", "scancel")
 SSH_UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
+#: What Slurm's commands, ssh and the job's Python need from the submitting environment: programs
+#: and libraries found, the user's home and locale, Slurm's config. Anything else a run needs is
+#: declared in its ``env=`` (or ``secrets=``).
+SUBMIT_ENV = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "SLURM_CONF",
+    "SSH_AUTH_SOCK",
+)  # fmt: skip
+SUBMIT_ENV_PREFIXES = ("LC_",)
+
+
+def clean_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of `environ` (default ``os.environ``) a submission keeps (`SUBMIT_ENV`)."""
+    environ = os.environ if environ is None else environ
+    return {
+        k: v for k, v in environ.items() if k in SUBMIT_ENV or k.startswith(SUBMIT_ENV_PREFIXES)
+    }
 
 
 def _last_line(text: str) -> str:
@@ -29,7 +52,7 @@ def _last_line(text: str) -> str:
 class CommandRunner:
     """Slurm's commands, run here (`host` None) or on the login node `host` over SSH.
 
-    `env` adds variables to the environment of local commands (and, over SSH, names sent with
+    Commands run in `clean_environ`; `env` adds variables to the environment of local commands (and, over SSH, names sent with
     ``SendEnv``, which the login node's sshd must ``AcceptEnv``); values never appear in an argv.
     """
 
@@ -61,7 +84,7 @@ class CommandRunner:
         return ["ssh", *opts, self.host, "--", shlex.join(cmd)]
 
     def _environ(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        out = dict(os.environ)
+        out = clean_environ()
         if self.path is not None:
             out["PATH"] = self.path
         if env:
