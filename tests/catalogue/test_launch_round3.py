@@ -1,4 +1,4 @@
-"""The launch path under the third red-team pass (issue 34, items 7, 9, 10, 11, 15, 16), through
+"""The launch path under the third red-team pass (issue 34, items 7-12, 15, 16), through
 `Session.launch` on a real emulator daemon and the real Slurm script renderer:
 
 - every duration of a run has a range (`tgnb.runs.durations`): ``drain_poll_seconds=1e10`` killed
@@ -12,7 +12,11 @@
   node with "No module named ...");
 - a reward module that starts a helper process at import: the check returns when its own process
   does, and the helper is ended with it (the check waited its full timeout on the helper's open
-  pipe, and the helper kept running).
+  pipe, and the helper kept running);
+- the checks read the snapshot the node gets (a script or dataset an ignore pattern leaves out was
+  found in the live folder, then missing on the node), and a folder that changes while the
+  snapshot is taken (a file deleted, or swapped for a link) is one line and nothing recorded (a
+  bare FileNotFoundError left a recorded "unknown" run holding the name; a link was followed).
 """
 
 from __future__ import annotations
@@ -176,3 +180,66 @@ def test_a_reward_module_starting_a_helper_has_its_tree_ended(
     record(not left and "helper_reward:reward" in text)
     assert started and not left, f"helpers still running: {left}"
     assert "helper_reward:reward" in text
+
+
+def _project(tmp_path: Path, ignore: str) -> Path:
+    """A user's folder: a script importing its helper module, a data file, an ignore file."""
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    (folder / "train.py").write_text("import helper\nprint(helper.VALUE)\n", encoding="utf-8")
+    (folder / "helper.py").write_text("VALUE = 1\n", encoding="utf-8")
+    (folder / "data" / "sft.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n')
+    (folder / ".tgnbignore").write_text(ignore, encoding="utf-8")
+    return folder
+
+
+SNAPSHOT_CASES: dict[str, tuple[str, dict[str, Any]]] = {  # item 8: .tgnbignore, what to launch
+    "script-ignored": ("*.py\n", {"what": "train.py"}),
+    "data-ignored": (
+        "data/\n",
+        {"what": {"algorithm": "sft", "model": "tiny", "dataset": "data/sft.jsonl"}},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SNAPSHOT_CASES.values(), ids=list(SNAPSHOT_CASES))
+def test_the_launch_checks_the_snapshot_the_node_gets(
+    session: Session, tmp_path: Path, case: tuple[str, dict[str, Any]]
+) -> None:
+    """Item 8: what an ignore pattern leaves out of the snapshot is missing at launch, as it would
+    be on the node (the checks read the live folder, where it was)."""
+    ignore, kw = case
+    folder = _project(tmp_path, ignore)
+    before = [r.name for r in session.store.list()]
+    refused(lambda: session.launch(workdir=folder, max_steps=2, dry_run=True, **kw))
+    _nothing_recorded(session, before)
+
+
+@pytest.mark.parametrize("change", ["deleted", "linked"])
+def test_a_folder_changing_while_the_snapshot_is_taken_records_nothing(
+    session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """Item 12: a file deleted, or swapped for a link to a file outside the folder, between the
+    listing and the copy (the user saving while launching; made to happen there by wrapping the
+    real listing): one line naming the fix, no link followed, nothing recorded, the name free."""
+    from tgnb.runs import workdir as wd
+
+    folder = _project(tmp_path, "data/\n")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not for the node\n", encoding="utf-8")
+    real_scan = wd.scan
+
+    def scan_then_change(root: Any, *a: Any, **kw: Any) -> wd.Snapshot:
+        listed = real_scan(root, *a, **kw)
+        (folder / "helper.py").unlink()
+        if change == "linked":
+            (folder / "helper.py").symlink_to(outside)
+        return listed
+
+    before = [r.name for r in session.store.list()]
+    with monkeypatch.context() as m:
+        m.setattr(wd, "scan", scan_then_change)
+        exc = refused(lambda: session.launch("train.py", workdir=folder, name="changing"))
+    assert ("disappeared" if change == "deleted" else "holds a link") in str(exc)
+    _nothing_recorded(session, before)
+    assert session.store.find("changing") is None
