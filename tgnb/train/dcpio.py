@@ -483,6 +483,8 @@ def probe(path: Path, ckpt: ck.Checkpoint) -> str:
             _json_object(path / "scheduler.json")
         if "loop.json" in listed:  # a `tgnb.train.Checkpointer` loop's own state
             _json_object(path / "loop.json", "step", "states")
+        elif "lightning.json" in listed:  # a protected Lightning Trainer's fit loop
+            _json_object(path / "lightning.json", "step", "fit_loop")
         else:  # a Trainer's
             _json_object(path / "trainer_state.json", "global_step")
         from safetensors import safe_open

@@ -156,6 +156,15 @@ class CheckpointGuard:
         if self.drain_notice is None:
             self.drain_notice = (source, details, time.time())
 
+    def own_signals(self) -> None:
+        """Take SIGTERM and SIGUSR1 back from a framework that installed its own handlers over
+        the guard's (Lightning's ends training before the guard saves); `close` still gives
+        back the handlers found when the guard was made."""
+        if self.policy.on_signal:
+            for sig in SIGNALS:
+                with contextlib.suppress(ValueError):  # not the main thread
+                    signal.signal(sig, self._on_signal)
+
     def request_stop(self, reason: str = "signal") -> None:
         """Ask for checkpoint-and-exit at the next step boundary, as a signal or notice would."""
         if reason == "drain":
