@@ -44,6 +44,7 @@ import yaml
 
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
+from tgnb.runs.node import YAML_FLOAT, dump_yaml
 from tgnb.runs.policy import MAX_STEPS, CheckpointPolicy, bounded
 
 ALGORITHMS = ("grpo", "dpo", "sft")
@@ -59,14 +60,7 @@ class _Loader(yaml.SafeLoader):
     """YAML 1.1 as PyYAML reads it, except that ``1e-3`` is a float (not the string "1e-3")."""
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"
-    ),
-    list("-+0123456789."),
-)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_FLOAT, list("-+0123456789."))
 
 
 #: Longest YAML text tgnb reads as a run's config or a value (characters).
@@ -158,7 +152,7 @@ class TrainConfig:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+        tmp.write_text(dump_yaml(self.to_dict()), encoding="utf-8")
         os.replace(tmp, path)
 
 

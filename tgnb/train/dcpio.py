@@ -145,6 +145,18 @@ def world() -> int:
     return int(dist.get_world_size()) if dist_up() else 1
 
 
+def flags_device() -> Any:
+    """Where the stop flags' collective runs: the CPU with one process, or when the process group
+    takes CPU tensors (gloo, a ``"cpu:gloo,cuda:nccl"`` pair, or the default backend of
+    ``init_process_group()`` on a machine without a GPU); else this rank's GPU (NCCL)."""
+    if not dist_up():
+        return "cpu"
+    backend = str(dist.get_backend()).lower()
+    if "gloo" in backend or not torch.cuda.is_available():
+        return "cpu"
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def any_rank(flags: list[int], group: Any = None, device: Any = "cpu") -> list[int]:
     """Each flag's maximum over the ranks of `group` (one collective; the flags as they are in
     one process): what every rank then decides alike."""

@@ -122,7 +122,7 @@ class TgnbLightningCallback(pl.Callback):
             row["learning_rate"] = lr
         self.recorder.metric(step, **row)
         batch_size = _batch_size(batch) * dcpio.world() * int(trainer.accumulate_grad_batches)
-        if self.guard.step_boundary(step, self.max_steps, batch_size, _device(trainer)):
+        if self.guard.step_boundary(step, self.max_steps, batch_size, dcpio.flags_device()):
             trainer.should_stop = True
 
     def _write(self, path: Path) -> None:  # rank 0, in every save
@@ -143,12 +143,6 @@ def _batch_size(batch: Any) -> int:
         first = next(iter(first.values()))
     shape = getattr(first, "shape", None)
     return int(shape[0]) if shape else 0
-
-
-def _device(trainer: Any) -> Any:
-    if dcpio.dist_up() and dist.get_backend() != "gloo":
-        return trainer.strategy.root_device
-    return "cpu"
 
 
 def protect_lightning(trainer: Any, ctx: RunContext) -> Any:

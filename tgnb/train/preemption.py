@@ -436,16 +436,13 @@ class CheckpointGuard:
         self._step_began = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any) -> None:
-        import torch.distributed as dist
-
-        gloo = not dcpio.dist_up() or dist.get_backend() == "gloo"
         batch = (
             int(args.per_device_train_batch_size)
             * dcpio.world()
             * int(args.gradient_accumulation_steps)
         )
         step, max_steps = int(state.global_step), int(state.max_steps)
-        if self.step_boundary(step, max_steps, batch, "cpu" if gloo else args.device):
+        if self.step_boundary(step, max_steps, batch, dcpio.flags_device()):
             control.should_training_stop = True
 
     def step_boundary(self, step: int, max_steps: int, global_batch: int, device: Any) -> bool:
