@@ -232,7 +232,8 @@ def plan(
         )
         if snapshot is not None:
             _check_shipped(train, snapshot)
-        check(train, None if snapshot is None else snapshot.root)
+        paths = [p for p in spec.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        check(train, None if snapshot is None else snapshot.root, paths)
         res = spec.resources
         estimate = None
         if state is not None and res.preemptible:  # auto weighs what this cluster's nodes saw
@@ -278,16 +279,17 @@ def _needs_subprocess(cfg: Any) -> bool:
     return bool(cfg.trl or cfg.lora or custom)
 
 
-def check(train: Mapping[str, Any], root: Path | None) -> None:
+def check(train: Mapping[str, Any], root: Path | None, paths: Sequence[str] = ()) -> None:
     """Every launch-time check of the run's config (see the module docstring); a
-    `TrainConfigError` with the first problem, nothing recorded or sent."""
+    `TrainConfigError` with the first problem, nothing recorded or sent. `paths`: the run's own
+    ``PYTHONPATH`` (where a script's imports may be found)."""
     from tgnb.tasks import config
 
     base = root or Path.cwd()
     cfg = config.from_dict({k: v for k, v in train.items() if k != "run_dir"})
     config.check_light(cfg, base)
     if cfg.algorithm == config.SCRIPT:
-        config.check_script(cfg, base)
+        config.check_script(cfg, base, paths)
         return
     if _needs_subprocess(cfg):
         check_on_a_node_like_process(train, base)

@@ -35,7 +35,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,8 +336,10 @@ def _check_program(cfg: TrainConfig) -> None:
             _text(key, getattr(cfg, key))
 
 
-def check_script(cfg: TrainConfig, workdir: Path) -> None:
-    """The script exists in `workdir` and compiles (nothing of it is run or imported)."""
+def check_script(cfg: TrainConfig, workdir: Path, paths: Sequence[str] = ()) -> None:
+    """The script exists in `workdir`, compiles, and its top-level imports are found there or
+    installed or in `paths` (the run's ``PYTHONPATH``; `tgnb.tasks.imports`; nothing of it is
+    run or imported)."""
     if cfg.script is None:
         return
     path = workdir / cfg.script
@@ -345,14 +347,18 @@ def check_script(cfg: TrainConfig, workdir: Path) -> None:
         raise TrainConfigError(
             f"script {cfg.script!r} is not in the workdir {workdir}: give a path inside it"
         )
+    source = path.read_bytes()
     try:
-        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise TrainConfigError(
             f"script {cfg.script!r} does not compile: {exc.msg} (line {exc.lineno})"
         ) from None
     except ValueError as exc:
         raise TrainConfigError(f"script {cfg.script!r} does not compile: {exc}") from None
+    from tgnb.tasks import imports
+
+    imports.check(cfg.script, source, workdir, paths)  # each top-level import is on the node
 
 
 def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:

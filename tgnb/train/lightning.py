@@ -40,7 +40,6 @@ from tgnb.errors import TrainConfigError
 from tgnb.runs.node import Exit
 from tgnb.train import dcpio
 from tgnb.train.preemption import CheckpointGuard
-from tgnb.train.protect import RunContext
 from tgnb.train.record import Recorder, number, run_failed, run_started
 from tgnb.train.saving import no_space
 
@@ -145,8 +144,9 @@ def _batch_size(batch: Any) -> int:
     return int(shape[0]) if shape else 0
 
 
-def protect_lightning(trainer: Any, ctx: RunContext) -> Any:
-    """`tgnb.train.protect` for a Lightning ``Trainer`` in `ctx`: the callback and ``fit``."""
+def protect_lightning(trainer: Any, ctx: Any) -> Any:
+    """`tgnb.train.protect` for a Lightning ``Trainer`` in `ctx` (a `tgnb.train.protect.RunContext`):
+    the callback and ``fit``."""
     recorder = Recorder(ctx.run_dir, ctx.name)
     guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
     callback = TgnbLightningCallback(guard, recorder)
