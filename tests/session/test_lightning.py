@@ -110,3 +110,11 @@ def test_protect_takes_a_lightning_trainer_and_refuses_a_checkpoint_path(tmp_pat
         trainer._tgnb_guard.close()  # give the signal handlers back
     with pytest.raises(TrainConfigError, match="Lightning Trainer"):
         tgnb.train.protect(object())
+    import pytorch_lightning as pl  # the older package name: its own Callback class
+
+    old = pl.Trainer(max_steps=2, default_root_dir=str(tmp_path / "pl"), logger=False)
+    try:
+        tgnb.train.protect(old)
+        assert any(isinstance(cb, pl.Callback) and cb.state_key == "tgnb" for cb in old.callbacks)
+    finally:
+        old._tgnb_guard.close()

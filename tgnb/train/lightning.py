@@ -26,6 +26,7 @@ resumes from its own newest complete checkpoint. Where the run directory is: as 
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -33,7 +34,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch.distributed as dist
 
 from tgnb.errors import TrainConfigError
@@ -43,14 +43,15 @@ from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder, number, run_failed, run_started
 from tgnb.train.saving import no_space
 
-__all__ = ["LIGHTNING_STATE", "TgnbLightningCallback", "protect_lightning"]
+__all__ = ["LIGHTNING_STATE", "TgnbLightningCallback", "callback_for", "protect_lightning"]
 
 #: The fit loop's progress in a checkpoint (rank 0).
 LIGHTNING_STATE = "lightning.json"
 
 
-class TgnbLightningCallback(pl.Callback):
-    """The guard as Lightning hooks (see the module docstring)."""
+class TgnbLightningCallback:
+    """The guard as Lightning hooks (see the module docstring); `callback_for` makes it a
+    ``Callback`` of the trainer's own package (``lightning`` or ``pytorch_lightning``)."""
 
     def __init__(self, guard: CheckpointGuard, recorder: Recorder) -> None:
         self.guard = guard
@@ -144,12 +145,24 @@ def _batch_size(batch: Any) -> int:
     return int(shape[0]) if shape else 0
 
 
+def callback_for(trainer: Any, guard: CheckpointGuard, recorder: Recorder) -> Any:
+    """A `TgnbLightningCallback` that is a ``Callback`` of `trainer`'s package (Lightning
+    checks callbacks by its own class)."""
+    roots = [c.__module__.split(".")[0] for c in type(trainer).__mro__ if c.__name__ == "Trainer"]
+    package = (
+        "pytorch_lightning" if roots and roots[0] == "pytorch_lightning" else "lightning.pytorch"
+    )
+    base = importlib.import_module(package).Callback
+    cls = type("TgnbLightningCallback", (TgnbLightningCallback, base), {})
+    return cls(guard, recorder)
+
+
 def protect_lightning(trainer: Any, ctx: Any) -> Any:
     """`tgnb.train.protect` for a Lightning ``Trainer`` in `ctx` (a `tgnb.train.protect.RunContext`):
     the callback and ``fit``."""
     recorder = Recorder(ctx.run_dir, ctx.name)
     guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
-    callback = TgnbLightningCallback(guard, recorder)
+    callback = callback_for(trainer, guard, recorder)
     trainer.callbacks.append(callback)
     original = type(trainer).fit
 
