@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from tgnb.errors import TrainConfigError
 from tgnb.session import Session
 from tgnb.train.checkpoint import latest_complete
 
+from ..train.checkpoint.conftest import worker_pids
 from .test_user_code import FAST_DRAIN, _steps, _wait
 
 WORKDIR = Path(__file__).parent / "lightning_workdir"
@@ -118,3 +120,43 @@ def test_protect_takes_a_lightning_trainer_and_refuses_a_checkpoint_path(tmp_pat
         assert any(isinstance(cb, pl.Callback) and cb.state_key == "tgnb" for cb in old.callbacks)
     finally:
         old._tgnb_guard.close()
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_stop_at_one_step_and_resume_at_one_rank(tmp_path: Path) -> None:
+    """The script under torchrun (``python -m tgnb.train.launch``, DDP, gloo on the CPU): SIGTERM
+    to one rank stops both at the same step with a sealed checkpoint and exit 75 through the
+    launcher; run again with one process, it resumes there (resharded) and ends with every
+    step logged once."""
+    wd = _workdir(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TGNB_")}
+    env.update(TGNB_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
+    launch = [sys.executable, "-m", "tgnb.train.launch", "--standalone", "--nproc_per_node=2"]
+    cmd = [*launch, "train.py", "--devices", "2", "--max-steps", "3000"]
+    log = tmp_path / "ddp.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    metrics = wd / "out" / "metrics.jsonl"
+    try:
+        _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5)
+        pids = _wait(lambda: (p := worker_pids(proc.pid)) and len(p) == 2 and p)
+        os.kill(pids[1], signal.SIGTERM)
+        assert proc.wait(timeout=300) == 75, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    at = {int(s) for s in re.findall(r"tgnb: rank \d preempted at step (\d+)", text)}
+    assert len(at) == 1, text[-3000:]  # both ranks, one step
+    sealed = latest_complete(wd / "out" / "checkpoints")
+    assert sealed is not None and sealed.step == at.pop() and sealed.meta["world_size"] == 2
+    again = subprocess.run(
+        [sys.executable, "train.py", "--max-steps", "300"],
+        cwd=wd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert _steps(_rows(metrics)) == list(range(1, 301))

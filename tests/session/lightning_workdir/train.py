@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default="out")
+    parser.add_argument("--devices", type=int, default=1)  # under torchrun: its processes
     args = parser.parse_args()
 
     L.seed_everything(0)
@@ -45,7 +46,8 @@ def main() -> None:
     trainer = L.Trainer(
         max_steps=args.max_steps,
         accelerator="cpu",
-        devices=1,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
         default_root_dir=args.out,
         enable_progress_bar=False,
         logger=False,
