@@ -113,9 +113,9 @@ def train_config(
                 ) from None
         train = {"algorithm": "script", "script": script.as_posix()}
         if args is not None:
-            if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            if isinstance(args, str) or not all(_is_arg(a) for a in args):
                 raise ValidationError("args must be a list of strings, e.g. args=['--lr', '1e-4']")
-            train["args"] = list(args)
+            train["args"] = [str(a) for a in args]  # a number given reaches the script as text
         return train, root
     else:
         train = _config_file(str(what))
@@ -124,6 +124,41 @@ def train_config(
     if train.get("algorithm") == "script":
         return train, given or wd.default_workdir()
     return train, given
+
+
+def _is_arg(word: Any) -> bool:
+    return isinstance(word, str) or (isinstance(word, int | float) and not isinstance(word, bool))
+
+
+#: Config keys a script or command run never reads (they configure the built-in runs).
+NOT_FOR_A_SCRIPT = (
+    "model",
+    "dataset",
+    "dataset_config",
+    "dataset_split",
+    "dataset_size",
+    "rewards",
+    "trl",
+    "lora",
+    "max_steps",
+)
+
+
+def _check_script_keys(train: dict[str, Any]) -> None:
+    """A script run given a key only the built-in runs read is refused (it was ignored); its
+    numeric arguments become the text the script reads."""
+    if train.get("algorithm") != "script":
+        return
+    if isinstance(train.get("args"), list):  # a %%tg launch body's 1e-4 is read as a number
+        train["args"] = [str(a) if _is_arg(a) else a for a in train["args"]]
+    given = [key for key in NOT_FOR_A_SCRIPT if key in train]
+    if given:
+        key = given[0]
+        raise ValidationError(
+            f"{key}= does not apply to a script (only the built-in runs read it): pass it to "
+            f"your program as an argument, e.g. args=['--{key.replace('_', '-')}', ...], "
+            f"and drop {key}="
+        )
 
 
 def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,10 +211,13 @@ def plan(
     bad input a `ValidationError` (or `TrainConfigError`) and nothing left behind. (The estimate
     completes the spec's ``checkpoint:`` in place: it is tgnb's own, computed from the checked
     setting.)"""
-    if name is not None and not isinstance(name, str):
-        raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
     base, root = train_config(what, command=command, args=args, workdir=workdir)
     train = merge(base, overrides or {})
+    _check_script_keys(train)
+    if name is None:  # a config's own name: (a YAML file, a %%tg launch body)
+        name = train.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ValidationError(f"name must be a string such as 'grpo-1', got {name!r:.60}")
     if root is None and reads_workdir(train, wd.default_workdir()):
         root = wd.default_workdir()
     name = name or f"{train.get('algorithm', 'grpo')}-{uuid.uuid4().hex[:6]}"
@@ -195,7 +233,8 @@ def plan(
         )
         if snapshot is not None:
             _check_shipped(train, snapshot)
-        check(train, None if snapshot is None else snapshot.root)
+        paths = [p for p in spec.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        check(train, None if snapshot is None else snapshot.root, paths)
         res = spec.resources
         estimate = None
         if state is not None and res.preemptible:  # auto weighs what this cluster's nodes saw
@@ -237,16 +276,17 @@ def _needs_subprocess(cfg: Any) -> bool:
     return bool(cfg.trl or cfg.lora or custom)
 
 
-def check(train: Mapping[str, Any], root: Path | None) -> None:
+def check(train: Mapping[str, Any], root: Path | None, paths: Sequence[str] = ()) -> None:
     """Every launch-time check of the run's config (see the module docstring); a
-    `TrainConfigError` with the first problem, nothing recorded or sent."""
+    `TrainConfigError` with the first problem, nothing recorded or sent. `paths`: the run's own
+    ``PYTHONPATH`` (where a script's imports may be found)."""
     from tgnb.tasks import config
 
     base = root or Path.cwd()
     cfg = config.from_dict({k: v for k, v in train.items() if k != "run_dir"})
     config.check_light(cfg, base)
     if cfg.algorithm == config.SCRIPT:
-        config.check_script(cfg, base)
+        config.check_script(cfg, base, paths)
         return
     if _needs_subprocess(cfg):
         check_on_a_node_like_process(train, base)

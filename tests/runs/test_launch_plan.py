@@ -5,7 +5,10 @@ records anything."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import pytest
 
 from tgnb import prelaunch
 from tgnb.errors import TgnbError, ValidationError
+from tgnb.runs import node
 from tgnb.runs import workdir as wd
 from tgnb.runs.spec import Resources
 
@@ -113,5 +117,72 @@ def test_a_file_deleted_while_the_snapshot_is_taken_names_the_fix(
 
     monkeypatch.setattr(wd, "scan", scan_then_delete)
     with pytest.raises(ValidationError, match="disappeared while the snapshot was taken"):
+        _plan(folder)
+    assert list(staging.iterdir()) == []
+
+
+def test_script_arguments_reach_the_program_as_the_strings_given(
+    tmp_path: Path, staging: Path
+) -> None:
+    """The README's ``args=["--lr", "1e-4"]`` (and a number given): the node's config file, run
+    by the node's own entry point (``python -m tgnb.train``), sets the script's ``sys.argv`` to
+    text. ``1e-4`` was written bare and read back as the float 0.0001, and the script crashed."""
+    folder = _project(tmp_path)
+    (folder / "train.py").write_text("import sys, json\nprint('ARGV', json.dumps(sys.argv[1:]))\n")
+    plan = _plan(folder, args=["--lr", "1e-4", "--wd", 2e-05, "--n", 3, "yes"])
+    plan.discard()
+    config = tmp_path / node.CONFIG
+    config.write_text(node.render_config(plan.spec.train), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path])}
+    cmd = [sys.executable, "-m", "tgnb.train", str(config), "--run-dir", str(tmp_path / "run")]
+    out = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("ARGV "))
+    assert json.loads(line[5:]) == ["--lr", "1e-4", "--wd", "2e-05", "--n", "3", "yes"]
+    with pytest.raises(ValidationError, match="list of strings"):
+        _plan(folder, args=["--flag", True])
+
+
+@pytest.mark.parametrize("key", ["max_steps", "trl", "model", "lora"])
+def test_options_a_script_never_reads_are_refused_with_the_fix(
+    tmp_path: Path, staging: Path, key: str
+) -> None:
+    folder = _project(tmp_path)
+    value = {"max_steps": 60, "trl": {"learning_rate": 1e-4}, "model": "tiny", "lora": {"r": 8}}
+    flag = key.replace("_", "-")
+    with pytest.raises(ValidationError, match=rf"{key}= does not apply to a script.*'--{flag}'"):
+        _plan(folder, overrides={key: value[key]})
+    assert list(staging.iterdir()) == []
+
+
+def test_a_configs_own_name_is_the_runs_name(tmp_path: Path, staging: Path) -> None:
+    """``name:`` in a %%tg launch body or a YAML file (the config mapping `Session.launch`
+    receives) names the run; ``name=`` still wins."""
+    folder = _project(tmp_path)
+    config = {"algorithm": "script", "script": "train.py", "name": "my-named-run"}
+    plan = prelaunch.plan(dict(config), workdir=folder, resources=Resources())
+    plan.discard()
+    assert plan.spec.name == "my-named-run" and plan.spec.train["name"] == "my-named-run"
+    plan = prelaunch.plan(dict(config), workdir=folder, name="given", resources=Resources())
+    plan.discard()
+    assert plan.spec.name == "given"
+    with pytest.raises(ValidationError, match="name must be a string"):
+        prelaunch.plan({**config, "name": 7}, workdir=folder, resources=Resources())
+
+
+def test_a_script_importing_what_is_not_there_is_refused_at_launch(
+    tmp_path: Path, staging: Path
+) -> None:
+    folder = _project(tmp_path)
+    (folder / "pkg").mkdir()
+    (folder / "pkg" / "__init__.py").write_text("")
+    (folder / "train.py").write_text(
+        "from __future__ import annotations\nimport json, os.path\nimport helper\n"
+        "from pkg import x\ntry:\n    import no_such_optional_mod\nexcept ImportError:\n"
+        "    pass\n\ndef main():\n    import no_such_lazy_mod\n"
+    )
+    _plan(folder).discard()  # the workdir's modules, the stdlib, guarded and lazy imports pass
+    (folder / "train.py").write_text("import json\n\nimport no_such_module_tgnb\n")
+    with pytest.raises(TgnbError, match=r"imports 'no_such_module_tgnb' \(line 3\).*pip install"):
         _plan(folder)
     assert list(staging.iterdir()) == []

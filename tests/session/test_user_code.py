@@ -191,6 +191,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("nul-env", {"what": "train.py", "env": {"A": "x\x00y"}}, "control character"),
     ("outside", {"what": "/etc/hostname.py"}, "inside the workdir"),
     ("args-no-script", {"what": "grpo", "args": ["--x"]}, "go with a script"),
+    ("script-max-steps", {"what": "train.py", "max_steps": 5}, "does not apply to a script"),
+    ("script-trl", {"what": "train.py", "trl": {"bf16": True}}, "does not apply to a script"),
 ]
 
 
@@ -203,8 +205,10 @@ def test_launch_refuses_before_anything_is_recorded_or_sent(
     for case, kw, expected in REFUSED:
         kw = dict(kw)
         what = kw.pop("what")
+        if not what.endswith(".py"):  # a script is given its steps as an argument
+            kw.setdefault("max_steps", 5)
         with pytest.raises(ValidationError) as info:
-            session.launch(what, workdir=project, name=f"bad-{case}", max_steps=5, **kw)
+            session.launch(what, workdir=project, name=f"bad-{case}", **kw)
         message = str(info.value)
         assert expected in message and "\n" not in message, (case, message)
         if case in ("trl-typo", "reward-module", "reward-param"):

@@ -285,6 +285,21 @@ def test_training_kwargs_defaults_and_overrides(tmp_path: Path) -> None:
     assert kw["activation_checkpointing"] is True  # TRL's default, under transformers' new name
 
 
+def test_mixed_precision_on_a_node_without_a_gpu_is_off_with_a_notice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trl.bf16`` / ``trl.fp16`` on a CPU node failed there (each restart): off, said once."""
+    from tgnb.train import runner
+
+    for key in ("bf16", "fp16"):
+        cfg = tc.load(None, [f"trl.{key}=true"], run_dir=tmp_path / "r")
+        kw = runner.training_kwargs(cfg, cuda=False)
+        assert kw[key] is False
+        assert f"trl.{key}=true needs a GPU and this node has none" in capsys.readouterr().err
+        assert runner.training_kwargs(cfg, cuda=True)[key] is True  # a GPU node keeps it
+        assert capsys.readouterr().err == ""
+
+
 def test_cli_check_prints_resolved_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,6 +25,7 @@ import contextlib
 import enum
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,8 +133,29 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: A float as tgnb's YAML reader takes it (`tgnb.tasks.config.load_yaml`): PyYAML's, plus ``1e-3``
+#: without a dot (a float in YAML 1.2, a string to plain PyYAML).
+YAML_FLOAT = re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+    r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Quotes a string tgnb's reader would take as a float: a script's ``"1e-4"`` argument reads
+    back as the string given (written bare, it reached ``sys.argv`` as 0.0001)."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", YAML_FLOAT, list("-+0123456789."))
+
+
+def dump_yaml(data: Any) -> str:
+    """`data` as YAML that tgnb's reader reads back unchanged (strings stay strings)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
 def render_config(train: Mapping[str, Any]) -> str:
     """The node's config file (`CONFIG`): the run's training config as plain YAML. The run
     directory is not in it: the command line gives it (``--run-dir``)."""
     body = {k: v for k, v in _plain(train).items() if k != "run_dir"}
-    return yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
+    return dump_yaml(body)

@@ -35,7 +35,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ import yaml
 
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
+from tgnb.runs.node import YAML_FLOAT, dump_yaml
 from tgnb.runs.policy import MAX_STEPS, CheckpointPolicy, bounded
 from tgnb.runs.workdir import provides
 
@@ -60,14 +61,7 @@ class _Loader(yaml.SafeLoader):
     """YAML 1.1 as PyYAML reads it, except that ``1e-3`` is a float (not the string "1e-3")."""
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"
-    ),
-    list("-+0123456789."),
-)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_FLOAT, list("-+0123456789."))
 
 
 #: Longest YAML text tgnb reads as a run's config or a value (characters).
@@ -159,7 +153,7 @@ class TrainConfig:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+        tmp.write_text(dump_yaml(self.to_dict()), encoding="utf-8")
         os.replace(tmp, path)
 
 
@@ -342,8 +336,10 @@ def _check_program(cfg: TrainConfig) -> None:
             _text(key, getattr(cfg, key))
 
 
-def check_script(cfg: TrainConfig, workdir: Path) -> None:
-    """The script exists in `workdir` and compiles (nothing of it is run or imported)."""
+def check_script(cfg: TrainConfig, workdir: Path, paths: Sequence[str] = ()) -> None:
+    """The script exists in `workdir`, compiles, and its top-level imports are found there or
+    installed or in `paths` (the run's ``PYTHONPATH``; `tgnb.tasks.imports`; nothing of it is
+    run or imported)."""
     if cfg.script is None:
         return
     path = workdir / cfg.script
@@ -351,14 +347,18 @@ def check_script(cfg: TrainConfig, workdir: Path) -> None:
         raise TrainConfigError(
             f"script {cfg.script!r} is not in the workdir {workdir}: give a path inside it"
         )
+    source = path.read_bytes()
     try:
-        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise TrainConfigError(
             f"script {cfg.script!r} does not compile: {exc.msg} (line {exc.lineno})"
         ) from None
     except ValueError as exc:
         raise TrainConfigError(f"script {cfg.script!r} does not compile: {exc}") from None
+    from tgnb.tasks import imports
+
+    imports.check(cfg.script, source, workdir, paths)  # each top-level import is on the node
 
 
 def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:

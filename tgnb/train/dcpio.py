@@ -146,6 +146,18 @@ def world() -> int:
     return int(dist.get_world_size()) if dist_up() else 1
 
 
+def flags_device() -> Any:
+    """Where the stop flags' collective runs: the CPU with one process, or when the process group
+    takes CPU tensors (gloo, a ``"cpu:gloo,cuda:nccl"`` pair, or the default backend of
+    ``init_process_group()`` on a machine without a GPU); else this rank's GPU (NCCL)."""
+    if not dist_up():
+        return "cpu"
+    backend = str(dist.get_backend()).lower()
+    if "gloo" in backend or not torch.cuda.is_available():
+        return "cpu"
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def any_rank(flags: list[int], group: Any = None, device: Any = "cpu") -> list[int]:
     """Each flag's maximum over the ranks of `group` (one collective; the flags as they are in
     one process): what every rank then decides alike."""
@@ -491,6 +503,8 @@ def probe(path: Path, ckpt: ck.Checkpoint) -> str:
             _json_object(path / "scheduler.json")
         if "loop.json" in listed:  # a `tgnb.train.Checkpointer` loop's own state
             _json_object(path / "loop.json", "step", "states")
+        elif "lightning.json" in listed:  # a protected Lightning Trainer's fit loop
+            _json_object(path / "lightning.json", "step", "fit_loop")
         else:  # a Trainer's
             _json_object(path / "trainer_state.json", "global_step")
         from safetensors import safe_open

@@ -174,7 +174,8 @@ class Checkpointer:
                 yield step
                 self.step = step
                 self._flush_row()
-                if self.guard.step_boundary(step, self.max_steps, self.global_batch, _device()):
+                device = dcpio.flags_device()
+                if self.guard.step_boundary(step, self.max_steps, self.global_batch, device):
                     break
             code = self.guard.finish_at(self.step, self.max_steps)
         except GeneratorExit:  # the loop was left early: nothing to save
@@ -253,10 +254,3 @@ class Checkpointer:
             if lr is not None:
                 out["learning_rate"] = lr
         self.recorder.metric(self.step, **out)
-
-
-def _device() -> Any:
-    """Where the stop flags' all-reduce runs: the CPU under gloo (or one process), else the GPU."""
-    if dcpio.dist_up() and dist.get_backend() != "gloo":
-        return torch.device("cuda", torch.cuda.current_device())
-    return "cpu"

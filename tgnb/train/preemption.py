@@ -160,6 +160,15 @@ class CheckpointGuard:
         if self.drain_notice is None:
             self.drain_notice = (source, details, time.time())
 
+    def own_signals(self) -> None:
+        """Take SIGTERM and SIGUSR1 back from a framework that installed its own handlers over
+        the guard's (Lightning's ends training before the guard saves); `close` still gives
+        back the handlers found when the guard was made."""
+        if self.policy.on_signal:
+            for sig in SIGNALS:
+                with contextlib.suppress(ValueError):  # not the main thread
+                    signal.signal(sig, self._on_signal)
+
     def request_stop(self, reason: str = "signal") -> None:
         """Ask for checkpoint-and-exit at the next step boundary, as a signal or notice would."""
         if reason == "drain":
@@ -443,16 +452,13 @@ class CheckpointGuard:
         self._step_began = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any) -> None:
-        import torch.distributed as dist
-
-        gloo = not dcpio.dist_up() or dist.get_backend() == "gloo"
         batch = (
             int(args.per_device_train_batch_size)
             * dcpio.world()
             * int(args.gradient_accumulation_steps)
         )
         step, max_steps = int(state.global_step), int(state.max_steps)
-        if self.step_boundary(step, max_steps, batch, "cpu" if gloo else args.device):
+        if self.step_boundary(step, max_steps, batch, dcpio.flags_device()):
             control.should_training_stop = True
 
     def step_boundary(self, step: int, max_steps: int, global_batch: int, device: Any) -> bool:

@@ -99,6 +99,16 @@ def run_context(
     return RunContext(out, out.name, policy, False)
 
 
+def _is_lightning(trainer: Any) -> bool:
+    """Whether `trainer` is a Lightning ``Trainer`` (``lightning`` or ``pytorch_lightning``;
+    read from its classes, so Lightning is imported only when it is one)."""
+    return any(
+        cls.__name__ == "Trainer"
+        and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+        for cls in type(trainer).__mro__
+    )
+
+
 def _kind(trainer: Any) -> str:
     for cls in type(trainer).__mro__:
         name = cls.__name__.removeprefix("Resumable")
@@ -145,6 +155,15 @@ def protect(
     returns it. Call it once, after building the trainer and before ``trainer.train()``."""
     if getattr(trainer, "_tgnb_guard", None) is not None:
         return trainer
+    if _is_lightning(trainer):
+        from tgnb.train.lightning import protect_lightning
+
+        return protect_lightning(trainer, run_context(trainer.default_root_dir, checkpoint))
+    if not hasattr(trainer, "args"):
+        raise TrainConfigError(
+            f"protect() takes a Hugging Face/TRL Trainer or a Lightning Trainer, not "
+            f"{type(trainer).__name__}; for a plain loop use tgnb.train.Checkpointer"
+        )
     ctx = run_context(trainer.args.output_dir, checkpoint)
     return protect_with(trainer, ctx.policy, ctx.run_dir, ctx.name, {}, managed=ctx.managed)
 

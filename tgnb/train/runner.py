@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,16 @@ def training_kwargs(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
     if weights and cfg.algorithm == "grpo" and cfg.rewards == DEFAULT_REWARDS:
         kwargs["reward_weights"] = list(weights)
     kwargs.update(cfg.trl)
+    if not cuda:  # mixed precision needs a GPU: off here, with a notice (it failed on the node)
+        for key in ("bf16", "fp16"):
+            if kwargs.get(key):
+                kwargs[key] = False
+                print(
+                    f"tgnb: trl.{key}=true needs a GPU and this node has none: training in "
+                    f"float32 ({key} off)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     kwargs.update(max_steps=cfg.max_steps, seed=cfg.seed)
     return kwargs
 

@@ -54,11 +54,12 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--features", type=int, default=8)
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
+    ap.add_argument("--default-backend", action="store_true", help="init_process_group()")
     args = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group() if args.default_backend else dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -69,7 +70,7 @@ def main() -> None:
         from torch.distributed.fsdp import fully_shard
 
         if world == 1:
-            dist.init_process_group("gloo")
+            dist.init_process_group() if args.default_backend else dist.init_process_group("gloo")
         model = fully_shard(net)
     elif world > 1:
         model = torch.nn.parallel.DistributedDataParallel(net)

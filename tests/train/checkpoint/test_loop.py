@@ -134,6 +134,26 @@ def assert_sealed(run_dir: Path, step: int, world: int) -> None:
 
 
 @pytest.mark.slow
+def test_two_ranks_on_the_cpu_with_the_default_backend_stop_together_and_resume(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """``init_process_group()`` with no backend (what PyTorch's DDP tutorial writes): on a
+    machine without a GPU the stop flags' collective runs on the CPU (it asked for a GPU)."""
+    run_dir = tmp_path / "run"
+    args = ("--dir", str(run_dir), "--steps", str(STEPS), "--sleep", "0.05", "--default-backend")
+    proc = procs.start(*args, ranks=2)
+    wait_rows(proc, run_dir, 3)
+    pids = worker_pids(proc.pid)
+    os.kill(pids[1], signal.SIGTERM)  # one rank signalled: both stop at the same step
+    assert finish(proc) == Exit.PREEMPTED, tail(proc)
+    at = stopped_at(proc, 2)
+    assert_sealed(run_dir, at, 2)
+    again = procs.start(*args, ranks=2)
+    assert finish(again) == 0, tail(again)
+    assert sorted(set(steps(run_dir))) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_torchrun_two_ranks_preempted_resume_equals_uninterrupted_and_resumes_at_one_rank(
     procs: Procs, tmp_path: Path

@@ -1,0 +1,206 @@
+"""`protect(trainer)` for a PyTorch Lightning ``Trainer``: the guarantees of `tgnb.train.protect`.
+
+::
+
+    trainer = L.Trainer(max_steps=300, default_root_dir="out")
+    tgnb.train.protect(trainer)        # or protect(trainer, checkpoint={"every_steps": 50})
+    trainer.fit(model, train_loader)   # resumes from the newest complete checkpoint by itself
+
+`protect` adds `TgnbLightningCallback` to the trainer and makes ``trainer.fit`` an instance
+attribute calling the class's own. The callback drives `tgnb.train.preemption.CheckpointGuard`
+as the `Checkpointer` loop does (`tgnb.train.loop`): at each optimizer step's end
+(``on_train_batch_end`` once the step counter moved) every rank agrees on the SIGTERM / SIGUSR1 /
+drain-notice flags and saves what is due; a stop saves synchronously, seals the checkpoint and
+sets ``trainer.should_stop``; ``fit`` then exits the process with 75 (`Exit.PREEMPTED`), 74 on a
+full disk. Model and optimizer go through the same DCP path (``dcpio.State``: resharded at another
+world size), the scheduler as JSON, the fit loop's progress (``lightning.json``) and each rank's
+RNG beside them. Resume happens at ``on_fit_start`` -- modules and optimizers exist, the loops have
+not run -- exactly where Lightning restores its own checkpoints' training state.
+
+Lightning's own SIGTERM handler would end ``fit`` with a `SIGTERMException` (exit 0) before the
+guard saved; the callback hands SIGTERM back to the guard when training starts (Lightning gives
+the handlers back at teardown, the guard after it). ``fit(ckpt_path=...)`` is refused: the run
+resumes from its own newest complete checkpoint. Where the run directory is: as `protect`
+(``$TGNB_RUN_DIR`` under tgnb; else ``trainer.default_root_dir``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from tgnb.errors import TrainConfigError
+from tgnb.runs.node import Exit
+from tgnb.train import dcpio
+from tgnb.train.preemption import CheckpointGuard
+from tgnb.train.record import Recorder, number, run_failed, run_started
+from tgnb.train.saving import no_space
+
+__all__ = ["LIGHTNING_STATE", "TgnbLightningCallback", "callback_for", "protect_lightning"]
+
+#: The fit loop's progress in a checkpoint (rank 0).
+LIGHTNING_STATE = "lightning.json"
+
+
+class TgnbLightningCallback:
+    """The guard as Lightning hooks (see the module docstring); `callback_for` makes it a
+    ``Callback`` of the trainer's own package (``lightning`` or ``pytorch_lightning``)."""
+
+    def __init__(self, guard: CheckpointGuard, recorder: Recorder) -> None:
+        self.guard = guard
+        self.recorder = recorder
+        self.step = 0  # the last optimizer step completed
+        self.max_steps = 0
+        self._trainer: Any = None
+
+    @property
+    def state_key(self) -> str:
+        return "tgnb"
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if len(trainer.optimizers) != 1:
+            raise TrainConfigError(
+                f"tgnb protects a LightningModule with one optimizer; configure_optimizers() "
+                f"returned {len(trainer.optimizers)}"
+            )
+        configs = trainer.lr_scheduler_configs
+        self._trainer = trainer
+        state = dcpio.State(
+            pl_module,
+            trainer.optimizers[0],
+            configs[0].scheduler if len(configs) == 1 else None,
+            write=self._write,
+        )
+        self.guard.attach(state)  # every rank, at the same point (the process group is up)
+        run_started(
+            self.recorder,
+            algorithm="lightning",
+            model=type(pl_module).__name__,
+            max_steps=int(trainer.max_steps) if int(trainer.max_steps) > 0 else None,
+            world_size=dcpio.world(),
+            pid=os.getpid(),
+        )
+        path = self.guard.resume_from()
+        if path is None:
+            return
+        found = self.guard.resumed
+        assert found is not None
+        dcpio.load(found.path, state, False)
+        saved = json.loads((found.path / LIGHTNING_STATE).read_text(encoding="utf-8"))
+        trainer.fit_loop.load_state_dict(saved["fit_loop"])  # as Lightning's own restore does
+        dcpio.load_rng(found.path)
+        self.step = found.step
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning registered its SIGTERM handler (ends fit with exit 0): the guard's flag instead
+        self.guard.own_signals()
+        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        self.max_steps = int(total) if math.isfinite(total) else sys.maxsize
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
+        if int(trainer.global_step) == self.step:
+            self.guard.on_step_begin()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int
+    ) -> None:
+        step = int(trainer.global_step)
+        if step == self.step:  # accumulating: no optimizer step yet
+            return
+        self.step = step
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        row = {"loss": n} if (n := number(loss)) is not None else {}
+        groups = trainer.optimizers[0].param_groups
+        if (lr := number(groups[0].get("lr"))) is not None:
+            row["learning_rate"] = lr
+        self.recorder.metric(step, **row)
+        batch_size = _batch_size(batch) * dcpio.world() * int(trainer.accumulate_grad_batches)
+        if self.guard.step_boundary(step, self.max_steps, batch_size, dcpio.flags_device()):
+            trainer.should_stop = True
+
+    def _write(self, path: Path) -> None:  # rank 0, in every save
+        trainer = self._trainer
+        dcpio.write_json(
+            path / LIGHTNING_STATE,
+            {
+                "step": self.step,
+                "epoch": trainer.current_epoch,
+                "fit_loop": trainer.fit_loop.state_dict(),
+            },
+        )
+
+
+def _batch_size(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, list | tuple) and batch else batch
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
+def callback_for(trainer: Any, guard: CheckpointGuard, recorder: Recorder) -> Any:
+    """A `TgnbLightningCallback` that is a ``Callback`` of `trainer`'s package (Lightning
+    checks callbacks by its own class)."""
+    roots = [c.__module__.split(".")[0] for c in type(trainer).__mro__ if c.__name__ == "Trainer"]
+    package = (
+        "pytorch_lightning" if roots and roots[0] == "pytorch_lightning" else "lightning.pytorch"
+    )
+    base = importlib.import_module(package).Callback
+    cls = type("TgnbLightningCallback", (TgnbLightningCallback, base), {})
+    return cls(guard, recorder)
+
+
+def protect_lightning(trainer: Any, ctx: Any) -> Any:
+    """`tgnb.train.protect` for a Lightning ``Trainer`` in `ctx` (a `tgnb.train.protect.RunContext`):
+    the callback and ``fit``."""
+    recorder = Recorder(ctx.run_dir, ctx.name)
+    guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
+    callback = callback_for(trainer, guard, recorder)
+    trainer.callbacks.append(callback)
+    original = type(trainer).fit
+
+    def fit(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("ckpt_path") is not None or len(args) >= 5:
+            raise TrainConfigError(
+                "a protected Trainer resumes from its newest complete checkpoint by itself: "
+                "call trainer.fit(model, ...) without ckpt_path"
+            )
+        try:
+            original(trainer, *args, **kwargs)
+            code = int(guard.finish_at(callback.step, callback.max_steps or callback.step))
+        except OSError as exc:
+            guard.close()
+            if not no_space(exc):
+                run_failed(recorder, exc, callback.step)
+                raise
+            print(f"tgnb: disk full under {ctx.run_dir}: {exc}", file=sys.stderr, flush=True)
+            code = int(Exit.NO_SPACE)
+        except BaseException as exc:
+            guard.close()
+            if not isinstance(exc, SystemExit | KeyboardInterrupt):
+                run_failed(recorder, exc, callback.step)
+            raise
+        if code:
+            last = guard.last_checkpoint
+            where = f" ({last.path})" if last is not None else ""
+            again = "tgnb starts it again" if ctx.managed else "run it again to resume"
+            print(
+                f"tgnb: stopped at step {callback.step}, checkpointed{where}: {again}",
+                file=sys.stderr,
+            )
+            recorder.close()
+            sys.stdout.flush()
+            if dist.is_available() and dist.is_initialized():  # else gloo can abort the exit
+                dist.destroy_process_group()
+            sys.exit(code)
+
+    trainer.fit = fit
+    trainer._tgnb_guard = guard
+    return trainer
