@@ -28,6 +28,7 @@ import tgnb.tinker as tinker  # the one line that differs from a Tinker script
 
 from .test_tinker_layer import EXAMPLES
 from .test_tinker_layer import process_example as datum
+from .test_tinker_resources import running_resources
 
 types = tinker.types
 MODEL = "tgnb/tiny-llama"
@@ -214,6 +215,38 @@ def test_cookbook_rl_train_pattern_periodic_saves_and_off_policy(
     assert any(
         TINKER_WARNING.format("TrainingClient.create_sampling_client") in m for m in messages
     )
+
+
+def test_tinker_038_shape_as_the_cookbook_writes_it(rl_emulator: EmulatorHandle) -> None:
+    """Since Tinker 0.38 (tinker-cookbook 0.6's ``supervised/train.py``): ``with
+    ServiceClient(..., display_name=...) as service_client:`` and ``await
+    service_client.create_lora_training_client(...)`` (a future of the client that is also the
+    client; ``.result()`` answers it too). The clients work, and leaving the block closes what it
+    opened: the resources it provisioned stop."""
+    before = running_resources()
+
+    async def main() -> tuple[set[str], list[float]]:
+        with tinker.ServiceClient(user_metadata={"k": "v"}, display_name="sl-run") as service:
+            assert service.display_name == "sl-run"
+            training_client = await service.create_lora_training_client(
+                base_model=MODEL, rank=4, seed=0
+            )
+            assert training_client.result() is training_client
+            assert await training_client.result_async() is training_client
+            tokenizer = await asyncio.to_thread(training_client.get_tokenizer)
+            data = [datum(p, c, tokenizer) for p, c in EXAMPLES]
+            losses = []
+            for _ in range(3):
+                fwd = await training_client.forward_backward_async(data, "cross_entropy")
+                await training_client.optim_step_async(types.AdamParams(learning_rate=3e-3))
+                losses.append((await fwd).metrics["loss:sum"])
+            sampler = await service.create_sampling_client(base_model=MODEL)
+            assert sampler.result() is sampler
+            return running_resources() - before, losses
+
+    during, losses = asyncio.run(main())
+    assert during and losses[-1] < losses[0], (during, losses)
+    assert running_resources() == before
 
 
 LIBRARY = '''

@@ -80,8 +80,26 @@ class OffLoopFuture:
         return getattr(self._inner, name)
 
 
+class ClientFuture:
+    """A client that is also its own resolved future. Since Tinker 0.38 ``ServiceClient``'s
+    ``create_*`` methods (and ``save_weights_and_get_sampling_client``) answer a future of the
+    client that can be used as the client too (its ``BackcompatClientFuture``): the cookbook
+    writes ``await service_client.create_lora_training_client(...)``, older code uses the answer
+    directly. This package's clients are both: ``await``, ``result()``, ``result_async()``
+    answer the client itself."""
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self
+
+    async def result_async(self, timeout: float | None = None) -> Any:
+        return self
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.result_async().__await__()
+
+
 def _future(value: Any) -> Any:
-    if hasattr(value, "result_async") and not isinstance(value, OffLoopFuture):
+    if hasattr(value, "result_async") and not isinstance(value, (OffLoopFuture, ClientFuture)):
         return OffLoopFuture(value)
     return value
 

@@ -20,7 +20,7 @@ from together.post_training.tinker import SamplingClient as _SdkSamplingClient
 from together.post_training.tinker import types
 
 from tgnb.tinker._mapped import Mapped
-from tgnb.tinker._offloop import serve_sync_calls
+from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._stops import cut_at_stops, split_stops
 from tgnb.tinker._support import (
@@ -36,7 +36,7 @@ BASE_SAMPLER_LORA: dict[str, Any] = {"rank": 1}
 
 @serve_sync_calls(waits=("get_base_model", "close"), submits=("sample", "compute_logprobs"))
 @dataclass(frozen=True)
-class SamplingClient(_SdkSamplingClient):
+class SamplingClient(ClientFuture, _SdkSamplingClient):
     """Samples from one session's published weights (see the module docstring)."""
 
     _base_model: str | None = None

@@ -16,7 +16,7 @@ from typing import Any
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
 from together.post_training.tinker import types
 
-from tgnb.tinker._offloop import serve_sync_calls
+from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import Connection, training_state
@@ -30,6 +30,11 @@ def _ignored_train_options(train_mlp: bool, train_attn: bool) -> None:
             f"Post-Training adapts every linear layer: {', '.join(off)}=False cannot be honoured; "
             "leave them True (train_unembed is supported)"
         )
+
+
+def _close_all(clients: list[Any]) -> None:
+    for client in clients:
+        client.close()
 
 
 @serve_sync_calls(
@@ -52,8 +57,11 @@ class ServiceClient(_SdkServiceClient):
         base_url: str | None = None,
         api_key: str | None = None,
         model_resources_id: str | None = None,
+        display_name: str | None = None,
         **kwargs: Any,
     ) -> None:
+        """`display_name` (Tinker's name for the session in its console) has no Post-Training
+        counterpart: it is kept as ``display_name`` and sent nowhere."""
         super().__init__(
             user_metadata,
             project_id,
@@ -64,6 +72,18 @@ class ServiceClient(_SdkServiceClient):
         )
         self._conn = Connection(api_key=api_key, base_url=base_url)
         self._pool = ResourcePool(self._conn, model_resources_id)
+        self.display_name = display_name
+        self._opened: list[TrainingClient | SamplingClient] = []
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leaving ``with ServiceClient() as service_client:`` ends what it opened, as on Tinker
+        (where the block's end closes the session): each client it created is closed, off a
+        running event loop without a warning (the block is how the cookbook's trainers end)."""
+        opened, self._opened = self._opened, []
+        run_sync("ServiceClient.__exit__", _close_all, opened, warn=False)
 
     # -- training clients ----------------------------------------------------------------------
     def create_lora_training_client(
@@ -146,7 +166,9 @@ class ServiceClient(_SdkServiceClient):
     def _open(self, base_model: str, lora: dict[str, Any], **resume: Any) -> TrainingClient:
         session, release = self._pool.open(base_model, lora, sampling=False, **resume)
         # the SDK's client closes whatever `_lifecycle` it is given; this one owns both handles
-        return TrainingClient(session, release, _conn=self._conn, _pool=self._pool)  # type: ignore[arg-type]
+        client = TrainingClient(session, release, _conn=self._conn, _pool=self._pool)  # type: ignore[arg-type]
+        self._opened.append(client)
+        return client
 
     # -- sampling clients and capabilities -----------------------------------------------------
     def create_sampling_client(
@@ -157,7 +179,9 @@ class ServiceClient(_SdkServiceClient):
     ) -> SamplingClient:
         """A sampler on saved weights (`model_path`, from ``save_state`` or
         ``save_weights_for_sampler``) or on `base_model`; it owns a session (see `_sampling`)."""
-        return open_sampler(self._conn, self._pool, model_path=model_path, base_model=base_model)
+        sampler = open_sampler(self._conn, self._pool, model_path=model_path, base_model=base_model)
+        self._opened.append(sampler)
+        return sampler
 
     async def create_sampling_client_async(
         self,

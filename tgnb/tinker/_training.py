@@ -29,7 +29,7 @@ from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
 from tgnb.tinker._mapped import Mapped
-from tgnb.tinker._offloop import serve_sync_calls
+from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._outputs import excluded, filled, scoring_data
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
@@ -65,7 +65,7 @@ from tgnb.tinker._support import (
     ),
 )
 @dataclass
-class TrainingClient(_SdkTrainingClient):
+class TrainingClient(ClientFuture, _SdkTrainingClient):
     """One LoRA training session, driven the Tinker way (see the module docstring)."""
 
     _conn: Connection = field(default_factory=Connection, repr=False)
