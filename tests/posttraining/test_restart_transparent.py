@@ -188,7 +188,9 @@ def test_asked_options_win_over_the_crashed_ones(tmp_path: Path) -> None:
 
     port = free_port()
     recorded = daemon.ServeOptions.of(time_scale=0.05, drain_window_s=60.0, port=0).flat()
-    atomic_write_json(eh / "server.json", {"pid": 2**22 + 12345, "port": port, "options": recorded})
+    gone = subprocess.Popen(["true"])  # a pid that was a process's and is no longer
+    gone.wait()
+    atomic_write_json(eh / "server.json", {"pid": gone.pid, "port": port, "options": recorded})
     opts = daemon.after_crash(eh, daemon.ServeOptions(), asked=[])
     assert opts.port == port and opts.fleet.time_scale == 0.05
     assert opts.fleet.drain_window_s == 60.0
