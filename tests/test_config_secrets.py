@@ -120,3 +120,13 @@ def test_a_secret_of_words_is_masked_whole_and_by_its_prefix_only() -> None:
     assert not reg.pieces
     assert reg.scrub("k=tgnb-test-restart-key; run through-restart") == "k=***; run through-restart"
     assert reg.scrub("k=tgnb-test-rest (cut)") == "k=*** (cut)"
+
+
+def test_a_secret_sharing_its_prefix_with_a_longer_one_is_masked_whole() -> None:
+    """Two registered secrets with the same first characters: the shorter one shown alone is one
+    ``***``, not the longer one's prefix mask followed by a mask of the rest."""
+    longer, shorter = "tgnb-test-prefix-sharing-0a1b2c3d4e5f", "tgnb-test-prefix-9z8y7x6w"
+    register_secret(longer)
+    register_secret(shorter)
+    assert scrub(f"Bearer {shorter} refused") == "Bearer *** refused"
+    assert scrub(f"Bearer {longer} refused") == "Bearer *** refused"

@@ -104,9 +104,11 @@ class Scrubber:
         """`text` with every registered secret, any run of its first `PREFIX_CHARS` or more
         characters, and any `PIECE_CHARS` characters of its random part replaced by ``***``."""
         text = str(text)
-        for secret in sorted(self.secrets, key=len, reverse=True):
+        ordered = sorted(self.secrets, key=len, reverse=True)
+        for secret in ordered:  # whole secrets first: another's prefix must not cut one in two
             if secret in text:
                 text = text.replace(secret, "***")
+        for secret in ordered:
             if len(secret) > PREFIX_CHARS and secret[:PREFIX_CHARS] in text:
                 text = _mask_prefixes(text, secret)
         return self._mask_pieces(text) if self.pieces else text

@@ -80,15 +80,21 @@ def test_sidebar_follows_start_stop_and_restart_on_another_port(
         first = free_port()
         tgnb_emulator(lab, "start", "--port", str(first))
         _poll("the sidebar to find the emulator", lambda: _attached(page), timeout=SEES)
-        assert _text(page, "tgnb-error") == ""
-        assert "allocated 0 / desired 0" in _text(page, "tgnb-capacity")
+        # the panel's parts are redrawn one after another: wait for each (a loaded CI machine
+        # saw the cluster's name before the old error line was cleared)
+        _poll("the old error line to go", lambda: _text(page, "tgnb-error") == "", timeout=SEES)
+        _poll(
+            "the capacity line",
+            lambda: "allocated 0 / desired 0" in _text(page, "tgnb-capacity"),
+            timeout=SEES,
+        )
         page.screenshot(path=str(artifacts / "sidebar-2-found.png"))
 
         # stopped: the disconnected state, with Attach
         tgnb_emulator(lab, "stop")
         _poll("the disconnected state", lambda: _detached(page), timeout=SEES)
-        assert _text(page, "tgnb-detached") == "disconnected"
-        assert _text(page, "tgnb-capacity") == ""  # no stale numbers
+        _poll("disconnected", lambda: _text(page, "tgnb-detached") == "disconnected", SEES)
+        _poll("no stale numbers", lambda: _text(page, "tgnb-capacity") == "", timeout=SEES)
         page.screenshot(path=str(artifacts / "sidebar-3-disconnected.png"))
 
         # Attach starts the emulator, at the time scale `%tg attach --local` uses
