@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from tgnb.errors import CheckpointError, TrainConfigError
-from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, Exit
+from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, RUN_ENV, Exit
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio, ownership
@@ -123,7 +123,9 @@ class Checkpointer:
         self.recorder = Recorder(self.run_dir, name or ctx.name)
         self.guard = CheckpointGuard(self.policy, self.run_dir, self.recorder)
         lr = number(optimizer.param_groups[0].get("lr")) if optimizer.param_groups else None
-        named = self.recorder.run if self.managed or name else None  # else: the folder's name
+        # tgnb's name for the run ($TGNB_RUN) or the user's own; else none: the folder's name is
+        # not an identity (a run directory copied elsewhere is the same run)
+        named = self.recorder.run if os.environ.get(RUN_ENV) or name else None
         self.guard.identity = ownership.identity(named, learning_rate=lr)
         self.guard.attach(self.state)  # every rank, at the same point: the saves' process group
 
