@@ -7,23 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from tgnb import batch
 from tgnb.emulator.testing import EmulatorHandle, unloadable_model
 
-
-def notebook(path: Path, *cells: str) -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    nbformat.write(nb, path)
-    return path
+from .test_notebooks_command import notebook
 
 
 def test_a_sweep_whose_run_fails_exits_non_zero(

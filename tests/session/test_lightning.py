@@ -26,7 +26,7 @@ from tgnb.session import Session
 from tgnb.train.checkpoint import latest_complete
 
 from ..train.checkpoint.conftest import worker_pids
-from .test_user_code import FAST_DRAIN, _steps, _wait
+from .test_user_code import FAST_DRAIN, _steps, _wait, preempt_twice
 
 WORKDIR = Path(__file__).parent / "lightning_workdir"
 MAX_STEPS = 600  # enough that the run still trains when the second preemption lands
@@ -51,13 +51,7 @@ def test_a_lightning_script_preempted_twice_loses_no_step(session: Session, tmp_
         name="user-lightning",
         checkpoint=FAST_DRAIN,
     )
-    rows = 0
-    for _ in range(2):  # each preemption once the attempt has trained 4 steps of its own
-        _wait(lambda rows=rows: len(run.records("metrics")) >= rows + 4 and run.status.nodes)
-        node = run.status.nodes[0]
-        session.preempt(node)
-        _wait(lambda node=node: run.status.nodes and run.status.nodes[0] != node)
-        rows = len(run.records("metrics"))
+    preempt_twice(session, run)
     status = run.wait(timeout=600, progress=False)
     assert status.state.value == "succeeded", run.logs()[-30:]
     steps = _steps(run.records("metrics"))

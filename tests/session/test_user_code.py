@@ -56,6 +56,18 @@ def _steps(rows: list[dict[str, Any]]) -> list[int]:
     return sorted(int(r["step"]) for r in rows if "step" in r)
 
 
+def preempt_twice(session: Session, run: Any) -> None:
+    """Preempt the run's node twice, each time once the attempt has trained 4 steps of its own,
+    and wait for the run to be placed on another node."""
+    rows = 0
+    for _ in range(2):
+        _wait(lambda rows=rows: len(run.records("metrics")) >= rows + 4 and run.status.nodes)
+        node = run.status.nodes[0]
+        session.preempt(node)
+        _wait(lambda node=node: run.status.nodes and run.status.nodes[0] != node)
+        rows = len(run.records("metrics"))
+
+
 #: Steps enough that the run still trains when the second preemption lands: a fast machine ran all
 #: 24 of an earlier version before it (and 21 steps in the first attempt alone).
 MAX_STEPS = 240
@@ -73,13 +85,7 @@ def test_a_protected_sft_script_preempted_twice_finishes(session: Session, tmp_p
         checkpoint=FAST_DRAIN,
     )
     (wd / "prompts.py").write_text("raise ImportError('edited mid-run')\n")  # the snapshot runs
-    rows = 0
-    for _ in range(2):  # each preemption once the attempt has trained 4 steps of its own
-        _wait(lambda rows=rows: len(run.records("metrics")) >= rows + 4 and run.status.nodes)
-        node = run.status.nodes[0]
-        session.preempt(node)
-        _wait(lambda node=node: run.status.nodes and run.status.nodes[0] != node)
-        rows = len(run.records("metrics"))
+    preempt_twice(session, run)
     status = run.wait(timeout=600, progress=False)
     assert status.state.value == "succeeded", run.logs()[-30:]
     steps = _steps(run.records("metrics"))

@@ -158,7 +158,11 @@ class RunSpec:
                 f"run name {self.name!r:.60} is not valid: use lowercase letters, digits and '-', "
                 "starting and ending with a letter or digit (at most 50 characters)"
             )
-        self.resources.validate()
+        if not isinstance(self.resources, Resources):  # a Resources checked itself when built
+            raise ValidationError(
+                f"resources must be a Resources, got {type(self.resources).__name__}: "
+                "e.g. resources=Resources(nodes=1)"
+            )
         if self.recovery is not None and not isinstance(self.recovery, RecoveryPolicy):
             raise ValidationError(
                 f"recovery must be a RecoveryPolicy, got {type(self.recovery).__name__}: "

@@ -188,13 +188,7 @@ def protect_lightning(trainer: Any, ctx: Any) -> Any:
                 run_failed(recorder, exc, callback.step)
             raise
         if code:
-            last = guard.last_checkpoint
-            where = f" ({last.path})" if last is not None else ""
-            again = "tgnb starts it again" if ctx.managed else "run it again to resume"
-            print(
-                f"tgnb: stopped at step {callback.step}, checkpointed{where}: {again}",
-                file=sys.stderr,
-            )
+            print(guard.stopped_line(callback.step, ctx.managed), file=sys.stderr)
             recorder.close()
             sys.stdout.flush()
             if dist.is_available() and dist.is_initialized():  # else gloo can abort the exit

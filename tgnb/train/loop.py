@@ -196,12 +196,7 @@ class Checkpointer:
             raise
         self.exit_code = int(code)
         if code:
-            last = self.guard.last_checkpoint
-            where = f" ({last.path})" if last is not None else ""
-            again = "tgnb starts it again" if self.managed else "run it again to resume"
-            print(
-                f"tgnb: stopped at step {self.step}, checkpointed{where}: {again}", file=sys.stderr
-            )
+            print(self.guard.stopped_line(self.step, self.managed), file=sys.stderr)
         if code and self._exit:
             self.recorder.close()
             sys.stdout.flush()

@@ -180,6 +180,14 @@ class CheckpointGuard:
     def last_checkpoint(self) -> ck.Checkpoint | None:
         return self.saver.last if self.saver and self.saver.last else self.resumed
 
+    def stopped_line(self, step: int, managed: bool) -> str:
+        """The line a program stopped for a preemption prints (stderr): where it checkpointed,
+        and who starts it again (tgnb when it launched the run)."""
+        last = self.last_checkpoint
+        where = f" ({last.path})" if last is not None else ""
+        again = "tgnb starts it again" if managed else "run it again to resume"
+        return f"tgnb: stopped at step {step}, checkpointed{where}: {again}"
+
     # -- what the runner calls ---------------------------------------------------------------------
     def training_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """`kwargs` with the settings the guard owns (`OWNED_ARGS`)."""

@@ -270,13 +270,8 @@ def _train(
 
         if dist.is_available() and dist.is_initialized():  # else gloo can abort the exit
             dist.destroy_process_group()
-        last = guard.last_checkpoint
-        where = f" ({last.path})" if last is not None else ""
-        again = "tgnb starts it again" if ctx.managed else "run it again to resume"
         print(
-            f"tgnb: stopped at step {trainer.state.global_step}, checkpointed{where}: {again}",
-            file=sys.stderr,
-            flush=True,
+            guard.stopped_line(trainer.state.global_step, ctx.managed), file=sys.stderr, flush=True
         )
         raise SystemExit(code)
     return out
