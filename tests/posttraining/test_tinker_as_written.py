@@ -267,7 +267,7 @@ def train(base_model: str, steps: int) -> list[float]:
     losses = []
     for _ in range(steps):
         fwd = training_client.forward_backward([datum], "cross_entropy")
-        training_client.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()
+        training_client.optim_step(tinker.AdamParams(learning_rate=3e-3)).result()
         losses.append(fwd.result().metrics["loss:sum"])
     training_client.close()
     return losses
@@ -281,7 +281,7 @@ from recipe import lib
 
 losses = lib.train(sys.argv[1], int(sys.argv[2]))
 print("tinker is", lib.tinker.ServiceClient.__module__)
-print("learned", losses[-1] < losses[0])
+print("learned", losses[-1] < losses[0], losses)
 """
 
 
@@ -318,7 +318,7 @@ def test_a_program_whose_own_modules_import_tinker(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tinker is tgnb.tinker._service" in proc.stdout, proc.stdout
-    assert "learned True" in proc.stdout
+    assert "learned True" in proc.stdout, proc.stdout[-600:]
 
 
 def test_install_answers_the_layer_and_gives_tinker_back() -> None:
