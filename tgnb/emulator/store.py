@@ -15,40 +15,18 @@ target, so a reader sees either the old or the new content, never a torn one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tgnb.atomic import atomic_write
+
 
 def atomic_write_json(path: Path, data: Any) -> None:
-    """Write `data` as JSON to `path` atomically (temp file + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    """Write `data` as JSON to `path` atomically and durably (`atomic_write` with fsync)."""
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n", fsync=True)
 
 
 class CorruptState(ValueError):

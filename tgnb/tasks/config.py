@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from tgnb.atomic import atomic_write
 from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
 from tgnb.runs.node import YAML_FLOAT, dump_yaml
@@ -150,11 +151,7 @@ class TrainConfig:
 
     def dump(self, path: str | os.PathLike[str]) -> None:
         """Write the resolved config as YAML, atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(dump_yaml(self.to_dict()), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, dump_yaml(self.to_dict()))
 
 
 def unknown(kind: str, key: str, known: Iterable[str]) -> TrainConfigError:

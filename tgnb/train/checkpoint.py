@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tgnb.atomic import atomic_write, fsync_path
 from tgnb.errors import CheckpointError
 
 #: The completion marker, written last in a checkpoint directory.
@@ -111,15 +112,6 @@ def checkpoint_dirs(ckpt_dir: str | os.PathLike[str], real: bool = True) -> list
         return []
     found = [p for p in root.iterdir() if step_of(p) is not None and (not real or _real_dir(p))]
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
-
-
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file, or a directory so the names created in it (or removed from it) are durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def hasher() -> Any:
@@ -211,13 +203,7 @@ def write_marker(
         "files": [e.record() for e in entries],
         **extra,
     }
-    tmp = root / f".{MARKER}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(json.dumps(record, sort_keys=True).encode())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, root / MARKER)
-    fsync_path(root)
+    atomic_write(root / MARKER, json.dumps(record, sort_keys=True), fsync=True)
     return Checkpoint(root, int(step), now, total, tuple(entries), dict(extra))
 
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tgnb.atomic import atomic_write
 from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
 from tgnb.backends.local.command import TRAIN_MODULE, TRAIN_MODULE_ENV, free_port, train_command
@@ -240,9 +241,7 @@ class Supervisor:
 
     def _write_config(self) -> Path:
         path = self.run_dir / node.CONFIG
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(node.render_config(self.train), encoding="utf-8")
-        os.replace(tmp, path)  # a reader sees the old file or the new one, whole
+        atomic_write(path, node.render_config(self.train))  # a reader sees one whole version
         return path
 
     def reestimate(self, nodes: Sequence[NodeInfo], restart: int) -> None:

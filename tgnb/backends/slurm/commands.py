@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from tgnb.atomic import atomic_write
 from tgnb.errors import BackendError
 
 #: The commands a submission needs. ``sacct`` is used only when the cluster keeps accounting.
@@ -189,12 +190,7 @@ class CommandRunner:
     def write_file(self, path: str, text: str, mode: int = 0o644) -> None:
         """Write `text` to `path` (creating its directory) here or on the login node."""
         if self.host is None:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
+            atomic_write(path, text, mode=mode)
             return
         q = shlex.quote(path)
         script = (

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from tgnb.atomic import atomic_write
 from tgnb.emulator.rl import checks, operations, training, views
 from tgnb.emulator.rl.lifecycle import Platform
 from tgnb.emulator.rl.operations import INVALID_INPUT, KINDS
@@ -306,13 +307,7 @@ class RLApi:
         data = b"".join(chunks)
         path = training.payload_path(self.p, *found)
 
-        def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-
-        await asyncio.to_thread(write)
+        await asyncio.to_thread(atomic_write, path, data)
         return Response(status_code=200)
 
     # ---- checkpoints -------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tgnb.atomic import atomic_write
 from tgnb.emulator.rl.inputs import MAX_BATCH_SIZE  # enforced per operation (inputs.batch)
 from tgnb.tasks.assets import TINY_NAME
 
@@ -126,11 +127,7 @@ def materialize_tiny(cache: str | os.PathLike[str] | None = None) -> Path:
             (missing / name).touch()
     ref = repo / "refs" / "main"
     if not ref.is_file() or ref.read_text().strip() != revision:
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_ref = tempfile.mkstemp(prefix=".main.", dir=ref.parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(revision)
-        os.replace(tmp_ref, ref)
+        atomic_write(ref, revision)
     return snapshot
 
 

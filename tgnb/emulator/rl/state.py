@@ -20,13 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tgnb.atomic import atomic_write
 from tgnb.emulator.store import atomic_write_json, keep_aside
 from tgnb.events import format_time, parse_time
 
@@ -159,16 +158,7 @@ def from_dict(cls: type[T], raw: dict[str, Any]) -> T:
 
 def write_json_quick(path: Path, data: Any) -> None:
     """Atomic (temp + rename) but not fsynced: survives a killed daemon, not a power cut."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(data, separators=(",", ":")))
 
 
 class RLStore:
