@@ -8,6 +8,7 @@ which it leaves running."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ from tgnb.emulator.testing import EmulatorHandle
 pytest.importorskip("tinker", reason="the tinker extra: pip install '.[tinker]'")
 import tgnb.tinker as tinker  # the one line that differs from a Tinker script
 from tgnb.tinker._pool import MAX_SESSIONS
+from tgnb.tinker._sampling import _closer
 
 types = tinker.types
 MODEL = "tgnb/tiny-llama"
@@ -48,6 +50,35 @@ def generators_of(resource_id: str) -> int:
     with Together() as client:
         record = client.post_training.model_resources.retrieve(resource_id)
     return int(record.compute_config.num_generator_replicas or 0)
+
+
+def test_samplers_dropped_unclosed_give_their_sessions_back(rl_emulator: EmulatorHandle) -> None:
+    """Tinker lets a script open a sampler per evaluation and never close one. Here a sampler on
+    saved weights owns a session, so dropping it gives the session back: twice the session cap
+    of samplers, opened and dropped in turn, use the resources the first one did (kept, they
+    would fill another one, and more). A future read after its client was dropped answers."""
+    before = running_resources()
+    service_client = tinker.ServiceClient()
+    trainer = service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=0)
+    seen: set[str] = set()
+    try:
+        _sft_step(trainer)
+        path = trainer.save_state("eval").result().path
+        prompt = types.ModelInput.from_ints([1, 5, 6, 7])
+        first: set[str] = set()
+        for _ in range(2 * MAX_SESSIONS):
+            future = service_client.create_sampling_client(model_path=path).compute_logprobs(prompt)
+            gc.collect()  # the client is unreachable now: its future keeps it until read
+            assert len(future.result()) == 4
+            del future
+            gc.collect()
+            seen |= running_resources() - before
+            first = first or set(seen)
+    finally:
+        trainer.close()
+    assert seen == first, (first, seen)
+    _closer().submit(lambda: None).result()  # the dropped samplers' releases have all run
+    assert running_resources() == before
 
 
 def test_clients_of_one_service_client_share_resources_up_to_their_cap(

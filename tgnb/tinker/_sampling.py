@@ -6,13 +6,18 @@ Post-Training samples only inside a training session, from the weights that sess
 the training checkpoint on the service client's shared resources (`_pool`: no resource of its
 own), with its weights published once; for a base model, a fresh LoRA session (its adapter
 starts at zero, so it samples the base model). Such a client owns that session: ``close()``
-gives it back, as does the interpreter's exit.
+gives it back, as does the interpreter's exit, and so does dropping the client (a script that
+opens a sampler per evaluation and never closes one, as Tinker allows, holds no more sessions
+than it still uses): the futures a client answered keep it alive until they are read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +66,17 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         future = super().sample(
             prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
         )
-        return Mapped(lambda r: cut_at_stops(r, ids), future) if ids else future
+        if ids:
+            return self._kept(Mapped(lambda r: cut_at_stops(r, ids), future))
+        return self._kept(future)
+
+    def compute_logprobs(self, prompt: types.ModelInput) -> Any:
+        return self._kept(super().compute_logprobs(prompt))
+
+    def _kept(self, future: Any) -> Any:
+        """`future`, holding this client (and so its session) until it is read, when the client
+        owns a session that dropping it would give back."""
+        return future if self._release is None else Mapped(functools.partial(_owned, self), future)
 
     async def sample_async(
         self,
@@ -106,6 +121,22 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
             await self._release.aclose()
 
 
+def _owned(client: SamplingClient, result: Any) -> Any:
+    return result
+
+
+@functools.cache
+def _closer() -> ThreadPoolExecutor:
+    """Where dropped samplers give their sessions back: HTTP calls never run inside the garbage
+    collector, which may fire in the middle of another call."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tgnb-tinker-release")
+
+
+def _release_dropped(release: Release) -> None:
+    if not release.closed:
+        _closer().submit(release.close, automatic=True)
+
+
 def open_sampler(
     conn: Connection, pool: ResourcePool, *, model_path: str | None, base_model: str | None
 ) -> SamplingClient:
@@ -126,4 +157,6 @@ def open_sampler(
     except BaseException:
         release.close(automatic=True)
         raise
-    return SamplingClient(session, _base_model=base_model, _release=release)
+    client = SamplingClient(session, _base_model=base_model, _release=release)
+    weakref.finalize(client, _release_dropped, release).atexit = False  # exit: Release's hook
+    return client

@@ -11,6 +11,7 @@ Resuming from a checkpoint opens the session with the LoRA config of the session
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
@@ -73,7 +74,8 @@ class ServiceClient(_SdkServiceClient):
         self._conn = Connection(api_key=api_key, base_url=base_url)
         self._pool = ResourcePool(self._conn, model_resources_id)
         self.display_name = display_name
-        self._opened: list[TrainingClient | SamplingClient] = []
+        self._opened: list[TrainingClient] = []
+        self._samplers: list[weakref.ref[SamplingClient]] = []  # a dropped one gives itself back
 
     def __enter__(self) -> ServiceClient:
         return self
@@ -82,7 +84,8 @@ class ServiceClient(_SdkServiceClient):
         """Leaving ``with ServiceClient() as service_client:`` ends what it opened, as on Tinker
         (where the block's end closes the session): each client it created is closed, off a
         running event loop without a warning (the block is how the cookbook's trainers end)."""
-        opened, self._opened = self._opened, []
+        samplers = [s for ref in self._samplers if (s := ref()) is not None]
+        opened, self._opened, self._samplers = [*self._opened, *samplers], [], []
         run_sync("ServiceClient.__exit__", _close_all, opened, warn=False)
 
     # -- training clients ----------------------------------------------------------------------
@@ -180,7 +183,7 @@ class ServiceClient(_SdkServiceClient):
         """A sampler on saved weights (`model_path`, from ``save_state`` or
         ``save_weights_for_sampler``) or on `base_model`; it owns a session (see `_sampling`)."""
         sampler = open_sampler(self._conn, self._pool, model_path=model_path, base_model=base_model)
-        self._opened.append(sampler)
+        self._samplers = [*(r for r in self._samplers if r() is not None), weakref.ref(sampler)]
         return sampler
 
     async def create_sampling_client_async(
