@@ -98,3 +98,40 @@ def test_a_protected_script_preempted_twice_keeps_one_tracker_run(
         assert got.get("tgnb/RunResumed", 0) == n
     no_secret_in(run_dir, *(tmp_path / "wb").rglob("*.json"), *(tmp_path / "wb").rglob("*.log"))
     assert FAKE_KEY not in run.logs()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_built_in_run_with_report_to_keeps_one_tracker_run(
+    session: Session, tmp_path: Path, mlflow_server: str
+) -> None:
+    """The built-in SFT run with ``trl: {report_to: [mlflow, wandb]}``, preempted once: one run in
+    each tracker, the Trainer's metrics of both attempts and tgnb's resume in it."""
+    env = tracker_env(tmp_path, mlflow_server)
+    del env["WANDB_API_KEY"]
+    steps = 40
+    run = session.launch(
+        "sft",
+        name="builtin-tracked",
+        max_steps=steps,
+        trl={"report_to": ["mlflow", "wandb"]},
+        checkpoint=FAST_DRAIN,
+        env=env,
+    )
+    session.preempt(run=run)
+    status = run.wait(timeout=900, progress=False)
+    assert status.state.value == "succeeded", run.logs()[-30:]
+    state = json.loads((Path(run.run_dir or "") / "tracker.json").read_text())
+    assert state["attempts"] == 2
+
+    found = one_mlflow_run(mlflow_server)
+    run_id = found.info.run_id
+    assert run_id == state["mlflow"]["run_id"] and found.info.status == "FINISHED"
+    loss = sorted({s for s, _ in mlflow_history(mlflow_server, run_id, "loss")})
+    assert loss == list(range(1, steps + 1))
+    assert [v for _, v in mlflow_history(mlflow_server, run_id, "tgnb/RunResumed")] == [1]
+    assert [v for _, v in mlflow_history(mlflow_server, run_id, "tgnb/RunExited")] == [1, 2]
+
+    wb = wandb_runs(tmp_path / "wb")
+    assert len(wb) == 2 and {r.run_id for r in wb} == {state["wandb"]["id"]}
+    assert [r.exit_code for r in wb] == [75, 0]
