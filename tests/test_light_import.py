@@ -1,9 +1,20 @@
-"""`import tgnb` and the notebook side must stay light: no torch, TRL, transformers or kubernetes."""
+"""`import tgnb` and the notebook side must stay light: no torch, TRL, transformers or kubernetes,
+nor the trackers (wandb, mlflow: imported only by a run whose ``report_to`` names them)."""
 
 import subprocess
 import sys
 
-HEAVY = ("torch", "trl", "transformers", "kubernetes", "datasets", "accelerate", "peft")
+HEAVY = (
+    "torch",
+    "trl",
+    "transformers",
+    "kubernetes",
+    "datasets",
+    "accelerate",
+    "peft",
+    "wandb",
+    "mlflow",
+)
 
 
 def _modules_after(code: str) -> set[str]:
@@ -16,7 +27,8 @@ def _modules_after(code: str) -> set[str]:
 
 def test_import_tgnb_is_light() -> None:
     loaded = _modules_after(
-        "import tgnb, tgnb.cli, tgnb.events, tgnb.backends, tgnb.train, tgnb.cloud"
+        "import tgnb, tgnb.cli, tgnb.events, tgnb.backends, tgnb.train, tgnb.cloud, "
+        "tgnb.train.tracker"
     )
     heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
     assert heavy == [], f"heavy modules imported: {heavy[:10]}"

@@ -51,6 +51,7 @@ from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.protect import run_context
 from tgnb.train.record import METRIC_COLUMNS, Recorder, number, run_failed, run_started
 from tgnb.train.saving import no_space
+from tgnb.train.tracker import open_trackers
 
 __all__ = ["Checkpointer"]
 
@@ -76,7 +77,8 @@ class Checkpointer:
     `max_steps`: the optimizer steps of the whole run (`steps` yields 1..max_steps, from the
     resumed step + 1). `global_batch`: samples per step, recorded in each checkpoint (the data
     position); optional. `name`: the run's name in its events (default ``$TGNB_RUN``, or the
-    directory's name)."""
+    directory's name). `report_to`: ``"wandb"``, ``"mlflow"`` or both: one tracker run across
+    preemptions and restarts, with the metrics rows and tgnb's events (`tgnb.train.tracker`)."""
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class Checkpointer:
         global_batch: int = 0,
         name: str | None = None,
         exit: bool = True,
+        report_to: str | list[str] | None = None,
     ) -> None:
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise TrainConfigError(f"max_steps must be a whole number >= 1, not {max_steps!r}.")
@@ -121,6 +124,7 @@ class Checkpointer:
             self.add_state(key, obj)
         self.state = dcpio.State(model, optimizer, scheduler, write=self._write)
         self.recorder = Recorder(self.run_dir, name or ctx.name)
+        self.trackers = open_trackers(self.recorder, report_to, metrics=True)
         self.guard = CheckpointGuard(self.policy, self.run_dir, self.recorder)
         lr = number(optimizer.param_groups[0].get("lr")) if optimizer.param_groups else None
         # tgnb's name for the run ($TGNB_RUN) or the user's own; else none: the folder's name is

@@ -12,7 +12,8 @@ every rank stops at the same optimizer-step boundary and saves synchronously; pe
 asynchronous DCP shards (``checkpoint.auto`` by default); a checkpoint that fails verification is
 quarantined; ``trainer.train()`` resumes from the newest complete checkpoint, at any world size
 with the global batch kept, and needs no argument. ``metrics.jsonl`` and ``events.jsonl`` are
-written so the cockpit shows the run.
+written so the cockpit shows the run. A W&B or MLflow run that ``report_to`` names is one run
+across preemptions and restarts, with tgnb's events in it (`tgnb.train.tracker`).
 
 When it stops for a preemption, ``trainer.train()`` exits the process with 75 (`Exit.PREEMPTED`:
 the engine starts it again, and it resumes); a full disk exits 74. Finished, it returns the
@@ -182,9 +183,12 @@ def protect_with(
     from tgnb.train.ownership import identity
     from tgnb.train.preemption import CheckpointGuard, resumable
     from tgnb.train.record import Recorder, number
+    from tgnb.train.tracker import open_trackers
 
     ctx = RunContext(Path(run_dir), name, policy, managed)
     recorder = Recorder(ctx.run_dir, ctx.name)
+    # before the Trainer's own W&B/MLflow callbacks set up: they log into the run opened here
+    open_trackers(recorder, getattr(trainer.args, "report_to", None), metrics=False)
     guard = CheckpointGuard(ctx.policy, ctx.run_dir, recorder)
     args = trainer.args  # what makes it another run in the same directory (`ownership`)
     named = ctx.name if os.environ.get(node.RUN_ENV) else None  # tgnb's name for the run

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +49,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._files: dict[str, IO[str]] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._files)
+        #: Called with (file name, record) after each record is written (`tgnb.train.tracker`).
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         if self.enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -64,6 +67,8 @@ class Recorder:
             fh.flush()
             sys.stdout.write(out)
             sys.stdout.flush()
+        for listener in self.listeners:
+            listener(name, record)
 
     def close(self) -> None:
         """Close the files (a later record opens them again)."""

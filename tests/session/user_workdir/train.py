@@ -12,6 +12,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--model", required=True)
 parser.add_argument("--lr", type=float, default=1e-3)
 parser.add_argument("--max-steps", type=int, default=30)
+parser.add_argument("--report-to", default="none")
 args = parser.parse_args()
 
 dataset = load_dataset("json", data_files="data.jsonl", split="train").map(to_example)
@@ -22,7 +23,7 @@ training_args = SFTConfig(
     per_device_train_batch_size=8,
     logging_steps=1,
     max_length=32,
-    report_to="none",
+    report_to=args.report_to.split(","),
     use_cpu=True,
 )
 trainer = SFTTrainer(model=args.model, args=training_args, train_dataset=dataset)

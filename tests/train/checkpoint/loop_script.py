@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=8)
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     ap.add_argument("--default-backend", action="store_true", help="init_process_group()")
+    ap.add_argument("--report-to", default="", help="wandb,mlflow: the Checkpointer's report_to")
     args = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -85,6 +86,7 @@ def main() -> None:
         dir=args.dir,
         checkpoint={"every_steps": args.every},
         global_batch=GLOBAL_BATCH,
+        report_to=args.report_to.split(",") if args.report_to else None,
     )
     ckpt.add_state("data", order)
     share = GLOBAL_BATCH // world
