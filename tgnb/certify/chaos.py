@@ -2,7 +2,11 @@
 driven for real on the local engine (a preemption through the emulator, a SIGKILL to the training
 process), and the attempt's end observed before the next event.
 
-Each event waits for its moment (placed; a save in flight; a step), fires, and records when. An
+Each event waits for its moment (placed; a save in flight; a step), fires, and records when. A
+preemption is the emulator's (the node gets its notice and is drained) and, at the same moment, the
+SIGTERM the engine sends the program on a notice, sent by certify itself: the engine polls the node
+every second or so, and a signal that late would miss the moment chosen (a save in flight lasts
+milliseconds). An
 event whose moment never comes (the run finished first, the budget ran out, no save was ever seen
 in flight) is reported NOT DONE with why: certify never claims an event it did not cause.
 """
@@ -55,7 +59,9 @@ class Driver:
 
     # -- what the run shows -------------------------------------------------------------------
     def _steps_since(self, t0: float) -> list[int]:
-        return [int(r["step"]) for r in self.run.records("metrics") if float(r.get("time", 0)) >= t0]
+        return [
+            int(r["step"]) for r in self.run.records("metrics") if float(r.get("time", 0)) >= t0
+        ]
 
     def _last_step(self) -> int | None:
         steps = [int(r["step"]) for r in self.run.records("metrics") if "step" in r]
@@ -94,14 +100,20 @@ class Driver:
         self._attempt_over(ev.restart)
 
     def _preempt(self) -> None:
-        self.session.preempt(self.run.status.nodes[0])
+        """The notice to the program now (SIGTERM, as the engine sends), the node preempted."""
+        node = self.run.status.nodes[0]
+        self._signal(signal.SIGTERM)
+        self.session.preempt(node)
 
     def _kill(self) -> None:
         """SIGKILL the training processes of the attempt: no notice, no save."""
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
         jobs = self.run.refresh().jobs
         for pid in (jobs[-1].info.get("children") or []) if jobs else []:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(pid), sig)
 
     # -- the events ---------------------------------------------------------------------------
     def setup(self) -> Fired:

@@ -33,7 +33,9 @@ NOT_YET = [("shrink to fewer nodes", "not driven by this version: certify runs o
 def _shape(what: Any, command: Sequence[str] | None, workdir: Path) -> str:
     """The program's kind, from its source, for naming the fix: lightning, trainer or loop."""
     script = workdir / str(what) if what and not command else None
-    text = script.read_text(encoding="utf-8", errors="replace") if script and script.is_file() else ""
+    text = (
+        script.read_text(encoding="utf-8", errors="replace") if script and script.is_file() else ""
+    )
     if "lightning" in text:
         return "lightning"
     if "Trainer" in text and ("transformers" in text or "trl" in text):
@@ -78,9 +80,13 @@ def diagnose(cert: Certificate, ref_run: Any, run: Any, shape: str) -> list[Find
             "and exits 75, and the run resumes"))  # fmt: skip
         return found
     for ev, lost in zip(cert.events, cert.lost, strict=True):
-        if ev.kind in report.NOTICE and lost is not None and lost > 1:
-            found.append(Finding(f"{lost} steps lost to a {ev.label}",
-                                 "let tgnb checkpoint on the notice (protect / Checkpointer)"))
+        if ev.kind in report.NOTICE and lost is not None and lost[1] > 1:
+            found.append(
+                Finding(
+                    f"{lost[1]} steps lost to a {ev.label}",
+                    "let tgnb checkpoint on the notice (protect / Checkpointer)",
+                )
+            )
     if cert.state.ok or cert.state.verdict == "missing":
         return found
     if (step := _first_difference(ref_rows, rows, "learning_rate")) is not None:
@@ -120,14 +126,14 @@ def certify(
     if budget_s <= 0:
         raise ValidationError(f"budget_s must be above 0, not {budget_s!r}: e.g. budget_s=600")
     started = time.monotonic()
-    wd = Path(workdir) if workdir is not None else Path.cwd()
+    wd = Path(workdir) if workdir is not None else Path.cwd()  # for naming the fix only
     seed = secrets.randbelow(10_000) if seed is None else seed
     tag = secrets.token_hex(3)
     stem = Path(str(what or (command or ["command"])[0])).stem.replace("_", "-").lower()[:20]
     common: dict[str, Any] = {
         "args": list(args) if args else None,
         "command": list(command) if command else None,
-        "workdir": wd,
+        "workdir": workdir,
         "checkpoint": {"every_steps": save_every, "drain_poll_seconds": 0.2},
         "recovery": BACKOFF,
     }

@@ -28,7 +28,7 @@ class Finding:
 class Certificate:
     target: str
     events: list[Fired]
-    lost: list[int | None]  # steps lost per event (None: not counted)
+    lost: list[tuple[int, int] | None]  # per event: (last step logged, steps lost); None: unknown
     twice: int
     state: StateMatch
     findings: list[Finding] = field(default_factory=list)
@@ -57,8 +57,11 @@ class Certificate:
                 out.append(f"  NOT DONE  {ev.label}: {ev.note}")
                 continue
             where = f"at step {ev.at_step}" if ev.at_step is not None else "before any step"
-            cost = "steps lost not counted" if lost is None else f"{lost} step(s) lost"
             note = f"; {ev.note}" if ev.note else ""
+            if lost is None:
+                cost = "steps lost not counted (no resume recorded)"
+            else:
+                cost = f"stopped after step {lost[0]}, {lost[1]} step(s) lost"
             out.append(f"  done      {ev.label} ({where}{note}): {cost}")
         for label, why in self.not_done:
             out.append(f"  NOT DONE  {label}: {why}")
@@ -79,8 +82,9 @@ def _run_events(evs: list[Event], reason: str) -> list[Event]:
     return [e for e in evs if e.reason == reason and e.source == "run"]
 
 
-def steps_lost(ev: Fired, rows: list[dict[str, Any]], evs: list[Event]) -> int | None:
-    """Steps the attempt hit by `ev` had logged that the next attempt did not resume."""
+def steps_lost(ev: Fired, rows: list[dict[str, Any]], evs: list[Event]) -> tuple[int, int] | None:
+    """The last step the attempt hit by `ev` logged, and how many of its steps the next attempt
+    did not resume (None: no next attempt recorded a start)."""
     if ev.fired_at is None:
         return None
     starts = [e for e in _run_events(evs, RUN_STARTED) if e.time.timestamp() > ev.fired_at]
@@ -91,7 +95,7 @@ def steps_lost(ev: Fired, rows: list[dict[str, Any]], evs: list[Event]) -> int |
     before = max((int(r["step"]) for r in rows if float(r.get("time", 0)) < at), default=0)
     resumed = next((int(e.data["step"]) for e in _run_events(evs, RUN_RESUMED)
                     if at <= e.time.timestamp() < until and "step" in e.data), 0)  # fmt: skip
-    return max(0, before - resumed)
+    return before, max(0, before - resumed)
 
 
 def logged_twice(rows: list[dict[str, Any]]) -> int:

@@ -69,5 +69,5 @@ if a.defect != "data":
     ckpt.add_state("data", pos)
 if a.defect == "exit0":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-for s in ckpt.steps():
+for _ in ckpt.steps():
     ckpt.log(loss=step(pos))
