@@ -153,7 +153,8 @@ class Driver:
             first = len(seen) == 1
             ev.note = f"{caught[0]} being written" + ("" if first else f" (save {len(seen)})")
             if not first:
-                ev.label = "preemption during a save (the earlier ones finished between looks)"
+                ev.label = f"preemption during a save (the run's save {len(seen)}: the earlier "
+                ev.label += "were not caught in flight)"
         else:
             ev.note = "the program writes no checkpoint: fired at once"
         self._fire(ev, self._preempt)
