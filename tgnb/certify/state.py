@@ -10,6 +10,7 @@ restored less than the run had.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def parameters(path: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from tgnb.train.dcpio import STATE_DIR, SafeReader, _quiet
+    from tgnb.train.dcpio import STATE_DIR, SafeReader
 
     reader = SafeReader(path / STATE_DIR)
     metadata = reader.read_metadata()
@@ -59,7 +60,8 @@ def parameters(path: Path) -> dict[str, Any]:
         for fqn, meta in metadata.state_dict_metadata.items()
         if isinstance(meta, TensorStorageMetadata) and fqn.startswith(MODEL_PREFIX)
     }
-    with _quiet():
+    with warnings.catch_warnings():  # DCP says it assumes one process: that is meant here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, storage_reader=SafeReader(path / STATE_DIR), no_dist=True)
     return {fqn[len(MODEL_PREFIX) :]: t for fqn, t in state.items()}
 
