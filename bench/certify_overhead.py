@@ -48,7 +48,7 @@ def init(self, *a, **k):
     _init(self, *a, **k)
     if "--no-protect" in sys.argv: self.callbacks.append(timer)
 L.Trainer.__init__ = init
-sys.argv = ["lit.py", *sys.argv[1:]]
+sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 print("STEP", statistics.median(timer.t[WARMUP:]))
 """
@@ -109,15 +109,15 @@ def main() -> None:
         tmp = Path(d)
         plain = plain_run(a.steps, tmp)
         whole, alone, head = certify_run(a.steps, tmp)
+        print(f"(a) {head}")
+        print(f"    the script alone: {plain:.1f} s; tgnb certify: {whole:.1f} s "
+              f"({whole / plain:.2f}x, aim <= 3x); certify alone: {alone:.0f} s "
+              f"({alone / plain:.2f}x)", flush=True)  # fmt: skip
         steps: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(a.rounds):
             for protect in (False, True):
                 steps[protect].append(lightning_step(protect, a.lit_steps, a.warmup, tmp))
     on, off = statistics.median(steps[True]), statistics.median(steps[False])
-    print(f"(a) {head}")
-    print(f"    the script alone: {plain:.1f} s; tgnb certify: {whole:.1f} s "
-          f"({whole / plain:.2f}x, aim <= 3x); certify alone: {alone:.0f} s "
-          f"({alone / plain:.2f}x)")  # fmt: skip
     print(f"(b) Lightning step with protect {on * 1e3:.3f} ms / without {off * 1e3:.3f} ms: "
           f"{on / off:.3f} (target <= 1.02); rounds {a.rounds}")  # fmt: skip
 
