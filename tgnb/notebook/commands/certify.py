@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
 HELP = "Certify a script resumes correctly: preempt and kill it beside an uninterrupted run."
-USAGE = "%tg certify SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [-- ARGS...]"
+USAGE = "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [-- ARGS...]"
 
 
 def arguments(p: Parser) -> None:
