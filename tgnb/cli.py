@@ -15,6 +15,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulator": ("tgnb.emulator.cli", "start, stop, inspect or serve the local emulated cluster"),
     "train": ("tgnb.train.cli", "run a GRPO or DPO training job from a YAML config"),
     "demo": ("tgnb.demo", "the main job on the local emulator: preempt a run, watch it resume"),
+    "certify": (
+        "tgnb.certify.cli",
+        "run a training script under preemptions beside an uninterrupted run; exit 1 if unsafe",
+    ),
     "notebooks": (
         "tgnb.batch",
         "run the example notebooks with papermill; keep executed copies and HTML",

@@ -297,6 +297,14 @@ class Session:
         finally:
             plan.discard()  # the engine wrote the snapshot where the run reads it
 
+    def certify(self, what: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
+        """Certify a script (or ``command=``) on this local emulator: run it beside an
+        uninterrupted copy under preemptions and a kill, and return the `tgnb.certify.Certificate`
+        (``.safe``). Options: `tgnb.certify.core.certify`."""
+        from tgnb.certify import certify
+
+        return certify(self, what, **kwargs)
+
     def _submit(self, plan: Any, dry_run: bool) -> Any:
         """Record the plan's run and submit it (`dry_run`: the config as the node runs it)."""
         spec, backend = plan.spec, self.backend

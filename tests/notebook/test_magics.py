@@ -23,6 +23,7 @@ SUBCOMMANDS = [
     "stop",
     "events",
     "preempt",
+    "certify",
     "cost",
     "pt",
 ]

@@ -20,6 +20,7 @@ from types import ModuleType
 
 from tgnb.notebook.commands import (
     attach,
+    certify,
     clusters,
     cost,
     events,
@@ -95,6 +96,7 @@ _ROWS: list[tuple[str, ModuleType]] = [
     ("logs", logs),
     ("events", events),
     ("preempt", preempt),
+    ("certify", certify),
     ("cost", cost),
     ("pt connect", pt_connect),
     ("pt models", pt_models),

@@ -1,0 +1,61 @@
+"""``tgnb certify [options] train.py [ARGS...]`` (or ``--command CMD...``): certify a program on a
+fresh local emulator of its own (started in a temporary tgnb home, stopped at the end), print the
+certificate, and exit 0 when it is safe, 1 when it is not (so it gates CI), 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from tgnb.errors import TgnbError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tgnb certify",
+        description="Run a training program under preemptions, kills and restarts on the local "
+        "emulator, beside an uninterrupted run, and certify it resumes correctly.",
+    )
+    p.add_argument("script", nargs="?", help="the script, relative to --workdir")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.add_argument("--command", help="a command instead of a script, e.g. 'accelerate launch t.py'")
+    p.add_argument("--workdir", default=".", help="the program's folder (default: here)")
+    p.add_argument("--budget-s", type=float, default=900.0, help="time budget in seconds")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random step events")
+    p.add_argument("--save-every", type=int, default=5, help="periodic save interval (steps)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    if bool(ns.script) == bool(ns.command):
+        print("tgnb certify: give a script or --command, not both or neither", file=sys.stderr)
+        return 2
+    from tgnb.certify import certify
+    from tgnb.session import attach, shutdown_local
+
+    with tempfile.TemporaryDirectory(prefix="tgnb-certify-") as home:
+        try:
+            session = attach(local=True, home=home, create=True)
+            session.scale(preemptible=16, wait=True, timeout=120, poll=0.2)
+            cert = certify(
+                session,
+                ns.script,
+                args=ns.args or None,
+                command=shlex.split(ns.command) if ns.command else None,
+                workdir=Path(ns.workdir),
+                seed=ns.seed,
+                budget_s=ns.budget_s,
+                save_every=ns.save_every,
+            )
+        except TgnbError as exc:
+            print(f"tgnb certify: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            shutdown_local(home)
+    print(cert)
+    return cert.exit_code

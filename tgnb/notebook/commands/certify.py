@@ -1,0 +1,44 @@
+"""``%tg certify train.py [--budget 15m] [--seed N] [-- ARGS...]``: `Session.certify` (the local
+emulator only: the Session refuses elsewhere), showing the certificate."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from tgnb.errors import ValidationError
+from tgnb.notebook.commands.grammar import Parser, duration
+
+if TYPE_CHECKING:
+    from tgnb.notebook.magics import Tg
+
+HELP = "Certify a script resumes correctly: preempt and kill it beside an uninterrupted run."
+USAGE = "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [-- ARGS...]"
+
+
+def arguments(p: Parser) -> None:
+    p.add_argument("script", help="the script, in the workdir (train.py)")
+    p.add_argument("--workdir", help="the program's folder (default: the notebook's)")
+    p.add_argument("--command", help="a command instead of the script, e.g. 'python t.py'")
+    p.add_argument("--budget", type=duration, default=timedelta(minutes=15),
+                   help="time budget, e.g. 10m (default 15m)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=None, help="seed of the random step events")
+    p.add_argument("args", nargs="*", help="the script's arguments, after --")
+
+
+def run(tg: Tg, args: Any, cell: str | None) -> Any:
+    session = tg.attached()
+    try:
+        return session.certify(
+            None if args.command else args.script,
+            args=list(args.args) or None,
+            command=shlex.split(args.command) if args.command else None,
+            workdir=args.workdir,
+            seed=args.seed,
+            budget_s=args.budget.total_seconds(),
+        )
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
