@@ -66,6 +66,7 @@ LAYERS: list[set[str]] = [
     {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
     {"markup"},  # the one escaping function of every rendered string (issue 24)
     {"config"},
+    {"atomic"},  # atomic_write: the one way a file is replaced (issue 32 §3)
 ]
 
 #: (file relative to the package, imported module) -> why this import may go against the planes.
