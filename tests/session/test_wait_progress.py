@@ -25,3 +25,15 @@ def test_wait_shows_steps_eta_and_the_final_state(
     assert re.search(r"^run bar: 100%.*\| 12/12 \[\d\d:\d\d<00:00.*succeeded\]$", lines[-1]), lines
     assert run.wait(progress=False).state.value == "succeeded"
     assert capsys.readouterr().err == ""
+
+
+def test_a_notebook_shows_a_run_and_a_capacity_wait_as_sentences(session: Session) -> None:
+    """IPython's display of a run and of a capacity wait: a sentence each, not the repr
+    (``<Run ... pending>``, ``WaitResult(...)`` showed in the README's tour)."""
+    from IPython.lib.pretty import pretty
+
+    run = session.launch("grpo", name="shown", max_steps=2)
+    run.wait(timeout=120, progress=False)
+    assert re.fullmatch(r"run shown: succeeded on \S+ \(local engine\), 0 restarts", pretty(run))
+    waited = session.cluster.wait_for_capacity(timeout=5)
+    assert pretty(waited) == str(waited) and pretty(waited).startswith("capacity ")

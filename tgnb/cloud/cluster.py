@@ -44,6 +44,10 @@ class WaitResult:
             f"({self.polls} polls)"
         )
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """What a notebook cell shows: the sentence of `__str__`, not the repr."""
+        p.text(str(self))
+
     def __repr__(self) -> str:
         s = self.state
         return (

@@ -90,6 +90,16 @@ class Run:
             f"restarts={st.restart_count}>"
         )
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """What a notebook cell shows for a run: a sentence, not the repr."""
+        st = self.report()
+        where = f" on {', '.join(st.nodes)}" if st.nodes else ""
+        detail = f": {st.detail}" if st.detail and st.state.value != "succeeded" else ""
+        p.text(
+            f"run {self.name}: {st.state.value}{where} ({self._record.backend} engine), "
+            f"{st.restart_count} restart{'s' * (st.restart_count != 1)}{detail}"
+        )
+
     # -- status --------------------------------------------------------------------------------
 
     def refresh(self) -> RunRecord:
