@@ -62,6 +62,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"tasks"},
     {"runs"},
+    {"prices"},  # dollars per GPU-hour of each node class, budgets
     {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
     {"markup"},  # the one escaping function of every rendered string (issue 24)
     {"config"},

@@ -34,12 +34,15 @@ from tgnb.events import (
 )
 from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
+from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from tgnb.prices import Prices
 
 
 class Run:
@@ -307,11 +310,30 @@ class Run:
             df = df.sort_values("step", kind="stable").reset_index(drop=True)
         return df
 
-    def summary(self) -> dict[str, Any]:
+    def prices(self) -> Prices | None:
+        """Dollars per GPU-hour of the run's node classes: as its launch resolved them (a run
+        with a budget), else its cluster's (`tgnb.prices`); None when neither is known."""
+        if self._record.spec.prices is not None:
+            return self._record.spec.prices
+        if self.cluster is None:
+            return None
+        try:
+            return self.cluster.state().prices()
+        except TgnbError:
+            return None
+
+    def cost(self) -> RunCost:
+        """The run's GPU-hours by node class and the work preemptions cost it, so far
+        (`tgnb.runs.cost.run_cost`); ``.dollars(run.prices())`` prices them."""
+        res = self._record.spec.resources
+        return run_cost(self.name, self.run_events(), int(res.gpus_per_node) * int(res.nodes))
+
+    def summary(self, prices: Prices | None = None) -> dict[str, Any]:
         """What the run achieved: steps done against max_steps, steps lost to restarts (steps
         done but not in the checkpoint a restart resumed from: all of them when it started again
         from step 0, its node gone with no notice), restarts, preemptions (the notices the run
-        saw), first and last reward."""
+        saw), first and last reward; its GPU-hours and their dollars (``cost_usd``, at `prices`,
+        default `Run.prices`; None when no price is known) against its ``budget_usd``."""
         rows = self.records("metrics")
         evs = self.run_events()
         max_steps = self.max_steps()
@@ -349,6 +371,17 @@ class Run:
             "reward_key": key,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
+            **self._dollars(prices),
+        }
+
+    def _dollars(self, prices: Prices | None) -> dict[str, Any]:
+        cost = self.cost()
+        prices = prices or self.prices()
+        usd = cost.dollars(prices)
+        return {
+            "gpu_hours": round(cost.standard_gpu_hours + cost.preemptible_gpu_hours, 4),
+            "cost_usd": None if usd is None else round(usd, 4),
+            "budget_usd": self._record.spec.budget_usd,
         }
 
     def run_events(self) -> list[Event]:
