@@ -232,3 +232,17 @@ def test_watch_timeout_goes_with_wait(ip: Any, tg: Any, attached: EmulatorHandle
     ip.run_line_magic("tg", "attach --local")
     with pytest.raises(UsageError, match=r"--timeout goes with --wait"):
         ip.run_line_magic("tg", "watch nope --timeout 5m")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("-5", "budget_usd must be more than 0 dollars"), ("ten", "is not a finite number")],
+)
+def test_a_bad_budget_is_a_one_line_usage_error(
+    ip: Any, tg: Any, attached: EmulatorHandle, value: str, says: str
+) -> None:
+    ip.run_line_magic("tg", "attach --local")
+    before = len(tg.attached().runs())
+    with pytest.raises(UsageError, match=says):
+        ip.run_line_magic("tg", f"launch sft --name budget-bad --budget-usd {value}")
+    assert len(tg.attached().runs()) == before  # nothing recorded or submitted
