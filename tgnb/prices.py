@@ -62,6 +62,11 @@ def dollars(amount: float | None) -> str:
     return f"${amount:.4f}" if 0 < abs(amount) < 0.01 else f"${amount:,.2f}"
 
 
+def money(amount: float, currency: str = CURRENCY) -> str:
+    """`dollars` for USD, else ``1.23 EUR``: how every amount of tgnb is written."""
+    return dollars(amount) if currency.upper() == CURRENCY else f"{amount:.2f} {currency}"
+
+
 @dataclass(frozen=True)
 class Prices:
     """USD per GPU-hour of standard and preemptible nodes, and where they came from."""
@@ -185,6 +190,7 @@ __all__ = [
     "check_price",
     "dollars",
     "from_api",
+    "money",
     "node_class",
     "published",
     "resolve",
