@@ -312,15 +312,12 @@ class Run:
 
     def prices(self) -> Prices | None:
         """Dollars per GPU-hour of the run's node classes: as its launch resolved them (a run
-        with a budget), else its cluster's (`tgnb.prices`); None when neither is known."""
+        with a budget), else its cluster's as last read (`tgnb.prices`; no request is sent);
+        None when neither is known."""
         if self._record.spec.prices is not None:
             return self._record.spec.prices
-        if self.cluster is None:
-            return None
-        try:
-            return self.cluster.state().prices()
-        except TgnbError:
-            return None
+        last = getattr(self.cluster, "last", None)
+        return None if last is None else last.prices()
 
     def cost(self) -> RunCost:
         """The run's GPU-hours by node class and the work preemptions cost it, so far
@@ -371,10 +368,12 @@ class Run:
             "reward_key": key,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
-            **self._dollars(prices),
+            **self.spending(prices),
         }
 
-    def _dollars(self, prices: Prices | None) -> dict[str, Any]:
+    def spending(self, prices: Prices | None = None) -> dict[str, Any]:
+        """``gpu_hours`` so far, their ``cost_usd`` at `prices` (default `prices`; None when
+        no price is known) and the run's ``budget_usd`` (None: no budget)."""
         cost = self.cost()
         prices = prices or self.prices()
         usd = cost.dollars(prices)

@@ -10,6 +10,8 @@ import pytest
 
 from tgnb.errors import ValidationError
 from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, CHECKPOINT_SAVED
+from tgnb.notebook.widgets import RunPanel
+from tgnb.prices import dollars
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
 from tgnb.train.checkpoint import checkpoint_dirs, read_marker
@@ -51,6 +53,12 @@ def test_budget_notice_at_80_percent_then_stopped_with_a_sealed_checkpoint(
     assert summary["budget_usd"] == budget
     assert summary["cost_usd"] is not None and summary["cost_usd"] >= budget
     assert summary["gpu_hours"] > 0
+    panel = RunPanel(run, start=False)  # the RunPanel's header says it too
+    try:
+        panel.refresh()
+        assert f"of its {dollars(budget)} budget" in panel.header.value
+    finally:
+        panel.close()
 
 
 @pytest.mark.parametrize("bad", [-5, 0, "ten", float("nan")])
