@@ -53,7 +53,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"tgnb", "server"},
     {"notebook"},
-    {"batch", "demo"},
+    {"batch", "demo", "sweep"},  # sweep: a sweep's budget over its runs
     {"session"},
     {"prelaunch"},  # what Session.launch makes of its arguments, and the launch-time checks
     {"backends", "posttraining", "tinker"},  # tinker: the Tinker layer over Post-Training
