@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from tgnb.config import scrub
 from tgnb.errors import BackendError, TgnbError
 from tgnb.events import (
+    BUDGET_NOTICE,
+    BUDGET_REACHED,
     DRAIN_NOTICE,
     NODE_ADDED,
     PREEMPTED,
@@ -206,6 +209,7 @@ class Run:
         The run's watcher: each poll is a `sync`, so the store holds the final state on return.
 
         `progress` shows a text bar on stderr: steps done of max_steps, elapsed, ETA, state.
+        A run with a ``budget_usd`` has its budget's notices (80 %, reached) printed on stderr.
         Raises `TimeoutError` after `timeout` seconds with the run still going.
         """
         from tgnb.progress import StepBar
@@ -214,9 +218,12 @@ class Run:
         bar: StepBar | None = None
         read_at = -float("inf")  # the metrics are read at most every 2 s (remote ones are logs)
         step = 0
+        told: set[str] = set()  # the budget's notices already printed
         try:
             while True:
                 st = self.sync()
+                if self._record.spec.budget_usd is not None:
+                    self._tell_budget(told)
                 if progress:
                     if st.state.finished or time.monotonic() - read_at >= 2.0:
                         step, read_at = self._last_step(), time.monotonic()
@@ -234,6 +241,13 @@ class Run:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _tell_budget(self, told: set[str]) -> None:
+        """Print on stderr each budget notice of the run's events not yet in `told`."""
+        for ev in self.run_events():
+            if ev.reason in (BUDGET_NOTICE, BUDGET_REACHED) and ev.reason not in told:
+                told.add(ev.reason)
+                print(f"run {self.name}: {ev.message}", file=sys.stderr, flush=True)
 
     def wait_for_step(
         self, step: int = 1, timeout: float | None = None, poll: float = 0.5

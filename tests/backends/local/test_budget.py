@@ -23,7 +23,7 @@ BUDGET_SECONDS = 30.0
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_budget_notice_at_80_percent_then_stopped_with_a_sealed_checkpoint(
-    session: Session,
+    session: Session, capsys: pytest.CaptureFixture[str]
 ) -> None:
     prices = session.prices()
     assert prices is not None and prices.source == "the platform's API"
@@ -36,6 +36,9 @@ def test_budget_notice_at_80_percent_then_stopped_with_a_sealed_checkpoint(
     status = run.wait(timeout=600, progress=False)
     assert status.state == JobState.CANCELLED, status
     assert "budget reached" in status.detail, status
+    told = capsys.readouterr().err  # run.wait prints the budget's notices as they come
+    assert "run budgeted: 80 % of the budget spent" in told, told
+    assert "run budgeted: spent" in told and "stopping the run (it checkpoints)" in told, told
 
     evs = run.run_events()
     notice = next(e for e in evs if e.reason == BUDGET_NOTICE)
