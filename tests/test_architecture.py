@@ -53,7 +53,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"tgnb", "server"},
     {"notebook"},
-    {"batch", "demo"},
+    {"batch", "demo", "sweep"},  # sweep: a sweep's budget over its runs
     {"session"},
     {"certify"},  # a program beside an uninterrupted copy of itself, on the session's emulator
     {"prelaunch"},  # what Session.launch makes of its arguments, and the launch-time checks
@@ -63,6 +63,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"tasks"},
     {"runs"},
+    {"prices"},  # dollars per GPU-hour of each node class, budgets
     {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
     {"markup"},  # the one escaping function of every rendered string (issue 24)
     {"config"},

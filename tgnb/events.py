@@ -68,8 +68,20 @@ JOB_KILLED = "JobKilled"  # SIGKILL when the node was removed
 RECOVERY_DECIDED = "RecoveryDecided"
 #: A failure counted against the budget: data["failures"], ["max_restarts"], ["backoff_s"].
 RUN_FAILED_RESTARTING = "RunFailedRestarting"
+#: A run's spending reached `tgnb.prices.NOTICE_FRACTION` of its budget: data["spent_usd"],
+#: ["budget_usd"]; then, at the budget, BUDGET_REACHED and the run is stopped (it checkpoints).
+BUDGET_NOTICE = "BudgetNotice"
+BUDGET_REACHED = "BudgetReached"
 JOB_REASONS = frozenset(
-    {JOB_PLACED, SIGNAL_SENT, JOB_KILLED, RECOVERY_DECIDED, RUN_FAILED_RESTARTING}
+    {
+        JOB_PLACED,
+        SIGNAL_SENT,
+        JOB_KILLED,
+        RECOVERY_DECIDED,
+        RUN_FAILED_RESTARTING,
+        BUDGET_NOTICE,
+        BUDGET_REACHED,
+    }
 )
 
 # Reasons of the Post-Training API's objects (source "posttraining"): a model resource's lifecycle,

@@ -24,6 +24,7 @@ from tgnb.config import Settings
 from tgnb.connection import REMOTE_POLL, Emulator
 from tgnb.errors import NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, dedupe, parse_since, parse_time
+from tgnb.prices import Prices, check_budget
 from tgnb.runs.backend import Backend
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
@@ -104,6 +105,14 @@ class Session:
     def status(self) -> ClusterState:
         """The cluster now: target against allocated, standard and preemptible nodes."""
         return self.cluster.state()
+
+    def prices(
+        self, standard: float | None = None, preemptible: float | None = None
+    ) -> Prices | None:
+        """USD per GPU-hour of the cluster's standard and preemptible nodes (`tgnb.prices`:
+        `standard` / `preemptible` override, else the platform's, else the published rates of
+        its GPU type); None when none are known."""
+        return self.cluster.state().prices(standard, preemptible)
 
     def scale(
         self,
@@ -244,6 +253,8 @@ class Session:
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, SecretRef] | None = None,
         recovery: RecoveryPolicy | Mapping[str, Any] | str | None = None,
+        budget_usd: float | None = None,
+        prices: Prices | None = None,
         dry_run: bool = False,
         **train_overrides: Any,
     ) -> Any:
@@ -255,7 +266,9 @@ class Session:
         "train.py"]``). A script or command runs in a snapshot of `workdir` (default: the
         notebook's or the calling script's folder; `tgnb.runs.workdir`). `recovery`: a
         `tgnb.runs.recovery.RecoveryPolicy`, a mapping of its fields or a `when_short` name
-        (``"shrink"``); default: wait for preemptible capacity. `train_overrides` set
+        (``"shrink"``); default: wait for preemptible capacity. `budget_usd`: stop the run (it
+        checkpoints) once its GPU-hours cost that many dollars, with a notice at 80 %, at
+        `prices` (default: the cluster's, `prices`). `train_overrides` set
         config keys (``max_steps=60``, ``trl={...}``, ``checkpoint={...}`` merge). Everything is
         checked first (`tgnb.prelaunch`: the config, the script, datasets and rewards in the
         workdir, TRL's options; the name; what the cluster can hold); on bad input nothing is
@@ -271,6 +284,9 @@ class Session:
         def state() -> ClusterState:
             read[:] = read or [self.cluster.state()]
             return read[0]
+
+        if check_budget(budget_usd) is not None and prices is None:
+            prices = state().prices()
 
         plan = prelaunch.plan(
             what,
@@ -288,6 +304,8 @@ class Session:
             env=dict(env or {}),
             secrets=dict(secrets or {}),
             recovery=RecoveryPolicy.coerce(recovery),
+            budget_usd=budget_usd,
+            prices=prices,
         )
         if plan.snapshot is not None and plan.snapshot.notice():
             print(plan.snapshot.notice())  # the credential files left out

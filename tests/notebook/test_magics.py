@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
+from traitlets import TraitError
 
+from tgnb import prices
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.notebook.commands import names
 
@@ -175,7 +177,30 @@ def test_runs_and_cost_with_no_runs(ip: Any, tg: Any, attached: EmulatorHandle) 
     assert "no runs launched or opened in this notebook yet" in str(ip.run_line_magic("tg", "runs"))
     report = ip.run_line_magic("tg", "cost")
     assert report.total("preemptible_gpu_hours") == 0
-    assert "prices not set" in str(report)
+    assert "cost $0.00 at" in str(report)
+
+
+def test_cost_is_in_dollars_at_the_emulators_prices_and_config_overrides_them(
+    ip: Any, tg: Any, attached: EmulatorHandle
+) -> None:
+    """``%tg cost`` prices GPU-hours at what the emulator's cluster serves (its GPU type's
+    published rates), and ``%config Tg.*_price`` overrides them; a bad price is refused."""
+    state = tg.attached().status()
+    served = prices.published(state.gpu_type)
+    assert served is not None and state.pricing == served.to_api()  # served over HTTP
+    report = ip.run_line_magic("tg", "cost")
+    assert report.prices == prices.Prices(served.standard, served.preemptible, prices.FROM_API)
+    assert f"{prices.dollars(served.standard)}/GPU-h standard" in str(report)
+    assert "(from the platform's API)" in str(report)
+    ip.run_line_magic("config", "Tg.preemptible_price = 0.25")
+    try:
+        report = ip.run_line_magic("tg", "cost")
+        assert (report.prices.standard, report.prices.preemptible) == (served.standard, 0.25)
+        assert "$0.25/GPU-h preemptible (from %config and the platform's API)" in str(report)
+        with pytest.raises(TraitError, match=r"must be >= 0 dollars per GPU-hour.*= 2\.5"):
+            tg.standard_price = -1.0
+    finally:
+        tg.preemptible_price = None
 
 
 def test_attach_to_a_cluster_that_does_not_exist(
@@ -208,3 +233,17 @@ def test_watch_timeout_goes_with_wait(ip: Any, tg: Any, attached: EmulatorHandle
     ip.run_line_magic("tg", "attach --local")
     with pytest.raises(UsageError, match=r"--timeout goes with --wait"):
         ip.run_line_magic("tg", "watch nope --timeout 5m")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("-5", "budget_usd must be more than 0 dollars"), ("ten", "is not a finite number")],
+)
+def test_a_bad_budget_is_a_one_line_usage_error(
+    ip: Any, tg: Any, attached: EmulatorHandle, value: str, says: str
+) -> None:
+    ip.run_line_magic("tg", "attach --local")
+    before = len(tg.attached().runs())
+    with pytest.raises(UsageError, match=says):
+        ip.run_line_magic("tg", f"launch sft --name budget-bad --budget-usd {value}")
+    assert len(tg.attached().runs()) == before  # nothing recorded or submitted

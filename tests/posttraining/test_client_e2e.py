@@ -111,6 +111,10 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     assert usage["gpu_minutes"] == pytest.approx(emu.rl_usage(res.id)["gpu_minutes"], rel=0.5)
     assert cost.gpu_minutes > 0 and cost.amount > 0
     assert cost.amount == pytest.approx(usage["cost"], rel=0.2)  # price x minutes, a bit later
+    # dollars per session: the resource's split between its two sessions, all of it
+    assert [label for label, _ in cost.sessions] == ["r4", "r8"]
+    assert sum(usd for _, usd in cost.sessions) == pytest.approx(cost.amount)
+    assert "per session: r4 $" in str(cost)
 
     # The panel shows both sessions, their curves and the cost (static HTML, no kernel).
     panel = tgnb.panel(res, start=False)  # drawn once, no polling thread

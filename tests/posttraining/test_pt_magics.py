@@ -112,11 +112,14 @@ def test_start_open_panel_cost_stop(
     assert res.id in str(resources)
     (row,) = [r for r in resources.rows if r[0] == res.id]
     gpus, price, so_far = row[5:8]
-    assert gpus == "2" and price == "18.00 USD/h"  # 9 USD per GPU-hour on the emulator
-    assert so_far.endswith(" USD") and float(so_far.split()[0]) > 0
-    assert "resource(s)" in resources.caption and "USD so far" in resources.caption
+    assert gpus == "2" and price == "$18.00/h"  # 9 USD per GPU-hour on the emulator
+    assert so_far.startswith("$") and float(so_far.lstrip("$")) > 0
+    assert "resource(s)" in resources.caption and " so far" in resources.caption
     cost = ip.run_line_magic("tg", "pt cost")
     assert cost.head[3] == "GPU-MINUTES" and float(cost.rows[0][3]) > 0
+    # dollars per session: the one session open holds the whole cost so far
+    assert [r[0] for r in cost.rows[1:]] == ["  session m1"]
+    assert cost.rows[1][5].startswith("$") and "split by the time" in cost.caption
     # the emulator's minutes are its platform time, and say so; the resource prints readably
     assert "platform time of the local emulator" in cost.caption
     assert "platform s)" in str(cost) and "platform min" in str(cost)

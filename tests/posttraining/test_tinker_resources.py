@@ -215,7 +215,7 @@ def test_a_script_says_what_its_resources_cost_and_which_it_leaves_running(
         assert sum("1 model resource(s), 1 GPU(s): about" in ln for ln in held) == 1  # its own
         assert sum("1 model resource(s), 2 GPU(s): about" in ln for ln in held) == 1  # the lent
         (left,) = [ln for ln in report if "still running" in ln]
-        assert rid in left and "borrowed" in left and "18 USD/hour" in left
+        assert rid in left and "borrowed" in left and "$18.00/hour" in left
         assert f"%tg pt stop --resource {rid} --force" in left
         assert running_resources() == before  # the script's own resource stopped at its exit
         assert rid in before

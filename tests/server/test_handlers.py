@@ -180,6 +180,11 @@ async def test_event_stream_pushes_preemption_and_run_resume(
     runs = [m["runs"] for m in seen if m["type"] == "runs"][-1]
     assert runs[0]["name"] == "sse-run" and runs[0]["max_steps"] == 400
     assert runs[0]["step"] > 0 and 0 < runs[0]["progress"] <= 1
+    # the sidebar's dollars: the run's so far at the cluster's prices, which the cluster carries
+    assert runs[0]["cost_usd"] > 0 and runs[0]["gpu_hours"] > 0 and runs[0]["budget_usd"] is None
+    cluster = [m["cluster"] for m in seen if m["type"] == "cluster"][-1]
+    assert cluster["prices"]["source"] == "the platform's API"
+    assert cluster["prices"]["preemptible"] > 0
 
     one = body(await jp_fetch("tgnb", "runs", "sse-run"))
     assert RUN_RESUMED in {e["reason"] for e in one["events"]}

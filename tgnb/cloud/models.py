@@ -13,9 +13,7 @@ from typing import Any
 
 from tgnb.events import Event, dedupe, format_time, parse_time, utcnow
 from tgnb.markup import escape, plain
-
-#: Node names of preemptible nodes start with this; standard nodes start with ``gpu-dp``.
-PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
+from tgnb.prices import PREEMPTIBLE_PREFIX, Prices, resolve
 
 
 def _short_phase(phase: str) -> str:
@@ -105,6 +103,8 @@ class ClusterState:
     preemptible_nodes: tuple[NodeState, ...] = ()
     phases: tuple[tuple[str, datetime], ...] = ()
     events: tuple[Event, ...] = ()
+    #: the API's ``pricing`` object where it gives one (the emulator does; see `tgnb.prices`)
+    pricing: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     fetched_at: datetime = field(default_factory=utcnow, compare=False)
 
     @classmethod
@@ -133,7 +133,15 @@ class ClusterState:
             preemptible_nodes=tuple(n for n in nodes if n.preemptible),
             phases=_phases(c.get("phase_transitions")),
             events=tuple(dedupe(lifecycle)),
+            pricing=c.get("pricing") if isinstance(c.get("pricing"), Mapping) else None,
         )
+
+    def prices(
+        self, standard: float | None = None, preemptible: float | None = None
+    ) -> Prices | None:
+        """USD per GPU-hour of this cluster's node classes (`tgnb.prices.resolve`: the
+        overrides, else the API's pricing, else the published rates of its GPU type)."""
+        return resolve(self.gpu_type, self.pricing, standard, preemptible)
 
     @property
     def nodes(self) -> tuple[NodeState, ...]:

@@ -28,6 +28,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tgnb import prices
 from tgnb.events import format_time, parse_time
 from tgnb.runs.spec import GPUS_PER_NODE
 
@@ -343,6 +344,7 @@ def cluster_to_api(cluster: FleetCluster, include_events: bool = True) -> dict[s
     created = cluster.created_at
     live = [n for n in cluster.nodes if n.state != REMOVED]
     removed = [n for n in cluster.nodes if n.state == REMOVED]
+    rates = prices.published(cluster.gpu_type)
     out: dict[str, Any] = {
         "cluster_id": cluster.cluster_id,
         "cluster_name": cluster.cluster_name,
@@ -389,6 +391,9 @@ def cluster_to_api(cluster: FleetCluster, include_events: bool = True) -> dict[s
         "duration_hours": cluster.duration_days * 24 if cluster.duration_days else None,
         "ums_project_id": cluster.project_id,
         "ums_org_id": ORG_ID,
+        # not in together 3.1.1's Cluster: the emulator serves its GPU type's published rates
+        # (`tgnb.prices`), which the client reads where an API gives them
+        "pricing": None if rates is None else rates.to_api(),
     }
     if include_events:
         out["node_lifecycle_events"] = [

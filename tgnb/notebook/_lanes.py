@@ -41,6 +41,9 @@ MARKER_STYLE: dict[str, tuple[str, str]] = {
     # The recovery policy's decisions (tgnb.runs.recovery): wait, shrink, standard nodes, back.
     ev.RECOVERY_DECIDED: ("diamond", "#e6ab02"),
     ev.RUN_FAILED_RESTARTING: ("square", "#d62728"),
+    # A run's budget (tgnb.prices): the notice at 80 %, and the stop at the budget.
+    ev.BUDGET_NOTICE: ("diamond", "#8c564b"),
+    ev.BUDGET_REACHED: ("bar", "#8c564b"),
     ev.RESOURCE_CREATED: ("circle", "#7570b3"),
     ev.RESOURCE_QUEUED: ("square", "#bbbbbb"),
     ev.RESOURCE_READY: ("up", "#7570b3"),
@@ -70,6 +73,8 @@ LABEL = {
     ev.JOB_KILLED: "job killed",
     ev.RECOVERY_DECIDED: "recovery decision",
     ev.RUN_FAILED_RESTARTING: "failed, restarting",
+    ev.BUDGET_NOTICE: "80 % of budget",
+    ev.BUDGET_REACHED: "budget reached",
     ev.RESOURCE_CREATED: "resource created",
     ev.RESOURCE_QUEUED: "queued for GPUs",
     ev.RESOURCE_READY: "resource ready",

@@ -35,6 +35,7 @@ from tgnb.notebook.commands.grammar import HelpShown, nearest, unknown_options
 from tgnb.notebook.commands.pt import PtState
 
 if TYPE_CHECKING:
+    from tgnb.prices import Prices
     from tgnb.runs import Run
     from tgnb.session import Session
 
@@ -57,11 +58,27 @@ class Tg(Magics):
         "UTC", help="Time zone of displayed times (IANA name, e.g. Europe/Paris)."
     ).tag(config=True)
     standard_price = Float(
-        None, allow_none=True, help="Price of one standard GPU-hour, for `%tg cost`."
+        None,
+        allow_none=True,
+        help="Dollars per standard GPU-hour (default: the platform's, else the published rate).",
     ).tag(config=True)
     preemptible_price = Float(
-        None, allow_none=True, help="Price of one preemptible GPU-hour, for `%tg cost`."
+        None,
+        allow_none=True,
+        help="Dollars per preemptible GPU-hour (default: the platform's, else the published rate).",
     ).tag(config=True)
+
+    @validate("standard_price", "preemptible_price")
+    def _check_price(self, proposal: Any) -> float | None:
+        from tgnb.prices import check_price
+
+        value = proposal["value"]
+        if value is None:
+            return None
+        try:
+            return check_price(value, proposal["trait"].name.removesuffix("_price"))
+        except TgnbError as exc:
+            raise TraitError(str(exc)) from None
 
     @validate("poll_interval")
     def _check_poll(self, proposal: Any) -> float:
@@ -184,6 +201,10 @@ class Tg(Magics):
         if self.session is None:
             raise UsageError("no cluster attached: run %tg attach NAME (or %tg attach --local)")
         return self.session
+
+    def prices(self) -> Prices | None:
+        """The attached cluster's dollars per GPU-hour, ``%config Tg.*_price`` overriding."""
+        return self.attached().prices(self.standard_price, self.preemptible_price)
 
     def find_run(self, name: str) -> Run:
         """The run `name` names: a variable holding a Run (``%tg launch ... -o run`` then

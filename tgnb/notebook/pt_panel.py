@@ -21,6 +21,7 @@ import ipywidgets as W
 from tgnb.markup import escape
 from tgnb.notebook._pt_plot import colour, multi_curve_svg
 from tgnb.notebook.widgets import Panel, Poller
+from tgnb.prices import money
 
 #: Metrics drawn, first found wins (reward names the recipes use).
 REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "accuracy")
@@ -94,7 +95,7 @@ def header_text(state: PanelState) -> str:
         est = " (est.)" if c.estimated else ""
         clock = " (platform)" if c.unit != "min" else ""
         parts.append(f"{c.gpu_minutes:.1f} GPU-min{clock}{est}")
-        parts.append(f"{c.amount:.2f} {c.currency} so far")
+        parts.append(f"{money(c.amount, c.currency)} so far")
         if c.unit != "min":
             parts.append(f"({c.clock_note})")
     return " · ".join(parts)

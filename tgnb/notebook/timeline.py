@@ -25,16 +25,20 @@ from typing import Any, Protocol, runtime_checkable
 from tgnb import events as ev
 from tgnb.events import Event, utcnow
 from tgnb.notebook._lanes import LABEL, Lane, Marker, Span
+from tgnb.prices import PREEMPTIBLE_PREFIX, node_class
 
-#: Name prefix of preemptible GPU worker nodes (standard ones are ``gpu-dp...``).
-PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
 #: The platform's drain window: a node is removed 300 s after its preemption notice.
 DRAIN_WINDOW_S = 300.0
 
 _NODE_END = {ev.PREEMPTED, ev.SCALED_DOWN}
 _RUN_OPEN = {ev.RUN_STARTED, ev.RUN_RESUMED}
 #: Run events another source records (a backend): drawn on the run's lane, not a node's.
-_ON_RUN_LANE = ev.RUN_REASONS | {ev.RECOVERY_DECIDED, ev.RUN_FAILED_RESTARTING}
+_ON_RUN_LANE = ev.RUN_REASONS | {
+    ev.RECOVERY_DECIDED,
+    ev.RUN_FAILED_RESTARTING,
+    ev.BUDGET_NOTICE,
+    ev.BUDGET_REACHED,
+}
 _RUN_CLOSE = {ev.RUN_REQUEUED, ev.RUN_EXITED}
 
 
@@ -50,11 +54,6 @@ _PT_CLOSE = {
     ev.SESSION_EXPIRED,
     ev.SESSION_ERROR,
 }
-
-
-def node_class(name: str) -> str:
-    """``"preemptible"`` for a ``gpu-preemptible-dp...`` node, else ``"standard"``."""
-    return "preemptible" if name.startswith(PREEMPTIBLE_PREFIX) else "standard"
 
 
 def _as_event(item: Event | Mapping[str, Any]) -> Event:

@@ -434,7 +434,23 @@ class RunPanel(Panel):
         return (
             f"<b>run {e(self.run.name)}</b> ({e(kind)}) · {e(self.state)} · node "
             f"{e(node)} · {_count(ckpts, 'checkpoint')} · {_count(restarts, 'resume')}"
+            f"{e(self._cost_text())}"
         )
+
+    def _cost_text(self) -> str:
+        """`` · $0.42`` (`` of its $1.00 budget``) so far, from the events shown; ``""`` when no
+        price is known."""
+        from tgnb.prices import dollars
+        from tgnb.runs.cost import run_cost
+
+        prices = self.run.prices()
+        if prices is None:
+            return ""
+        spec = self.run.record.spec
+        gpus = spec.resources.gpus_per_node * spec.resources.nodes
+        usd = run_cost(self.run.name, self.events, gpus).dollars(prices)
+        budget = f" of its {dollars(spec.budget_usd)} budget" if spec.budget_usd else ""
+        return f" · {dollars(usd)}{budget}"
 
     def markers(self) -> list[tuple[float, str]]:
         """(step, kind) of checkpoints, preemptions and resumes; a step taken from the event, else

@@ -5,12 +5,15 @@ checkpoints, cost), built from the SDK's response models. Statuses lose their lo
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 from tgnb.events import parse_time
 from tgnb.posttraining._connect import status_label
+from tgnb.prices import money
 
 ACTIVE_SESSION = ("CREATING", "RUNNING", "STOPPING")
 ENDED_SESSION = ("STOPPED", "ERROR", "EXPIRED")
@@ -259,6 +262,8 @@ class Cost:
     #: `time_scale`: 1 real second is 1/time_scale platform seconds) or "wall" (the service's)
     clock: str = "wall"
     time_scale: float | None = None
+    #: the cost so far split among the resource's sessions (label, dollars): `split_by_sessions`
+    sessions: tuple[tuple[str, float], ...] = ()
 
     @property
     def gpu_minutes(self) -> float:
@@ -287,12 +292,47 @@ class Cost:
     def __str__(self) -> str:
         tail = " (estimated: READY time not reported)" if self.estimated else ""
         unit = self.unit
+        per = "; ".join(f"{label} {money(usd, self.currency)}" for label, usd in self.sessions)
         return (
             f"{self.resource_id}: {self.minutes:.1f} {unit} READY x {self.gpus} GPU = "
             f"{self.gpu_minutes:.1f} {unit.replace('min', 'GPU-min')}, "
-            f"{self.amount:.2f} {self.currency} at {self.price_per_hour:.2f} {self.currency}/h; "
-            f"{self.clock_note}{tail}"
+            f"{money(self.amount, self.currency)} at {money(self.price_per_hour, self.currency)}"
+            f"/h; {self.clock_note}{tail}" + (f"; per session: {per}" if per else "")
         )
 
 
-__all__ = ["CheckpointInfo", "Cost", "ModelInfo", "ResourceInfo", "Rollback", "SessionInfo"]
+def split_by_sessions(
+    amount: float, sessions: Sequence[SessionInfo], now: datetime
+) -> tuple[tuple[str, float], ...]:
+    """`amount` split among `sessions` by the time each was open (created to its last update
+    when stopped, else to `now`): a stretch shared by n open sessions counts 1/n to each. Only
+    ratios of the sessions' own times are used, so the split holds on any clock; time with no
+    session open is shared in the same proportions. Sessions with no times get nothing."""
+    spans = []
+    for s in sessions:
+        if s.created_at is None:
+            continue
+        end = now if s.active or s.updated_at is None else s.updated_at
+        spans.append((s.label, s.created_at.timestamp(), max(end, s.created_at).timestamp()))
+    bounds = sorted({t for _, a, b in spans for t in (a, b)})
+    share = [0.0] * len(spans)
+    for a, b in pairwise(bounds):
+        open_ = [i for i, (_, s, e) in enumerate(spans) if s <= a and e >= b]
+        for i in open_:
+            share[i] += (b - a) / len(open_)
+    total = sum(share)
+    weights = share if total > 0 else [1.0] * len(spans)
+    return tuple(
+        (label, amount * w / sum(weights)) for (label, _, _), w in zip(spans, weights, strict=True)
+    )
+
+
+__all__ = [
+    "CheckpointInfo",
+    "Cost",
+    "ModelInfo",
+    "ResourceInfo",
+    "Rollback",
+    "SessionInfo",
+    "split_by_sessions",
+]

@@ -7,6 +7,7 @@ model resource: sessions, checkpoints, cost, events, panel, stop), over the SDK'
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from tgnb.posttraining.records import (
     ResourceInfo,
     SessionInfo,
     as_time,
+    split_by_sessions,
 )
 from tgnb.posttraining.session import TrainingSession
 
@@ -394,7 +396,7 @@ class Resource:
             minutes = max((end - ready).total_seconds(), 0.0) / 60.0
         platform = usage.get("clock") == "platform"
         scale = usage.get("time_scale")
-        return Cost(
+        cost = Cost(
             self.id,
             minutes,
             gpus,
@@ -406,6 +408,8 @@ class Resource:
             clock="platform" if platform else "wall",
             time_scale=float(scale) if platform and isinstance(scale, (int, float)) else None,
         )
+        # the dollars of each session: the resource's, split by the time each was open
+        return replace(cost, sessions=split_by_sessions(cost.amount, self.sessions(), utcnow()))
 
     def events(self) -> list[Event]:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from tgnb.config import scrub
 from tgnb.errors import BackendError, TgnbError
 from tgnb.events import (
+    BUDGET_NOTICE,
+    BUDGET_REACHED,
     DRAIN_NOTICE,
     NODE_ADDED,
     PREEMPTED,
@@ -34,12 +37,15 @@ from tgnb.events import (
 )
 from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
+from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from tgnb.prices import Prices
 
 
 class Run:
@@ -213,6 +219,7 @@ class Run:
         The run's watcher: each poll is a `sync`, so the store holds the final state on return.
 
         `progress` shows a text bar on stderr: steps done of max_steps, elapsed, ETA, state.
+        A run with a ``budget_usd`` has its budget's notices (80 %, reached) printed on stderr.
         Raises `TimeoutError` after `timeout` seconds with the run still going.
         """
         from tgnb.progress import StepBar
@@ -221,9 +228,12 @@ class Run:
         bar: StepBar | None = None
         read_at = -float("inf")  # the metrics are read at most every 2 s (remote ones are logs)
         step = 0
+        told: set[str] = set()  # the budget's notices already printed
         try:
             while True:
                 st = self.sync()
+                if self._record.spec.budget_usd is not None:
+                    self._tell_budget(told)
                 if progress:
                     if st.state.finished or time.monotonic() - read_at >= 2.0:
                         step, read_at = self._last_step(), time.monotonic()
@@ -241,6 +251,13 @@ class Run:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _tell_budget(self, told: set[str]) -> None:
+        """Print on stderr each budget notice of the run's events not yet in `told`."""
+        for ev in self.run_events():
+            if ev.reason in (BUDGET_NOTICE, BUDGET_REACHED) and ev.reason not in told:
+                told.add(ev.reason)
+                print(f"run {self.name}: {ev.message}", file=sys.stderr, flush=True)
 
     def wait_for_step(
         self, step: int = 1, timeout: float | None = None, poll: float = 0.5
@@ -317,11 +334,27 @@ class Run:
             df = df.sort_values("step", kind="stable").reset_index(drop=True)
         return df
 
-    def summary(self) -> dict[str, Any]:
+    def prices(self) -> Prices | None:
+        """Dollars per GPU-hour of the run's node classes: as its launch resolved them (a run
+        with a budget), else its cluster's as last read (`tgnb.prices`; no request is sent);
+        None when neither is known."""
+        if self._record.spec.prices is not None:
+            return self._record.spec.prices
+        last = getattr(self.cluster, "last", None)
+        return None if last is None else last.prices()
+
+    def cost(self) -> RunCost:
+        """The run's GPU-hours by node class and the work preemptions cost it, so far
+        (`tgnb.runs.cost.run_cost`); ``.dollars(run.prices())`` prices them."""
+        res = self._record.spec.resources
+        return run_cost(self.name, self.run_events(), int(res.gpus_per_node) * int(res.nodes))
+
+    def summary(self, prices: Prices | None = None) -> dict[str, Any]:
         """What the run achieved: steps done against max_steps, steps lost to restarts (steps
         done but not in the checkpoint a restart resumed from: all of them when it started again
         from step 0, its node gone with no notice), restarts, preemptions (the notices the run
-        saw), first and last reward."""
+        saw), first and last reward; its GPU-hours and their dollars (``cost_usd``, at `prices`,
+        default `Run.prices`; None when no price is known) against its ``budget_usd``."""
         rows = self.records("metrics")
         evs = self.run_events()
         max_steps = self.max_steps()
@@ -359,6 +392,19 @@ class Run:
             "reward_key": key,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
+            **self.spending(prices),
+        }
+
+    def spending(self, prices: Prices | None = None) -> dict[str, Any]:
+        """``gpu_hours`` so far, their ``cost_usd`` at `prices` (default `prices`; None when
+        no price is known) and the run's ``budget_usd`` (None: no budget)."""
+        cost = self.cost()
+        prices = prices or self.prices()
+        usd = cost.dollars(prices)
+        return {
+            "gpu_hours": round(cost.standard_gpu_hours + cost.preemptible_gpu_hours, 4),
+            "cost_usd": None if usd is None else round(usd, 4),
+            "budget_usd": self._record.spec.budget_usd,
         }
 
     def run_events(self) -> list[Event]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import ValidationError
+from tgnb.prices import Prices, check_budget
 from tgnb.runs.node import Exit
 from tgnb.runs.recovery import RecoveryPolicy, policy_for
 
@@ -134,6 +135,10 @@ class RunSpec:
     #: how the run recovers (`tgnb.runs.recovery`); None: the default (`policy`)
     recovery: RecoveryPolicy | None = None
     snapshot: Snapshot | None = field(default=None, compare=False, repr=False)
+    #: stop the run (it checkpoints) once its GPU-hours cost this many dollars at `prices`
+    budget_usd: float | None = None
+    #: USD per GPU-hour of each node class, as the launch resolved them (`tgnb.prices`)
+    prices: Prices | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -167,6 +172,16 @@ class RunSpec:
             raise ValidationError(
                 f"recovery must be a RecoveryPolicy, got {type(self.recovery).__name__}: "
                 "e.g. recovery=RecoveryPolicy(when_short='shrink')"
+            )
+        check_budget(self.budget_usd)
+        if self.prices is not None and not isinstance(self.prices, Prices):
+            raise ValidationError(
+                f"prices must be a tgnb.prices.Prices, got {type(self.prices).__name__}"
+            )
+        if self.budget_usd is not None and self.prices is None:
+            raise ValidationError(
+                "budget_usd needs the prices per GPU-hour, and this cluster's GPU type has none: "
+                "%config Tg.standard_price = 2.5 and Tg.preemptible_price = 1.2 (or prices=)"
             )
         res = self.resources
         self.policy.validate(res.nodes, res.min_nodes, res.preemptible)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tgnb.errors import NotFoundError, ValidationError
+from tgnb.prices import Prices
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.spec import JobState, Resources, RunSpec, SecretRef
 
@@ -84,6 +85,8 @@ def spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
     d["env"] = dict(d.get("env") or {})
     if d.get("recovery") is not None:
         d["recovery"] = RecoveryPolicy.from_dict(d["recovery"])
+    if d.get("prices") is not None:
+        d["prices"] = Prices(**dict(d["prices"]))
     return RunSpec(**d)
 
 

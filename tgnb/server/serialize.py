@@ -15,6 +15,7 @@ from tgnb.markup import plain_json
 
 if TYPE_CHECKING:
     from tgnb.cloud import ClusterState, NodeState
+    from tgnb.prices import Prices
     from tgnb.runs.run import Run
     from tgnb.session import Session
 
@@ -46,11 +47,24 @@ def cluster_json(state: ClusterState, session: Session | None = None) -> dict[st
         "capacity_reached": state.capacity_reached,
         "nodes": [node_json(n) for n in state.nodes],
         "fetched_at": format_time(state.fetched_at),
+        "prices": _prices_json(state.prices()),
     }
     if session is not None:
         out["backend"] = session.backend_name
         out["local"] = session.emulator is not None
     return plain_json(out)
+
+
+def _prices_json(prices: Prices | None) -> dict[str, Any] | None:
+    """Dollars per GPU-hour of each node class, and where they came from."""
+    if prices is None:
+        return None
+    return {
+        "standard": prices.standard,
+        "preemptible": prices.preemptible,
+        "currency": prices.currency,
+        "source": prices.source,
+    }
 
 
 def _step(run: Run) -> int:
@@ -79,6 +93,7 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
         "step": step,
         "max_steps": total,
         "progress": min(1.0, step / total) if total else None,
+        **run.spending(),  # gpu_hours, cost_usd (None: no price known), budget_usd
     }
     if detail:
         out["history"] = [

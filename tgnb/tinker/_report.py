@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tgnb.prices import money
 from tgnb.tinker._support import Connection, log
 
 ACTIVE = {
@@ -85,13 +86,13 @@ def lines(conn: Connection, seen: Iterable[Seen]) -> list[str]:
         if s.until is None and _status(conn, s.resource_id) in ACTIVE:
             running.append((s, price))
     gpus = sum(s.gpus for s in seen)
-    cost = f"about {amount:.2f} {currency}" if priced else "price unknown (estimate-cost failed)"
+    cost = f"about {money(amount, currency)}" if priced else "price unknown (estimate-cost failed)"
     out.append(
         f"tgnb.tinker: this script held {len(seen)} model resource(s), {gpus} GPU(s): {cost} "
         "(hourly price x the wall-clock time it saw them READY)"
     )
     for s, price in running:
-        rate = f"{price[0]:g} {price[1]}/hour" if price else "its hourly price"
+        rate = f"{money(price[0], price[1])}/hour" if price else "its hourly price"
         why = "borrowed (model_resources_id)" if not s.owned else "its stop failed"
         out.append(
             f"tgnb.tinker: model resources {s.resource_id} ({s.base_model}, {s.gpus} GPU(s)) "

@@ -30,7 +30,9 @@ When the emulator cannot be reached it keeps going: the notice and removal files
 the node list is fetched again at the next poll. When the emulator of its tgnb home was *stopped*
 (``tgnb emulator stop`` removed its ``server.json``) and has not come back within
 `EMULATOR_GONE_S`, it stops the run as a cancel does (SIGTERM: the run checkpoints) and exits, so
-no supervisor outlives the emulator it plays the platform for.
+no supervisor outlives the emulator it plays the platform for. A run launched with a
+``budget_usd`` is priced as it goes (`check_budget`): a ``BudgetNotice`` at 80 % of it, and at the
+budget a ``BudgetReached`` and the same stop (SIGTERM: the run checkpoints, then is cancelled).
 
 Run it as ``python -m tgnb.backends.local.supervisor --home HOME --run RUN_ID --cluster ID --type T``.
 """
@@ -61,6 +63,8 @@ from tgnb.backends.local.placement import placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.cloud import ClusterState, rates
 from tgnb.events import (
+    BUDGET_NOTICE,
+    BUDGET_REACHED,
     JOB_KILLED,
     JOB_PLACED,
     RECOVERY_DECIDED,
@@ -68,9 +72,12 @@ from tgnb.events import (
     RUN_REQUEUED,
     SIGNAL_SENT,
     Event,
+    read_jsonl,
     utcnow,
 )
+from tgnb.prices import NOTICE_FRACTION, dollars
 from tgnb.runs import node
+from tgnb.runs.cost import run_cost
 from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
 
@@ -290,6 +297,30 @@ class Supervisor:
             self.event(JOB_PLACED, f"placed on {where.name}", where.name, restart_count=restart)
         return self._watch(procs, names)
 
+    def check_budget(self) -> None:
+        """With a ``budget_usd``: what the run has cost so far (its events, at the prices of its
+        launch: `tgnb.runs.cost`); a ``BudgetNotice`` once at `NOTICE_FRACTION` of it, and at the
+        budget a ``BudgetReached`` and the run stopped as a cancel does (SIGTERM: it checkpoints)."""
+        spec = self.record.spec
+        if spec.budget_usd is None or spec.prices is None or self.stop_requested:
+            return
+        evs = read_jsonl(self.run_dir / "events.jsonl", run=self.record.name)
+        gpus = spec.resources.gpus_per_node * spec.resources.nodes
+        spent = run_cost(self.record.name, evs, gpus).dollars(spec.prices) or 0.0
+        budget, said = spec.budget_usd, {e.reason for e in evs}
+        of = f"{dollars(spent)} of its {dollars(budget)} budget"
+        data: dict[str, Any] = {"spent_usd": round(spent, 6), "budget_usd": budget}
+        if spent >= NOTICE_FRACTION * budget and BUDGET_NOTICE not in said:
+            pct = round(NOTICE_FRACTION * 100)
+            line = f"{pct} % of the budget spent: {of}; stopped at the budget"
+            self.event(BUDGET_NOTICE, line, **data)  # given first, however late it is seen
+            print(line, flush=True)
+        if spent >= budget:
+            self.event(BUDGET_REACHED, f"spent {of}: stopping the run (it checkpoints)", **data)
+            self.stop_requested = True
+            self.stop_reason = f"budget reached: spent {of}"
+            print(self.stop_reason, flush=True)
+
     def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:
         """SIGTERM to the process groups (torchrun passes it on to its workers); SIGKILL to the
         run's whole process tree (`tgnb.backends.local.proctree`): torchrun's workers are in sessions of
@@ -334,6 +365,7 @@ class Supervisor:
             if now - last_api > 1.0:
                 self.refresh()
                 last_api = now
+                self.check_budget()
                 if self._back_to_preemptible():
                     self._signal(procs, signal.SIGTERM)  # it checkpoints and exits 75
             for name in names:

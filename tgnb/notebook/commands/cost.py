@@ -1,5 +1,6 @@
 """``%tg cost [--all]``: a `tgnb.notebook.cost.CostReport` of the runs this notebook launched or
-opened (``--all``: the cluster's), from their lifecycle events, at ``Tg.*_price``."""
+opened (``--all``: the cluster's), from their lifecycle events, in dollars at the cluster's prices
+per GPU-hour (``%config Tg.standard_price`` / ``Tg.preemptible_price`` override them)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
 HELP = (
-    "GPU-hours on standard and preemptible nodes, and work lost, of the runs this notebook "
-    "launched or opened (--all: the cluster's)."
+    "GPU-hours on standard and preemptible nodes, work lost, and dollars, of the runs this "
+    "notebook launched or opened (--all: the cluster's)."
 )
 
 
@@ -30,6 +31,6 @@ def run(tg: Tg, args: Any, cell: str | None) -> CostReport:
     for r in tg.notebook_runs(args.all):
         res = r.record.spec.resources
         by_name[r.name] = (r.run_events(), int(res.gpus_per_node) * int(res.nodes))
-    report = session_cost(by_name, tg.standard_price, tg.preemptible_price)
+    report = session_cost(by_name, tg.prices())
     report.scope = scope_words(args.all, tg.others(args.all))
     return report

@@ -53,6 +53,11 @@ def arguments(p: Parser) -> None:
         choices=("wait", "shrink", "standard"),
         help="when preemptible capacity is short at a restart: wait (default), shrink, standard",
     )
+    p.add_argument(
+        "--budget-usd",
+        type=number,
+        help="stop the run (it checkpoints) once it has cost this many dollars; notice at 80 %%",
+    )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument(
         "--preemptible",
@@ -83,6 +88,8 @@ def arguments(p: Parser) -> None:
 
 def run(tg: Tg, args: Any, cell: str | None) -> Any:
     algorithm, options = launch_request(args, cell)
+    if options.get("budget_usd") is not None:
+        options["prices"] = tg.prices()  # the dollars per GPU-hour %tg cost shows
     if args.dry_run:
         print(tg.attached().launch(algorithm, dry_run=True, **options), end="")
         return None
@@ -127,7 +134,12 @@ def parse_body(cell: str) -> dict[str, Any]:
 
 
 #: Body keys that are launch options, not config keys.
-_BODY_OPTIONS = ("workdir", "recovery", "min_nodes")  # Session.launch options, not config
+_BODY_OPTIONS = (
+    "workdir",
+    "recovery",
+    "min_nodes",
+    "budget_usd",
+)  # Session.launch options, not config
 
 
 def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -179,6 +191,8 @@ def launch_request(args: Any, cell: str | None) -> tuple[dict[str, Any], dict[st
         options["gpus_per_node"] = args.gpus_per_node
     if getattr(args, "min_nodes", None) is not None:
         options["min_nodes"] = args.min_nodes
+    if getattr(args, "budget_usd", None) is not None:
+        options["budget_usd"] = args.budget_usd
     if getattr(args, "recovery", None) is not None:
         options["recovery"] = args.recovery  # a when_short name (tgnb.runs.recovery)
     return raw, options

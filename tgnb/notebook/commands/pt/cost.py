@@ -10,7 +10,7 @@ from tgnb.notebook.tables import Table
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "GPU-minutes READY and their price so far."
+HELP = "GPU-minutes READY and their dollars so far, in all and per session."
 
 
 def arguments(p: Parser) -> None:
@@ -18,14 +18,24 @@ def arguments(p: Parser) -> None:
 
 
 def run(tg: Tg, args: Any, cell: str | None) -> Table:
+    from tgnb.prices import money
+
     c = tg.pt_state().current(args.resource).cost()
+    est = " (est.)" if c.estimated else ""
     row = (
         c.resource_id,
         f"{c.minutes:.1f} {c.unit}",
         str(c.gpus),
         f"{c.gpu_minutes:.1f}",
-        f"{c.price_per_hour:.2f} {c.currency}/h",
-        f"{c.amount:.2f} {c.currency}" + (" (est.)" if c.estimated else ""),
+        f"{money(c.price_per_hour, c.currency)}/h",
+        money(c.amount, c.currency) + est,
     )
+    rows = [row] + [
+        (f"  session {label}", "", "", "", "", money(amount, c.currency) + est)
+        for label, amount in c.sessions
+    ]
     head = ("RESOURCE", "READY", "GPUS", "GPU-MINUTES", "PRICE", "COST SO FAR")
-    return Table(head, [row], caption=f"minutes and cost in {c.clock_note}")
+    caption = f"minutes and cost in {c.clock_note}"
+    if c.sessions:
+        caption += "; a session's cost: the resource's, split by the time each session was open"
+    return Table(head, rows, caption=caption)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from tgnb.notebook.commands.grammar import Parser
 from tgnb.notebook.commands.pt import when
 from tgnb.notebook.tables import Table
+from tgnb.prices import money
 
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
@@ -37,8 +38,8 @@ def run(tg: Tg, args: Any, cell: str | None) -> Table:
                 "LoRA" if r.lora_enabled else "full",
                 str(r.generators),
                 str(c.gpus),
-                f"{c.price_per_hour:.2f} {c.currency}/h",
-                f"{c.amount:.2f} {c.currency}" + (" (est.)" if c.estimated else ""),
+                f"{money(c.price_per_hour, c.currency)}/h",
+                money(c.amount, c.currency) + (" (est.)" if c.estimated else ""),
                 when(r.created_at, tz),
                 when(r.expires_at, tz),
             )
@@ -55,7 +56,7 @@ def run(tg: Tg, args: Any, cell: str | None) -> Table:
         "CREATED",
         "EXPIRES",
     )
-    caption = f"{len(rows)} resource(s), {total:.2f} {currency} so far; minutes in " + (
+    caption = f"{len(rows)} resource(s), {money(total, currency or 'USD')} so far; minutes in " + (
         ", ".join(sorted(notes))
     )
     return Table(head, rows, "no model resources: %tg pt start MODEL", caption if rows else "")
