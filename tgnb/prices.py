@@ -6,13 +6,12 @@ Where a price comes from, first found wins (`resolve`):
    Python (`Prices.override`);
 2. the platform, where its API gives a price: a cluster's ``pricing`` object
    (``{"currency", "standard_per_gpu_hour", "preemptible_per_gpu_hour"}``, which the local
-   emulator serves for its GPU types); the clusters API of together 3.1.1 reports no price
-   (/work/shared/reference/together-clusters-api.md names none), so against Together itself:
+   emulator serves for its GPU types); the clusters API of together 3.1.1 reports no price,
+   so against Together itself:
 3. `PUBLISHED`, documented list prices per GPU type, below.
 
-`PUBLISHED` is NOT read from any API or from the reference: the reference and the seeds give no
-cluster rates (only Post-Training's launch offer of $9 per B200 GPU-hour, which the Post-Training
-API's estimate-cost serves). The numbers are on-demand list prices per GPU-hour as tgnb documents
+`PUBLISHED` is NOT read from any API: the clusters API gives no cluster rates (Post-Training's
+API does, through estimate-cost). The numbers are on-demand list prices per GPU-hour as tgnb documents
 them, and preemptible nodes at `PREEMPTIBLE_FRACTION` of on-demand: the platform says only that
 preemptible capacity is "discounted relative to on-demand at a flat rate". Check your contract,
 and override with ``%config`` where it differs.
