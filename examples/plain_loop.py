@@ -52,7 +52,9 @@ def main() -> None:
     share = args.batch // world
     for _step in ckpt.steps():  # from the saved step + 1; stops (exit 75) on a preemption
         idx = order.next_batch(args.batch)[rank * share : (rank + 1) * share]
-        out = model(input_ids=input_ids[idx], attention_mask=attention_mask[idx], labels=labels[idx])
+        out = model(
+            input_ids=input_ids[idx], attention_mask=attention_mask[idx], labels=labels[idx]
+        )
         out.loss.backward()
         opt.step()
         sched.step()
