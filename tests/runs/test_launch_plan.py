@@ -70,8 +70,9 @@ def test_a_script_left_out_by_the_ignore_file_is_refused(tmp_path: Path, staging
 
 
 def test_a_dataset_in_an_ignored_folder_is_refused_at_launch(tmp_path: Path, staging: Path) -> None:
-    """A .tgnbignore that leaves out data/ (docs/own-code.md, "The workdir"): a run that reads its dataset from there would fail on
-    the node, so the launch, which reads the snapshot, refuses it."""
+    """A .tgnbignore that leaves out data/ (docs/own-code.md, "The workdir"): a run that reads its
+    dataset from there would fail on the node, so the launch, which reads the snapshot, refuses
+    it."""
     folder = _project(tmp_path)
     (folder / "data").mkdir()
     (folder / "data" / "sft.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n')
