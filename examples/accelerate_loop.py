@@ -50,8 +50,9 @@ def main() -> None:
     mine = slice(accelerator.process_index * share, (accelerator.process_index + 1) * share)
     for _step in ckpt.steps():  # from the saved step + 1; stops (exit 75) on a preemption
         idx = order.next_batch(args.batch)[mine]
-        batch = (t[idx].to(accelerator.device) for t in (input_ids, attention_mask, labels))
-        ids, mask, lab = batch
+        ids, mask, lab = (
+            t[idx].to(accelerator.device) for t in (input_ids, attention_mask, labels)
+        )
         loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
         accelerator.backward(loss)
         opt.step()
