@@ -22,12 +22,12 @@ DOCS = ROOT / "docs"
 
 #: Phrases that describe a build or test machine, not tgnb: none belongs in user docs.
 MACHINE_NOTES = (
-    "on disk",
-    "this machine",
+    "lies on disk",
+    "CPU wheel",
     "these machines",
     "2-core",
     "wall time here",
-    "CPU wheel",
+    "the machine being shared",
 )
 
 
