@@ -1,5 +1,5 @@
-"""The CPU and memory cost of the worst request each Post-Training operation accepts (the README's
-"Post-Training limits"), on the emulator's engine with the built-in tiny model, one torch thread.
+"""The CPU and memory cost of the worst request each Post-Training operation accepts (docs/limits.md,
+"Post-Training requests"), on the emulator's engine with the built-in tiny model, one torch thread.
 
     python bench/pt_limits.py        # one JSON line per operation: wall_s, cpu_s, peak RSS (MB)
 

@@ -70,8 +70,9 @@ def test_a_script_left_out_by_the_ignore_file_is_refused(tmp_path: Path, staging
 
 
 def test_a_dataset_in_an_ignored_folder_is_refused_at_launch(tmp_path: Path, staging: Path) -> None:
-    """The README advises ignoring data/: a run that reads its dataset from there would fail on
-    the node, so the launch, which reads the snapshot, refuses it."""
+    """A .tgnbignore that leaves out data/ (docs/own-code.md, "The workdir"): a run that reads its
+    dataset from there would fail on the node, so the launch, which reads the snapshot, refuses
+    it."""
     folder = _project(tmp_path)
     (folder / "data").mkdir()
     (folder / "data" / "sft.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n')
@@ -124,7 +125,7 @@ def test_a_file_deleted_while_the_snapshot_is_taken_names_the_fix(
 def test_script_arguments_reach_the_program_as_the_strings_given(
     tmp_path: Path, staging: Path
 ) -> None:
-    """The README's ``args=["--lr", "1e-4"]`` (and a number given): the node's config file, run
+    """docs/own-code.md's ``args=["--lr", "1e-4"]`` (and a number given): the node's config file, run
     by the node's own entry point (``python -m tgnb.train``), sets the script's ``sys.argv`` to
     text. ``1e-4`` was written bare and read back as the float 0.0001, and the script crashed."""
     folder = _project(tmp_path)

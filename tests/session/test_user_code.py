@@ -57,10 +57,15 @@ def _steps(rows: list[dict[str, Any]]) -> list[int]:
 
 
 def preempt_twice(session: Session, run: Any) -> None:
-    """Preempt the run's node twice, each time once the attempt has trained 4 steps of its own,
-    and wait for the run to be placed on another node."""
+    """`preempt_times` twice."""
+    preempt_times(session, run, 2)
+
+
+def preempt_times(session: Session, run: Any, times: int) -> None:
+    """Preempt the run's node `times` times, each time once the attempt has trained 4 steps of
+    its own, and wait for the run to be placed on another node."""
     rows = 0
-    for _ in range(2):
+    for _ in range(times):
         _wait(lambda rows=rows: len(run.records("metrics")) >= rows + 4 and run.status.nodes)
         node = run.status.nodes[0]
         session.preempt(node)

@@ -1,6 +1,6 @@
 """The workdir of a script run: the user's folder, snapshotted at launch, the same on every start.
 
-Rules (the README's "Your own code" says the same):
+Rules (docs/own-code.md, "The workdir", says the same):
 
 - The workdir is the folder given as ``workdir=``, by default the folder of the notebook (the
   kernel's working directory) or of the calling script.

@@ -25,7 +25,7 @@ class RLInputError(ValidationError):
         self.message = message
 
 
-#: Per-operation work caps (README, "Post-Training limits"): samples (or sampled rows) per
+#: Per-operation work caps (docs/limits.md, "Post-Training requests"): samples (or sampled rows) per
 #: operation, as supported-models' ``max_batch_size`` says; tokens one forward-backward reads;
 #: tokens one sample operation generates (rows x max_tokens).
 MAX_BATCH_SIZE = 512
