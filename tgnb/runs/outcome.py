@@ -118,6 +118,8 @@ class Verdict:
     code: int
     line: str
     steps_lost: int = 0
+    #: the step of the checkpoint the attempt sealed on stopping, when it recorded one
+    sealed: int | None = None
 
 
 def unsaved_line(step: int, lost: int) -> str:
@@ -137,7 +139,8 @@ def classify(
     away (killed with no notice, or at the end of the drain window)."""
     preempted = int(Exit.PREEMPTED)
     if attempt.exit_reason == "preempted" and attempt.sealed_step is not None:
-        return Verdict("preempted", preempted, f"sealed checkpoint at step {attempt.sealed_step}")
+        sealed = attempt.sealed_step
+        return Verdict("preempted", preempted, f"sealed checkpoint at step {sealed}", 0, sealed)
     if code == 0 and signalled and attempt.exit_reason != "finished":
         step = attempt.last_step
         steps_lost = max(0, step - attempt.saved_step)

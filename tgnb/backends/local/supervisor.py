@@ -453,10 +453,10 @@ class Supervisor:
             v = outcome.verdict
             if v is not None and v.kind == "unsaved":  # exit 0 after the signal: not a success
                 what, moved = v.line, {"unsaved": True, "steps_lost": v.steps_lost}
-            elif (
-                self.moving
-            ):  # stopped on purpose to go back (`_back_to_preemptible`): no preemption
+            elif self.moving:  # stopped on purpose to go back (`_back_to_preemptible`)
                 what, moved = f"moved back to preemptible nodes from {node}", {"moved": True}
+            elif v is not None and v.sealed is not None:  # whatever a launcher exited with
+                what, moved = f"{what}: {v.line}", {"sealed_step": v.sealed}
             self.event(
                 RUN_REQUEUED,
                 f"{what} (exit {code})",
