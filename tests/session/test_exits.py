@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from tgnb.emulator.testing import EmulatorHandle
-from tgnb.events import CHECKPOINT_INTERVAL, CHECKPOINT_SAVED, RUN_FAILED_RESTARTING, RUN_REQUEUED
+from tgnb.events import CHECKPOINT_SAVED, RUN_FAILED_RESTARTING, RUN_REQUEUED, RUN_RESUMED
 from tgnb.runs.outcome import UNPROTECTED
+from tgnb.runs.policy import AUTO_MAX_SECONDS
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
@@ -33,6 +34,7 @@ from ..backends.local.conftest import make_session
 from ..backends.local.test_backend import wait_until
 
 SCRIPTS = Path(__file__).parent / "exits_workdir"
+STEP_S = 0.05
 
 
 def _workdir(tmp_path: Path, script: str) -> Path:
@@ -121,7 +123,7 @@ def test_the_default_policy_bounds_a_kill_with_no_notice_to_one_interval(
     wd = _workdir(tmp_path, "loop.py")
     run = session.launch(
         "loop.py",
-        args=["--steps", "400", "--sleep", "0.05"],
+        args=["--steps", "400", "--sleep", str(STEP_S)],
         workdir=wd,
         name="no-notice",
         checkpoint={"on_signal": False, "watch_drain": False},  # the kill comes unannounced
@@ -132,9 +134,15 @@ def test_the_default_policy_bounds_a_kill_with_no_notice_to_one_interval(
     wait_until(periodic, timeout=240)  # none ever came before checkpoint.auto was the default
     saved = max(e.data["step"] for e in periodic())
     _preempt_at(session, run, saved + 5)
-    every = _events(run, CHECKPOINT_INTERVAL)[-1].data["every_steps"]
     status = run.wait(timeout=400, progress=False)
     assert status.state is JobState.SUCCEEDED, (status, run.logs()[-30:])
+    (resumed,) = _events(run, RUN_RESUMED)
+    requeued = _events(run, RUN_REQUEUED)[0].time
+    before = [e.data["step"] for e in periodic() if e.time < requeued]
+    assert resumed.data["step"] == max(before) >= saved  # the newest periodic save, not step 0
     summary = run.summary()
-    assert summary["steps_lost"] <= every + 1, (summary, every)  # at most one interval
+    lost = summary["steps_lost"]
     assert summary["steps"] == 400 and summary["protected"]
+    assert lost * STEP_S <= AUTO_MAX_SECONDS  # at most one interval, never above the bound
+    steps = [int(r["step"]) for r in run.records("metrics")]
+    assert len(steps) - 400 == lost, (lost, len(steps))  # the steps logged twice: lost

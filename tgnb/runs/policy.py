@@ -169,6 +169,11 @@ class CheckpointPolicy:
         return dataclasses.replace(self, **estimate_fields(estimate))
 
     @property
+    def auto_interval(self) -> bool:
+        """Whether ``auto`` chooses the periodic interval: on, and no interval given."""
+        return self.auto and not (self.every_steps or self.every_seconds)
+
+    @property
     def preemption_rate(self) -> float:
         """Preemptions per hour of the run that ``auto`` weighs: observed, else the setting."""
         observed = self.observed_preemptions_per_hour

@@ -413,8 +413,7 @@ class CheckpointGuard:
             return True
         if p.every_seconds and time.monotonic() - self._last_save_time >= p.every_seconds:
             return True
-        interval = p.every_steps or p.every_seconds  # a stated interval: auto gives way
-        if p.auto and not interval and self.step_time_s and self.saver is not None:
+        if p.auto_interval and self.step_time_s and self.saver is not None:
             stall, write = self.saver.stall_s, self.saver.write_s
             if stall is None:  # before the first save: from the size of what is saved
                 params = self._trainer.model.parameters()
