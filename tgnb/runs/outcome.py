@@ -99,7 +99,9 @@ class Attempt:
             if rec.get("reason") == RUN_STARTED:
                 protected = True
             elif rec.get("reason") == RUN_EXITED:
-                reason, line = str(data.get("exit_reason") or ""), str(rec.get("message") or "")
+                reason = str(data.get("exit_reason") or "")
+                reason = reason or ("finished" if data.get("exit_code") == 0 else "")
+                line = str(rec.get("message") or "")
                 sealed = _int(data.get("checkpoint_step")) if reason == "preempted" else None
         saved = 0
         for rec in _records(path, 0):
