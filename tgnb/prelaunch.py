@@ -27,6 +27,7 @@ cluster's own history (`observed_preemption_rate`), the setting being the prior.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import workdir as wd
+from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.spec import RunSpec
 from tgnb.tasks.config import ALGORITHMS as BUILTIN
 
@@ -181,6 +183,8 @@ class LaunchPlan:
     spec: RunSpec
     snapshot: wd.Snapshot | None
     estimate: str | None
+    #: the launch's warning for a program with no hook (`unprotected`), or None
+    warning: str | None = None
 
     def resolved(self, run_dir: str | None = None) -> str:
         """The config as the node will run it, as YAML (`resolved`)."""
@@ -243,7 +247,37 @@ def plan(
         if snapshot is not None:
             snapshot.discard()
         raise
-    return LaunchPlan(spec, snapshot, estimate)
+    return LaunchPlan(spec, snapshot, estimate, unprotected(train, snapshot))
+
+
+#: What a program with a hook names: `tgnb.train.protect` or the `Checkpointer`.
+_HOOKS = re.compile(r"\b(protect|Checkpointer)\b")
+_SCAN_BYTES = 2_000_000
+
+
+def unprotected(train: Mapping[str, Any], snapshot: wd.Snapshot | None) -> str | None:
+    """The launch's warning for a script or command whose workdir never names
+    ``tgnb.train.protect`` or the ``Checkpointer`` (no ``RunStarted`` will come: a preemption
+    restarts it from step 0), or None. A plain text scan of the snapshot's Python files."""
+    if train.get("algorithm") != "script":
+        return None
+    what = train.get("script") or " ".join(map(str, train.get("command") or ()))
+    if snapshot is not None:
+        read = 0
+        for rel in snapshot.files:
+            if not rel.endswith(".py") or read > _SCAN_BYTES:
+                continue
+            try:
+                text = (snapshot.root / rel).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            read += len(text)
+            if "tgnb" in text and _HOOKS.search(text):
+                return None
+    return (
+        f"tgnb: {what} is {UNPROTECTED}: call tgnb.train.protect(trainer), or use "
+        "tgnb.train.Checkpointer in a plain loop, to checkpoint on a preemption and resume"
+    )
 
 
 def _check_shipped(train: Mapping[str, Any], snapshot: wd.Snapshot) -> None:

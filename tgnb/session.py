@@ -309,6 +309,8 @@ class Session:
         )
         if plan.snapshot is not None and plan.snapshot.notice():
             print(plan.snapshot.notice())  # the credential files left out
+        if plan.warning:
+            print(plan.warning)  # a script or command with no hook: a preemption loses it all
         try:
             self._check_capacity(res, state())
             return self._submit(plan, dry_run)

@@ -73,7 +73,8 @@ def test_grpo_run_with_lora_leaves_its_files(
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert set(m) >= GRPO_FIELDS, GRPO_FIELDS - set(m)
-    assert reasons(run_dir) == ["RunStarted", "CheckpointSaved", "RunExited"]
+    evs = reasons(run_dir)  # periodic saves (checkpoint.auto, the default) may come between
+    assert evs[0] == "RunStarted" and evs[-2:] == ["CheckpointSaved", "RunExited"], evs
     check_stdout(proc.stdout, stdout_records, run_dir)
     ckpt = run_dir / "checkpoints" / "checkpoint-3"
     assert (ckpt / "adapter_model.safetensors").is_file()  # LoRA: the adapter is what is saved
@@ -109,7 +110,8 @@ def test_dpo_run_through_tgnb_console_script(
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
         assert set(m) >= DPO_FIELDS, DPO_FIELDS - set(m)
-    assert reasons(run_dir) == ["RunStarted", "CheckpointSaved", "RunExited"]
+    evs = reasons(run_dir)  # periodic saves (checkpoint.auto, the default) may come between
+    assert evs[0] == "RunStarted" and evs[-2:] == ["CheckpointSaved", "RunExited"], evs
     exited = rows(run_dir / "events.jsonl")[-1]
     assert exited["data"]["exit_code"] == 0 and exited["data"]["exit_reason"] == "finished"
     check_stdout(proc.stdout, stdout_records, run_dir)

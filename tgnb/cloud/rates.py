@@ -159,7 +159,7 @@ def apply(
     or None when ``auto`` is off (nothing changed)."""
     given = train.get("checkpoint") or {}
     policy = CheckpointPolicy.parse(given)  # the config was checked: this reads it
-    if not policy.auto:
+    if not policy.auto_interval:
         return None
     now = now or utcnow()
     rate, weight, line = run_estimate(state, policy.preemptions_per_hour, nodes, now)

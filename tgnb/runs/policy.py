@@ -26,6 +26,9 @@ from tgnb.runs.durations import check_seconds
 PRIOR_NODE_HOURS = 1.0
 #: Upper bound of a step count (a count past it is a typo, not a plan).
 MAX_STEPS = 10_000_000
+#: The longest interval ``checkpoint.auto`` chooses, in seconds of training: what a node lost with
+#: no notice loses at most, whatever the rates and save times it weighs.
+AUTO_MAX_SECONDS = 1800.0
 
 
 def posterior(rate: float, weight_hours: float, events: int, hours: float) -> float:
@@ -89,7 +92,10 @@ class CheckpointPolicy:
     (`tgnb.train.rates`). The default, one failure per ten
     hours of a run, is far more than hardware alone (Llama 3's 54-day run on 2,048 eight-GPU nodes
     saw 419 unexpected interruptions: one per 6,300 node-hours); raise it where runs crash more
-    often. Periodic saves are asynchronous unless `async_save` is false.
+    often. ``auto`` is on by default and gives way to `every_steps` / `every_seconds` when one is
+    given; its interval is never longer than `AUTO_MAX_SECONDS`, so a node lost with no notice
+    loses at most that much training (docs/recovery-bounds.md). Periodic saves are asynchronous
+    unless `async_save` is false.
 
     Independently, a SIGTERM (`on_signal`) or a drain notice (`watch_drain`) makes the run save at
     the next step boundary (agreed by every rank) and exit with `EXIT_PREEMPTED`. When checkpoints
@@ -99,7 +105,9 @@ class CheckpointPolicy:
 
     every_steps: int | None = None
     every_seconds: float | None = None
-    auto: bool = False
+    #: On by default: with neither `every_steps` nor `every_seconds` given, periodic saves come at
+    #: Young/Daly's interval, at most `AUTO_MAX_SECONDS` of training apart.
+    auto: bool = True
     preemptions_per_hour: float = 1.0
     #: Set by tgnb at launch from what the cluster observed, the setting being the prior
     #: (`tgnb.prelaunch.observed_preemption_rate`); None: the setting is weighed.
@@ -159,6 +167,11 @@ class CheckpointPolicy:
     def with_estimate(self, estimate: PreemptionEstimate) -> CheckpointPolicy:
         """This policy weighing `estimate` (the setting stays the prior it was made from)."""
         return dataclasses.replace(self, **estimate_fields(estimate))
+
+    @property
+    def auto_interval(self) -> bool:
+        """Whether ``auto`` chooses the periodic interval: on, and no interval given."""
+        return self.auto and not (self.every_steps or self.every_seconds)
 
     @property
     def preemption_rate(self) -> float:

@@ -39,6 +39,7 @@ from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
 from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
+from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
@@ -177,7 +178,10 @@ class Run:
     def error(self) -> str | None:
         """Why the run failed, in one line: tgnb's own message or the Python exception's line
         from the end of its log, else the failure its events recorded; None when not known.
-        Secrets are masked (`tgnb.config.scrub`): the program may have printed one."""
+        Secrets are masked (`tgnb.config.scrub`): the program may have printed one. None for a
+        run that succeeded (a launcher's traceback after a preemption is no error of it)."""
+        if self.refresh().state is JobState.SUCCEEDED:
+            return None
         found = last_error(self.logs(raw=True))
         if found:
             return scrub(found)
@@ -354,7 +358,10 @@ class Run:
         done but not in the checkpoint a restart resumed from: all of them when it started again
         from step 0, its node gone with no notice), restarts, preemptions (the notices the run
         saw), first and last reward; its GPU-hours and their dollars (``cost_usd``, at `prices`,
-        default `Run.prices`; None when no price is known) against its ``budget_usd``."""
+        default `Run.prices`; None when no price is known) against its ``budget_usd``. A program
+        that never called protect or the Checkpointer (no ``RunStarted``) is named in `note`
+        (`tgnb.runs.outcome.UNPROTECTED`): each restart lost every step it had logged; a stop with
+        no checkpoint says so there too."""
         rows = self.records("metrics")
         evs = self.run_events()
         max_steps = self.max_steps()
@@ -363,6 +370,9 @@ class Run:
         notices -= _moves(evs)
         lost = 0
         starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
+        protected = bool(starts) or not (rows or self._record.restart_count)
+        if not starts:  # unprotected: each restart began again at step 0
+            lost = _lost_unprotected(evs, rows)
         for n, i in enumerate(starts[1:], 1):  # each restart: what it did not resume is lost
             until = starts[n + 1] if n + 1 < len(starts) else len(evs)
             resume = next(
@@ -389,6 +399,8 @@ class Run:
             "restarts": self._record.restart_count,
             "preemptions": len({step for _, step in notices}),
             "kind": str(self._record.spec.train.get("algorithm", "grpo")),
+            "protected": protected,
+            "note": _note(evs, protected),
             "reward_key": key,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
@@ -487,6 +499,29 @@ class Run:
 
 
 _PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)
+
+
+def _lost_unprotected(evs: list[Event], rows: list[dict[str, Any]]) -> int:
+    """Steps lost by a program with no hook: at each requeue, every step it had logged since the
+    attempt before began (it starts again from step 0)."""
+    lost, begun = 0, 0.0
+    for ev in evs:
+        if ev.reason != RUN_REQUEUED or ev.source != "tgnb":
+            continue
+        at = ev.time.timestamp()
+        logged = [int(r["step"]) for r in rows if begun <= float(r.get("time", 0)) < at]
+        lost += max(logged, default=0)
+        begun = at
+    return lost
+
+
+def _note(evs: list[Event], protected: bool) -> str | None:
+    """What the cockpit says of how the run stopped: unprotected, or the last stop without a
+    checkpoint (`tgnb.runs.outcome.unsaved_line`)."""
+    if not protected:
+        return UNPROTECTED
+    unsaved = [ev for ev in evs if ev.reason == RUN_REQUEUED and ev.data.get("unsaved")]
+    return unsaved[-1].message.partition(" (exit")[0] if unsaved else None
 
 
 def _moves(evs: list[Event]) -> set[tuple[str, Any]]:

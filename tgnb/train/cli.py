@@ -92,9 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(yaml.safe_dump(resolved(cfg), sort_keys=False), end="")
             return 0
         if cfg.algorithm == SCRIPT:
+            from tgnb.runs.outcome import events_size, node_exit
             from tgnb.train.program import run_program
 
-            return run_program(cfg)
+            since = events_size(cfg.run_dir or ".")
+            return node_exit(cfg.run_dir, run_program(cfg), since)  # a launcher's 1 or 143
         from tgnb.train.runner import run
 
         return run(cfg)

@@ -58,7 +58,7 @@ from tgnb.events import (
     read_jsonl,
 )
 from tgnb.runs import node
-from tgnb.runs.policy import CheckpointPolicy
+from tgnb.runs.policy import AUTO_MAX_SECONDS, CheckpointPolicy
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio, ownership, rates
@@ -413,7 +413,7 @@ class CheckpointGuard:
             return True
         if p.every_seconds and time.monotonic() - self._last_save_time >= p.every_seconds:
             return True
-        if p.auto and self.step_time_s and self.saver is not None:
+        if p.auto_interval and self.step_time_s and self.saver is not None:
             stall, write = self.saver.stall_s, self.saver.write_s
             if stall is None:  # before the first save: from the size of what is saved
                 params = self._trainer.model.parameters()
@@ -423,6 +423,7 @@ class CheckpointGuard:
             notices = p.preemption_rate if p.on_signal or p.watch_drain else 0.0
             failures = p.failures_per_hour + p.preemption_rate - notices  # unseen: failures
             every = ck.young_daly_steps(self.step_time_s, stall, failures, write, notices)
+            every = min(every, max(1, int(AUTO_MAX_SECONDS / self.step_time_s)))  # the bound
             self._report_interval(every)
             return step - last >= every
         return False

@@ -74,7 +74,7 @@ def at_restart(
     """`policy` with its rate updated by the run's own record since the estimate (see the module
     docstring), at `restart` (above 0); `policy` itself when there is nothing to update."""
     est = policy.estimate
-    if not (policy.auto and restart > 0 and est and est.as_of and est.weight_hours):
+    if not (policy.auto_interval and restart > 0 and est and est.as_of and est.weight_hours):
         return policy
     try:
         since = parse_time(est.as_of)

@@ -20,8 +20,11 @@ to fewer nodes, or move to standard nodes (and back to preemptible ones as soon 
 start there: the run is stopped with SIGTERM, checkpoints and restarts). Each decision is a
 ``RecoveryDecided`` event with its reason. Before a restart on preemptible nodes, ``checkpoint.auto``'s
 preemption rate is estimated again from the cluster read then (`tgnb.cloud.rates.apply`), in the
-config file the relaunch reads. Exit 0 means succeeded; a "resume me" code (75), or any
-end of a process whose node was preempted, means start again (uncounted); anything else is a
+config file the relaunch reads. How an attempt ended is `tgnb.runs.outcome.classify`'s verdict, by
+what the runtime recorded first, then by the exit code: a sealed preemption checkpoint, a "resume
+me" code (75), or any end of a process whose node was preempted, means start again (uncounted);
+exit 0 after the SIGTERM with no checkpoint is no success (restarted, uncounted: "stopped without
+a checkpoint at step N"); exit 0 otherwise means succeeded; anything else is a
 failure, restarted after the policy's backoff while at most ``max_restarts`` are counted
 (``RunFailedRestarting``). Every state change goes to the run store and
 the supervisor's own events (JobPlaced, SignalSent, JobKilled, RunRequeued, RecoveryDecided) go to the run's
@@ -78,6 +81,7 @@ from tgnb.events import (
 from tgnb.prices import NOTICE_FRACTION, dollars
 from tgnb.runs import node
 from tgnb.runs.cost import run_cost
+from tgnb.runs.outcome import Attempt, Verdict, classify, events_size
 from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
 
@@ -98,6 +102,8 @@ class Outcome:
     kind: Literal["succeeded", "failed", "cancelled", "requeue"]
     exit_code: int = 0
     node: str | None = None
+    #: the attempt's verdict (`tgnb.runs.outcome.classify`); None for a cancel
+    verdict: Verdict | None = None
 
 
 class Supervisor:
@@ -271,6 +277,7 @@ class Supervisor:
         rdzv = f"127.0.0.1:{free_port()}"
         names = [n.name for n in nodes]
         procs: list[Proc] = []
+        since = events_size(self.run_dir)  # this attempt's records begin here
         with open(self.run_dir / TRAIN_LOG, "ab") as log:
             # warm: forked from this process; a run whose env only a fresh interpreter applies
             # (PYTHONPATH, OMP_NUM_THREADS, ...) starts cold, so that env applies on every start
@@ -295,7 +302,7 @@ class Supervisor:
         self.store.add_job(self.record.id, self.record.id, pid=os.getpid(), children=pids)
         for where in nodes:
             self.event(JOB_PLACED, f"placed on {where.name}", where.name, restart_count=restart)
-        return self._watch(procs, names)
+        return self._watch(procs, names, since)
 
     def check_budget(self) -> None:
         """With a ``budget_usd``: what the run has cost so far (its events, at the prices of its
@@ -350,7 +357,7 @@ class Supervisor:
         self.decision(dataclasses.replace(d, reason=f"back to preemptible: {d.reason}"))
         return True
 
-    def _watch(self, procs: Sequence[Proc], names: Sequence[str]) -> Outcome:
+    def _watch(self, procs: Sequence[Proc], names: Sequence[str], since: int = 0) -> Outcome:
         preempted: str | None = None
         killed = False
         stop_at: float | None = None
@@ -400,12 +407,17 @@ class Supervisor:
                 )
         if stop_at is not None:
             return Outcome("cancelled", codes[0])
-        if all(c == 0 for c in codes):
-            return Outcome("succeeded")
-        code = next(c for c in codes if c != 0)
-        if preempted is not None or killed or any(self.policy.is_resume(c) for c in codes):
-            return Outcome("requeue", code, preempted or names[0])
-        return Outcome("failed", code)
+        code = next((c for c in codes if c != 0), 0)
+        if any(self.policy.is_resume(c) for c in codes):
+            code = next(c for c in codes if self.policy.is_resume(c))
+        signalled = preempted is not None or self.moving  # SIGTERM sent, or a drain notice
+        v = classify(code, Attempt.read(self.run_dir, since), self.policy.resume_codes,
+                     signalled=signalled, lost=killed)  # fmt: skip
+        if v.kind == "succeeded":
+            return Outcome("succeeded", verdict=v)
+        if v.kind == "failed":
+            return Outcome("failed", code, verdict=v)
+        return Outcome("requeue", code, preempted or names[0], verdict=v)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -469,8 +481,13 @@ class Supervisor:
             what = "requeued" if self.slurm else "pod recreated"
             what = f"{what} after {node} was preempted"
             moved: dict[str, Any] = {}
-            if self.moving:  # stopped on purpose to go back (`_back_to_preemptible`): no preemption
+            v = outcome.verdict
+            if v is not None and v.kind == "unsaved":  # exit 0 after the signal: not a success
+                what, moved = v.line, {"unsaved": True, "steps_lost": v.steps_lost}
+            elif self.moving:  # stopped on purpose to go back (`_back_to_preemptible`)
                 what, moved = f"moved back to preemptible nodes from {node}", {"moved": True}
+            elif v is not None and v.sealed is not None:  # whatever a launcher exited with
+                what, moved = f"{what}: {v.line}", {"sealed_step": v.sealed}
             self.event(
                 RUN_REQUEUED,
                 f"{what} (exit {code})",

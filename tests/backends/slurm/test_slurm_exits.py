@@ -1,0 +1,65 @@
+"""A launcher's exit under a real Slurm (`tgnb.runs.outcome`): a protected loop run by a
+``command=[torchrun, ...]`` on the one-node cluster of `.ci/slurm-up`, drained mid-run with
+``scontrol update ... State=DRAIN``. The worker seals its checkpoint and exits 75, torchrun exits
+1; the node's ``python -m tgnb.train`` reads the attempt's record and exits 75, so the sbatch
+script requeues the job as a preemption: with ``max_restarts=0`` a failure counted would end it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tgnb.backends.base import JobState, Resources, RunSpec
+from tgnb.runs.recovery import RecoveryPolicy
+
+from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+LOOP = Path(__file__).parents[2] / "session" / "exits_workdir" / "loop.py"
+
+
+def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    wd = tmp_path / "project"
+    wd.mkdir()
+    shutil.copy(LOOP, wd / "loop.py")
+    command = ["torchrun", "--standalone", "--nproc_per_node=1", "loop.py", "--steps", "150"]
+    spec = RunSpec(
+        name="torchrun-drain",
+        train={
+            "algorithm": "script",
+            "command": command,
+            "checkpoint": {"drain_poll_seconds": 0.5},
+        },
+        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        env=dict(ENV),
+        workdir=str(wd),
+        recovery=RecoveryPolicy(max_restarts=0),
+    )
+    backend = backend_for(tmp_path)
+    job = backend.submit(spec)
+    cleanup_jobs.append(job)
+    run_dir = Path(backend.run_dir(job))
+    wait_until("step 5", lambda: max(metric_steps(run_dir), default=0) >= 5, 400)
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
+        check=True,
+    )
+    try:
+        wait_until("the run to requeue itself", lambda: backend.restart_count(job) >= 1,
+                   DRAIN_WINDOW_S)  # fmt: skip
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
+    final = backend.wait(job, timeout=600)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, (final, log[-3000:])
+    assert "ChildFailedError" in log  # torchrun itself failed: exit 1
+    events = backend.events(job)
+    requeued = [e for e in events if e.reason == "RunRequeued"]
+    assert [e.data["exit_code"] for e in requeued] == [75], requeued
+    assert not [e for e in events if e.reason == "RunFailedRestarting"]
+    assert sorted(set(metric_steps(run_dir))) == list(range(1, 151))

@@ -1,0 +1,165 @@
+"""How one attempt of a run ended, read from what the runtime recorded, then from the exit code.
+
+The one classification every engine uses. The runtime (`tgnb.train.protect`, the `Checkpointer`,
+the Lightning callback: one `CheckpointGuard`) records its outcome in the run directory's
+``events.jsonl``: ``RunStarted`` when it starts, ``RunExited`` when it ends (``preempted`` with the
+step of the checkpoint it sealed, ``finished``, ``failed`` with its line). A launcher between the
+engine and the program (torchrun, ``accelerate launch``) may hide the program's exit code (it exits
+1 or 143 after tgnb's own SIGTERM and a sealed checkpoint), so the record comes first:
+
+1. the attempt recorded a preemption with a sealed checkpoint: *preempted*, whatever the exit code
+   (`Exit.PREEMPTED`; never counted against the restart budget);
+2. exit 0 after tgnb signalled the attempt (a SIGTERM, a drain notice) with no checkpoint sealed on
+   stopping and no ``finished`` record: *unsaved*, not a success: the run starts again, uncounted,
+   and the cockpit says "stopped without a checkpoint at step N: K steps lost";
+3. exit 0: *succeeded*;
+4. a "resume me" code, or the attempt was signalled or its node lost: *preempted*;
+5. anything else: *failed*, with the recorded line when there is one.
+
+The node side applies the same rules (`node_exit`) to the exit code the engine will see, so the
+engines that act on exit codes alone (Kubernetes' pod failure policy, the sbatch script) see 75
+after a sealed preemption checkpoint; the local supervisor, which knows when it signalled, calls
+`classify`. Light: no torch, no engine library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tgnb.events import CHECKPOINT_SAVED, RUN_EXITED, RUN_STARTED
+from tgnb.runs import node
+from tgnb.runs.node import Exit
+
+Kind = Literal["succeeded", "preempted", "unsaved", "failed"]
+#: What the cockpit says of a run whose program never called protect or the Checkpointer.
+UNPROTECTED = "unprotected: a preemption restarts it from step 0"
+
+
+def events_size(run_dir: str | os.PathLike[str]) -> int:
+    """The size of the run's ``events.jsonl`` now: where an attempt starting now begins in it."""
+    try:
+        return os.path.getsize(Path(run_dir) / node.EVENTS)
+    except OSError:
+        return 0
+
+
+def _records(run_dir: Path, since: int) -> list[dict[str, Any]]:
+    try:
+        with open(run_dir / node.EVENTS, "rb") as fh:
+            fh.seek(since)
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def _data(rec: dict[str, Any]) -> dict[str, Any]:
+    data = rec.get("data")
+    return data if isinstance(data, dict) else {}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt recorded: whether its program is protected (a ``RunStarted`` of the
+    runtime), how it said it ended (``RunExited``: its reason, line, step and the step of the
+    checkpoint it sealed on stopping), the newest step of the run logged (`node.last_step`) and
+    the newest checkpoint saved in the whole run (the step a restart resumes from)."""
+
+    protected: bool = False
+    exit_reason: str | None = None
+    line: str = ""
+    sealed_step: int | None = None
+    last_step: int = 0
+    saved_step: int = 0
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike[str], since: int = 0) -> Attempt:
+        """The attempt that began at byte `since` of the run's ``events.jsonl``."""
+        path = Path(run_dir)
+        protected, reason, line, sealed = False, None, "", None
+        for rec in _records(path, since):
+            if rec.get("source") != "run":
+                continue
+            data = _data(rec)
+            if rec.get("reason") == RUN_STARTED:
+                protected = True
+            elif rec.get("reason") == RUN_EXITED:
+                reason = str(data.get("exit_reason") or "")
+                reason = reason or ("finished" if data.get("exit_code") == 0 else "")
+                line = str(rec.get("message") or "")
+                sealed = _int(data.get("checkpoint_step")) if reason == "preempted" else None
+        saved = 0
+        for rec in _records(path, 0):
+            data = _data(rec)
+            if rec.get("reason") == CHECKPOINT_SAVED and (step := _int(data.get("step"))):
+                saved = max(saved, step)
+        return cls(protected, reason, line, sealed, node.last_step(path), saved)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How an attempt ended: its `kind`, the exit code that stands for it (75 for a preemption,
+    whatever the launcher said), the line the cockpit shows, and the steps it lost."""
+
+    kind: Kind
+    code: int
+    line: str
+    steps_lost: int = 0
+    #: the step of the checkpoint the attempt sealed on stopping, when it recorded one
+    sealed: int | None = None
+
+
+def unsaved_line(step: int, lost: int) -> str:
+    return f"stopped without a checkpoint at step {step}: {lost} steps lost"
+
+
+def classify(
+    code: int,
+    attempt: Attempt,
+    resume_codes: tuple[int, ...] = (int(Exit.PREEMPTED),),
+    *,
+    signalled: bool = False,
+    lost: bool = False,
+) -> Verdict:
+    """The verdict on an attempt that exited with `code`, by its record first (the rules in the
+    module docstring). `signalled`: tgnb sent it SIGTERM or a drain notice; `lost`: its node went
+    away (killed with no notice, or at the end of the drain window)."""
+    preempted = int(Exit.PREEMPTED)
+    if attempt.exit_reason == "preempted" and attempt.sealed_step is not None:
+        sealed = attempt.sealed_step
+        return Verdict("preempted", preempted, f"sealed checkpoint at step {sealed}", 0, sealed)
+    if code == 0 and signalled and attempt.exit_reason != "finished":
+        step = attempt.last_step
+        steps_lost = max(0, step - attempt.saved_step)
+        return Verdict("unsaved", preempted, unsaved_line(step, steps_lost), steps_lost)
+    if code == 0:
+        return Verdict("succeeded", 0, "finished")
+    if code in resume_codes or signalled or lost:
+        return Verdict("preempted", code if code in resume_codes else preempted, f"exit {code}")
+    line = attempt.line if attempt.exit_reason == "failed" else ""
+    return Verdict("failed", code, line or f"exit code {code}")
+
+
+def node_exit(run_dir: str | os.PathLike[str] | None, code: int, since: int) -> int:
+    """The exit code a node's process leaves with: `code`, or `Exit.PREEMPTED` when the attempt
+    that began at byte `since` of the run's events recorded a sealed preemption checkpoint (a
+    launcher's 1 or 143 then). The same rule as `classify`, for the engines that read exit codes."""
+    if code == 0 or code == int(Exit.PREEMPTED) or run_dir is None:
+        return code
+    verdict = classify(code, Attempt.read(run_dir, since))
+    return verdict.code if verdict.kind == "preempted" else code
