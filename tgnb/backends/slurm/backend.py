@@ -9,6 +9,7 @@ job's working directory, so it can be found again from the job id alone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from tgnb.backends.slurm.render import (
     CONFIG_NAME,
     SCRIPT_NAME,
     RenderOptions,
+    gres_gpus,
     render_config,
     render_script,
 )
@@ -102,7 +104,18 @@ class SlurmBackend:
             if self.runner.host is None
             else self.run_dir_for(spec)
         )
-        return render_script(spec, run_dir, self.options), render_config(spec)
+        options = dataclasses.replace(self.options, node_gpus=self.node_gpus(spec.partition))
+        return render_script(spec, run_dir, options), render_config(spec)
+
+    def node_gpus(self, partition: str | None = None) -> int | None:
+        """The most GPUs a node of `partition` (every partition: None) has, from Slurm's GRES
+        (``sinfo -o %G``); None when sinfo does not answer (the run's own count then holds)."""
+        cmd = ["sinfo", "-h", "-o", "%G", *(["-p", partition] if partition else [])]
+        try:
+            proc = self.runner.run(cmd, check=False)
+        except BackendError:  # no sinfo here, no answer: `preflight` says so
+            return None
+        return gres_gpus(proc.stdout) if proc.returncode == 0 else None
 
     # The Backend protocol.
 
