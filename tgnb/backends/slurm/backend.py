@@ -49,9 +49,10 @@ class SlurmBackend:
 
     `host`: a login node to reach over SSH (None: this machine). `runs_root`: where run directories
     go on shared storage (default ``$TGNB_HOME/runs`` here, ``$HOME/tgnb-runs`` on a login node).
-    `gres`: False on a CPU-only cluster (no ``--gres=gpu:N``). `python`: the interpreter on the
-    nodes (default: this one when local, ``python`` over SSH). `placer_poll_seconds`: how often a
-    run's placer job looks at its pending job (`tgnb.backends.slurm.placer`).
+    `gres`: False never asks for ``--gres=gpu:N`` (the nodes' GRES are read anyway: `node_gpus`).
+    `python`: the interpreter on the nodes (default: this one when local, ``python`` over SSH).
+    `placer_poll_seconds`: how often a run's placer job looks at its pending job
+    (`tgnb.backends.slurm.placer`).
     """
 
     name = "slurm"
