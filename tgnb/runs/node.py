@@ -15,8 +15,9 @@ The run directory (on shared storage, named after the run, stable across restart
 
 The command a node runs is `command`: ``python -m tgnb.train config.yaml --run-dir DIR``, or the same
 under torchrun through ``python -m tgnb.train.launch`` (torchrun's options, and a worker's exit 75
-stays 75). The runtime there sets `RUN_DIR_ENV`, `RUN_ENV` and `CHECKPOINT_ENV` for the user's code,
-so `tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an argument.
+stays 75); which one, and how many processes, is `processes`, the one process model. The runtime
+there sets `RUN_DIR_ENV`, `RUN_ENV` and `CHECKPOINT_ENV` for the user's code, so
+`tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an argument.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +117,49 @@ def runtime_args(config: str, run_dir: str) -> list[str]:
     return ["-m", "tgnb.train", config, "--run-dir", run_dir]
 
 
+# -- the process model -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Processes:
+    """How each node of a run starts its program (`processes`): `nproc` training processes under
+    torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set), or one process of its own."""
+
+    nproc: int
+    torchrun: bool
+
+
+def processes(train: Mapping[str, Any], nodes: int, gpus: int) -> Processes:
+    """The one process model, for every engine (docs/process-model.md): what each of the run's
+    `nodes` nodes starts, where the run has `gpus` GPUs on each node -- as the cluster's nodes
+    have them (the API's or the emulator's node records, Slurm's GRES), never a constant.
+
+    - a ``command`` runs once per node and never under torchrun: it is its own launcher;
+    - a ``script`` (plain, with ``protect`` or the ``Checkpointer``) runs under torchrun with one
+      process per GPU (one on a node without a GPU), at any node count: 1, several, after a
+      shrink to one;
+    - a built-in task runs under torchrun when the run has more than one process, alone
+      otherwise (a local engine may then fork it warm).
+    """
+    nproc = max(1, gpus)
+    if train.get("command") is not None:
+        return Processes(nproc=1, torchrun=False)
+    if train.get("algorithm") == "script" or train.get("script") is not None:
+        return Processes(nproc=nproc, torchrun=True)
+    return Processes(nproc=nproc, torchrun=nodes > 1 or nproc > 1)
+
+
+def standalone(nproc: int) -> list[str]:
+    """torchrun's options for a one-node run: its own rendezvous on a free port."""
+    return ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
+
+
 def command(
     python: str, config: str, run_dir: str, torchrun: Sequence[str] | None = None
 ) -> list[str]:
     """The command a node runs: the runtime alone, or under torchrun with `torchrun`'s options
-    (``--nnodes``, ``--nproc_per_node``, the rendezvous: each engine gives its own)."""
+    (``--nnodes``, ``--nproc_per_node``, the rendezvous: each engine gives its own, as
+    `processes` decided)."""
     if torchrun is None:
         return [python, *runtime_args(config, run_dir)]
     return [python, "-m", "tgnb.train.launch", *torchrun, *runtime_args(config, run_dir)]

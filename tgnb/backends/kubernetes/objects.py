@@ -100,21 +100,21 @@ def literal(text: str) -> str:
 
 def command(spec: RunSpec) -> list[str]:
     """The trainer container's command (`tgnb.runs.node.command`): one process, or torchrun
-    through tgnb's launcher for several GPUs or nodes. Only tgnb's own
-    ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
+    through tgnb's launcher, as the one process model says (`tgnb.runs.node.processes`: one
+    process per GPU of the pod, its ``nvidia.com/gpu`` limit; a command once per pod). Only
+    tgnb's own ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
     res = spec.resources
     config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", literal(L.run_dir_for(spec))
-    nproc = max(res.gpus_per_node, 1)
-    if res.nodes == 1 and nproc == 1:
+    model = node.processes(spec.train, res.nodes, res.gpus_per_node)
+    if not model.torchrun:
         return node.command("python", config, run_dir)
     if res.nodes == 1:
-        torchrun = ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
-        return node.command("python", config, run_dir, torchrun)
+        return node.command("python", config, run_dir, node.standalone(model.nproc))
     shrink = spec.policy.when_short == "shrink" and res.min_nodes
     nnodes = f"{res.min_nodes}:{res.nodes}" if shrink else str(res.nodes)
     torchrun = [
         f"--nnodes={nnodes}",
-        f"--nproc_per_node={nproc}",
+        f"--nproc_per_node={model.nproc}",
         "--node_rank=$(JOB_COMPLETION_INDEX)",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={spec.name}-0.{spec.name}:{L.RDZV_PORT}",

@@ -1,12 +1,14 @@
-"""What one node of a local run executes: the training runtime's command (`tgnb.runs.node.command`),
-or a stand-in named by `TRAIN_MODULE_ENV` (tests of the supervisor alone), and a free loopback port
-for a multi-node run's rendezvous."""
+"""What one node of a local run executes: the training runtime's command (`tgnb.runs.node.command`,
+as the process model `tgnb.runs.node.processes` says), or a stand-in named by `TRAIN_MODULE_ENV`
+(tests of the supervisor alone), and a free loopback port for the rendezvous."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from tgnb.runs import node
@@ -16,17 +18,41 @@ TRAIN_MODULE = "tgnb.train"
 TRAIN_MODULE_ENV = "TGNB_TRAIN_MODULE"
 
 
-def train_command(config: Path, run_dir: Path, nodes: int, rank: int, rdzv: str) -> list[str]:
+def host_gpus(env: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> int:
+    """The GPUs a process started here can use: ``CUDA_VISIBLE_DEVICES`` when set, else the NVIDIA
+    devices of this machine. The emulated nodes' GPUs are not devices: a local run's processes
+    share this machine's (none on a CPU-only machine)."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return 0 if not ids or ids[0].startswith("-") else len(ids)
+    try:
+        return sum(1 for p in dev.iterdir() if re.fullmatch(r"nvidia[0-9]+", p.name))
+    except OSError:
+        return 0
+
+
+def node_gpus(asked: int, nodes_gpus: list[int], env: Mapping[str, str] | None = None) -> int:
+    """The GPUs a local run has on each node: what it asked for, within the emulator's node
+    records (`NodeInfo.gpus`) and this machine's devices shared among its nodes."""
+    per_node = host_gpus(env) // max(1, len(nodes_gpus))
+    return min([asked, per_node, *nodes_gpus])
+
+
+def train_command(
+    config: Path, run_dir: Path, procs: node.Processes, nodes: int, rank: int, rdzv: str
+) -> list[str]:
     """The command one node runs (`tgnb.runs.node.command`): the training runtime, under torchrun
-    through tgnb's launcher when nodes > 1."""
+    through tgnb's launcher when `procs` says so."""
     module = os.environ.get(TRAIN_MODULE_ENV)
     if module:  # a stand-in runtime (tests of the supervisor alone)
         return [sys.executable, "-m", module, str(config), "--run-dir", str(run_dir)]
     torchrun = None
-    if nodes > 1:
+    if procs.torchrun:
         torchrun = [
             f"--nnodes={nodes}",
-            "--nproc_per_node=1",
+            f"--nproc_per_node={procs.nproc}",
             f"--node_rank={rank}",
             "--rdzv_backend=c10d",
             f"--rdzv_endpoint={rdzv}",

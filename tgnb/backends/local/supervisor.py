@@ -59,7 +59,13 @@ from typing import Any, Literal
 from tgnb.atomic import atomic_write
 from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
-from tgnb.backends.local.command import TRAIN_MODULE, TRAIN_MODULE_ENV, free_port, train_command
+from tgnb.backends.local.command import (
+    TRAIN_MODULE,
+    TRAIN_MODULE_ENV,
+    free_port,
+    node_gpus,
+    train_command,
+)
 from tgnb.backends.local.home import EMULATOR_GONE_S, EMULATOR_STOPPED, HomeEmulator, endpoint_for
 from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
 from tgnb.backends.local.placement import placement_facts
@@ -276,17 +282,20 @@ class Supervisor:
         config = self._write_config()
         rdzv = f"127.0.0.1:{free_port()}"
         names = [n.name for n in nodes]
+        gpus = node_gpus(self.record.spec.resources.gpus_per_node, [n.gpus for n in nodes])
+        model = node.processes(self.train, len(nodes), gpus)  # the one process model
         procs: list[Proc] = []
         since = events_size(self.run_dir)  # this attempt's records begin here
         with open(self.run_dir / TRAIN_LOG, "ab") as log:
             # warm: forked from this process; a run whose env only a fresh interpreter applies
             # (PYTHONPATH, OMP_NUM_THREADS, ...) starts cold, so that env applies on every start
-            if self.warm and len(nodes) == 1 and not node.needs_cold_start(self.record.spec.env):
+            cold = node.needs_cold_start(self.record.spec.env)
+            if self.warm and len(nodes) == 1 and not model.torchrun and not cold:
                 argv = [str(config), "--run-dir", str(self.run_dir)]
                 env = self._env(nodes[0], restart)
                 procs.append(fork_module(TRAIN_MODULE, argv, env, str(self.run_dir), log.fileno()))
             for rank, where in enumerate(nodes if not procs else ()):
-                cmd = train_command(config, self.run_dir, len(nodes), rank, rdzv)
+                cmd = train_command(config, self.run_dir, model, len(nodes), rank, rdzv)
                 procs.append(
                     subprocess.Popen(
                         cmd,

@@ -9,6 +9,7 @@ job's working directory, so it can be found again from the job id alone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from tgnb.backends.slurm.render import (
     CONFIG_NAME,
     SCRIPT_NAME,
     RenderOptions,
+    gres_gpus,
     render_config,
     render_script,
 )
@@ -47,9 +49,10 @@ class SlurmBackend:
 
     `host`: a login node to reach over SSH (None: this machine). `runs_root`: where run directories
     go on shared storage (default ``$TGNB_HOME/runs`` here, ``$HOME/tgnb-runs`` on a login node).
-    `gres`: False on a CPU-only cluster (no ``--gres=gpu:N``). `python`: the interpreter on the
-    nodes (default: this one when local, ``python`` over SSH). `placer_poll_seconds`: how often a
-    run's placer job looks at its pending job (`tgnb.backends.slurm.placer`).
+    `gres`: False never asks for ``--gres=gpu:N`` (the nodes' GRES are read anyway: `node_gpus`).
+    `python`: the interpreter on the nodes (default: this one when local, ``python`` over SSH).
+    `placer_poll_seconds`: how often a run's placer job looks at its pending job
+    (`tgnb.backends.slurm.placer`).
     """
 
     name = "slurm"
@@ -102,7 +105,18 @@ class SlurmBackend:
             if self.runner.host is None
             else self.run_dir_for(spec)
         )
-        return render_script(spec, run_dir, self.options), render_config(spec)
+        options = dataclasses.replace(self.options, node_gpus=self.node_gpus(spec.partition))
+        return render_script(spec, run_dir, options), render_config(spec)
+
+    def node_gpus(self, partition: str | None = None) -> int | None:
+        """The most GPUs a node of `partition` (every partition: None) has, from Slurm's GRES
+        (``sinfo -o %G``); None when sinfo does not answer (the run's own count then holds)."""
+        cmd = ["sinfo", "-h", "-o", "%G", *(["-p", partition] if partition else [])]
+        try:
+            proc = self.runner.run(cmd, check=False)
+        except BackendError:  # no sinfo here, no answer: `preflight` says so
+            return None
+        return gres_gpus(proc.stdout) if proc.returncode == 0 else None
 
     # The Backend protocol.
 

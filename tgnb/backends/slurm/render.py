@@ -7,8 +7,9 @@ preemptible-compute guide for Slurm:
 - a run directory on shared storage named after the run, never a timestamp, so a requeued job finds
   its checkpoints (the training runtime resumes from the newest complete one by itself; the script
   logs the restart from ``SLURM_RESTART_COUNT``);
-- ``srun torchrun`` with a c10d rendezvous when the run has several nodes or processes, a plain
-  ``srun python -m tgnb.train`` for one process;
+- ``srun torchrun`` with a c10d rendezvous, or a plain ``srun python -m tgnb.train`` (a command, a
+  one-process built-in task), as the one process model says (`tgnb.runs.node.processes`), with the
+  GPUs the cluster's nodes have (their GRES, read by the backend: `RenderOptions.node_gpus`);
 - the step runs in the background and the script ``wait``s for it, so a SIGTERM reaches the trap at
   once and is forwarded;
 - the run's recovery policy (`tgnb.runs.recovery`) is rendered here and nowhere else in the
@@ -52,12 +53,14 @@ FAILURES_FILE = ".tgnb-failures"
 @dataclass(frozen=True)
 class RenderOptions:
     """Cluster-side choices that are not part of the run: `gres` off for CPU-only clusters,
-    the interpreter on the nodes (it runs torchrun as ``python -m tgnb.train.launch``), and the
-    rendezvous port."""
+    the interpreter on the nodes (it runs torchrun as ``python -m tgnb.train.launch``), the
+    rendezvous port, and the GPUs the cluster's nodes have (`node_gpus`)."""
 
     gres: bool = True
     python: str = "python"
     rdzv_port: int = 29500
+    #: the most GPUs a node of the cluster has (Slurm's GRES, `gres_gpus`); None: not read
+    node_gpus: int | None = None
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -70,9 +73,25 @@ def _check_word(kind: str, value: str) -> None:
         raise ValidationError(f"Slurm {kind} {value!r} has characters sbatch does not accept")
 
 
-def processes_per_node(spec: RunSpec) -> int:
-    """Training processes on each node: one per GPU, or one on a CPU-only node."""
-    return max(1, spec.resources.gpus_per_node)
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+
+
+def gres_gpus(sinfo_g: str) -> int:
+    """The most GPUs a node has, from ``sinfo -h -o %G`` (one GRES list a line: ``(null)``,
+    ``gpu:8``, ``gpu:h100:8(S:0-1),mps:100``); 0 when no node has one."""
+    counts = [int(m.group(1)) for line in sinfo_g.split() for m in _GRES_GPU.finditer(line)]
+    return max(counts, default=0)
+
+
+def run_gpus(spec: RunSpec, options: RenderOptions) -> int:
+    """The GPUs the run has on each node: what it asks for, within what the nodes have."""
+    asked = spec.resources.gpus_per_node
+    return asked if options.node_gpus is None else min(asked, options.node_gpus)
+
+
+def processes(spec: RunSpec, options: RenderOptions) -> node.Processes:
+    """What each node starts: the one process model (`tgnb.runs.node.processes`)."""
+    return node.processes(spec.train, spec.resources.nodes, run_gpus(spec, options))
 
 
 def render_config(spec: RunSpec) -> str:
@@ -99,8 +118,9 @@ def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]
         out.append(f"--cpus-per-task={res.cpus_per_task}")
     if res.memory_gib is not None:
         out.append(f"--mem={res.memory_gib}G")
-    if options.gres and res.gpus_per_node > 0:
-        out.append(f"--gres=gpu:{res.gpus_per_node}")
+    gpus = run_gpus(spec, options)
+    if options.gres and gpus > 0:
+        out.append(f"--gres=gpu:{gpus}")
     if res.preemptible:
         out.append("--constraint=preemptible")
     if spec.partition:
@@ -122,14 +142,17 @@ def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]
 def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
     """`tgnb.runs.node.command` as script lines: its words are shell words here (the config and
     run directory are the script's variables)."""
-    nproc = processes_per_node(spec)
+    model = processes(spec, options)
     python, config, run_dir = shlex.quote(options.python), '"$TGNB_CONFIG"', '"$TGNB_RUN_DIR"'
-    if spec.resources.nodes == 1 and nproc == 1:
+    if not model.torchrun:  # one process on each node: a command, or a one-process task
         argv = node.command(python, config, run_dir)
+        return [f"srun --kill-on-bad-exit=1 {' '.join(argv)} &"]
+    if spec.resources.nodes == 1:  # a rendezvous of its own on a free port: no port to share
+        argv = node.command(python, config, run_dir, node.standalone(model.nproc))
         return [f"srun --kill-on-bad-exit=1 {' '.join(argv)} &"]
     torchrun = [
         '--nnodes="$SLURM_JOB_NUM_NODES"',
-        f"--nproc_per_node={nproc}",
+        f"--nproc_per_node={model.nproc}",
         '--rdzv_id="$SLURM_JOB_ID"',
         "--rdzv_backend=c10d",
         f'--rdzv_endpoint="$MASTER_ADDR:{options.rdzv_port}"',
