@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, JobStatus, Resources, RunSpec, SecretRef
 from tgnb.backends.slurm import SlurmBackend
 
@@ -26,14 +27,19 @@ pytestmark = pytest.mark.slurm
 def wait_for(
     backend: SlurmBackend, job: str, ok: Callable[[JobStatus], bool], timeout: float
 ) -> JobStatus:
-    deadline = time.monotonic() + timeout
-    while True:
-        st = backend.status(job)
-        if ok(st):
-            return st
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job} never reached the expected state; last {st}")
-        time.sleep(0.5)
+    """The job's status once `ok` holds for it."""
+    last: list[JobStatus] = []
+
+    def reached() -> JobStatus | None:
+        last[:] = [backend.status(job)]
+        return last[0] if ok(last[0]) else None
+
+    try:
+        return wait_until(
+            reached, timeout, what=f"job {job} to reach the expected state", every=0.5
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last {last[-1] if last else None}") from None
 
 
 def make_backend(tmp_path: Path) -> SlurmBackend:
