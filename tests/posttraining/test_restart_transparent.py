@@ -103,7 +103,9 @@ def test_sigkill_then_bare_start_is_transparent(
             daemon=True,
         )
         inflight.start()
-        time.sleep(0.3)
+        with AdminClient(st.base_url, key) as admin:
+            running = lambda: admin.health()["rl_operations_running"] > 0  # noqa: E731
+            wait_until(running, 60, what="the forward_backward to run")
         os.kill(st.pid, signal.SIGKILL)
         wait_until(lambda: not daemon.status(home).running, 10)
         t_kill = time.time()

@@ -9,7 +9,6 @@ runtime.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,10 +86,8 @@ def test_requeue_restarts_with_count_one(
     job = backend.submit(spec("requeue", sleep=6))
     cleanup_jobs.append(job)
     log = Path(backend.run_dir(job)) / f"slurm-{job}.out"
-    deadline = time.monotonic() + 60
-    while "fake-train restart=0" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, "the job's step never started"
-        time.sleep(0.3)
+    started = lambda: "fake-train restart=0" in (log.read_text() if log.exists() else "")  # noqa: E731
+    wait_until(started, 60, what="the job's step to start", every=0.3)
     backend.requeue(job)
     st = wait_for(backend, job, lambda s: s.restart_count >= 1, 30)
     assert st.state in (JobState.REQUEUED, JobState.RUNNING), st
@@ -132,10 +129,8 @@ def test_cancel(
     # Cancel once the program runs: Slurm reports RUNNING from the allocation on, and a step
     # killed while slurmstepd is still launching it stays COMPLETING for over a minute (seen in
     # CI: "Abandoning IO 60 secs after job shutdown initiated"; Slurm's own race, not ours).
-    deadline = time.monotonic() + 60
-    while not any(e.reason == "RunStarted" for e in backend.events(job)):
-        assert time.monotonic() < deadline, "the job's program never started"
-        time.sleep(0.2)
+    started = lambda: any(e.reason == "RunStarted" for e in backend.events(job))  # noqa: E731
+    wait_until(started, 60, what="the job's program to start", every=0.2)
     backend.cancel(job)
     st = wait_for(backend, job, lambda s: s.state.finished, 60)
     assert st.state is JobState.CANCELLED
