@@ -44,7 +44,7 @@ def pt(ip: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def emu(rl_emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch) -> EmulatorHandle:
-    """B's shared daemon (tests/posttraining/conftest.py); %tg pt's local connection finds it
+    """B's shared daemon (tests/emulator/rl/conftest.py); %tg pt's local connection finds it
     through TGNB_HOME (its home), so no other daemon is started."""
     monkeypatch.setenv("TGNB_HOME", str(rl_emulator.home))
     return rl_emulator
