@@ -235,9 +235,9 @@ def test_env_reaches_the_script_and_a_failure_shows_its_line(
     (wd / "fails.py").write_text("raise ValueError('the learning rate table is empty')\n")
     ok = session.launch("ok.py", args=["--x", "1"], workdir=wd, name="plain-ok",
                         env={"PYTHONPATH": str(lib)})  # fmt: skip
+    bad = session.launch("fails.py", workdir=wd, name="plain-fails")  # both run at once
     assert ok.wait(timeout=300, progress=False).state.value == "succeeded", ok.logs()
     assert "helper: from PYTHONPATH args: ['--x', '1'] run: plain-ok" in ok.logs()
-    bad = session.launch("fails.py", workdir=wd, name="plain-fails")
     status = bad.wait(timeout=300, progress=False)
     assert status.state.value == "failed"
     assert status.detail == "ValueError: the learning rate table is empty"
