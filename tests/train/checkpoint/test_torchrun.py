@@ -49,6 +49,9 @@ def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_ru
     common = ("algorithm=dpo", "model=tiny", "seed=3", "checkpoint.watch_drain=false")
     common += ("checkpoint.every_steps=5", f"max_steps={steps}")
     run_dir = tmp_path / "ddp"
+    # the uninterrupted reference trains meanwhile (as in test_equivalence): its own directory
+    # and rendezvous port, the same pre-built model
+    reference = launcher.start(tmp_path / "reference", *common, argv=argv)
     stops: list[int] = []
     for target in (1, 0, 1):
         run = launcher.start(run_dir, *common, argv=argv)
@@ -73,7 +76,6 @@ def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_ru
         stops.append(step)
     done = launcher.start(run_dir, *common, argv=argv)
     assert done.wait(600) == 0, done.tail()
-    reference = launcher.start(tmp_path / "reference", *common, argv=argv)
     assert reference.wait(600) == 0, reference.tail()
     resumed = [e["data"]["step"] for e in done.events("RunResumed")]
     assert resumed == stops and len(set(stops)) == 3, (resumed, stops)
