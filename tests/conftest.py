@@ -1,14 +1,87 @@
-"""Shared fixtures for the whole suite."""
+"""Shared fixtures and helpers for the whole suite.
+
+Test modules import the helpers by their absolute name (``from tests.conftest import wait_until``),
+which stays right when a test file moves to another folder.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from tgnb.emulator.testing import EmulatorHandle, running_emulator
+
+T = TypeVar("T")
+
+#: The libraries the notebook side must never import (``%load_ext tgnb``, ``import tgnb``, the
+#: magics' parsing): the training stack, the Kubernetes client, pandas. Tests add ``"together"``
+#: (the SDK, imported on first use) where the code under test must not reach it either.
+HEAVY = (
+    "torch",
+    "trl",
+    "transformers",
+    "kubernetes",
+    "datasets",
+    "accelerate",
+    "peft",
+    "pandas",
+    "wandb",
+    "mlflow",
+)
+
+
+def wait_until(
+    pred: Callable[[], T],
+    timeout: float = 120.0,
+    *,
+    what: str = "the condition",
+    every: float = 0.1,
+) -> T:
+    """Call `pred` every `every` s until it returns something truthy, and return that; an
+    AssertionError naming `what` once `timeout` s have passed without."""
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+    return value
+
+
+async def async_wait_until(
+    pred: Callable[[], Awaitable[T]],
+    timeout: float = 60.0,
+    *,
+    what: str = "the condition",
+    every: float = 0.2,
+) -> T:
+    """`wait_until` for a coroutine predicate, sleeping on the event loop between calls."""
+    deadline = time.monotonic() + timeout
+    while not (value := await pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(every)
+    return value
+
+
+def modules_after(code: str) -> set[str]:
+    """The names in ``sys.modules`` after `code` ran in a fresh interpreter."""
+    probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def heavy_in(modules: Iterable[str], also: Iterable[str] = ()) -> list[str]:
+    """The modules among `modules` that belong to a `HEAVY` library (or one in `also`), sorted."""
+    heavy = set(HEAVY) | set(also)
+    return sorted(m for m in modules if m.split(".")[0] in heavy)
 
 
 @pytest.fixture

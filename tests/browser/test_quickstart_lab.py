@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +37,6 @@ def _copy_quickstart(lab: Any) -> list[str]:
     nb = parameterize_notebook(nb, {**PARAMETERS, "home": str(lab.home)})
     nbformat.write(nb, lab.root / NOTEBOOK.name)
     return [c.id for c in nb.cells]
-
-
-def _poll(what: str, fn: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def _queued(cell: Any) -> bool:
@@ -89,7 +80,7 @@ def test_quickstart_panels_render_and_update(browser: Any, lab: Any, artifacts: 
             ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000
         )
         cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
-        _poll("every cell of the notebook", lambda: cells.count() == len(ids), timeout=60)
+        wait_until(lambda: cells.count() == len(ids), 60, what="every cell of the notebook")
         page.screenshot(path=str(artifacts / "01-opened.png"))
 
         _run_cells(page, cells, last)
@@ -105,7 +96,7 @@ def test_quickstart_panels_render_and_update(browser: Any, lab: Any, artifacts: 
                     seen.append(text)
             return bool(seen) and seen[-1] == "allocated 16 / desired 16 GPUs"
 
-        _poll("the ClusterPanel to show 16 of 16 GPUs", reached, timeout=180, interval=0.05)
+        wait_until(reached, 180, what="the ClusterPanel to show 16 of 16 GPUs", every=0.05)
         scale.scroll_into_view_if_needed()
         page.screenshot(path=str(artifacts / "02-cluster-panel.png"))
         allocated = [int(m.group(1)) for s in seen if (m := re.match(r"allocated (\d+) /", s))]
@@ -130,9 +121,7 @@ def test_quickstart_panels_render_and_update(browser: Any, lab: Any, artifacts: 
                     steps.append(int(m.group(1)))
             return len([s for s in steps if s > 0]) >= 2
 
-        _poll(
-            "the RunPanel to show the run's steps going up", progressed, timeout=300, interval=0.2
-        )
+        wait_until(progressed, 300, what="the RunPanel to show the run's steps going up", every=0.2)
         watch.scroll_into_view_if_needed()
         page.screenshot(path=str(artifacts / "03-run-panel.png"))
         assert steps == sorted(steps) and steps[-1] > steps[0], steps

@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 import together
 
+from tests.conftest import wait_until
 from tgnb.config import DEFAULT_TIME_SCALE
 from tgnb.emulator import daemon
 from tgnb.emulator.testing import free_port
-
-from .test_quickstart_lab import _poll
 
 pytestmark = pytest.mark.slow
 
@@ -70,46 +69,48 @@ def test_sidebar_follows_start_stop_and_restart_on_another_port(
         tab.wait_for(timeout=90_000)
         tab.click()
         # opened with no emulator: it says so, names the fix, offers Attach, starts nothing
-        _poll("the sidebar's not-attached state", lambda: _detached(page), timeout=SEES)
+        wait_until(lambda: _detached(page), SEES, what="the sidebar's not-attached state")
         assert _text(page, "tgnb-detached") == "not attached yet"
-        _poll("the fix", lambda: "tgnb emulator start" in _text(page, "tgnb-error"), timeout=SEES)
+        wait_until(lambda: "tgnb emulator start" in _text(page, "tgnb-error"), SEES, what="the fix")
         page.screenshot(path=str(artifacts / "sidebar-1-no-emulator.png"))
         assert not daemon.status(lab.home).running
 
         # an emulator started in a terminal after the page opened: found, no reload
         first = free_port()
         tgnb_emulator(lab, "start", "--port", str(first))
-        _poll("the sidebar to find the emulator", lambda: _attached(page), timeout=SEES)
+        wait_until(lambda: _attached(page), SEES, what="the sidebar to find the emulator")
         # the panel's parts are redrawn one after another: wait for each (a loaded CI machine
         # saw the cluster's name before the old error line was cleared)
-        _poll("the old error line to go", lambda: _text(page, "tgnb-error") == "", timeout=SEES)
-        _poll(
-            "the capacity line",
+        wait_until(lambda: _text(page, "tgnb-error") == "", SEES, what="the old error line to go")
+        wait_until(
             lambda: "allocated 0 / desired 0" in _text(page, "tgnb-capacity"),
-            timeout=SEES,
+            SEES,
+            what="the capacity line",
         )
         page.screenshot(path=str(artifacts / "sidebar-2-found.png"))
 
         # stopped: the disconnected state, with Attach
         tgnb_emulator(lab, "stop")
-        _poll("the disconnected state", lambda: _detached(page), timeout=SEES)
-        _poll("disconnected", lambda: _text(page, "tgnb-detached") == "disconnected", SEES)
-        _poll("no stale numbers", lambda: _text(page, "tgnb-capacity") == "", timeout=SEES)
+        wait_until(lambda: _detached(page), SEES, what="the disconnected state")
+        wait_until(
+            lambda: _text(page, "tgnb-detached") == "disconnected", SEES, what="disconnected"
+        )
+        wait_until(lambda: _text(page, "tgnb-capacity") == "", SEES, what="no stale numbers")
         page.screenshot(path=str(artifacts / "sidebar-3-disconnected.png"))
 
         # Attach starts the emulator, at the time scale `%tg attach --local` uses
         page.locator("#tgnb-sidebar .tgnb-attach").click()
         page.locator(".jp-Dialog .jp-mod-accept").click()
-        _poll("Attach to start the emulator", lambda: _attached(page), timeout=SEES)
+        wait_until(lambda: _attached(page), SEES, what="Attach to start the emulator")
         st = daemon.status(lab.home)
         assert st.running and st.options and st.options["time_scale"] == DEFAULT_TIME_SCALE
 
         # stopped, then started again on another port: followed
         tgnb_emulator(lab, "stop")
-        _poll("the disconnected state", lambda: _detached(page), timeout=SEES)
+        wait_until(lambda: _detached(page), SEES, what="the disconnected state")
         second = free_port()
         tgnb_emulator(lab, "start", "--port", str(second))
-        _poll("the sidebar to find the moved emulator", lambda: _attached(page), timeout=SEES)
+        wait_until(lambda: _attached(page), SEES, what="the sidebar to find the moved emulator")
         page.screenshot(path=str(artifacts / "sidebar-4-moved.png"))
 
         # the sidebar's scale control reaches the emulator on the new port
@@ -125,10 +126,12 @@ def test_sidebar_follows_start_stop_and_restart_on_another_port(
                 clusters = client.clusters.list().clusters
                 return sum(int(c.desired_preemptible_gpus or 0) for c in clusters)
 
-            _poll("the new emulator's target to be 8", lambda: target() == 8, timeout=SEES)
+            wait_until(lambda: target() == 8, SEES, what="the new emulator's target to be 8")
         finally:
             client.close()
-        _poll("the sidebar to show it", lambda: "desired 8" in _text(page, "tgnb-capacity"), SEES)
+        wait_until(
+            lambda: "desired 8" in _text(page, "tgnb-capacity"), SEES, what="the sidebar to show it"
+        )
     except BaseException:
         page.screenshot(path=str(artifacts / "sidebar-failed.png"), full_page=True)
         raise

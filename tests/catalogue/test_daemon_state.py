@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState
 from tgnb.backends.local import supervisor_alive
 from tgnb.emulator import daemon
@@ -212,10 +213,7 @@ def test_supervisor_does_not_outlive_emulator_stop(
                 max_steps=100_000,
                 env={"STANDIN_STEP_SECONDS": "0.2"},
             )
-            deadline = time.monotonic() + 90
-            while run.status.state != JobState.RUNNING and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert run.status.state == JobState.RUNNING, run.status
+            wait_until(lambda: run.status.state == JobState.RUNNING, 90, what="the run to run")
             rec = store.get(run.id)
             pid = next(int(j.info["pid"]) for j in reversed(rec.jobs) if j.info.get("pid"))
             assert supervisor_alive(pid)

@@ -15,12 +15,12 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.local import supervisor_alive
 from tgnb.emulator.testing import running_emulator
 from tgnb.runs.run import Run
@@ -30,15 +30,6 @@ from tgnb.session import Session, attach
 from .conftest import record
 
 STANDIN = Path(__file__).parents[1] / "backends" / "local"
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.1)
-    return value
 
 
 def alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle, running_emulator
 
 from .conftest import FAKE_KEY, record
@@ -329,11 +330,3 @@ def test_stopping_a_session_cancels_its_running_sample(live: Live) -> None:
     record(ok)
     assert stopped.status_code == 200, stopped.text
     assert got["status"] == DONE[1] and "SESSION_NOT_ACTIVE" in code, (got["status"], code, took)
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.05)
-    return value

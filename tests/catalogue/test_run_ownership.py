@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, RunSpec
 from tgnb.runs.run import Run
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.runs.store import RunStore
 
 from .conftest import record
-from .test_kill_tree import wait_until
 
 LOOP = """
 import sys, time, torch, tgnb.train

@@ -7,11 +7,11 @@ exactly which requests reached the API.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb import errors
 from tgnb.cloud import Cloud, ClusterState, RetryPolicy
 from tgnb.config import Secret, Settings
@@ -195,11 +195,13 @@ def test_chaos_30_percent_attach_scale_events_complete(emulator: EmulatorHandle)
     result = cluster.wait_for_capacity(timeout=120, poll=0.2)
     assert result.reached
     emulator.preempt(cluster.id)
-    deadline = time.monotonic() + 120
     got: list[str] = []
-    while PREEMPTION_NOTIFIED not in got and time.monotonic() < deadline:
-        got += [e.reason for e in cluster.poll_events()]
-        time.sleep(0.1)
+
+    def notified() -> bool:
+        got.extend(e.reason for e in cluster.poll_events())
+        return PREEMPTION_NOTIFIED in got
+
+    wait_until(notified, 120, what="the preemption notice")
     assert got.count(PREEMPTION_NOTIFIED) == 1
     emulator.set_chaos(0.0)
     log = emulator.requests()

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from tests.conftest import heavy_in, modules_after
 
 
 def test_import_tgnb_cloud_is_light() -> None:
-    probe = "import tgnb.cloud, sys, json; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    loaded = {m.split(".")[0] for m in json.loads(out.stdout.strip().splitlines()[-1])}
-    assert not loaded & {"torch", "trl", "transformers", "kubernetes", "together", "pandas"}
+    assert heavy_in(modules_after("import tgnb.cloud"), also=["together"]) == []

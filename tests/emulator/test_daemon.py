@@ -8,13 +8,13 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import together
 
+from tests.conftest import wait_until
 from tgnb.config import Secret
 from tgnb.emulator import daemon
 from tgnb.emulator.testing import running_emulator
@@ -134,10 +134,8 @@ def test_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not daemon.status(tmp_path).running:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: proc.poll() is not None or daemon.status(tmp_path).running, 60)
+        assert proc.poll() is None, "the daemon exited"
         st = daemon.status(tmp_path)
         assert st.pid == proc.pid and st.base_url == f"http://127.0.0.1:{port}"
         assert st.api_key is not None

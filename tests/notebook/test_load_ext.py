@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "trl", "transformers", "kubernetes", "datasets", "accelerate", "peft")
+from tests.conftest import heavy_in
 
 PROBE = """
 import json, sys
@@ -26,7 +26,7 @@ print(json.dumps({"modules": sorted(sys.modules), "line": sorted(shell.magics_ma
 def test_load_ext_is_light_and_registers_tg() -> None:
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    heavy = sorted(m for m in report["modules"] if m.split(".")[0] in HEAVY)
+    heavy = heavy_in(report["modules"])
     assert heavy == [], f"%load_ext tgnb imported heavy modules: {heavy[:10]}"
     for lazy in ("pandas", "together", "ipywidgets"):
         assert lazy not in report["modules"], f"{lazy} is imported by %load_ext tgnb"

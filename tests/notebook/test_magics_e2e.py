@@ -4,28 +4,17 @@ checkpoint and resume, then runs, logs, events, the timeline and the cost report
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle, running_emulator
 from tgnb.events import CHECKPOINT_SAVED, PREEMPTION_NOTIFIED, RUN_RESUMED
 from tgnb.notebook.timeline import EventTimeline
 from tgnb.notebook.widgets import RunPanel
-
-
-def _until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -57,18 +46,24 @@ def test_quickstart_through_magics(
         )
         run = ip.user_ns["run1"]
         assert run.name == "qs-grpo"
-        _until(
+        wait_until(
             lambda: any(e.reason == CHECKPOINT_SAVED for e in run.run_events()),
             300,
-            "a first checkpoint",
+            what="a first checkpoint",
+            every=0.5,
         )
         panel = ip.run_line_magic("tg", "watch qs-grpo")
         assert isinstance(panel, RunPanel)
 
-        node = _until(lambda: run.status.nodes, 30, "the run's node")[0]
+        node = wait_until(lambda: run.status.nodes, 30, what="the run's node", every=0.5)[0]
         assert node.startswith("gpu-preemptible-dp")
         ip.run_line_magic("tg", f"preempt {node}")
-        _until(lambda: any(e.reason == RUN_RESUMED for e in run.run_events()), 300, "the resume")
+        wait_until(
+            lambda: any(e.reason == RUN_RESUMED for e in run.run_events()),
+            300,
+            what="the resume",
+            every=0.5,
+        )
 
         assert "qs-grpo" in str(ip.run_line_magic("tg", "runs"))
         ip.run_line_magic("tg", "logs qs-grpo")
@@ -84,7 +79,7 @@ def test_quickstart_through_magics(
         panel.close()
 
         ip.run_line_magic("tg", "stop qs-grpo")
-        _until(lambda: run.state.finished, 120, "the stop")
+        wait_until(lambda: run.state.finished, 120, what="the stop", every=0.5)
         capsys.readouterr()
         ip.run_line_magic("tg", "logs qs-grpo -f")  # a finished run: prints its log and returns
         out = capsys.readouterr().out

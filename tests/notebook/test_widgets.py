@@ -3,13 +3,13 @@ written by the training runtime's own `Recorder`; their static HTML; polling tha
 
 from __future__ import annotations
 
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, RunSpec
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import CHECKPOINT_SAVED, RUN_RESUMED, RUN_STARTED, SIGNAL_RECEIVED
@@ -105,9 +105,7 @@ def test_cluster_panel_shows_and_scales(ip: Any, tg: Any, attached: EmulatorHand
         puts = [r["body"] for r in attached.requests() if r["method"] == "PUT"]
         assert puts == [{"num_preemptible_gpus": 8}]
         assert panel.error.value == ""
-        deadline = time.monotonic() + 60
-        while panel.state.allocated_preemptible_gpus < 8 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: panel.state.allocated_preemptible_gpus >= 8, 60, what="8 GPUs")
         assert panel.state.allocated_preemptible_gpus == 8
         assert "gpu-preemptible-dp" in panel.to_html()
         bundle = panel._repr_mimebundle_()

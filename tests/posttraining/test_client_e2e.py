@@ -21,7 +21,7 @@ MODEL = "tgnb/tiny-llama"  # the alias a user types; the listing names its direc
 
 @pytest.fixture
 def emu(rl_emulator: EmulatorHandle) -> EmulatorHandle:
-    """B's shared daemon (tests/posttraining/conftest.py), the SDK's variables set."""
+    """B's shared daemon (tests/emulator/rl/conftest.py), the SDK's variables set."""
     return rl_emulator
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
+from tests.conftest import heavy_in, modules_after
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.notebook.commands import names
 from tgnb.notebook.tables import Table
@@ -43,7 +44,7 @@ def pt(ip: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def emu(rl_emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch) -> EmulatorHandle:
-    """B's shared daemon (tests/posttraining/conftest.py); %tg pt's local connection finds it
+    """B's shared daemon (tests/emulator/rl/conftest.py); %tg pt's local connection finds it
     through TGNB_HOME (its home), so no other daemon is started."""
     monkeypatch.setenv("TGNB_HOME", str(rl_emulator.home))
     return rl_emulator
@@ -158,17 +159,9 @@ def test_start_open_panel_cost_stop(
 def test_pt_magics_stay_light() -> None:
     """``%tg pt --help`` (and the parsing of any line) imports neither the SDK's Post-Training
     clients nor torch, transformers, TRL or peft."""
-    import json
-    import subprocess
-    import sys
-
-    code = (
+    loaded = modules_after(
         "from IPython.testing.globalipapp import start_ipython\n"
         "ip = start_ipython(); ip.run_line_magic('load_ext', 'tgnb')\n"
-        "ip.run_line_magic('tg', 'pt --help'); ip.run_line_magic('tg', 'pt open --help')\n"
-        "import sys, json; print(json.dumps(sorted(sys.modules)))"
+        "ip.run_line_magic('tg', 'pt --help'); ip.run_line_magic('tg', 'pt open --help')"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    heavy = {"torch", "transformers", "trl", "peft", "together"}
-    assert sorted(m for m in loaded if m.split(".")[0] in heavy) == []
+    assert heavy_in(loaded, also=["together"]) == []

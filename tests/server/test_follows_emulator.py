@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from tests.conftest import async_wait_until
 from tgnb.emulator import daemon
 from tgnb.emulator.testing import EmulatorHandle, free_port
 
 from .conftest import body
-from .test_handlers import stream, wait_for
+from .test_handlers import stream
 
 
 async def test_a_stopped_then_moved_emulator_is_followed(
@@ -35,7 +36,7 @@ async def test_a_stopped_then_moved_emulator_is_followed(
         seen.extend(m for _, m in got)
         return any(m["type"] == "detached" for m in seen)
 
-    await wait_for(jp_fetch, detached, timeout=60)
+    await async_wait_until(detached, 60, what="the detached message")
     gone = next(m for m in seen if m["type"] == "detached")
     assert gone["message"] and "Traceback" not in gone["message"]
     assert body(await jp_fetch("tgnb", "status"))["attached"] is False
@@ -55,7 +56,7 @@ async def test_a_stopped_then_moved_emulator_is_followed(
     session = jp_serverapp.web_app.settings["tgnb_cockpit"].attached
     assert session is not None and session.emulator.base_url == st.base_url
     seen.clear()
-    await wait_for(jp_fetch, lambda: _snapshot_after(jp_fetch, last, seen), timeout=60)
+    await async_wait_until(lambda: _snapshot_after(jp_fetch, last, seen), 60, what="a snapshot")
 
 
 async def _snapshot_after(jp_fetch: Any, since: int, seen: list[dict[str, Any]]) -> bool:

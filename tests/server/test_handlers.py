@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
 import together
 from tornado.httpclient import HTTPClientError
 
+from tests.conftest import async_wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import PREEMPTION_NOTIFIED, RUN_RESUMED
 from tgnb.events import TARGET_CHANGED as TARGET
@@ -27,17 +27,6 @@ def emulator_target(emu: EmulatorHandle, cluster_id: str) -> int:
         return int(client.clusters.retrieve(cluster_id).desired_preemptible_gpus or 0)
     finally:
         client.close()
-
-
-async def wait_for(fetch: Any, check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.2)
 
 
 async def stream(jp_fetch: Any, since: int = 0, timeout: float = 2.0) -> list[tuple[int, Any]]:
@@ -69,7 +58,7 @@ async def test_scale_sets_the_emulator_target_and_capacity_follows(
         state = body(await jp_fetch("tgnb", "cluster"))
         return state["allocated_preemptible_gpus"] == 16 and state["capacity_reached"]
 
-    await wait_for(jp_fetch, allocated)
+    await async_wait_until(allocated, what="16 preemptible GPUs allocated")
     state = body(await jp_fetch("tgnb", "cluster"))
     assert [n["kind"] for n in state["nodes"]].count("preemptible") == 2
 
@@ -170,7 +159,7 @@ async def test_event_stream_pushes_preemption_and_run_resume(
         reasons = {m["event"]["reason"] for m in seen if m["type"] == "event" and m["live"]}
         return {PREEMPTION_NOTIFIED, RUN_RESUMED} <= reasons
 
-    await wait_for(jp_fetch, notified, timeout=60)
+    await async_wait_until(notified, 60, what="the notice and the resume")
     notice = next(
         m["event"]
         for m in seen

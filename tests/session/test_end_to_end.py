@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState
 from tgnb.emulator import daemon
 from tgnb.emulator.testing import EmulatorHandle
@@ -39,17 +39,9 @@ MAX_STEPS = 200  # a fast machine ran all of 30 between step 5 and the preemptio
 FAST_DRAIN = {"drain_poll_seconds": 0.2}
 
 
-def wait_for(pred, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-    return value
-
-
 def preempt_mid_run(session: Session, run: Run, at_step: int) -> str:
     """Wait until the run has done `at_step` steps, then preempt its node; the node's name."""
-    wait_for(lambda: len(run.records("metrics")) >= at_step, 300)
+    wait_until(lambda: len(run.records("metrics")) >= at_step, 300)
     node = run.status.nodes[0]
     session.preempt(node)
     return node
@@ -60,7 +52,7 @@ def check_recovery(run: Run, node: str, slurm: bool = False) -> None:
     status = run.wait(timeout=300)
     assert status.state == JobState.SUCCEEDED, status
     assert status.restart_count == 1 and node not in status.nodes
-    wait_for(
+    wait_until(
         lambda: (
             any(e.reason == PREEMPTED and e.node == node for e in run.events())
             and any(e.reason == NODE_ADDED and e.time > _removed(run, node) for e in run.events())

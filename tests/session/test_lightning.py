@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.errors import TrainConfigError
 from tgnb.session import Session
 from tgnb.train.checkpoint import latest_complete
 
 from ..train.checkpoint.conftest import worker_pids
-from .test_user_code import FAST_DRAIN, _steps, _wait, preempt_twice
+from .test_user_code import FAST_DRAIN, _steps, preempt_twice
 
 WORKDIR = Path(__file__).parent / "lightning_workdir"
 MAX_STEPS = 600  # enough that the run still trains when the second preemption lands
@@ -72,7 +73,7 @@ def test_a_lightning_script_outside_tgnb_exits_75_on_sigterm_and_resumes(tmp_pat
     proc = subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     metrics = wd / "out" / "metrics.jsonl"
     try:
-        _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3)
+        wait_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 300)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -132,8 +133,8 @@ def test_two_ddp_ranks_stop_at_one_step_and_resume_at_one_rank(tmp_path: Path) -
         proc = subprocess.Popen(cmd, cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT)
     metrics = wd / "out" / "metrics.jsonl"
     try:
-        _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5)
-        pids = _wait(lambda: (p := worker_pids(proc.pid)) and len(p) == 2 and p)
+        wait_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 300)
+        pids = wait_until(lambda: (p := worker_pids(proc.pid)) and len(p) == 2 and p, 300)
         os.kill(pids[1], signal.SIGTERM)
         assert proc.wait(timeout=300) == 75, log.read_text()[-3000:]
     finally:

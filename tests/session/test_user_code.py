@@ -17,12 +17,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.events import parse_record, program_text
@@ -44,14 +44,6 @@ def _workdir(tmp_path: Path, rows: int = 400) -> Path:
     return wd
 
 
-def _wait(pred: Any, timeout: float = 300.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.3)
-    return value
-
-
 def _steps(rows: list[dict[str, Any]]) -> list[int]:
     return sorted(int(r["step"]) for r in rows if "step" in r)
 
@@ -66,10 +58,12 @@ def preempt_times(session: Session, run: Any, times: int) -> None:
     its own, and wait for the run to be placed on another node."""
     rows = 0
     for _ in range(times):
-        _wait(lambda rows=rows: len(run.records("metrics")) >= rows + 4 and run.status.nodes)
+        wait_until(
+            lambda rows=rows: len(run.records("metrics")) >= rows + 4 and run.status.nodes, 300
+        )
         node = run.status.nodes[0]
         session.preempt(node)
-        _wait(lambda node=node: run.status.nodes and run.status.nodes[0] != node)
+        wait_until(lambda node=node: run.status.nodes and run.status.nodes[0] != node, 300)
         rows = len(run.records("metrics"))
 
 
@@ -119,7 +113,7 @@ def test_the_same_script_outside_tgnb_checkpoints_on_sigterm_and_resumes(tmp_pat
     proc = subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     metrics = wd / "out" / "metrics.jsonl"
     try:
-        _wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3)
+        wait_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 300)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -246,9 +240,9 @@ def test_env_reaches_the_script_and_a_failure_shows_its_line(
     (wd / "fails.py").write_text("raise ValueError('the learning rate table is empty')\n")
     ok = session.launch("ok.py", args=["--x", "1"], workdir=wd, name="plain-ok",
                         env={"PYTHONPATH": str(lib)})  # fmt: skip
+    bad = session.launch("fails.py", workdir=wd, name="plain-fails")  # both run at once
     assert ok.wait(timeout=300, progress=False).state.value == "succeeded", ok.logs()
     assert "helper: from PYTHONPATH args: ['--x', '1'] run: plain-ok" in ok.logs()
-    bad = session.launch("fails.py", workdir=wd, name="plain-fails")
     status = bad.wait(timeout=300, progress=False)
     assert status.state.value == "failed"
     assert status.detail == "ValueError: the learning rate table is empty"

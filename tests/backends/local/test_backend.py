@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState
 from tgnb.emulator import daemon
 from tgnb.emulator.testing import EmulatorHandle
@@ -28,17 +28,6 @@ from tgnb.session import Session
 from .conftest import make_session
 
 pytestmark = pytest.mark.usefixtures("standin")
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 90.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(every)
 
 
 def starts(run: Run) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import RECOVERY_DECIDED, RUN_FAILED_RESTARTING
 from tgnb.runs.recovery import RecoveryPolicy
@@ -17,7 +18,7 @@ from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
 
-from .test_backend import starts, wait_until
+from .test_backend import starts
 
 pytestmark = pytest.mark.usefixtures("standin")
 ENV = {"STANDIN_STEP_SECONDS": "0.1"}

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import RECOVERY_DECIDED, RUN_EXITED, RUN_RESUMED, RUN_STARTED
 from tgnb.notebook.cost import run_cost
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
-
-from .test_backend import wait_until
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 1000  # 40 to 100+ steps/s on 2-core machines: the stretch on the standard node (3

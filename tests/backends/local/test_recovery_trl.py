@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import RECOVERY_DECIDED, RUN_RESUMED
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
 from tgnb.train.checkpoint import checkpoint_dirs, read_marker
-
-from .test_backend import wait_until
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 500  # long enough that the run still trains after its second restart: a fast machine

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import wait_until
 from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
 
-from .test_backend import starts, wait_until
+from .test_backend import starts
 
 HERE = Path(__file__).parent
 ENV = {"STANDIN_STEP_SECONDS": "0.1"}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.backends.slurm.placer import CONFIG_NAME, JOB_FILE, SlurmNode, render_placer, slurm_facts
 from tgnb.backends.slurm.records import parse_fields
@@ -26,7 +27,6 @@ from tgnb.runs.recovery import RecoveryPolicy, decide
 
 from .conftest import NODE, set_features
 from .test_slurm_jobs import make_backend
-from .test_slurm_training import wait_until
 
 GPU_NODES = [
     "NodeName=gpu-preemptible-dp-0 CPUAlloc=4 CPUTot=64 AvailableFeatures=preemptible "
@@ -117,13 +117,19 @@ def test_standard_moves_to_a_standard_node_and_back_at_the_next_restart(
     placer_job = (run_dir / JOB_FILE).read_text().strip()
     cleanup_jobs.append(placer_job)
     assert json.loads((run_dir / CONFIG_NAME).read_text())["policy"]["when_short"] == "standard"
-    wait_until("restart 0 running", lambda: backend.status(job).state is JobState.RUNNING, 120)
+    wait_until(
+        lambda: backend.status(job).state is JobState.RUNNING,
+        120,
+        what="restart 0 running",
+        every=0.5,
+    )
     set_features("")  # the preemptible capacity is gone: the node left is a standard one
 
     st = wait_until(
-        "restart 1 running",
         lambda: (s := backend.status(job)).restart_count == 1 and s.state is JobState.RUNNING and s,
         240,
+        what="restart 1 running",
+        every=0.5,
     )
     assert st.nodes == (NODE,)
     assert "preemptible" not in features_of(job)
@@ -140,7 +146,9 @@ def test_standard_moves_to_a_standard_node_and_back_at_the_next_restart(
     log = (run_dir / f"slurm-{job}.out").read_text()
     assert "restart=2" in log and log.count("fake-train: exiting 75") == 2, log
     # the placer ends with the run
-    wait_until("the placer to end", lambda: backend.status(placer_job).state.finished, 60)
+    wait_until(
+        lambda: backend.status(placer_job).state.finished, 60, what="the placer to end", every=0.5
+    )
     placer_log = next(run_dir.glob("placer-*.out")).read_text()
     assert f"job {job} has ended" in placer_log, placer_log
 
@@ -160,7 +168,12 @@ def test_a_deadline_at_risk_takes_the_standard_node(
     job = backend.submit(spec("deadline", policy, **train))
     cleanup_jobs.append(job)
     cleanup_jobs.append((Path(backend.run_dir(job)) / JOB_FILE).read_text().strip())
-    wait_until("restart 0 running", lambda: backend.status(job).state is JobState.RUNNING, 120)
+    wait_until(
+        lambda: backend.status(job).state is JobState.RUNNING,
+        120,
+        what="restart 0 running",
+        every=0.5,
+    )
     set_features("")
     final = backend.wait(job, timeout=300)
     assert final.state is JobState.SUCCEEDED and final.restart_count == 1, final

@@ -9,12 +9,12 @@ runtime.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, JobStatus, Resources, RunSpec, SecretRef
 from tgnb.backends.slurm import SlurmBackend
 
@@ -26,14 +26,19 @@ pytestmark = pytest.mark.slurm
 def wait_for(
     backend: SlurmBackend, job: str, ok: Callable[[JobStatus], bool], timeout: float
 ) -> JobStatus:
-    deadline = time.monotonic() + timeout
-    while True:
-        st = backend.status(job)
-        if ok(st):
-            return st
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job} never reached the expected state; last {st}")
-        time.sleep(0.5)
+    """The job's status once `ok` holds for it."""
+    last: list[JobStatus] = []
+
+    def reached() -> JobStatus | None:
+        last[:] = [backend.status(job)]
+        return last[0] if ok(last[0]) else None
+
+    try:
+        return wait_until(
+            reached, timeout, what=f"job {job} to reach the expected state", every=0.5
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last {last[-1] if last else None}") from None
 
 
 def make_backend(tmp_path: Path) -> SlurmBackend:
@@ -81,10 +86,8 @@ def test_requeue_restarts_with_count_one(
     job = backend.submit(spec("requeue", sleep=6))
     cleanup_jobs.append(job)
     log = Path(backend.run_dir(job)) / f"slurm-{job}.out"
-    deadline = time.monotonic() + 60
-    while "fake-train restart=0" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, "the job's step never started"
-        time.sleep(0.3)
+    started = lambda: "fake-train restart=0" in (log.read_text() if log.exists() else "")  # noqa: E731
+    wait_until(started, 60, what="the job's step to start", every=0.3)
     backend.requeue(job)
     st = wait_for(backend, job, lambda s: s.restart_count >= 1, 30)
     assert st.state in (JobState.REQUEUED, JobState.RUNNING), st
@@ -126,10 +129,8 @@ def test_cancel(
     # Cancel once the program runs: Slurm reports RUNNING from the allocation on, and a step
     # killed while slurmstepd is still launching it stays COMPLETING for over a minute (seen in
     # CI: "Abandoning IO 60 secs after job shutdown initiated"; Slurm's own race, not ours).
-    deadline = time.monotonic() + 60
-    while not any(e.reason == "RunStarted" for e in backend.events(job)):
-        assert time.monotonic() < deadline, "the job's program never started"
-        time.sleep(0.2)
+    started = lambda: any(e.reason == "RunStarted" for e in backend.events(job))  # noqa: E731
+    wait_until(started, 60, what="the job's program to start", every=0.2)
     backend.cancel(job)
     st = wait_for(backend, job, lambda s: s.state.finished, 60)
     assert st.state is JobState.CANCELLED

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.tasks import assets
 
-from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps, wait_until
+from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("trl")
@@ -49,14 +50,13 @@ def _submit(
 def _drained_once(slurm: str, backend: Any, job: str, run_dir: Path) -> str:
     """Drain the node once the run has logged step 3, wait for the run to requeue itself and
     succeed after one restart; its log."""
-    wait_until("step 3", lambda: max(metric_steps(run_dir), default=0) >= 3, 400)
+    wait_until(lambda: max(metric_steps(run_dir), default=0) >= 3, 400, what="step 3", every=0.5)
     subprocess.run(
         ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
         check=True,
     )
     try:
-        wait_until("the run to requeue itself", lambda: backend.restart_count(job) >= 1,
-                   DRAIN_WINDOW_S)  # fmt: skip
+        wait_until(lambda: backend.restart_count(job) >= 1, DRAIN_WINDOW_S, what="the run to requeue itself", every=0.5)  # fmt: skip
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
     final = backend.wait(job, timeout=600)

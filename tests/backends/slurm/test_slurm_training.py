@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.backends.slurm import SlurmBackend
 from tgnb.runs.recovery import RecoveryPolicy
@@ -74,17 +74,6 @@ def metric_steps(run_dir: Path) -> list[int]:
     return steps
 
 
-def wait_until(what: str, ok: Any, timeout: float, poll: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = ok()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(poll)
-
-
 def backend_for(tmp_path: Path) -> SlurmBackend:
     return SlurmBackend(runs_root=tmp_path / "runs", gres=False, poll_seconds=1.0)
 
@@ -128,7 +117,7 @@ def test_preempted_by_high_partition_requeues_and_resumes(
     job = backend.submit(grpo_spec("grpo-preempt", max_steps=max_steps, paced=True))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
-    wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
+    wait_until(lambda: max(metric_steps(run_dir), default=0) >= 6, 400, what="step 6", every=0.5)
     high = subprocess.run(
         [
             "sbatch",
@@ -146,7 +135,12 @@ def test_preempted_by_high_partition_requeues_and_resumes(
         check=True,
     ).stdout.strip()
     cleanup_jobs.append(high)
-    st = wait_until("the requeue", lambda: (s := backend.status(job)).restart_count >= 1 and s, 60)
+    st = wait_until(
+        lambda: (s := backend.status(job)).restart_count >= 1 and s,
+        60,
+        what="the requeue",
+        every=0.5,
+    )
     assert st.state in (JobState.REQUEUED, JobState.PENDING, JobState.RUNNING), st
     final = backend.wait(job, timeout=500)
     log = "\n".join(backend.logs(job))
@@ -173,7 +167,7 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     job = backend.submit(grpo_spec("grpo-drain", max_steps=max_steps, paced=True))
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
-    wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
+    wait_until(lambda: max(metric_steps(run_dir), default=0) >= 6, 400, what="step 6", every=0.5)
     subprocess.run(
         [
             "scontrol",
@@ -186,9 +180,10 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     )
     # Within the (shortened) drain window the run checkpoints and requeues its own job.
     wait_until(
-        "the run to requeue itself inside the drain window",
         lambda: backend.restart_count(job) >= 1,
         DRAIN_WINDOW_S,
+        what="the run to requeue itself inside the drain window",
+        every=0.5,
     )
     got = reasons(backend, job)
     assert "DrainNoticeReceived" in got and "RunRequeued" in got, got
@@ -229,12 +224,14 @@ def test_drained_with_no_preemptible_capacity_resumes_on_a_standard_node(
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
     cleanup_jobs.append((run_dir / ".tgnb-placer").read_text().strip())
-    wait_until("step 6", lambda: max(metric_steps(run_dir), default=0) >= 6, 400)
+    wait_until(lambda: max(metric_steps(run_dir), default=0) >= 6, 400, what="step 6", every=0.5)
     subprocess.run(
         ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
         check=True,
     )
-    wait_until("the requeue", lambda: backend.restart_count(job) >= 1, DRAIN_WINDOW_S)
+    wait_until(
+        lambda: backend.restart_count(job) >= 1, DRAIN_WINDOW_S, what="the requeue", every=0.5
+    )
     set_features("")  # the preemptible node is gone; a standard one is there
     subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
     final = backend.wait(job, timeout=500)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import TrainerState
 
+from tests.conftest import wait_until
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.errors import CheckpointError
 from tgnb.runs.policy import CheckpointPolicy
@@ -88,10 +89,8 @@ def test_sigterm_sets_a_flag_then_the_boundary_saves_synchronously_and_stops(
     guard, trainer = make_guard()
     assert not boundary(guard, trainer, 1).should_training_stop
     os.kill(os.getpid(), signal.SIGTERM)  # the process survives: the handler only sets a flag
-    deadline = time.monotonic() + 5
-    while guard.signal_received is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert guard.signal_received is not None and guard.stop_reason is None
+    wait_until(lambda: guard.signal_received is not None, 5, what="the handler", every=0.01)
+    assert guard.stop_reason is None
     assert boundary(guard, trainer, 2).should_training_stop and guard.stop_reason == "signal"
     latest = ck.latest_complete(tmp_path / "checkpoints")
     assert latest is not None and latest.step == 2 and latest.meta["trigger"] == "signal"

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
 from tgnb.train import launch
@@ -49,13 +49,14 @@ def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_ru
     common = ("algorithm=dpo", "model=tiny", "seed=3", "checkpoint.watch_drain=false")
     common += ("checkpoint.every_steps=5", f"max_steps={steps}")
     run_dir = tmp_path / "ddp"
+    # the uninterrupted reference trains meanwhile (as in test_equivalence): its own directory
+    # and rendezvous port, the same pre-built model
+    reference = launcher.start(tmp_path / "reference", *common, argv=argv)
     stops: list[int] = []
     for target in (1, 0, 1):
         run = launcher.start(run_dir, *common, argv=argv)
         run.wait_step((stops[-1] if stops else 0) + 2, timeout=600)
-        deadline = time.monotonic() + 60
-        while len(pids := worker_pids(run.proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        pids = wait_until(lambda r=run: len(p := worker_pids(r.proc.pid)) >= 2 and p, 60)
         assert sorted(pids) == [0, 1], pids
         os.kill(pids[target], signal.SIGTERM)
         assert run.wait(300) == EXIT_PREEMPTED, run.tail()
@@ -75,7 +76,6 @@ def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_ru
         stops.append(step)
     done = launcher.start(run_dir, *common, argv=argv)
     assert done.wait(600) == 0, done.tail()
-    reference = launcher.start(tmp_path / "reference", *common, argv=argv)
     assert reference.wait(600) == 0, reference.tail()
     resumed = [e["data"]["step"] for e in done.events("RunResumed")]
     assert resumed == stops and len(set(stops)) == 3, (resumed, stops)

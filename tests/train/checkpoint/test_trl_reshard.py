@@ -31,12 +31,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import EXIT_PREEMPTED
 
 from .conftest import torchrun, worker_pids
@@ -55,9 +55,7 @@ def losses(launcher: Any, run_dir: Path) -> dict[int, float]:
 def preempt(run: Any, ranks: int, after: int) -> int:
     """Wait for step `after`, SIGTERM rank 0's worker, expect exit 75; the step it stopped at."""
     run.wait_step(after, timeout=400)
-    deadline = time.monotonic() + 60
-    while len(pids := worker_pids(run.proc.pid)) < ranks and time.monotonic() < deadline:
-        time.sleep(0.2)
+    pids = wait_until(lambda: len(p := worker_pids(run.proc.pid)) >= ranks and p, 60)
     assert sorted(pids) == list(range(ranks)), pids
     os.kill(pids[0], signal.SIGTERM)
     assert run.wait(300) == EXIT_PREEMPTED, run.tail()

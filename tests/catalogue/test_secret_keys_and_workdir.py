@@ -24,13 +24,13 @@ import os
 import secrets as pysecrets
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, Resources, RunSpec, SecretRef
 from tgnb.backends.kubernetes.objects import build_objects
 from tgnb.backends.slurm.render import render_script
@@ -240,10 +240,8 @@ def test_a_slurm_job_gets_no_key_of_the_kernel(
     )
     job = backend.submit(spec)
     try:
-        deadline = time.monotonic() + 120
-        while not backend.status(job).state.finished:
-            assert time.monotonic() < deadline, "the job did not finish"
-            time.sleep(0.5)
+        finished = lambda: backend.status(job).state.finished  # noqa: E731
+        wait_until(finished, 120, what="the job to finish", every=0.5)
     finally:
         subprocess.run(["scancel", job], check=False, timeout=30)
     seen = dict(

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from together.post_training import AdamParams, ModelResourcesClient, Sample
 
+from tests.conftest import wait_until
 from tgnb import events as ev
 from tgnb.emulator import daemon
 from tgnb.emulator.admin import AdminClient
@@ -55,16 +56,6 @@ def _steps(sess: Any, n: int) -> None:
     for _ in range(n):
         sess.trainer.forward_backward(samples=SAMPLES, loss={"type": "cross_entropy"})
         sess.trainer.optim_step(adam_params=AdamParams(learning_rate=0.005))
-
-
-def _wait(predicate: Any, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError("condition not met")
 
 
 @pytest.mark.slow
@@ -112,9 +103,11 @@ def test_sigkill_then_bare_start_is_transparent(
             daemon=True,
         )
         inflight.start()
-        time.sleep(0.3)
+        with AdminClient(st.base_url, key) as admin:
+            running = lambda: admin.health()["rl_operations_running"] > 0  # noqa: E731
+            wait_until(running, 60, what="the forward_backward to run")
         os.kill(st.pid, signal.SIGKILL)
-        _wait(lambda: not daemon.status(home).running, 10)
+        wait_until(lambda: not daemon.status(home).running, 10)
         t_kill = time.time()
         time.sleep(DOWN_S)
 
@@ -128,8 +121,8 @@ def test_sigkill_then_bare_start_is_transparent(
         inflight.join(60)
 
         # the same SDK objects continue: their base URL is still valid
-        _wait(lambda: a.retrieve().status.endswith("RUNNING"))
-        _wait(lambda: b.retrieve().status.endswith("RUNNING"))
+        wait_until(lambda: a.retrieve().status.endswith("RUNNING"))
+        wait_until(lambda: b.retrieve().status.endswith("RUNNING"))
         assert str(a.retrieve().step) == "3" and str(b.retrieve().step) == "1"
         meta = a.retrieve().metadata.to_dict()
         assert meta["emulator_rollbacks"][-1]["from_step"] == 5
