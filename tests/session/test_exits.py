@@ -23,6 +23,7 @@ import pytest
 
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import CHECKPOINT_SAVED, RUN_FAILED_RESTARTING, RUN_REQUEUED, RUN_RESUMED
+from tgnb.notebook.commands.runs import runs_table
 from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.policy import AUTO_MAX_SECONDS
 from tgnb.runs.recovery import RecoveryPolicy
@@ -112,6 +113,7 @@ def test_exit_0_on_sigterm_without_a_checkpoint_is_restarted_and_said(
     assert status.state is JobState.SUCCEEDED and status.restart_count == 1, status
     summary = run.summary()
     assert summary["protected"] is False and summary["note"] == UNPROTECTED
+    assert runs_table([run]).rows[0][-1] == UNPROTECTED  # what %tg runs shows
     assert summary["steps_lost"] == lost and summary["steps"] == 60  # from what it logged
     assert run.error() is None
 

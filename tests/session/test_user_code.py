@@ -98,6 +98,7 @@ def test_a_protected_sft_script_preempted_twice_finishes(session: Session, tmp_p
 
     row = runs_table([run]).rows[0]  # what %tg runs shows
     assert tuple(row[:4]) == ("user-sft", "script", "succeeded", f"{MAX_STEPS}/{MAX_STEPS}"), row
+    assert row[-2].startswith("$") and row[-1] == "", row  # its dollars; protected: no note
     logs = run.logs()
     assert "user script: done" in logs
     assert not any(line.lstrip().startswith("@tgnb") for line in logs)  # parsed, not printed

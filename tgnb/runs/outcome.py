@@ -9,9 +9,12 @@ engine and the program (torchrun, ``accelerate launch``) may hide the program's 
 
 1. the attempt recorded a preemption with a sealed checkpoint: *preempted*, whatever the exit code
    (`Exit.PREEMPTED`; never counted against the restart budget);
-2. exit 0 after tgnb signalled the attempt (a SIGTERM, a drain notice) with no checkpoint sealed on
-   stopping and no ``finished`` record: *unsaved*, not a success: the run starts again, uncounted,
-   and the cockpit says "stopped without a checkpoint at step N: K steps lost";
+2. an exit after tgnb signalled the attempt (a SIGTERM, a drain notice) with no checkpoint sealed
+   on stopping, no ``finished`` or ``failed`` record and no "resume me" code -- exit 0, or the 143
+   or 1 of a launcher whose program exited 0, or a program SIGTERM killed; not a node lost at
+   the drain window's end, rule 4): *unsaved*, not a
+   success: the run starts again, uncounted, and the cockpit says "stopped without a checkpoint
+   at step N: K steps lost";
 3. exit 0: *succeeded*;
 4. a "resume me" code, or the attempt was signalled or its node lost: *preempted*;
 5. anything else: *failed*, with the recorded line when there is one.
@@ -143,7 +146,8 @@ def classify(
     if attempt.exit_reason == "preempted" and attempt.sealed_step is not None:
         sealed = attempt.sealed_step
         return Verdict("preempted", preempted, f"sealed checkpoint at step {sealed}", 0, sealed)
-    if code == 0 and signalled and attempt.exit_reason != "finished":
+    ended = attempt.exit_reason in ("finished", "failed")
+    if signalled and not lost and not ended and code not in resume_codes:
         step = attempt.last_step
         steps_lost = max(0, step - attempt.saved_step)
         return Verdict("unsaved", preempted, unsaved_line(step, steps_lost), steps_lost)

@@ -491,7 +491,7 @@ class Supervisor:
             what = f"{what} after {node} was preempted"
             moved: dict[str, Any] = {}
             v = outcome.verdict
-            if v is not None and v.kind == "unsaved":  # exit 0 after the signal: not a success
+            if v is not None and v.kind == "unsaved":  # stopped by the signal, nothing sealed
                 what, moved = v.line, {"unsaved": True, "steps_lost": v.steps_lost}
             elif self.moving:  # stopped on purpose to go back (`_back_to_preemptible`)
                 what, moved = f"moved back to preemptible nodes from {node}", {"moved": True}

@@ -1,5 +1,6 @@
 """``%tg runs [--all]``: the runs this notebook launched or opened (``--all``: the cluster's) as a
-table of their state, steps, nodes and restarts."""
+table of their state, steps, nodes, restarts, dollars so far and what the cockpit notes (an
+unprotected program, a stop without a checkpoint)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tgnb.notebook.commands.grammar import Parser
 from tgnb.notebook.tables import Table, scope_words
+from tgnb.prices import dollars
 
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
@@ -40,6 +42,8 @@ def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Tabl
                 rec.backend,
                 ",".join(st.nodes) or "-",
                 str(st.restart_count),
+                dollars(summary["cost_usd"]),
+                summary["note"] or "",
             )
         )
     if every:
@@ -47,5 +51,5 @@ def runs_table(runs: Iterable[Run], every: bool = True, others: int = 0) -> Tabl
     else:
         more = f" ({others} on the cluster: %tg runs --all)" if others else ""
         empty = f"no runs launched or opened in this notebook yet: %tg launch grpo{more}"
-    head = ("RUN", "KIND", "STATE", "STEPS", "BACKEND", "NODES", "RESTARTS")
+    head = ("RUN", "KIND", "STATE", "STEPS", "BACKEND", "NODES", "RESTARTS", "COST", "NOTE")
     return Table(head, rows, empty, scope_words(every, others))
