@@ -2,8 +2,7 @@
 Checkpointer, broken four ways by ``--defect``; a Lightning script, with and without protect):
 each certified for real on the local emulator (real preemptions through it, a real SIGKILL,
 torch and Lightning on the CPU), the right ones passed bit for bit, the broken ones refused with
-their defect named. Nothing is faked. The protected Lightning script is not certified today: the
-test says so (xfail, strict) until tgnb's Lightning resume restores it exactly."""
+their defect named. Nothing is faked."""
 
 from __future__ import annotations
 
@@ -48,13 +47,6 @@ def test_a_checkpointer_loop_is_certified_and_its_defects_named(session: Session
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="certify's own finding: a protected Lightning run resumed mid-run ends with other "
-    "parameters than the uninterrupted run's (first differing step right after a resume, max "
-    "|diff| about 1e-2); tgnb's Lightning resume (issue 33 section 4) has to restore it "
-    "exactly for this to pass",
-)
 def test_a_protected_lightning_script_is_certified(session: Session) -> None:
     good = certify(session, "lit.py", "--max-steps", "300")
     assert good.safe, good

@@ -15,7 +15,13 @@ sets ``trainer.should_stop``; ``fit`` then exits the process with 75 (`Exit.PREE
 full disk. Model and optimizer go through the same DCP path (``dcpio.State``: resharded at another
 world size), the scheduler as JSON, the fit loop's progress (``lightning.json``) and each rank's
 RNG beside them. Resume happens at ``on_fit_start`` -- modules and optimizers exist, the loops have
-not run -- exactly where Lightning restores its own checkpoints' training state.
+not run -- exactly where Lightning restores its own checkpoints' training state; at
+``on_train_start`` the loader's iterator moves past the batches the resumed epoch already trained
+on and the RNG comes back, so a resumed run ends bit for bit as the uninterrupted one. Except
+with a shuffled single-process ``DataLoader``: its ``RandomSampler`` draws an epoch's order from
+the RNG at the epoch's first batch, and a resume midway has only the step's RNG, so the rest of
+that epoch comes in another order (each sample still once; a ``DistributedSampler`` orders by
+seed and epoch and resumes exactly).
 
 Lightning's own SIGTERM handler would end ``fit`` with a `SIGTERMException` (exit 0) before the
 guard saved; the callback hands SIGTERM back to the guard when training starts (Lightning gives
@@ -59,6 +65,7 @@ class TgnbLightningCallback:
         self.step = 0  # the last optimizer step completed
         self.max_steps = 0
         self._trainer: Any = None
+        self._rng: Path | None = None  # the checkpoint resumed from, until its RNG is restored
 
     @property
     def state_key(self) -> str:
@@ -95,12 +102,16 @@ class TgnbLightningCallback:
         dcpio.load(found.path, state, False)
         saved = json.loads((found.path / LIGHTNING_STATE).read_text(encoding="utf-8"))
         trainer.fit_loop.load_state_dict(saved["fit_loop"])  # as Lightning's own restore does
-        dcpio.load_rng(found.path)
         self.step = found.step
+        self._rng = found.path
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning registered its SIGTERM handler (ends fit with exit 0): the guard's flag instead
         self.guard.own_signals()
+        if self._rng is not None:  # resumed: the loader made its iterator (setup_data) by now
+            _skip_done_batches(trainer)
+            dcpio.load_rng(self._rng)  # after the iterator's own draw, as at the step it saved
+            self._rng = None
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
         self.max_steps = int(total) if math.isfinite(total) else sys.maxsize
 
@@ -135,6 +146,37 @@ class TgnbLightningCallback:
                 "fit_loop": trainer.fit_loop.state_dict(),
             },
         )
+
+
+def _skip_done_batches(trainer: Any) -> None:
+    """Move the train loader's fresh iterator past the batches the resumed epoch already trained
+    on. Lightning restores its progress counters but starts a plain ``DataLoader`` over from its
+    first batch (it only repositions loaders with ``state_dict``): the resumed epoch would train
+    on its first batches again and never reach its last ones. The samplers get the epoch first
+    (a ``DistributedSampler`` then draws the epoch's own order); a ``RandomSampler`` draws from
+    the RNG it finds, which is not the epoch start's: a shuffled epoch resumed midway draws
+    another order."""
+    loop = trainer.fit_loop
+    done = int(loop.epoch_loop.batch_progress.current.processed)
+    fetcher, loader = loop._data_fetcher, loop._combined_loader
+    if fetcher is None or loader is None or not 0 < done < loop.max_batches:
+        return  # nothing trained in this epoch yet, or it ended at the step saved
+    for dl in loader.flattened:  # as the fit loop does at each epoch's start
+        batches = getattr(dl, "batch_sampler", None)
+        for obj in {getattr(dl, "sampler", None), batches, getattr(batches, "sampler", None)}:
+            if callable(set_epoch := getattr(obj, "set_epoch", None)):
+                set_epoch(loop.epoch_progress.current.processed)
+    pending = getattr(fetcher, "batches", [])  # prefetched (a loader without a length)
+    ahead = len(pending)
+    dropped = min(done, ahead)
+    del pending[:dropped]
+    try:
+        for _ in range(done - dropped):
+            next(fetcher.iterator)
+        while len(pending) < ahead:
+            pending.append(next(fetcher.iterator))
+    except StopIteration:
+        fetcher.done = not pending
 
 
 def _batch_size(batch: Any) -> int:

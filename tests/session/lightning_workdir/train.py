@@ -1,7 +1,11 @@
 """A Lightning script as Lightning's own docs write it (LightningModule + Trainer.fit), plus
-``tgnb.train.protect(trainer)``: a tiny regression model on data made here."""
+``tgnb.train.protect(trainer)``: a tiny regression model on data made here. ``--sigterm-at K``
+sends the process SIGTERM at the end of step K (as a preemption would); ``--params FILE`` saves the
+trained parameters."""
 
 import argparse
+import os
+import signal
 
 import lightning as L
 import torch
@@ -12,7 +16,7 @@ import tgnb.train
 
 
 class LitRegressor(L.LightningModule):
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, sigterm_at: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -22,6 +26,10 @@ class LitRegressor(L.LightningModule):
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.global_step == self.hparams.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
@@ -35,14 +43,17 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default="out")
     parser.add_argument("--devices", type=int, default=1)  # under torchrun: its processes
+    parser.add_argument("--sigterm-at", type=int, default=0)
+    parser.add_argument("--params", default="")
+    parser.add_argument("--no-shuffle", action="store_true")
     args = parser.parse_args()
 
     L.seed_everything(0)
     x = torch.randn(256, 8)
     y = x.sum(dim=1, keepdim=True)
-    train_loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    train_loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=not args.no_shuffle)
 
-    model = LitRegressor(lr=args.lr)
+    model = LitRegressor(lr=args.lr, sigterm_at=args.sigterm_at)
     trainer = L.Trainer(
         max_steps=args.max_steps,
         accelerator="cpu",
@@ -54,6 +65,8 @@ def main() -> None:
     )
     tgnb.train.protect(trainer)
     trainer.fit(model, train_loader)
+    if args.params:
+        torch.save(model.state_dict(), args.params)
     print("lightning script: done", flush=True)
 
 
