@@ -61,3 +61,31 @@ def test_a_finished_record_or_a_failure_reads_as_it_says(tmp_path: Path) -> None
     rec.event(RUN_EXITED, "finished at step 3", exit_reason="finished", exit_code=0)
     rec.close()
     assert classify(0, Attempt.read(tmp_path, since), signalled=True).kind == "succeeded"
+
+
+def test_a_launcher_signalled_records_an_unsaved_stop_that_every_reader_sees(
+    tmp_path: Path,
+) -> None:
+    """torchrun's agent got tgnb's SIGTERM and its program saved nothing (it exited 0, which the
+    agent reports as 143, or died of the signal): `python -m tgnb.train.launch` records the stop
+    and exits 75, so Slurm and Kubernetes, which read exit codes only, restart it uncounted, and
+    the local supervisor and the cockpit read the same verdict from the record."""
+    from tgnb.runs.outcome import UNSAVED, node_unsaved
+    from tgnb.train.launch import record_unsaved
+
+    rec = Recorder(tmp_path)
+    rec.event(CHECKPOINT_SAVED, "saved", step=4, trigger="periodic")
+    for step in range(1, 11):
+        rec.metric(step)
+    rec.close()
+    for code in (143, 1, 0):
+        verdict = node_unsaved(tmp_path, code, 0)
+        assert verdict is not None and (verdict.kind, verdict.code) == ("unsaved", 75)
+    assert verdict.line == "stopped without a checkpoint at step 10: 6 steps lost"
+    record_unsaved(str(tmp_path), verdict)
+    attempt = Attempt.read(tmp_path)
+    assert attempt.exit_reason == UNSAVED
+    v = classify(75, attempt)  # what the local supervisor sees: the launcher's 75
+    assert (v.kind, v.steps_lost, v.line) == ("unsaved", 6, verdict.line)
+    _preempted(tmp_path / "sealed")  # a sealed checkpoint: no unsaved stop, whatever the code
+    assert node_unsaved(tmp_path / "sealed", 143, 0) is None

@@ -41,6 +41,8 @@ from tgnb.runs.node import Exit
 Kind = Literal["succeeded", "preempted", "unsaved", "failed"]
 #: What the cockpit says of a run whose program never called protect or the Checkpointer.
 UNPROTECTED = "unprotected: a preemption restarts it from step 0"
+#: ``RunExited``'s ``exit_reason`` for an attempt stopped by tgnb's signal with nothing sealed.
+UNSAVED = "unsaved"
 
 
 def events_size(run_dir: str | os.PathLike[str]) -> int:
@@ -147,7 +149,8 @@ def classify(
         sealed = attempt.sealed_step
         return Verdict("preempted", preempted, f"sealed checkpoint at step {sealed}", 0, sealed)
     ended = attempt.exit_reason in ("finished", "failed")
-    if signalled and not lost and not ended and code not in resume_codes:
+    found = attempt.exit_reason == UNSAVED  # so the node's launcher found it (`node_unsaved`)
+    if found or (signalled and not lost and not ended and code not in resume_codes):
         step = attempt.last_step
         steps_lost = max(0, step - attempt.saved_step)
         return Verdict("unsaved", preempted, unsaved_line(step, steps_lost), steps_lost)
@@ -157,6 +160,17 @@ def classify(
         return Verdict("preempted", code if code in resume_codes else preempted, f"exit {code}")
     line = attempt.line if attempt.exit_reason == "failed" else ""
     return Verdict("failed", code, line or f"exit code {code}")
+
+
+def node_unsaved(run_dir: str | os.PathLike[str] | None, code: int, since: int) -> Verdict | None:
+    """For a node's launcher that tgnb's SIGTERM reached (torchrun's agent): the verdict when the
+    attempt that began at byte `since` stopped with nothing sealed (rule 2), else None. The
+    launcher then records it (a ``RunExited`` whose ``exit_reason`` is `UNSAVED`) and exits 75,
+    so every engine restarts the run uncounted and the cockpit says what was lost."""
+    if run_dir is None:
+        return None
+    verdict = classify(code, Attempt.read(run_dir, since), signalled=True)
+    return verdict if verdict.kind == "unsaved" else None
 
 
 def node_exit(run_dir: str | os.PathLike[str] | None, code: int, since: int) -> int:

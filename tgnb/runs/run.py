@@ -39,7 +39,7 @@ from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
 from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
-from tgnb.runs.outcome import UNPROTECTED
+from tgnb.runs.outcome import UNPROTECTED, UNSAVED
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
 
@@ -520,7 +520,12 @@ def _note(evs: list[Event], protected: bool) -> str | None:
     checkpoint (`tgnb.runs.outcome.unsaved_line`)."""
     if not protected:
         return UNPROTECTED
-    unsaved = [ev for ev in evs if ev.reason == RUN_REQUEUED and ev.data.get("unsaved")]
+    unsaved = [
+        ev
+        for ev in evs
+        if (ev.reason == RUN_REQUEUED and ev.data.get("unsaved"))
+        or (ev.reason == RUN_EXITED and ev.data.get("exit_reason") == UNSAVED)  # a node's launcher
+    ]
     return unsaved[-1].message.partition(" (exit")[0] if unsaved else None
 
 

@@ -8,17 +8,21 @@ tgnb code -- `EXIT_PREEMPTED` (75, preempted and checkpointed), `EXIT_NO_SPACE` 
 `Exit.BAD_CONFIG` (2, refused before training: final for every engine's recovery policy) -- or was killed by the agent after one did (a negative code), the launcher exits with that code;
 anything else stays a failure (1). The options are torchrun's, unchanged. When the attempt recorded
 a sealed preemption checkpoint, the launcher exits 75 whatever torchrun said (its agent stopped by
-the SIGTERM passed on to the workers: `tgnb.runs.outcome.node_exit`).
+the SIGTERM passed on to the workers: `tgnb.runs.outcome.node_exit`). When that SIGTERM stopped a
+program that sealed nothing (it exited 0, or died of it), the launcher records so and exits 75: the
+run is restarted uncounted on every engine, and the cockpit says "stopped without a checkpoint at
+step N: K steps lost" (`tgnb.runs.outcome.node_unsaved`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tgnb.runs.node import Exit
-from tgnb.runs.outcome import events_size, node_exit
+from tgnb.runs.outcome import UNSAVED, Verdict, events_size, node_exit, node_unsaved
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train.saving import EXIT_NO_SPACE
 
@@ -40,6 +44,26 @@ def run_dir_of(argv: Sequence[str]) -> str | None:
     return words[words.index("--run-dir") + 1] if "--run-dir" in words[:-1] else None
 
 
+def record_unsaved(run_dir: str | None, verdict: Verdict) -> None:
+    """The attempt's ``RunExited`` as `tgnb.runs.outcome` reads it, with the steps it lost."""
+    from tgnb.events import RUN_EXITED
+    from tgnb.runs import node
+    from tgnb.train.record import Recorder
+
+    assert run_dir is not None
+    name = None
+    try:
+        from tgnb.tasks import config
+
+        name = config.load(os.path.join(run_dir, node.CONFIG)).name
+    except Exception:  # the folder's name then: a record without its run's name is still read
+        pass
+    recorder = Recorder(run_dir, name)
+    recorder.event(RUN_EXITED, verdict.line, exit_reason=UNSAVED, steps_lost=verdict.steps_lost)
+    recorder.close()
+    print(f"tgnb.train.launch: {verdict.line}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -58,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except SignalException as exc:  # torchrun's agent got the SIGTERM and stopped its workers
         code = node_exit(run_dir, 128 + int(exc.sigval), since)
+        unsaved = node_unsaved(run_dir, code, since)
+        if unsaved is not None:  # the program exited on the signal and saved nothing
+            record_unsaved(run_dir, unsaved)
+            code = unsaved.code
         print(
             f"tgnb.train.launch: workers exited on {exc.sigval.name}; exit {code}", file=sys.stderr
         )
