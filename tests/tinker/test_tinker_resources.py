@@ -114,6 +114,41 @@ def test_clients_of_one_service_client_share_resources_up_to_their_cap(
             c.close()
 
 
+def test_load_state_works_on_a_resource_at_its_session_cap(rl_emulator: EmulatorHandle) -> None:
+    """The API loads a checkpoint only into a new session; on a resource that holds its cap of
+    sessions the client's own session gives its slot to the new one (the load was refused with a
+    429 for want of a sixth). The loaded client then trains from the saved state, as a fresh
+    client loaded from it does."""
+    before = running_resources()
+    service_client = tinker.ServiceClient()
+    clients = [
+        service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=i)
+        for i in range(MAX_SESSIONS)
+    ]
+    try:
+        (resource,) = running_resources() - before  # all five on one resource: it is full
+        _sft_step(clients[0])
+        path = clients[0].save_state("full").result().path
+        clients[1].load_state_with_optimizer(path).result()
+        assert running_resources() - before == {resource}
+        probe = types.ModelInput.from_ints([1, 5, 6, 7])
+        for client in clients[:2]:
+            _sft_step(client)
+        datum = types.Datum(
+            model_input=probe,
+            loss_fn_inputs={"target_tokens": [5, 6, 7, 8], "weights": [1.0] * 4},
+        )
+        original, loaded = (
+            c.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+            for c in clients[:2]
+        )
+        assert loaded == pytest.approx(original, abs=1e-6)  # same state, same step: same weights
+    finally:
+        for client in clients:
+            client.close()
+    assert running_resources() == before
+
+
 def test_the_first_sampler_moves_training_onto_a_generator_with_its_state(
     rl_emulator: EmulatorHandle,
 ) -> None:

@@ -6,8 +6,9 @@
 - ``get_info`` / ``get_tokenizer``: read from the session's record (``GET training-sessions/{id}``).
 - ``load_state`` / ``load_state_with_optimizer``: the API loads a checkpoint only into a new
   session (``resume_from_checkpoint_id``, ``load_optimizer``), so the client opens one on its
-  own resource with the checkpoint's LoRA config, then stops the session it replaces. Work
-  submitted before the load should be collected first (``.result()``), as on Tinker.
+  own resource with the checkpoint's LoRA config, then stops the session it replaces (first,
+  when the resource holds its cap of sessions: the new one takes its slot). Work submitted
+  before the load should be collected first (``.result()``), as on Tinker.
 - ``save_weights_for_sampler`` takes a training checkpoint and an inference checkpoint at the
   same step and answers the inference one's id (downloadable, deployable); the training one is
   what lets ``create_sampling_client(model_path=...)`` serve that path.
@@ -31,7 +32,7 @@ from together.post_training.tinker import types
 from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._outputs import excluded, filled, scoring_data
-from tgnb.tinker._pool import ResourcePool
+from tgnb.tinker._pool import MAX_SESSIONS, ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
     POLL_INTERVAL,
@@ -44,6 +45,17 @@ from tgnb.tinker._support import (
     training_state,
     with_tinker_defaults,
 )
+
+
+def _open_sessions(conn: Connection, resource_id: str) -> int:
+    """The sessions open (creating or running) on resource `resource_id`, as the API lists them."""
+    with conn.sdk() as client:
+        page = client.post_training.sessions.list(
+            model_resources_id=resource_id,
+            status=["TRAINING_SESSION_STATUS_CREATING", "TRAINING_SESSION_STATUS_RUNNING"],
+            limit=100,
+        )
+    return len(page.data or [])
 
 
 @serve_sync_calls(
@@ -201,6 +213,8 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
             model_resources_id=record.resources_id, **self._conn.native()
         )
         try:
+            if _open_sessions(self._conn, record.resources_id) >= MAX_SESSIONS:
+                self._end_session(old)  # at the cap the new one needs this one's slot
             new = mr.create_session(
                 lora_config=state.lora_config,  # type: ignore[arg-type]
                 resume_from_checkpoint_id=state.checkpoint_id,
@@ -213,8 +227,15 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         self._published_weights = type(self._published_weights)()
         if isinstance(self._lifecycle, Release):  # always, for clients this package opened
             self._lifecycle.add(f"session {new.session_id}", new.stop, first=True)
-            self._lifecycle.release(f"session {old.session_id}")
+        self._end_session(old)
         return Resolved(types.LoadWeightsResponse(path=path))
+
+    def _end_session(self, session: Any) -> None:
+        """Stop `session` (once) and drop its handle from what the client gives back."""
+        if isinstance(self._lifecycle, Release):
+            self._lifecycle.release(f"session {session.session_id}")
+        else:
+            session.stop()
 
     # -- saving and sampling -------------------------------------------------------------------
     def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None) -> Any:
