@@ -91,13 +91,13 @@ def wait(
         if usd >= budget:
             for r in runs:
                 r.stop()
+            for r in runs:  # each checkpoints first: scaling down removes the nodes at once
+                r.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 1))
             session.scale(preemptible=target_after)
             say(
                 f"sweep: budget reached ({dollars(usd)} of {dollars(budget)}): runs stopped "
                 f"(they checkpoint), preemptible target dropped to {target_after}"
             )
-            for r in runs:
-                r.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 1))
             return SweepOutcome(spent(runs), budget, True, target_after)
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"the sweep is still running after {timeout:g} s")
