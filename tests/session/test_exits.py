@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import CHECKPOINT_SAVED, RUN_FAILED_RESTARTING, RUN_REQUEUED, RUN_RESUMED
 from tgnb.notebook.commands.runs import runs_table
@@ -32,7 +33,6 @@ from tgnb.runs.spec import JobState
 from tgnb.session import Session
 
 from ..backends.local.conftest import make_session
-from ..backends.local.test_backend import wait_until
 
 SCRIPTS = Path(__file__).parent / "exits_workdir"
 STEP_S = 0.05

@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.local.command import host_gpus, node_gpus
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
-
-from .test_backend import wait_until
 
 pytest.importorskip("torch")
 DDP_WORKDIR = Path(__file__).parents[1] / "ddp_workdir"

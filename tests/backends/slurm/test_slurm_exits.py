@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.runs.recovery import RecoveryPolicy
 
-from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps, wait_until
+from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 LOOP = Path(__file__).parents[2] / "session" / "exits_workdir" / "loop.py"
@@ -44,14 +45,14 @@ def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
     job = backend.submit(spec)
     cleanup_jobs.append(job)
     run_dir = Path(backend.run_dir(job))
-    wait_until("step 5", lambda: max(metric_steps(run_dir), default=0) >= 5, 400)
+    wait_until(lambda: max(metric_steps(run_dir), default=0) >= 5, 400, what="step 5", every=0.5)
     subprocess.run(
         ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
         check=True,
     )
     try:
-        wait_until("the run to requeue itself", lambda: backend.restart_count(job) >= 1,
-                   DRAIN_WINDOW_S)  # fmt: skip
+        wait_until(lambda: backend.restart_count(job) >= 1, DRAIN_WINDOW_S,
+                   what="the run to requeue itself", every=0.5)  # fmt: skip
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={slurm}", "State=RESUME"], check=True)
     final = backend.wait(job, timeout=600)
