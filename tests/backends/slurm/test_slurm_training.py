@@ -254,9 +254,11 @@ def test_drained_with_no_preemptible_capacity_resumes_on_a_standard_node(
 def test_torchrun_two_processes_with_c10d_rendezvous(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str]
 ) -> None:
-    """The rendered ``srun torchrun --rdzv_backend=c10d`` line, for real: two CPU processes on the
-    one node (``gpus_per_node=2`` with ``--gres`` off stands for two GPUs), rendezvous at the
-    first node of the allocation, both ranks train to the end."""
+    """The rendered torchrun line, for real: two CPU processes on the one node (``gpus_per_node=2``
+    with ``--gres`` off stands for two GPUs), a one-node job's ``--standalone`` rendezvous (its own
+    free port: jobs sharing a node never compete for one; several nodes meet at the allocation's
+    first node with ``--rdzv_backend=c10d``, `golden/elastic_multi_node.sbatch`), both ranks
+    train to the end."""
     backend = backend_for(tmp_path)
     spec = grpo_spec("grpo-torchrun", max_steps=4)
     spec = RunSpec(
@@ -270,7 +272,8 @@ def test_torchrun_two_processes_with_c10d_rendezvous(
     final = backend.wait(job, timeout=400)
     log = "\n".join(backend.logs(job))
     assert final.state is JobState.SUCCEEDED, (final, log[-2000:])
-    assert "--rdzv_backend=c10d" in (Path(backend.run_dir(job)) / "job.sbatch").read_text()
+    script = (Path(backend.run_dir(job)) / "job.sbatch").read_text()
+    assert "--standalone --nnodes=1 --nproc_per_node=2" in script, script
     started = next(e for e in backend.events(job) if e.reason == "RunStarted")
     assert started.data["world_size"] == 2
     assert metric_steps(Path(backend.run_dir(job))) == [1, 2, 3, 4]

@@ -49,7 +49,9 @@ class SlurmBackend:
 
     `host`: a login node to reach over SSH (None: this machine). `runs_root`: where run directories
     go on shared storage (default ``$TGNB_HOME/runs`` here, ``$HOME/tgnb-runs`` on a login node).
-    `gres`: False never asks for ``--gres=gpu:N`` (the nodes' GRES are read anyway: `node_gpus`).
+    `gres`: True (the default) reads the GPUs a node has from its GRES (`node_gpus`: none, one
+    process) and asks for ``--gres=gpu:N``; False is for a cluster that does not declare GPUs as
+    GRES: no ``--gres``, and the run's ``gpus_per_node`` stands for the GPUs of a node.
     `python`: the interpreter on the nodes (default: this one when local, ``python`` over SSH).
     `placer_poll_seconds`: how often a run's placer job looks at its pending job
     (`tgnb.backends.slurm.placer`).
@@ -105,7 +107,8 @@ class SlurmBackend:
             if self.runner.host is None
             else self.run_dir_for(spec)
         )
-        options = dataclasses.replace(self.options, node_gpus=self.node_gpus(spec.partition))
+        gpus = self.node_gpus(spec.partition) if self.options.gres else None  # no GRES: asked
+        options = dataclasses.replace(self.options, node_gpus=gpus)
         return render_script(spec, run_dir, options), render_config(spec)
 
     def node_gpus(self, partition: str | None = None) -> int | None:
