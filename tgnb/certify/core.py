@@ -75,7 +75,7 @@ def diagnose(cert: Certificate, ref_run: Any, run: Any, shape: str) -> list[Find
     if report.exited_zero_after_notice(cert.events, run.run_events(), short):
         found.append(Finding(
             f"exits 0 on SIGTERM: it stopped at step {last} of {ref_last} without a checkpoint "
-            "and called it success",
+            "of its own (tgnb restarts it; the steps since the last save are lost)",
             "leave SIGTERM to tgnb (no signal handler of your own that exits 0): it checkpoints "
             "and exits 75, and the run resumes"))  # fmt: skip
         return found

@@ -10,7 +10,8 @@ from typing import Any
 
 from tgnb.certify.chaos import Fired
 from tgnb.certify.state import StateMatch
-from tgnb.events import RUN_REQUEUED, RUN_RESUMED, RUN_STARTED, Event
+from tgnb.events import RUN_EXITED, RUN_REQUEUED, RUN_RESUMED, RUN_STARTED, Event
+from tgnb.runs.outcome import UNSAVED
 
 #: Events that give notice: at most one step may be lost to each.
 NOTICE = ("setup", "first-save", "random-step")
@@ -104,9 +105,19 @@ def logged_twice(rows: list[dict[str, Any]]) -> int:
 
 
 def exited_zero_after_notice(events: list[Fired], evs: list[Event], finished_early: bool) -> bool:
-    """Whether an attempt given notice ended with exit 0 (requeued so, or the run ended short)."""
+    """Whether an attempt given notice ended without a checkpoint of its own: requeued with exit
+    0, or as unsaved (`tgnb.runs.outcome`: the launcher's record of a program that stopped on
+    the signal and sealed nothing), or the run ended short."""
     notices = [ev.fired_at for ev in events if ev.kind in NOTICE and ev.fired_at is not None]
     if not notices:
         return False
-    zero = [e for e in evs if e.reason == RUN_REQUEUED and e.data.get("exit_code") == 0]
+    zero = [
+        e
+        for e in evs
+        if (e.reason == RUN_REQUEUED and e.data.get("exit_code") == 0)
+        or (
+            (e.reason in (RUN_REQUEUED, RUN_EXITED) and e.data.get("steps_lost"))  # unsaved
+            and (e.data.get("unsaved") or e.data.get("exit_reason") == UNSAVED)
+        )
+    ]
     return finished_early or any(e.time.timestamp() > min(notices) for e in zero)

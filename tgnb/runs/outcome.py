@@ -11,8 +11,8 @@ engine and the program (torchrun, ``accelerate launch``) may hide the program's 
    (`Exit.PREEMPTED`; never counted against the restart budget);
 2. an exit after tgnb signalled the attempt (a SIGTERM, a drain notice) with no checkpoint sealed
    on stopping, no ``finished`` or ``failed`` record and no "resume me" code -- exit 0, or the 143
-   or 1 of a launcher whose program exited 0, or a program SIGTERM killed; not a node lost at
-   the drain window's end, rule 4): *unsaved*, not a
+   or 1 of a launcher whose program exited 0, or a program SIGTERM killed after it trained a
+   step not saved; not a node lost at the drain window's end, rule 4): *unsaved*, not a
    success: the run starts again, uncounted, and the cockpit says "stopped without a checkpoint
    at step N: K steps lost";
 3. exit 0: *succeeded*;
@@ -150,9 +150,10 @@ def classify(
         return Verdict("preempted", preempted, f"sealed checkpoint at step {sealed}", 0, sealed)
     ended = attempt.exit_reason in ("finished", "failed")
     found = attempt.exit_reason == UNSAVED  # so the node's launcher found it (`node_unsaved`)
-    if found or (signalled and not lost and not ended and code not in resume_codes):
-        step = attempt.last_step
-        steps_lost = max(0, step - attempt.saved_step)
+    step = attempt.last_step
+    steps_lost = max(0, step - attempt.saved_step)
+    stopped = signalled and not lost and not ended and code not in resume_codes
+    if found or (stopped and (code == 0 or steps_lost > 0)):  # a kill in setup loses nothing
         return Verdict("unsaved", preempted, unsaved_line(step, steps_lost), steps_lost)
     if code == 0:
         return Verdict("succeeded", 0, "finished")
