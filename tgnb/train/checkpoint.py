@@ -44,6 +44,9 @@ from tgnb.errors import CheckpointError
 
 #: The completion marker, written last in a checkpoint directory.
 MARKER = "tgnb-complete.json"
+#: Why a checkpoint directory with no marker is set aside: its save never finished (a kill
+#: mid-save), so it never was a checkpoint (`tgnb.train.preemption` may start afresh past it).
+UNFINISHED = f"{MARKER}: missing (the save did not finish)"
 #: The directory name prefix (the Hugging Face Trainer's ``PREFIX_CHECKPOINT_DIR``).
 PREFIX = "checkpoint-"
 #: Where checkpoints that fail verification are moved (under the checkpoints directory).
@@ -327,7 +330,7 @@ def check(path: str | os.PathLike[str], checksums: bool = True) -> tuple[Checkpo
     try:
         mode = os.lstat(root / MARKER).st_mode
     except OSError:
-        return None, f"{MARKER}: missing (the save did not finish)"
+        return None, UNFINISHED
     if not stat.S_ISREG(mode):
         return None, f"{MARKER}: {_kind(mode)}, not a regular file"
     ckpt = read_marker(root)
@@ -376,6 +379,22 @@ def _free_name(base: Path) -> Path:
         n += 1
         dest = base.with_name(f"{base.name}.{n}")
     return dest
+
+
+def refused_before(ckpt_dir: Path) -> bool:
+    """Whether ``QUARANTINE`` holds a checkpoint refused for anything but an unfinished save (a
+    damaged or tampered one: a run must not start again from step 0 past it unasked)."""
+    found = ckpt_dir / QUARANTINE
+    if not _real_dir(found):
+        return found.is_dir() or os.path.lexists(found)
+    for entry in found.iterdir():
+        try:
+            reason = (entry / "REASON.txt").read_text(encoding="utf-8").strip()
+        except OSError:
+            return True
+        if reason != UNFINISHED:
+            return True
+    return False
 
 
 def quarantine(path: Path, reason: str) -> Path:

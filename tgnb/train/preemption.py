@@ -258,16 +258,14 @@ class CheckpointGuard:
                 if other := ownership.check_owner(self.ckpt_dir, owner, self.identity):
                     return [None, other]
                 return [str(ckpt.path), None]
-            rejected += 1
+            rejected += reason != ck.UNFINISHED  # a save that never finished lost nothing
             moved = ck.quarantine(path, reason)
             msg = f"checkpoint {path.name} rejected: {reason}; moved to {moved}"
             print(f"tgnb: {msg}", file=sys.stderr, flush=True)
             self.recorder.event(
                 CHECKPOINT_REJECTED, msg, checkpoint=str(path), cause=reason, moved_to=str(moved)
             )
-        if (rejected or (self.ckpt_dir / ck.QUARANTINE).is_dir()) and not (
-            self.policy.allow_fresh_start
-        ):
+        if (rejected or ck.refused_before(self.ckpt_dir)) and not self.policy.allow_fresh_start:
             return [
                 None,
                 f"no complete checkpoint is left in {self.ckpt_dir} (see {ck.QUARANTINE}/); "

@@ -263,6 +263,24 @@ def test_corrupt_checkpoints_are_reported_moved_aside_and_then_refused(
     assert fourth.resume_from() is None
 
 
+def test_a_save_that_never_finished_is_set_aside_and_the_run_starts_afresh(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    """A kill during a run's first save leaves a checkpoint directory with no marker: it never
+    was a checkpoint, so the run starts again from step 0 (it failed at every restart with "no
+    complete checkpoint is left"), now and at the next restart; a damaged sealed one still
+    refuses that (the test above)."""
+    guard, trainer = make_guard(every_steps=1, async_save=False)
+    boundary(guard, trainer, 1)
+    guard.finish(trainer)
+    (tmp_path / "checkpoints" / "checkpoint-1" / ck.MARKER).unlink()  # the save never finished
+    for _ in range(2):
+        again, _ = make_guard()
+        assert again.resume_from() is None
+    (moved,) = (tmp_path / "checkpoints" / ck.QUARANTINE).iterdir()
+    assert (moved / "REASON.txt").read_text().strip() == ck.UNFINISHED
+
+
 def test_a_full_disk_keeps_the_last_checkpoint_and_names_the_disk(
     make_guard: Any, small_disk: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
