@@ -196,7 +196,8 @@ class Checkpointer:
             code = int(Exit.NO_SPACE)
         except BaseException as exc:
             self.guard.close()
-            run_failed(self.recorder, exc, self.step)
+            if not isinstance(exc, SystemExit | KeyboardInterrupt):  # an exit is no failure
+                run_failed(self.recorder, exc, self.step)
             raise
         self.exit_code = int(code)
         if code:
