@@ -85,7 +85,7 @@ def test_static_html_has_the_table_both_curves_and_the_cost(tmp_path: Path) -> N
     state = _state(tmp_path)
     page = render_html(state)
     assert "resource mr-1" in page and "READY" in page
-    assert "20.0 GPU-min" in page and "3.00 USD so far" in page  # 10 min x 2 GPUs, $18/h
+    assert "20.0 GPU-min" in page and "$3.00 so far" in page  # 10 min x 2 GPUs, $18/h
     assert page.count("<tr>") == 3  # head + 2 sessions
     # loss and reward plots, each with one series per session, on shared axes
     assert page.count('class="tgnb-curves"') == 2
