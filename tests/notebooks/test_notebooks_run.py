@@ -42,7 +42,8 @@ def _session(home: Path) -> Any:
 
 def _run_name(nb: Any, cell_id: str) -> str:
     text = "\n".join(_text(o) for o in _outputs(nb, cell_id))
-    m = re.search(r"^run (\S+): ", text, re.M)  # a run displays as a sentence (_repr_pretty_)
+    # a run displays as a sentence (_repr_pretty_); printed, as its repr
+    m = re.search(r"^run (\S+): ", text, re.M) or re.search(r"<Run (\S+) ", text)
     assert m, f"cell {cell_id!r} shows no Run: {text[:300]}"
     return m.group(1)
 
