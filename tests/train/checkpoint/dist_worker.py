@@ -246,7 +246,7 @@ def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
     for case, victim, blocker in (
         ("sync", 1, "rng-1.safetensors"),
         ("async", 1, "rng-1.safetensors"),
-        ("marker", 0, ".tgnb-complete.json.tmp"),
+        ("marker", 0, "tgnb-complete.json"),  # a directory where the marker goes
         ("staging", 1, None),
     ):
         run_dir = root / case
