@@ -30,6 +30,15 @@ export interface ICluster {
   nodes: INode[];
   backend?: string;
   local?: boolean;
+  prices?: IPrices | null;
+}
+
+/** Dollars per GPU-hour of each node class, and where they came from (`tgnb.prices`). */
+export interface IPrices {
+  standard: number;
+  preemptible: number;
+  currency: string;
+  source: string;
 }
 
 export interface IRun {
@@ -46,6 +55,9 @@ export interface IRun {
   step: number;
   max_steps: number | null;
   progress: number | null;
+  gpu_hours?: number;
+  cost_usd?: number | null;
+  budget_usd?: number | null;
 }
 
 export interface IEvent {

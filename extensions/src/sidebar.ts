@@ -243,6 +243,16 @@ export class TogetherSidebar extends Widget {
       bar(desired > 0 ? allocated / desired : 1, c.capacity_reached ? 'tgnb-ok' : 'tgnb-short'),
       el('div', 'tgnb-muted', `standard GPUs: ${c.standard_gpus} · nodes: ${c.nodes.length}`)
     );
+    if (c.prices) {
+      const p = c.prices;
+      const rates = el(
+        'div',
+        'tgnb-muted tgnb-prices',
+        `${money(p.standard, p.currency)}/GPU-h standard · ${money(p.preemptible, p.currency)} preemptible`
+      );
+      rates.title = `prices from ${p.source}`;
+      this.capacityNode.append(rates);
+    }
   }
 
   private renderRuns(): void {
@@ -267,7 +277,10 @@ export class TogetherSidebar extends Widget {
       open.onclick = () => this.actions.openTimeline(run.name);
       head.appendChild(open);
       const steps = run.max_steps ? `${run.step}/${run.max_steps} steps` : `${run.step} steps`;
-      const info = [steps, `restarts ${run.restart_count}`, run.nodes.join(',')].filter(Boolean);
+      const spent = spending(run);
+      const info = [steps, `restarts ${run.restart_count}`, spent, run.nodes.join(',')].filter(
+        Boolean
+      );
       item.append(head, bar(run.progress ?? 0, 'tgnb-progress'));
       item.appendChild(el('div', 'tgnb-muted', info.join(' · ')));
       if (run.detail) {
@@ -288,4 +301,23 @@ export class TogetherSidebar extends Widget {
   private runsNode: HTMLElement;
   private filterNode: HTMLInputElement;
   private eventsNode: HTMLElement;
+}
+
+/** `$1.23` (`$0.0042` under a cent), as tgnb writes amounts (`tgnb.prices.money`). */
+export function money(amount: number, currency = 'USD'): string {
+  const digits = amount !== 0 && Math.abs(amount) < 0.01 ? 4 : 2;
+  const text = amount.toLocaleString('en-US', {
+    minimumFractionDigits: digits,
+    maximumFractionDigits: digits
+  });
+  return currency === 'USD' ? `$${text}` : `${text} ${currency}`;
+}
+
+/** A run's dollars so far, against its budget when it has one ('' when no price is known). */
+export function spending(run: IRun): string {
+  if (run.cost_usd === null || run.cost_usd === undefined) {
+    return '';
+  }
+  const budget = run.budget_usd ? ` of ${money(run.budget_usd)}` : '';
+  return `${money(run.cost_usd)}${budget}`;
 }

@@ -1,6 +1,7 @@
 """The sidebar's runs and toasts as a researcher reads them, in a real JupyterLab in headless
 Chromium: the running run on top of finished ones, newer before older, a filter; a preemption
-toast shown once, not again after a page reload; event labels whole at the sidebar's width.
+toast shown once, not again after a page reload; event labels whole at the sidebar's width; each
+run's dollars and the cluster's prices per GPU-hour.
 Real browser, real Lab, real emulator over loopback HTTP; the runs use the workload tests'
 stand-in trainer instead of TRL."""
 
@@ -57,6 +58,10 @@ def test_runs_order_filter_and_toast_once(
         sidebar = page.locator("#tgnb-sidebar")
         sidebar.locator('.tgnb-run[data-run="c-done-newer"]').wait_for()
         assert _names(sidebar) == ["a-long-running", "c-done-newer", "b-done-older"]
+        info = sidebar.locator('.tgnb-run[data-run="c-done-newer"] .tgnb-muted').inner_text()
+        assert "$" in info, info  # its dollars so far, at the emulator's rates (tgnb.prices)
+        rates = sidebar.locator(".tgnb-prices").inner_text()
+        assert "/GPU-h standard" in rates and "preemptible" in rates, rates
 
         box = sidebar.locator('[data-testid="tgnb-runs-filter"]')
         box.fill("done newer")
