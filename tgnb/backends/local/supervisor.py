@@ -73,7 +73,6 @@ from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.cloud import ClusterState, rates
 from tgnb.events import (
     BUDGET_NOTICE,
-    BUDGET_REACHED,
     JOB_KILLED,
     JOB_PLACED,
     RECOVERY_DECIDED,
@@ -84,9 +83,7 @@ from tgnb.events import (
     read_jsonl,
     utcnow,
 )
-from tgnb.prices import NOTICE_FRACTION, dollars
-from tgnb.runs import node
-from tgnb.runs.cost import run_cost
+from tgnb.runs import budget, node
 from tgnb.runs.outcome import Attempt, Verdict, classify, events_size
 from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
@@ -314,27 +311,22 @@ class Supervisor:
         return self._watch(procs, names, since)
 
     def check_budget(self) -> None:
-        """With a ``budget_usd``: what the run has cost so far (its events, at the prices of its
-        launch: `tgnb.runs.cost`); a ``BudgetNotice`` once at `NOTICE_FRACTION` of it, and at the
-        budget a ``BudgetReached`` and the run stopped as a cancel does (SIGTERM: it checkpoints)."""
-        spec = self.record.spec
-        if spec.budget_usd is None or spec.prices is None or self.stop_requested:
+        """With a ``budget_usd``: the one rule of `tgnb.runs.budget` on the run's events, at the
+        prices of its launch: a ``BudgetNotice`` once at `tgnb.prices.NOTICE_FRACTION` of
+        it, and at the budget a ``BudgetReached`` and the run stopped as a cancel does (SIGTERM: it checkpoints)."""
+        if self.stop_requested:
             return
         evs = read_jsonl(self.run_dir / "events.jsonl", run=self.record.name)
-        gpus = spec.resources.gpus_per_node * spec.resources.nodes
-        spent = run_cost(self.record.name, evs, gpus).dollars(spec.prices) or 0.0
-        budget, said = spec.budget_usd, {e.reason for e in evs}
-        of = f"{dollars(spent)} of its {dollars(budget)} budget"
-        data: dict[str, Any] = {"spent_usd": round(spent, 6), "budget_usd": budget}
-        if spent >= NOTICE_FRACTION * budget and BUDGET_NOTICE not in said:
-            pct = round(NOTICE_FRACTION * 100)
-            line = f"{pct} % of the budget spent: {of}; stopped at the budget"
-            self.event(BUDGET_NOTICE, line, **data)  # given first, however late it is seen
-            print(line, flush=True)
-        if spent >= budget:
-            self.event(BUDGET_REACHED, f"spent {of}: stopping the run (it checkpoints)", **data)
+        found = budget.check(self.record.spec, evs)
+        if found is None:
+            return
+        for reason, line in found.due:
+            self.event(reason, line, **found.data)
+            if reason == BUDGET_NOTICE:
+                print(line, flush=True)
+        if found.reached:
             self.stop_requested = True
-            self.stop_reason = f"budget reached: spent {of}"
+            self.stop_reason = found.stop_reason
             print(self.stop_reason, flush=True)
 
     def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:
