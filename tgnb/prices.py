@@ -15,6 +15,12 @@ API does, through estimate-cost). The numbers are on-demand list prices per GPU-
 them, and preemptible nodes at `PREEMPTIBLE_FRACTION` of on-demand: the platform says only that
 preemptible capacity is "discounted relative to on-demand at a flat rate". Check your contract,
 and override with ``%config`` where it differs.
+
+UNVERIFIED: these numbers were not found in Together's own published pages. Searched on
+2026-12-03: Together's GPU-cluster billing docs (https://docs.together.ai/docs/gpu-clusters-billing)
+describe reserved and on-demand billing and refer to https://www.together.ai/instant-gpu-clusters
+"for current rates", but no copy of that page's per-GPU-hour numbers was found; third-party
+lists quote other providers only. Every price from this table says so (`FROM_TABLE`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,11 @@ PUBLISHED: Mapping[str, float] = {
     "RTX_6000_PCI": 1.29,
 }
 #: Where a price came from, in words (`Prices.source`).
-FROM_API, FROM_TABLE, FROM_CONFIG = "the platform's API", "tgnb's published-rate table", "%config"
+FROM_API, FROM_TABLE, FROM_CONFIG = (
+    "the platform's API",
+    "tgnb's list-price table (unverified)",
+    "%config",
+)
 #: Node names of preemptible nodes start with this; standard nodes start with ``gpu-dp``.
 PREEMPTIBLE_PREFIX = "gpu-preemptible-dp"
 #: A budget's notice is given at this fraction of it.

@@ -6,7 +6,7 @@ at `tgnb.runs.Run.prices`: the cluster's dollars per GPU-hour); at `tgnb.prices.
 the budget one notice is printed; at the budget every unfinished run is stopped as ``run.stop()``
 does (its processes checkpoint) and the preemptible target is dropped to `target_after`, so the
 sweep's nodes stop billing. Works on every engine: it runs in the process that waits (a notebook
-kernel, a papermill run), not on the cluster; a run's own ``budget_usd`` is the supervisor's.
+kernel, a papermill run), not on the cluster; a run's own ``budget_usd`` is `tgnb.runs.budget`'s.
 """
 
 from __future__ import annotations
