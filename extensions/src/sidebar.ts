@@ -248,7 +248,7 @@ export class TogetherSidebar extends Widget {
       const rates = el(
         'div',
         'tgnb-muted tgnb-prices',
-        `${money(p.standard, p.currency)}/GPU-h standard · ${money(p.preemptible, p.currency)} preemptible`
+        `${money(p.standard, p.currency)}/GPU-h standard · ${money(p.preemptible, p.currency)}/GPU-h preemptible`
       );
       rates.title = `prices from ${p.source}`;
       this.capacityNode.append(rates);
@@ -313,11 +313,12 @@ export function money(amount: number, currency = 'USD'): string {
   return currency === 'USD' ? `$${text}` : `${text} ${currency}`;
 }
 
-/** A run's dollars so far, against its budget when it has one ('' when no price is known). */
+/** A run's dollars so far: `$0.06 spent`, or `$0.06 of $5.00 budget` when it has one ('' when
+ * no price is known). */
 export function spending(run: IRun): string {
   if (run.cost_usd === null || run.cost_usd === undefined) {
     return '';
   }
-  const budget = run.budget_usd ? ` of ${money(run.budget_usd)}` : '';
+  const budget = run.budget_usd ? ` of ${money(run.budget_usd)} budget` : ' spent';
   return `${money(run.cost_usd)}${budget}`;
 }

@@ -45,7 +45,7 @@ def test_runs_order_filter_and_toast_once(
     try:
         assert session.scale(24, wait=True, timeout=60).reached
         # the oldest run is the one still running; two newer ones finish
-        runs.append(session.launch("grpo", name="a-long-running", max_steps=3000))
+        runs.append(session.launch("grpo", name="a-long-running", max_steps=3000, budget_usd=1000))
         time.sleep(1.1)
         for name in ("b-done-older", "c-done-newer"):
             runs.append(session.launch("grpo", name=name, max_steps=2))
@@ -59,9 +59,11 @@ def test_runs_order_filter_and_toast_once(
         sidebar.locator('.tgnb-run[data-run="c-done-newer"]').wait_for()
         assert _names(sidebar) == ["a-long-running", "c-done-newer", "b-done-older"]
         info = sidebar.locator('.tgnb-run[data-run="c-done-newer"] .tgnb-muted').inner_text()
-        assert "$" in info, info  # its dollars so far, at the emulator's rates (tgnb.prices)
+        assert "$" in info and " spent" in info, info  # its dollars so far (tgnb.prices)
+        running = sidebar.locator('.tgnb-run[data-run="a-long-running"] .tgnb-muted').inner_text()
+        assert "of $1,000.00 budget" in running, running  # the run with a budget: against it
         rates = sidebar.locator(".tgnb-prices").inner_text()
-        assert "/GPU-h standard" in rates and "preemptible" in rates, rates
+        assert "/GPU-h standard" in rates and "/GPU-h preemptible" in rates, rates
 
         box = sidebar.locator('[data-testid="tgnb-runs-filter"]')
         box.fill("done newer")
