@@ -122,6 +122,8 @@ class TgnbLightningCallback:
             _skip_done_batches(trainer, self._epoch_rng)
             dcpio.load_rng(self._rng)  # after the iterator's own draw, as at the step it saved
             self._rng = None
+        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        self.max_steps = int(total) if math.isfinite(total) else sys.maxsize
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # the state the epoch's order is drawn from: made here for the first epoch (Lightning
@@ -135,8 +137,6 @@ class TgnbLightningCallback:
         self._epoch_rng = torch.get_rng_state()
         if trainer.current_epoch == 0 and loop._data_fetcher is not None:
             iter(loop._data_fetcher)
-        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        self.max_steps = int(total) if math.isfinite(total) else sys.maxsize
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
         if int(trainer.global_step) == self.step:
