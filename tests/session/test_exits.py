@@ -6,7 +6,7 @@ HTTP, the real supervisor, torchrun, torch on the CPU and signals.
   `Run.error` is empty once it has finished;
 - a script with no hook that exits 0 on SIGTERM is restarted, "stopped without a checkpoint at
   step N: N steps lost" is said, and the run is named unprotected (at launch and in the summary),
-  its lost steps counted from the rows it logged;
+  its lost steps counted from the rows it logged; so is the same script run as a ``command=``;
 - the default checkpoint policy (``checkpoint.auto``) saves periodically, so a kill with no
   notice loses at most one interval. The kill with no notice is a preemption of a run whose policy
   turns the signal and the drain notice off (``on_signal``/``watch_drain`` false): SIGTERM then
@@ -116,6 +116,26 @@ def test_exit_0_on_sigterm_without_a_checkpoint_is_restarted_and_said(
     assert runs_table([run]).rows[0][-1] == UNPROTECTED  # what %tg runs shows
     assert summary["steps_lost"] == lost and summary["steps"] == 60  # from what it logged
     assert run.error() is None
+
+
+@pytest.mark.slow
+def test_a_command_that_exits_0_on_sigterm_without_a_checkpoint_is_restarted_and_said(
+    session: Session, tmp_path: Path
+) -> None:
+    """The same script as a ``command=`` (its own launcher: never under torchrun): the node's
+    ``python -m tgnb.train`` passes the SIGTERM on, records the unsaved stop and exits 75."""
+    wd = _workdir(tmp_path, "quits.py")
+    run = session.launch(command=["python", "quits.py", "30"], workdir=wd, name="quits-command")
+    _preempt_at(session, run, 5)
+    status = run.wait(timeout=300, progress=False)
+    assert status.state is JobState.SUCCEEDED and status.restart_count == 1, status
+    (requeued,) = _events(run, RUN_REQUEUED)
+    lost = requeued.data["steps_lost"]
+    line = f"stopped without a checkpoint at step {lost}: {lost} steps lost"
+    assert requeued.message == f"{line} (exit 75)" and requeued.data["unsaved"], requeued
+    assert lost >= 5 and not _events(run, RUN_FAILED_RESTARTING)
+    steps = [int(r["step"]) for r in run.records("metrics")]
+    assert len(steps) == 30 + lost and run.summary()["steps"] == 30
 
 
 @pytest.mark.slow

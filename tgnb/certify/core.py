@@ -105,8 +105,7 @@ def diagnose(cert: Certificate, ref_run: Any, run: Any, shape: str) -> list[Find
     else:
         found.append(Finding(f"RNG not restored: a generator of the program's own is not in the "
                              f"checkpoint{where}", "draw from the global RNG (tgnb restores it) or save the "
-                             "generator with ckpt.add_state(...); a DataLoader shuffled by a "
-                             "Trainer draws a new order when resumed mid-epoch"))  # fmt: skip
+                             "generator with ckpt.add_state(...)"))  # fmt: skip
     return found
 
 

@@ -64,6 +64,17 @@ def record_unsaved(run_dir: str | None, verdict: Verdict) -> None:
     print(f"tgnb.train.launch: {verdict.line}", file=sys.stderr)
 
 
+def after_signal(run_dir: str | None, code: int, since: int) -> int:
+    """The exit code of a node's launcher that tgnb's SIGTERM reached, its program having exited
+    with `code`: 75 and the attempt recorded as unsaved when the program sealed nothing
+    (`tgnb.runs.outcome.node_unsaved`), else `code`."""
+    unsaved = node_unsaved(run_dir, code, since)
+    if unsaved is None:
+        return code
+    record_unsaved(run_dir, unsaved)
+    return unsaved.code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -81,11 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tgnb.train.launch: workers exited {codes}; exit {code}", file=sys.stderr)
         return code
     except SignalException as exc:  # torchrun's agent got the SIGTERM and stopped its workers
-        code = node_exit(run_dir, 128 + int(exc.sigval), since)
-        unsaved = node_unsaved(run_dir, code, since)
-        if unsaved is not None:  # the program exited on the signal and saved nothing
-            record_unsaved(run_dir, unsaved)
-            code = unsaved.code
+        code = after_signal(run_dir, node_exit(run_dir, 128 + int(exc.sigval), since), since)
         print(
             f"tgnb.train.launch: workers exited on {exc.sigval.name}; exit {code}", file=sys.stderr
         )

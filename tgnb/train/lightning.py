@@ -17,11 +17,13 @@ world size), the scheduler as JSON, the fit loop's progress (``lightning.json``)
 RNG beside them. Resume happens at ``on_fit_start`` -- modules and optimizers exist, the loops have
 not run -- exactly where Lightning restores its own checkpoints' training state; at
 ``on_train_start`` the loader's iterator moves past the batches the resumed epoch already trained
-on and the RNG comes back, so a resumed run ends bit for bit as the uninterrupted one. Except
-with a shuffled single-process ``DataLoader``: its ``RandomSampler`` draws an epoch's order from
-the RNG at the epoch's first batch, and a resume midway has only the step's RNG, so the rest of
-that epoch comes in another order (each sample still once; a ``DistributedSampler`` orders by
-seed and epoch and resumes exactly).
+on and the RNG comes back, so a resumed run ends bit for bit as the uninterrupted one. A shuffled
+``DataLoader`` (``shuffle=True``: a ``RandomSampler`` drawing each epoch's order from the global
+RNG) resumes in the same order: the callback makes each epoch's iterator from an RNG state it keeps
+(``epoch_rng`` in ``lightning.json``, taken at ``on_train_epoch_start``), and a resume midway makes
+the iterator again from that state before it skips the trained batches (a ``DistributedSampler``
+orders by seed and epoch). The order replays exactly as long as no hook of the program draws from
+the RNG between the epoch's start and its first batch.
 
 Lightning's own SIGTERM handler would end ``fit`` with a `SIGTERMException` (exit 0) before the
 guard saved; the callback hands SIGTERM back to the guard when training starts (Lightning gives
@@ -32,6 +34,7 @@ resumes from its own newest complete checkpoint. Where the run directory is: as 
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import math
@@ -40,6 +43,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from tgnb.errors import TrainConfigError
@@ -66,6 +70,8 @@ class TgnbLightningCallback:
         self.max_steps = 0
         self._trainer: Any = None
         self._rng: Path | None = None  # the checkpoint resumed from, until its RNG is restored
+        #: the RNG state this epoch's loader iterator was made from, when a loader shuffles by it
+        self._epoch_rng: torch.Tensor | None = None
 
     @property
     def state_key(self) -> str:
@@ -103,17 +109,34 @@ class TgnbLightningCallback:
         saved = json.loads((found.path / LIGHTNING_STATE).read_text(encoding="utf-8"))
         trainer.fit_loop.load_state_dict(saved["fit_loop"])  # as Lightning's own restore does
         self.step = found.step
+        if epoch_rng := saved.get("epoch_rng"):
+            self._epoch_rng = torch.frombuffer(
+                bytearray(base64.b64decode(epoch_rng)), dtype=torch.uint8
+            )
         self._rng = found.path
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning registered its SIGTERM handler (ends fit with exit 0): the guard's flag instead
         self.guard.own_signals()
         if self._rng is not None:  # resumed: the loader made its iterator (setup_data) by now
-            _skip_done_batches(trainer)
+            _skip_done_batches(trainer, self._epoch_rng)
             dcpio.load_rng(self._rng)  # after the iterator's own draw, as at the step it saved
             self._rng = None
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
         self.max_steps = int(total) if math.isfinite(total) else sys.maxsize
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        # the state the epoch's order is drawn from: made here for the first epoch (Lightning
+        # made that iterator before any hook), by Lightning right after this hook for the others
+        loop = trainer.fit_loop
+        if loop._combined_loader is None or not any(
+            map(_shuffled, loop._combined_loader.flattened)
+        ):
+            self._epoch_rng = None
+            return
+        self._epoch_rng = torch.get_rng_state()
+        if trainer.current_epoch == 0 and loop._data_fetcher is not None:
+            iter(loop._data_fetcher)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
         if int(trainer.global_step) == self.step:
@@ -144,18 +167,31 @@ class TgnbLightningCallback:
                 "step": self.step,
                 "epoch": trainer.current_epoch,
                 "fit_loop": trainer.fit_loop.state_dict(),
+                "epoch_rng": None
+                if self._epoch_rng is None
+                else base64.b64encode(self._epoch_rng.numpy().tobytes()).decode("ascii"),
             },
         )
 
 
-def _skip_done_batches(trainer: Any) -> None:
+def _shuffled(loader: Any) -> bool:
+    """Whether `loader` draws each epoch's order from the global RNG: a sampler whose
+    ``generator`` is left None (``RandomSampler``: ``shuffle=True``) and has no ``set_epoch``."""
+    batches = getattr(loader, "batch_sampler", None)
+    for obj in (getattr(loader, "sampler", None), getattr(batches, "sampler", None)):
+        if getattr(obj, "generator", False) is None and not hasattr(obj, "set_epoch"):
+            return True
+    return False
+
+
+def _skip_done_batches(trainer: Any, epoch_rng: torch.Tensor | None) -> None:
     """Move the train loader's fresh iterator past the batches the resumed epoch already trained
     on. Lightning restores its progress counters but starts a plain ``DataLoader`` over from its
     first batch (it only repositions loaders with ``state_dict``): the resumed epoch would train
     on its first batches again and never reach its last ones. The samplers get the epoch first
-    (a ``DistributedSampler`` then draws the epoch's own order); a ``RandomSampler`` draws from
-    the RNG it finds, which is not the epoch start's: a shuffled epoch resumed midway draws
-    another order."""
+    (a ``DistributedSampler`` then draws the epoch's own order); with `epoch_rng`, the RNG state
+    the epoch's iterator was made from (a ``RandomSampler`` draws its order from it), the
+    iterator is made again from that state, so the epoch comes in its own order."""
     loop = trainer.fit_loop
     done = int(loop.epoch_loop.batch_progress.current.processed)
     fetcher, loader = loop._data_fetcher, loop._combined_loader
@@ -166,6 +202,9 @@ def _skip_done_batches(trainer: Any) -> None:
         for obj in {getattr(dl, "sampler", None), batches, getattr(batches, "sampler", None)}:
             if callable(set_epoch := getattr(obj, "set_epoch", None)):
                 set_epoch(loop.epoch_progress.current.processed)
+    if epoch_rng is not None:
+        torch.set_rng_state(epoch_rng)
+        iter(fetcher)
     pending = getattr(fetcher, "batches", [])  # prefetched (a loader without a length)
     ahead = len(pending)
     dropped = min(done, ahead)

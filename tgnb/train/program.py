@@ -9,7 +9,11 @@ command. The node contract's environment (`tgnb.runs.node.RUN_DIR_ENV`, `RUN_ENV
 A script runs in this process as ``__main__`` with ``sys.argv = [script, *args]`` (under torchrun,
 once per rank: the engines start it as they start the built-in runtime); its exit code is the
 process's, so a protected Trainer's 75 reaches the engine. A command runs as a child process, once
-per node (it is its own launcher), with SIGTERM and SIGUSR1 passed on; its exit code is returned.
+per node (it is its own launcher), with SIGTERM and SIGUSR1 passed on; its exit code is returned,
+except after tgnb's SIGTERM when the command sealed no checkpoint (it exited 0 on the signal, or
+died of it having trained steps not saved): the attempt is recorded as unsaved and the exit is 75,
+so Slurm and Kubernetes, which read exit codes only, restart the run uncounted and the cockpit
+says "stopped without a checkpoint at step N: K steps lost" (`tgnb.runs.outcome`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def run_program(cfg: TrainConfig) -> int:
     workdir = workdir_of(run_dir)
     os.environ.update(environment(cfg))
     if cfg.command is not None:
-        return _command(cfg.command, workdir)
+        return _command(cfg.command, workdir, str(run_dir))
     assert cfg.script is not None
     script = workdir / cfg.script
     if not script.is_file():
@@ -94,7 +98,12 @@ def _record_failure(cfg: TrainConfig, exc: BaseException) -> None:
     recorder.close()
 
 
-def _command(argv: list[str], workdir: Path) -> int:
+def _command(argv: list[str], workdir: Path, run_dir: str) -> int:
+    """Run the command; its exit code, or 75 when tgnb's SIGTERM stopped it and it sealed nothing
+    (`tgnb.train.launch.after_signal`: exit 0 after the signal is not a success)."""
+    from tgnb.runs.outcome import events_size
+
+    since = events_size(run_dir)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH")) if p)
     try:
@@ -102,11 +111,20 @@ def _command(argv: list[str], workdir: Path) -> int:
     except OSError as exc:
         raise TrainConfigError(f"command {argv[0]!r} could not start ({exc.strerror})") from None
 
+    signalled: list[int] = []
+
     def forward(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGTERM:
+            signalled.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, forward)
     code = proc.wait()
-    return code if code >= 0 else 128 - code
+    code = code if code >= 0 else 128 - code
+    if not signalled:
+        return code
+    from tgnb.train.launch import after_signal
+
+    return after_signal(run_dir, code, since)

@@ -2,7 +2,9 @@
 ``command=[torchrun, ...]`` on the one-node cluster of `.ci/slurm-up`, drained mid-run with
 ``scontrol update ... State=DRAIN``. The worker seals its checkpoint and exits 75, torchrun exits
 1; the node's ``python -m tgnb.train`` reads the attempt's record and exits 75, so the sbatch
-script requeues the job as a preemption: with ``max_restarts=0`` a failure counted would end it."""
+script requeues the job as a preemption: with ``max_restarts=0`` a failure counted would end it.
+And a ``command=`` with no hook that exits 0 on the SIGTERM Slurm sends its step (``scancel
+--signal=TERM``): not done, restarted uncounted with "stopped without a checkpoint" said."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from tgnb.runs.recovery import RecoveryPolicy
 from .test_slurm_training import DRAIN_WINDOW_S, ENV, backend_for, metric_steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-LOOP = Path(__file__).parents[2] / "session" / "exits_workdir" / "loop.py"
+EXITS = Path(__file__).parents[2] / "session" / "exits_workdir"
+LOOP = EXITS / "loop.py"
 
 
 def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
@@ -64,3 +67,41 @@ def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
     assert [e.data["exit_code"] for e in requeued] == [75], requeued
     assert not [e for e in events if e.reason == "RunFailedRestarting"]
     assert sorted(set(metric_steps(run_dir))) == list(range(1, 151))
+
+
+def test_a_command_exiting_0_on_sigterm_with_nothing_sealed_is_restarted_uncounted(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """Before, the node's ``python -m tgnb.train`` passed the command's 0 on: the job COMPLETED
+    at the step it was stopped at, a success."""
+    wd = tmp_path / "project"
+    wd.mkdir()
+    shutil.copy(EXITS / "quits.py", wd / "quits.py")
+    spec = RunSpec(
+        name="command-quits",
+        train={"algorithm": "script", "command": ["python", "quits.py", "60"]},
+        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        env=dict(ENV),
+        workdir=str(wd),
+        recovery=RecoveryPolicy(max_restarts=0),
+    )
+    backend = backend_for(tmp_path)
+    job = backend.submit(spec)
+    cleanup_jobs.append(job)
+    run_dir = Path(backend.run_dir(job))
+    rows = lambda: len((run_dir / "metrics.jsonl").read_text().splitlines())  # noqa: E731
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and rows() >= 5, 400, what="step 5",
+               every=0.5)  # fmt: skip
+    subprocess.run(["scancel", "--signal=TERM", job], check=True)  # the step, not the script
+    final = backend.wait(job, timeout=600)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 1, (final, log[-3000:])
+    events = backend.events(job)
+    (unsaved,) = [e for e in events if e.reason == "RunExited"]
+    lost = unsaved.data["steps_lost"]
+    assert unsaved.data["exit_reason"] == "unsaved" and lost >= 5, unsaved
+    assert unsaved.message == f"stopped without a checkpoint at step {lost}: {lost} steps lost"
+    requeued = [e for e in events if e.reason == "RunRequeued"]
+    assert [e.data["exit_code"] for e in requeued] == [75], requeued
+    assert not [e for e in events if e.reason == "RunFailedRestarting"]
+    assert rows() == 60 + lost  # the second attempt ran all 60 steps

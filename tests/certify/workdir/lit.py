@@ -1,8 +1,7 @@
 """A Lightning script as Lightning's own docs write it (LightningModule + Trainer.fit), plus
 ``tgnb.train.protect(trainer)`` (left out with ``--no-protect``): a tiny regression model. Its data
-is not shuffled unless ``--shuffle``: a shuffled epoch resumed in its middle draws another order
-(the sampler draws it from the RNG restored at the step, not the epoch's start), which certify
-reports as not restored."""
+is not shuffled unless ``--shuffle`` (a shuffled epoch resumed in its middle replays its order:
+`tgnb.train.lightning` keeps the RNG state the epoch's order was drawn from)."""
 
 import argparse
 

@@ -45,13 +45,13 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)  # under torchrun: its processes
     parser.add_argument("--sigterm-at", type=int, default=0)
     parser.add_argument("--params", default="")
-    parser.add_argument("--no-shuffle", action="store_true")
+    parser.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
     L.seed_everything(0)
     x = torch.randn(256, 8)
     y = x.sum(dim=1, keepdim=True)
-    train_loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=not args.no_shuffle)
+    train_loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=args.shuffle)
 
     model = LitRegressor(lr=args.lr, sigterm_at=args.sigterm_at)
     trainer = L.Trainer(
