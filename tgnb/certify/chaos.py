@@ -194,15 +194,17 @@ class Driver:
         return self._at_new_steps(Fired("kill", "kill with no notice (SIGKILL)"), self._kill)
 
     def shrink(self) -> Fired:
-        """Preempt one of the run's nodes with no replacement granted: once no node is being
-        provisioned, the cluster's preemptible capacity is capped (nothing new comes up) and the
-        nodes no run holds are preempted too, so the restart finds fewer free nodes than the run
+        """Preempt one of the run's nodes with no replacement granted: once the reference has
+        ended and no node is being provisioned, the cluster's preemptible capacity is capped
+        (nothing new comes up) and the nodes the run does not hold are preempted too, so the restart finds fewer free nodes than the run
         asks for and its recovery policy shrinks it. The cap is lifted once the run is placed
         again; the event is NOT DONE unless the placement was a shrink."""
         ev = Fired("shrink", "preemption with no replacement: a shrink to fewer nodes")
         cid, emulator = self.session.cluster.id, self.session.emulator
         try:
-            self._at_new_steps(ev, self._starve_and_preempt, self._no_node_coming)
+            self._at_new_steps(ev, self._starve_and_preempt, self._shrink_moment)
+            if not ev.done and not self.reference.state.finished:
+                ev.note += " (a shrink waits for the uninterrupted run to end)"
             if ev.done:
                 self._placed_again(ev.restart or 0)
         finally:
@@ -218,7 +220,11 @@ class Driver:
             ev.note += f"; resumed on {starts[0].data.get('nodes')} of {self.nodes} nodes"
         return ev
 
-    def _no_node_coming(self) -> bool:
+    def _shrink_moment(self) -> bool:
+        """The reference has ended (its nodes, freed, would take the run back) and no node is on
+        its way (the cap stops new ones, not those already provisioning)."""
+        if not self.reference.state.finished:
+            return False
         nodes = self.session.status().preemptible_nodes
         return not any(n.phase in ("PENDING", "BOOTING") for n in nodes)
 
@@ -231,12 +237,9 @@ class Driver:
         self._signal(signal.SIGTERM)
 
     def _starve(self) -> None:
-        """Preempt every running preemptible node but the run's kept ones and the live
-        reference's (its nodes too once it has finished: they would take the run back)."""
-        ref = self.reference.status
-        held = {*self._kept, *(() if ref.state.finished else ref.nodes)}
+        """Preempt every running preemptible node but the run's kept ones."""
         for n in self.session.status().preemptible_nodes:
-            if n.name not in held and n.phase == "RUNNING" and n.status != "Draining":
+            if n.name not in self._kept and n.phase == "RUNNING" and n.status != "Draining":
                 with contextlib.suppress(ValidationError):  # already draining
                     self.session.preempt(n.name)
 
@@ -245,8 +248,7 @@ class Driver:
             st = self.run.status
             if st.state.finished or (st.restart_count > restart and st.state.value == "running"):
                 return
-            self._starve()
-            time.sleep(0.3)
+            time.sleep(0.1)
 
     def schedule(self, only: Sequence[str] = KINDS) -> list[Fired]:
         """Drive the events of `only` (`KINDS`, in that order; the shrink only if it `shrinks`)."""
