@@ -202,7 +202,7 @@ class Driver:
         ev = Fired("shrink", "preemption with no replacement: a shrink to fewer nodes")
         cid, emulator = self.session.cluster.id, self.session.emulator
         try:
-            self._at_new_steps(ev, self._starve_and_preempt, self._shrink_moment)
+            self._at_new_steps(ev, lambda: self._starve_and_preempt(ev), self._shrink_moment)
             if not ev.done and not self.reference.state.finished:
                 ev.note += " (a shrink waits for the uninterrupted run to end)"
             if ev.done:
@@ -228,12 +228,14 @@ class Driver:
         nodes = self.session.status().preemptible_nodes
         return not any(n.phase in ("PENDING", "BOOTING") for n in nodes)
 
-    def _starve_and_preempt(self) -> None:
+    def _starve_and_preempt(self, ev: Fired) -> None:
         """Cap the capacity, preempt the free nodes and one of the run's, then the SIGTERM (after
-        the notice here: the restart must not be placed before the node is seen preempted)."""
+        the notice here: the restart must not be placed before the node is seen preempted); the
+        event's step is the one logged when the SIGTERM goes."""
         self.session.emulator.set_capacity(self.session.cluster.id, 0)
         self._kept = tuple(self.run.status.nodes[1:])
         self._starve()
+        ev.at_step = self._last_step()
         self._signal(signal.SIGTERM)
 
     def _starve(self) -> None:
