@@ -65,6 +65,12 @@ class Emulator:
                     message or f"the emulator answered {exc.response.status_code}"
                 ) from None
 
+    def set_capacity(self, cluster_id: str, gpus: int | None) -> None:
+        """Cap the preemptible GPUs of `cluster_id` (live and provisioning): no replacement or new
+        node beyond it; None lifts the cap. Nodes already up stay."""
+        with self._admin() as admin:
+            admin.set_capacity(gpus, cluster_id)
+
     def usage(self, resource_id: str) -> dict[str, Any] | None:
         """A Post-Training resource's usage report (READY/STOPPED times, GPUs, GPU-minutes)."""
         import httpx

@@ -1,21 +1,25 @@
 """`tgnb certify` on the user's own programs (tests/certify/workdir: a plain loop with the
-Checkpointer, broken four ways by ``--defect``; a Lightning script, with and without protect):
-each certified for real on the local emulator (real preemptions through it, a real SIGKILL,
-torch and Lightning on the CPU), the right ones passed bit for bit, the broken ones refused with
-their defect named. Nothing is faked."""
+Checkpointer, broken four ways by ``--defect``, also run as a ``--command``; a Lightning script,
+with and without protect; TRL's SFTTrainer with protect, tests/session/user_workdir; the
+Checkpointer's DDP script on 2 nodes, shrunk to 1): each certified for real on the local emulator
+(real preemptions through it, a real SIGKILL, torch, TRL and Lightning on the CPU), the right ones
+passed, the broken ones refused with their defect named. Nothing is faked."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.session.test_user_code import _workdir as user_workdir
 from tgnb.certify import Certificate
 from tgnb.certify.cli import main
 from tgnb.errors import ValidationError
 from tgnb.session import Session
 
 WORKDIR = Path(__file__).parent / "workdir"
+DDP_LOOP = Path(__file__).parents[1] / "train" / "checkpoint"
 LOOP = ["--max-steps", "80"]
 
 
@@ -61,10 +65,63 @@ def test_a_lightning_script_without_protect_is_refused(session: Session) -> None
     assert "protect(trainer)" in bad.findings[0].fix
 
 
+@pytest.mark.slow
+def test_a_ddp_checkpointer_script_is_certified_through_a_shrink(session: Session) -> None:
+    """The DDP/FSDP test script of the Checkpointer (tests/train/checkpoint/loop_script.py: the
+    same global batch at any world size) on 2 nodes, allowed to shrink to 1, certified on the
+    kill (the launcher's workers die too) and the shrink (a 2-node attempt starts slowly here;
+    the loop test drives the other events):
+    a node preempted whose replacement is not granted, the run resumes on 1 node and ends where
+    the uninterrupted 2-node run ends."""
+    cert = session.certify("loop_script.py", args=["--dir", "out", "--steps", "30", "--sleep",
+                           "0.05"], workdir=DDP_LOOP, seed=3, budget_s=400, nodes=2, min_nodes=1,
+                           events=["kill", "shrink"])  # fmt: skip
+    print(cert)
+    assert [ev.kind for ev in cert.events] == ["kill", "shrink"]  # the others: the loop test's
+    shrink = cert.events[-1]
+    assert shrink.done and "resumed on 1 of 2 nodes" in shrink.note, str(cert)
+    lost = cert.lost[-1]
+    assert lost is not None and lost[1] <= 1, str(cert)
+    assert cert.safe and cert.state.ok, str(cert)
+    assert "NOT DONE  setup: left out (events=...)" in str(cert)
+    assert session.status().desired_preemptible_gpus == 16  # the target raised for it is back
+
+
+@pytest.mark.slow
+def test_a_trl_trainer_with_protect_is_certified(session: Session, tmp_path: Path) -> None:
+    """TRL's SFTTrainer quickstart plus protect (tests/session/user_workdir) on the built-in tiny
+    model, under the whole schedule."""
+    from tgnb.tasks import assets
+
+    workdir = user_workdir(tmp_path)
+    cert = session.certify("train.py", args=["--model", assets.resolve_model("tiny"),
+                           "--max-steps", "40"], workdir=workdir, seed=3, budget_s=500)  # fmt: skip
+    print(cert)
+    assert cert.safe and cert.exit_code == 0, str(cert)
+    assert [ev.kind for ev in cert.events] == ["setup", "first-save", "random-step", "kill"]
+
+
+@pytest.mark.slow
+def test_a_command_is_certified_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tgnb certify --command ...`` as a user types it: the Checkpointer loop started by a
+    command of its own (not a script tgnb launches), on a fresh emulator the CLI starts and stops."""
+    line = f"{sys.executable} loop.py --max-steps 60"
+    code = main(["--command", line, "--workdir", str(WORKDIR), "--seed", "3", "--budget-s", "400"])
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
+    assert f"\ntgnb certify {line}: SAFE" in out, out  # after the emulator's start line
+    assert out.count("  done      ") == 4 and "final state: bitwise" in out, out
+
+
 def test_certify_refuses_bad_input(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValidationError, match="budget_s must be above 0"):
         session.certify("loop.py", workdir=WORKDIR, budget_s=0)
     with pytest.raises(ValidationError, match="is not in the workdir"):
         session.certify("nosuch.py", workdir=WORKDIR)
+    with pytest.raises(ValidationError, match="no certify event 'reboot'"):
+        session.certify("loop.py", workdir=WORKDIR, events=["reboot"])
+    with pytest.raises(ValidationError, match="min_nodes must be from 1 to nodes"):
+        session.certify("loop.py", workdir=WORKDIR, nodes=2, min_nodes=3)
     assert session.runs() == []  # nothing launched
     assert main([]) == 2 and "give a script or --command" in capsys.readouterr().err

@@ -27,6 +27,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=900.0, help="time budget in seconds")
     p.add_argument("--seed", type=int, default=None, help="seed of the random step events")
     p.add_argument("--save-every", type=int, default=5, help="periodic save interval (steps)")
+    p.add_argument(
+        "--events", default=None, help="only these events, e.g. kill,shrink (default: all)"
+    )
+    p.add_argument("--nodes", type=int, default=1, help="nodes the program runs on (default 1)")
+    p.add_argument(
+        "--min-nodes", type=int, default=None, help="fewest nodes it may shrink to (a shrink event)"
+    )
     return p
 
 
@@ -51,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=ns.seed,
                 budget_s=ns.budget_s,
                 save_every=ns.save_every,
+                nodes=ns.nodes,
+                min_nodes=ns.min_nodes,
+                events=ns.events.split(",") if ns.events else None,
             )
         except TgnbError as exc:
             print(f"tgnb certify: {exc}", file=sys.stderr)

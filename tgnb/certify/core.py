@@ -20,14 +20,47 @@ from pathlib import Path
 from typing import Any
 
 from tgnb.certify import report, state
-from tgnb.certify.chaos import Driver
+from tgnb.certify.chaos import KINDS, Driver, Fired
 from tgnb.certify.report import Certificate, Finding
 from tgnb.errors import ValidationError
 from tgnb.events import RUN_STARTED
+from tgnb.runs.spec import GPUS_PER_NODE
 
 SAVE_EVERY = 5
 BACKOFF = {"backoff_s": 1.0, "max_restarts": 5}
-NOT_YET = [("shrink to fewer nodes", "not driven by this version: certify runs one node")]
+#: A shrink's wait (`RecoveryPolicy.wait_s`), in platform seconds: past the drain window (300 s)
+#: and a replacement's provisioning (60 s), so that only the shrink event's capped capacity, not a
+#: preemption whose replacement is on its way, makes the run shrink.
+SHRINK_WAIT_S = 1.5 * (300.0 + 60.0)
+#: Free preemptible nodes kept beside the two runs when the run may shrink: a preempted node's
+#: replacement takes a while, a restart finds one of these at once.
+SPARE_NODES = 2
+
+
+def _shrink_missing(nodes: int, min_nodes: int | None) -> list[tuple[str, str]]:
+    if nodes < 2:
+        why = "the program runs on one node: certify it with nodes=2, min_nodes=1 (--nodes 2 --min-nodes 1)"
+    elif min_nodes is None or min_nodes >= nodes:
+        why = f"min_nodes does not allow it: give min_nodes below {nodes} (--min-nodes 1)"
+    else:
+        return []
+    return [("shrink to fewer nodes", why)]
+
+
+def _left_out(only: Sequence[str], nodes: int, min_nodes: int | None) -> list[tuple[str, str]]:
+    """The events not driven, with why: not asked for, or a shrink the run cannot make."""
+    left = [(kind, "left out (events=...)") for kind in KINDS if kind not in only]
+    return left + (_shrink_missing(nodes, min_nodes) if "shrink" in only else [])
+
+
+def _raise_target(session: Any, nodes: int) -> int | None:
+    """Raise the cluster's preemptible target to `nodes` nodes if it is lower (this is the local
+    emulator: it costs nothing) and wait for them; the target before (None: left as it was)."""
+    before = int(session.status().desired_preemptible_gpus)
+    if before >= nodes * GPUS_PER_NODE:
+        return None
+    session.scale(preemptible=nodes * GPUS_PER_NODE, wait=True, timeout=120, poll=0.2)
+    return before
 
 
 def _shape(what: Any, command: Sequence[str] | None, workdir: Path) -> str:
@@ -109,6 +142,38 @@ def diagnose(cert: Certificate, ref_run: Any, run: Any, shape: str) -> list[Find
     return found
 
 
+def _run_both(
+    session: Any,
+    what: Any,
+    names: tuple[str, str],
+    common: dict[str, Any],
+    shrink_to: int | None,
+    until: float,
+    rng: random.Random,
+    only: Sequence[str],
+) -> tuple[Any, Any, list[Fired]]:
+    """Launch the uninterrupted run and the chaos run (`shrink_to`: the fewest nodes it may
+    shrink to), drive the schedule, wait for both until `until`; the runs and the events."""
+    ref = session.launch(what, name=names[0], **common)
+    if shrink_to is not None:
+        wait_s = SHRINK_WAIT_S * (session.emulator.time_scale() or 1.0)
+        common = {**common, "min_nodes": shrink_to,
+                  "recovery": {**BACKOFF, "when_short": "shrink", "wait_s": wait_s}}  # fmt: skip
+    run = session.launch(what, name=names[1], **common)
+    driver = Driver(session, run, ref, until, rng, common["nodes"], shrink_to is not None)
+    try:
+        events = driver.schedule(only)
+        run.wait(timeout=max(1.0, until - time.monotonic()), progress=False)
+        ref.wait(timeout=max(1.0, until - time.monotonic()), progress=False)
+    except TimeoutError:
+        events = driver.events
+    finally:
+        for r in (ref, run):
+            if not r.state.finished:
+                r.stop()
+    return ref, run, events
+
+
 def certify(
     session: Any,
     what: str | os.PathLike[str] | None = None,
@@ -119,12 +184,27 @@ def certify(
     seed: int | None = None,
     budget_s: float = 900.0,
     save_every: int = SAVE_EVERY,
+    nodes: int = 1,
+    min_nodes: int | None = None,
+    events: Sequence[str] | None = None,
 ) -> Certificate:
-    """Certify `what` (a script, with `args`) or `command` on the session's local emulator."""
+    """Certify `what` (a script, with `args`) or `command` on the session's local emulator, on
+    `nodes` nodes; with `min_nodes` below `nodes`, a shrink to fewer nodes is one of the events
+    (the cluster's preemptible target is raised for the while if it is too low for both runs).
+    `events`: drive only these (`tgnb.certify.chaos.KINDS`); the others are listed NOT DONE."""
     if session.emulator is None:
         raise ValidationError("certify runs on the local emulator: tgnb.attach(local=True)")
     if budget_s <= 0:
         raise ValidationError(f"budget_s must be above 0, not {budget_s!r}: e.g. budget_s=600")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ValidationError(f"nodes must be a whole number from 1, not {nodes!r}: e.g. nodes=2")
+    if min_nodes is not None and (not isinstance(min_nodes, int) or not 1 <= min_nodes <= nodes):
+        raise ValidationError(
+            f"min_nodes must be from 1 to nodes ({nodes}), not {min_nodes!r}: e.g. min_nodes=1"
+        )
+    only = tuple(KINDS if events is None else events)
+    if unknown := [k for k in only if k not in KINDS]:
+        raise ValidationError(f"no certify event {unknown[0]!r}: choose from {', '.join(KINDS)}")
     started = time.monotonic()
     wd = Path(workdir) if workdir is not None else Path.cwd()  # for naming the fix only
     seed = secrets.randbelow(10_000) if seed is None else seed
@@ -136,30 +216,25 @@ def certify(
         "workdir": workdir,
         "checkpoint": {"every_steps": save_every, "drain_poll_seconds": 0.2},
         "recovery": BACKOFF,
+        "nodes": nodes,
     }
-    ref = session.launch(what, name=f"certify-{stem}-ref-{tag}", **common)
-    run = session.launch(what, name=f"certify-{stem}-chaos-{tag}", **common)
-    until = started + budget_s
-    driver = Driver(session, run, ref, until, random.Random(seed))
+    shrinks = "shrink" in only and not _shrink_missing(nodes, min_nodes)
+    scaled = _raise_target(session, 2 * nodes + (SPARE_NODES if shrinks else 0))
     try:
-        events = driver.schedule()
-        left = max(1.0, until - time.monotonic())
-        run.wait(timeout=left, progress=False)
-        ref.wait(timeout=max(1.0, until - time.monotonic()), progress=False)
-    except TimeoutError:
-        events = driver.events
+        names = (f"certify-{stem}-ref-{tag}", f"certify-{stem}-chaos-{tag}")
+        ref, run, fired = _run_both(session, what, names, common, min_nodes if shrinks else None,
+                                     started + budget_s, random.Random(seed), only)  # fmt: skip
     finally:
-        for r in (ref, run):
-            if not r.state.finished:
-                r.stop()
+        if scaled is not None:
+            session.scale(preemptible=scaled)
     rows, evs = run.records("metrics"), run.run_events()
     cert = Certificate(
         target=" ".join([str(what or ""), *(command or []), *(args or [])]).strip(),
-        events=events,
-        lost=[report.steps_lost(ev, rows, evs) for ev in events],
+        events=fired,
+        lost=[report.steps_lost(ev, rows, evs) for ev in fired],
         twice=report.logged_twice(rows),
         state=state.compare(ref.run_dir, run.run_dir),
-        not_done=list(NOT_YET),
+        not_done=_left_out(only, nodes, min_nodes),
         seed=seed,
     )
     cert.findings = diagnose(cert, ref, run, _shape(what, command, wd))

@@ -14,7 +14,7 @@ from tgnb.events import RUN_EXITED, RUN_REQUEUED, RUN_RESUMED, RUN_STARTED, Even
 from tgnb.runs.outcome import UNSAVED
 
 #: Events that give notice: at most one step may be lost to each.
-NOTICE = ("setup", "first-save", "random-step")
+NOTICE = ("setup", "first-save", "random-step", "shrink")
 
 
 @dataclass(frozen=True)

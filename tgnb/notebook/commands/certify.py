@@ -1,4 +1,4 @@
-"""``%tg certify train.py [--budget 15m] [--seed N] [-- ARGS...]``: `Session.certify` (the local
+"""``%tg certify train.py [--budget 15m] [--seed N] [--nodes N --min-nodes M] [-- ARGS...]``: `Session.certify` (the local
 emulator only: the Session refuses elsewhere), showing the certificate."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
 HELP = "Certify a script resumes correctly: preempt and kill it beside an uninterrupted run."
-USAGE = "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [-- ARGS...]"
+USAGE = "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [--nodes 2 --min-nodes 1] [-- ARGS...]"
 
 
 def arguments(p: Parser) -> None:
@@ -26,6 +26,8 @@ def arguments(p: Parser) -> None:
     p.add_argument("--budget", type=duration, default=timedelta(minutes=15),
                    help="time budget, e.g. 10m (default 15m)")  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="seed of the random step events")
+    p.add_argument("--nodes", type=int, default=1, help="nodes it runs on (default 1)")
+    p.add_argument("--min-nodes", type=int, default=None, help="fewest it may shrink to")
     p.add_argument("args", nargs="*", help="the script's arguments, after --")
 
 
@@ -39,6 +41,8 @@ def run(tg: Tg, args: Any, cell: str | None) -> Any:
             workdir=args.workdir,
             seed=args.seed,
             budget_s=args.budget.total_seconds(),
+            nodes=args.nodes,
+            min_nodes=args.min_nodes,
         )
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
