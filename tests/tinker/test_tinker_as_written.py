@@ -224,7 +224,9 @@ def test_tinker_038_shape_as_the_cookbook_writes_it(rl_emulator: EmulatorHandle)
     client; ``.result()`` answers it too). The clients work, and leaving the block closes what it
     opened: the resources it provisioned stop. Samples answer Tinker 0.38's ``sequence_id``
     (``None``: Post-Training names no sequence, so the cookbook 0.6's ``rl/data_processing.py``
-    attaches no provenance), and its provenance span classes exist, checked as Tinker checks them."""
+    attaches no provenance), futures have ``.coroutine()``, ``record_stability_info=True`` (for
+    Tinker's ``stable_reinforce``, not served) is refused, and Tinker 0.38's provenance span
+    classes exist, checked as Tinker checks them."""
     before = running_resources()
     span = tinker.SampledProvenanceSpan(sequence_id="s", length=2)
     assert (span.offset, span.length) == (0, 2)
@@ -252,8 +254,10 @@ def test_tinker_038_shape_as_the_cookbook_writes_it(rl_emulator: EmulatorHandle)
             params = types.SamplingParams(max_tokens=3, stop=[tokenizer.eos_token_id])
             sampled = [
                 await sampler.sample_async(prompt, 2, params),
-                await sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)),
+                await sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).coroutine(),
             ]
+            with pytest.raises(NotImplementedError, match="loss_fn='importance_sampling'"):
+                service.create_sampling_client(base_model=MODEL, record_stability_info=True)
             seqs = [seq for response in sampled for seq in response.sequences]
             assert len(seqs) == 3 and all(seq.sequence_id is None for seq in seqs), seqs
             return running_resources() - before, losses

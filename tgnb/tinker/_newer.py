@@ -8,7 +8,8 @@ its ``stable_reinforce`` loss needs. The cookbook since 0.6 (``rl/data_processin
 The Post-Training API names no sampled sequence and takes no provenance (nor that loss), so this
 layer answers what Tinker documents for a sequence without an id: ``sequence_id`` is ``None``
 on every sequence it samples, and the cookbook then attaches no provenance (as it does for a
-custom completer's samples). The span classes are Tinker 0.38's own where the installed
+custom completer's samples). ``record_stability_info=`` (what 0.38's sampling clients record for
+that loss) is accepted when false and refused when true. The span classes are Tinker 0.38's own where the installed
 ``tinker`` has them, else the same frozen dataclasses (fields and checks) defined here.
 """
 
@@ -62,6 +63,16 @@ def identified(response: types.SampleResponse) -> types.SampleResponse:
         for seq in response.sequences
     ]
     return dataclasses.replace(response, sequences=sequences)
+
+
+def no_stability_info(record_stability_info: bool) -> None:
+    """Refuse Tinker 0.38's ``record_stability_info=True``: nothing here would read it."""
+    if record_stability_info:
+        raise NotImplementedError(
+            "record_stability_info=True records what Tinker's stable_reinforce loss trains on, "
+            "which Post-Training does not serve: train with loss_fn='importance_sampling' "
+            "(or 'ppo', 'cispo')"
+        )
 
 
 NEWER: dict[str, Any] = {
