@@ -127,7 +127,8 @@ def test_cookbook_rl_train_through_math_rl(
     proc = run_recipe(module, args, log_path)
     assert "Training completed successfully" in proc.stderr + proc.stdout
     metrics = jsonl(log_path / "metrics.jsonl")
-    assert metrics and all("env/all/reward/total" in m for m in metrics)
+    steps = [m for m in metrics if "env/all/reward/total" in m]  # 0.6 adds a final row
+    assert len(steps) == 4, metrics
     if off_policy is not None:
-        assert all("kl_policy_base" in m for m in metrics[:-1]), metrics[0].keys()
+        assert all("kl_policy_base" in m for m in steps), steps[0].keys()
     assert_checkpoints_served(rl_emulator, log_path)
