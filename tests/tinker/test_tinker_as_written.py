@@ -222,8 +222,16 @@ def test_tinker_038_shape_as_the_cookbook_writes_it(rl_emulator: EmulatorHandle)
     ServiceClient(..., display_name=...) as service_client:`` and ``await
     service_client.create_lora_training_client(...)`` (a future of the client that is also the
     client; ``.result()`` answers it too). The clients work, and leaving the block closes what it
-    opened: the resources it provisioned stop."""
+    opened: the resources it provisioned stop. Samples answer Tinker 0.38's ``sequence_id``
+    (``None``: Post-Training names no sequence, so the cookbook 0.6's ``rl/data_processing.py``
+    attaches no provenance), futures have ``.coroutine()``, ``record_stability_info=True`` (for
+    Tinker's ``stable_reinforce``, not served) is refused, and Tinker 0.38's provenance span
+    classes exist, checked as Tinker checks them."""
     before = running_resources()
+    span = tinker.SampledProvenanceSpan(sequence_id="s", length=2)
+    assert (span.offset, span.length) == (0, 2)
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        tinker.PromptProvenanceSpan(sequence_id="s", length=-1)
 
     async def main() -> tuple[set[str], list[float]]:
         with tinker.ServiceClient(user_metadata={"k": "v"}, display_name="sl-run") as service:
@@ -242,6 +250,16 @@ def test_tinker_038_shape_as_the_cookbook_writes_it(rl_emulator: EmulatorHandle)
                 losses.append((await fwd).metrics["loss:sum"])
             sampler = await service.create_sampling_client(base_model=MODEL)
             assert sampler.result() is sampler
+            prompt = types.ModelInput.from_ints(tokenizer.encode("English: hi\nPig Latin:"))
+            params = types.SamplingParams(max_tokens=3, stop=[tokenizer.eos_token_id])
+            sampled = [
+                await sampler.sample_async(prompt, 2, params),
+                await sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).coroutine(),
+            ]
+            with pytest.raises(NotImplementedError, match="loss_fn='importance_sampling'"):
+                service.create_sampling_client(base_model=MODEL, record_stability_info=True)
+            seqs = [seq for response in sampled for seq in response.sequences]
+            assert len(seqs) == 3 and all(seq.sequence_id is None for seq in seqs), seqs
             return running_resources() - before, losses
 
     during, losses = asyncio.run(main())
@@ -333,6 +351,7 @@ def test_install_answers_the_layer_and_gives_tinker_back() -> None:
         assert now is module and tinker.install() is module  # idempotent
         assert now.ServiceClient is tinker.ServiceClient and now.Datum is types.Datum
         assert now_types is types and now.TinkerError is before.TinkerError
+        assert now.SampledProvenanceSpan is tinker.SampledProvenanceSpan
     finally:
         tinker.uninstall()
     import tinker as after

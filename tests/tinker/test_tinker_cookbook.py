@@ -7,13 +7,13 @@ unchanged, run with ``python -m tgnb.tinker -m <recipe>`` on the emulator daemon
   periodic saves;
 - its RL trainer (``rl/train.py``, through ``recipes.math_rl.train`` with ``env=arithmetic``,
   whose problems the cookbook generates itself), with periodic saves, on-policy and with
-  ``max_steps_off_policy=1`` (the asynchronous trainer).
+  ``max_steps_off_policy=1`` (the asynchronous trainer) and a KL penalty.
 
 The cookbook's modules ``import tinker`` themselves; nothing of theirs is patched. Nothing is
 faked. The cookbook is not a dependency of tgnb (it needs packages tgnb does not pin): the module
-is skipped where it is not installed. Its RL modules since 0.5.8 are written against Tinker 0.34+
-(0.6.1: Tinker 0.38's provenance spans, futures of clients), newer than the ``tinker`` the SDK's
-layer is built on; those runs are skipped, saying so, where the installed cookbook asks for it.
+is skipped where it is not installed. 0.5.7 (written for Tinker 0.23) and 0.6.1 (for Tinker 0.38:
+its sequence ids, provenance spans and ``record_stability_info``, which the layer answers) both
+run here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +39,12 @@ COMMON = [f"model_name={MODEL}", "renderer_name=role_colon", "lora_rank=8", "eva
 
 
 def run_recipe(module: str, args: list[str], log_path: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m tgnb.tinker -m <module> args...``: the recipe's own command line."""
+    """``python -m tgnb.tinker -m <module> args...``: the recipe's own command line (or
+    ``python -m tgnb.tinker <script> args...`` for a script's path)."""
     argv = [*COMMON, *args, f"log_path={log_path}", "behavior_if_log_dir_exists=delete"]
+    entry = [module] if module.endswith(".py") else ["-m", module]
     proc = subprocess.run(
-        [sys.executable, "-m", "tgnb.tinker", "-m", module, *argv],
+        [sys.executable, "-m", "tgnb.tinker", *entry, *argv],
         cwd=log_path.parent,
         capture_output=True,
         text=True,
@@ -83,39 +84,51 @@ def test_cookbook_chat_sl_recipe(rl_emulator: EmulatorHandle, tmp_path: Path) ->
     assert_checkpoints_served(rl_emulator, log_path)
 
 
-def rl_needs_newer_tinker() -> str | None:
-    """Why the installed cookbook's RL modules cannot run on this layer, if they cannot."""
-    from packaging.requirements import Requirement
+KL_ENTRY = """
+# math_rl's own CLI, with the KL penalty's reference model set: the recipe passes
+# kl_penalty_coef on but never kl_reference_config, which rl/train.py requires with it.
+import asyncio
 
-    for spec in metadata.requires("tinker-cookbook") or []:
-        req = Requirement(spec)
-        tinker_version = metadata.version("tinker")
-        if req.name == "tinker" and req.marker is None and tinker_version not in req.specifier:
-            return (
-                f"tinker-cookbook {metadata.version('tinker-cookbook')} asks for {req}; its RL "
-                f"modules use that Tinker's API, tgnb's layer serves tinker {tinker_version}'s "
-                "(tinker-cookbook<=0.5.7 runs here)"
-            )
-    return None
+import chz
+import tinker_cookbook.recipes.math_rl.train as recipe
+from tinker_cookbook.rl.train import KLReferenceConfig
+
+recipe_main = recipe.main
 
 
-@pytest.mark.parametrize("off_policy", [None, 1], ids=["on-policy", "off-policy-1"])
+async def main(config):
+    reference = KLReferenceConfig(base_model=config.model_name)
+    await recipe_main(chz.replace(config, kl_reference_config=reference))
+
+
+recipe.main = main
+asyncio.run(recipe.cli_main(chz.entrypoint(recipe.CLIConfig)))
+"""
+
+
+@pytest.mark.parametrize("off_policy", [None, 1], ids=["on-policy", "off-policy-1-kl"])
 def test_cookbook_rl_train_through_math_rl(
     rl_emulator: EmulatorHandle, tmp_path: Path, off_policy: int | None
 ) -> None:
     """The cookbook's ``rl/train.py`` through ``recipes.math_rl.train env=arithmetic``: 4 steps
     of groups of 4, a periodic save every 2 steps (then the sync ``create_sampling_client`` on
-    the saved path, inside the trainer's event loop), on-policy and one step off-policy."""
-    reason = rl_needs_newer_tinker()
-    if reason:
-        pytest.skip(reason)
+    the saved path, inside the trainer's event loop), on-policy, and one step off-policy with a
+    KL penalty against the base model (through a four-line entry script: the recipe's CLI
+    cannot set the reference model the penalty needs). ``loss_fn=importance_sampling``: 0.6's
+    default, Tinker 0.38's ``stable_reinforce``, is not a Post-Training loss."""
     log_path = tmp_path / "rl"
     args = ["env=arithmetic", "group_size=4", "groups_per_batch=2", "max_tokens=5"]
-    args += ["learning_rate=1e-3", "max_steps=4", "save_every=2"]
+    args += ["learning_rate=1e-3", "max_steps=4", "save_every=2", "loss_fn=importance_sampling"]
+    module = "tinker_cookbook.recipes.math_rl.train"
     if off_policy is not None:
-        args.append(f"max_steps_off_policy={off_policy}")
-    proc = run_recipe("tinker_cookbook.recipes.math_rl.train", args, log_path)
+        args += [f"max_steps_off_policy={off_policy}", "kl_penalty_coef=0.1"]
+        module = str(tmp_path / "math_rl_kl.py")
+        Path(module).write_text(KL_ENTRY)
+    proc = run_recipe(module, args, log_path)
     assert "Training completed successfully" in proc.stderr + proc.stdout
     metrics = jsonl(log_path / "metrics.jsonl")
-    assert metrics and all("env/all/reward/total" in m for m in metrics)
+    steps = [m for m in metrics if "env/all/reward/total" in m]  # 0.6 adds a final row
+    assert steps, metrics
+    if off_policy is not None:
+        assert all("kl_policy_base" in m for m in steps), steps[0].keys()
     assert_checkpoints_served(rl_emulator, log_path)

@@ -58,6 +58,10 @@ What it still cannot serve, and why:
   sampling saved weights opens a session (on the service client's shared resources).
 - ``get_telemetry`` answers ``None``; ``SamplingClient.create`` (an internal holder-based
   constructor) and ``on_queue_state_change`` (Tinker's queue notices) have no counterpart.
+- Tinker 0.38's provenance (``Datum.with_provenance``, the ``stable_reinforce`` loss): the API
+  takes none. Sampled sequences answer ``sequence_id = None`` and the span classes exist
+  (`tgnb.tinker._newer`), so code written for 0.38 that attaches provenance only to sequences
+  with an id (the cookbook 0.6) runs without it.
 - ``load_state`` runs when called (its future is already resolved): collect what was submitted
   before it first, as a Tinker script does.
 """
@@ -70,6 +74,7 @@ import tinker as _genuine
 from together.post_training.tinker import APIFuture, types
 
 from tgnb.tinker._install import install, installed, uninstall
+from tgnb.tinker._newer import NEWER
 from tgnb.tinker._sampling import SamplingClient
 from tgnb.tinker._service import ServiceClient
 from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
@@ -93,10 +98,12 @@ def __getattr__(name: str) -> Any:
     """Tinker's types (``tinker.Datum``, ``tinker.AdamParams``, ...) and its error classes."""
     if hasattr(types, name):
         return getattr(types, name)
+    if name in NEWER:
+        return NEWER[name]
     if name.endswith("Error") and hasattr(_genuine, name):
         return getattr(_genuine, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*__all__, *dir(types)})
+    return sorted({*__all__, *dir(types), *NEWER})

@@ -32,6 +32,7 @@ def install() -> types.ModuleType:
 
     if installed():
         return current
+    from tgnb.tinker._newer import NEWER
     from tgnb.tinker._sampling import SamplingClient
     from tgnb.tinker._service import ServiceClient
     from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
@@ -50,6 +51,7 @@ def install() -> types.ModuleType:
         __tgnb_layer__=True,
         __tgnb_genuine__=current,
     )
+    module.__dict__.update({k: v for k, v in NEWER.items() if k not in module.__dict__})
     sys.modules["tinker"] = module
     return module
 

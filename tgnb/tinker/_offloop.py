@@ -76,6 +76,10 @@ class OffLoopFuture:
     def __await__(self) -> Generator[Any, None, Any]:
         return self.result_async().__await__()
 
+    async def coroutine(self) -> Any:
+        """Tinker 0.38's: this future as a coroutine (for ``asyncio.create_task`` and the like)."""
+        return await self
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

@@ -25,6 +25,7 @@ from together.post_training.tinker import SamplingClient as _SdkSamplingClient
 from together.post_training.tinker import types
 
 from tgnb.tinker._mapped import Mapped
+from tgnb.tinker._newer import identified
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._stops import cut_at_stops, split_stops
@@ -53,7 +54,8 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         state = {f.name: getattr(sdk, f.name) for f in dataclasses.fields(sdk) if f.init}
         return cls(**state, _base_model=base_model)
 
-    # -- sampling: token-id stops honoured (`tgnb.tinker._stops`) ----------------------------
+    # -- sampling: token-id stops honoured (`tgnb.tinker._stops`), Tinker 0.38's sequence ids
+    # (`tgnb.tinker._newer`) ----------------------------------------------------------------
     def sample(
         self,
         prompt: types.ModelInput,
@@ -66,9 +68,7 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         future = super().sample(
             prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
         )
-        if ids:
-            return self._kept(Mapped(lambda r: cut_at_stops(r, ids), future))
-        return self._kept(future)
+        return self._kept(Mapped(lambda r: _as_tinker(r, ids), future))
 
     def compute_logprobs(self, prompt: types.ModelInput) -> Any:
         return self._kept(super().compute_logprobs(prompt))
@@ -90,7 +90,7 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         response = await super().sample_async(
             prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
         )
-        return cut_at_stops(response, ids) if ids else response
+        return _as_tinker(response, ids)
 
     def get_base_model(self) -> str:
         """The base model this client samples (read from its session's record)."""
@@ -160,3 +160,9 @@ def open_sampler(
     client = SamplingClient(session, _base_model=base_model, _release=release)
     weakref.finalize(client, _release_dropped, release).atexit = False  # exit: Release's hook
     return client
+
+
+def _as_tinker(response: types.SampleResponse, ids: frozenset[int]) -> types.SampleResponse:
+    """A sample's response as Tinker answers it: cut at its token-id stops, each sequence with
+    its ``sequence_id``."""
+    return identified(cut_at_stops(response, ids) if ids else response)

@@ -17,6 +17,7 @@ from typing import Any
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
 from together.post_training.tinker import types
 
+from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
@@ -179,9 +180,11 @@ class ServiceClient(_SdkServiceClient):
         model_path: str | None = None,
         base_model: str | None = None,
         retry_config: Any = None,
+        record_stability_info: bool = False,
     ) -> SamplingClient:
         """A sampler on saved weights (`model_path`, from ``save_state`` or
         ``save_weights_for_sampler``) or on `base_model`; it owns a session (see `_sampling`)."""
+        no_stability_info(record_stability_info)
         sampler = open_sampler(self._conn, self._pool, model_path=model_path, base_model=base_model)
         self._samplers = [*(r for r in self._samplers if r() is not None), weakref.ref(sampler)]
         return sampler
@@ -191,9 +194,10 @@ class ServiceClient(_SdkServiceClient):
         model_path: str | None = None,
         base_model: str | None = None,
         retry_config: Any = None,
+        record_stability_info: bool = False,
     ) -> SamplingClient:
         return await asyncio.to_thread(
-            self.create_sampling_client, model_path, base_model, retry_config
+            self.create_sampling_client, model_path, base_model, retry_config, record_stability_info
         )
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:

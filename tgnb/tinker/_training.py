@@ -30,6 +30,7 @@ from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
 from tgnb.tinker._mapped import Mapped
+from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._outputs import excluded, filled, scoring_data
 from tgnb.tinker._pool import MAX_SESSIONS, ResourcePool
@@ -249,16 +250,26 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         return Then(state, await super().save_weights_for_sampler_async(name, ttl_seconds))
 
     def save_weights_and_get_sampling_client(
-        self, name: str | None = None, retry_config: Any = None, **kwargs: Any
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        **kwargs: Any,
     ) -> SamplingClient:
         # `name` is deprecated on Tinker ("has no effect"), so it is not passed on to be warned about
+        no_stability_info(record_stability_info)
         self._onto_a_generator()
         sdk = super().save_weights_and_get_sampling_client(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
 
     async def save_weights_and_get_sampling_client_async(
-        self, name: str | None = None, retry_config: Any = None, **kwargs: Any
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        **kwargs: Any,
     ) -> SamplingClient:
+        no_stability_info(record_stability_info)
         await asyncio.to_thread(self._onto_a_generator)
         sdk = await super().save_weights_and_get_sampling_client_async(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
@@ -286,12 +297,17 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         if old is not None:
             old.close()
 
-    def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
+    def create_sampling_client(
+        self, model_path: str, retry_config: Any = None, record_stability_info: bool = False
+    ) -> SamplingClient:
         """A sampler on the weights saved at `model_path` (a session of its own)."""
+        no_stability_info(record_stability_info)
         pool = self._pool or ResourcePool(self._conn)
         return open_sampler(self._conn, pool, model_path=model_path, base_model=None)
 
     async def create_sampling_client_async(
-        self, model_path: str, retry_config: Any = None
+        self, model_path: str, retry_config: Any = None, record_stability_info: bool = False
     ) -> SamplingClient:
-        return await asyncio.to_thread(self.create_sampling_client, model_path, retry_config)
+        return await asyncio.to_thread(
+            self.create_sampling_client, model_path, retry_config, record_stability_info
+        )
