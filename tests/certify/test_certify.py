@@ -90,15 +90,17 @@ def test_a_ddp_checkpointer_script_is_certified_through_a_shrink(session: Sessio
 @pytest.mark.slow
 def test_a_trl_trainer_with_protect_is_certified(session: Session, tmp_path: Path) -> None:
     """TRL's SFTTrainer quickstart plus protect (tests/session/user_workdir) on the built-in tiny
-    model, under the whole schedule."""
+    model, under a preemption with notice at a random step and a kill with no notice (the loop test
+    drives the whole schedule; two events keep this TRL run's cost down)."""
     from tgnb.tasks import assets
 
     workdir = user_workdir(tmp_path)
     cert = session.certify("train.py", args=["--model", assets.resolve_model("tiny"),
-                           "--max-steps", "40"], workdir=workdir, seed=3, budget_s=500)  # fmt: skip
+                           "--max-steps", "40"], workdir=workdir, seed=3, budget_s=500,
+                           events=["random-step", "kill"])  # fmt: skip
     print(cert)
     assert cert.safe and cert.exit_code == 0, str(cert)
-    assert [ev.kind for ev in cert.events] == ["setup", "first-save", "random-step", "kill"]
+    assert [ev.kind for ev in cert.events] == ["random-step", "kill"], str(cert)
 
 
 @pytest.mark.slow
@@ -106,12 +108,13 @@ def test_a_command_is_certified_from_the_cli(capsys: pytest.CaptureFixture[str])
     """``tgnb certify --command ...`` as a user types it: the Checkpointer loop started by a
     command of its own (not a script tgnb launches), on a fresh emulator the CLI starts and stops."""
     line = f"{sys.executable} loop.py --max-steps 60"
-    code = main(["--command", line, "--workdir", str(WORKDIR), "--seed", "3", "--budget-s", "400"])
+    code = main(["--command", line, "--workdir", str(WORKDIR), "--seed", "3", "--budget-s", "400",
+                 "--events", "first-save,kill"])  # fmt: skip
     out = capsys.readouterr().out
     print(out)
     assert code == 0, out
     assert f"\ntgnb certify {line}: SAFE" in out, out  # after the emulator's start line
-    assert out.count("  done      ") == 4 and "final state: bitwise" in out, out
+    assert out.count("  done      ") == 2 and "final state: bitwise" in out, out
 
 
 def test_certify_refuses_bad_input(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
