@@ -92,7 +92,7 @@ async def test_server_bodies_and_fields_refused(
         except ValueError:
             message = None
         ok = code == status and isinstance(message, str) and "\n" not in message
-        ok = ok and word in (message or "") and len(text) < 5000 and took < 30
+        ok = ok and word in (message or "") and len(text) < 5000  # a hang: request_timeout
         ok = ok and str(emu.home) not in text and "runs.sqlite" not in text
         record(ok, server_error=code >= 500, secret=leaked)
         if not ok or leaked:
