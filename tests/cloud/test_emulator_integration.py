@@ -105,7 +105,7 @@ def test_events_are_incremental_across_a_preemption(emulator: EmulatorHandle) ->
         reasons = [(e.reason, e.node) for e in cluster.events()]
         return (PREEMPTED, victim) in reasons and sum(r == NODE_ADDED for r, _ in reasons) >= 3
 
-    emulator.wait_for(removed_and_replaced, timeout=60, interval=0.1)
+    wait_until(removed_and_replaced, timeout=60, every=0.1)
     later = cluster.poll_events()
     reasons = [e.reason for e in later]
     assert PREEMPTION_NOTIFIED not in reasons  # not handed out twice

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb import prelaunch
 from tgnb.cloud import ClusterState
 from tgnb.cloud.rates import estimate
@@ -106,9 +107,7 @@ def test_the_rate_of_a_trace_withdrawal_on_the_emulator_over_http(
     emulator.set_capacity_trace(
         [{"at_s": 0, "gpus": 16}, {"at_s": 100, "gpus": 8}], cluster_id=cluster.id
     )
-    emulator.wait_for(
-        lambda: PREEMPTION_NOTIFIED in {e.reason for e in cluster.events()}, timeout=30
-    )
+    wait_until(lambda: PREEMPTION_NOTIFIED in {e.reason for e in cluster.events()}, timeout=30)
     snap = cluster.state()
     rate = cluster.preemption_rate(0.5, snap)
     nodes = [n for n in emulator.nodes(cluster.id) if n["kind"] == "preemptible"]

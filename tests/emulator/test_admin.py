@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import tgnb
+from tests.conftest import wait_until
 from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.testing import EmulatorHandle
 
@@ -34,7 +35,7 @@ def test_admin_client_takes_the_sdk_base_url_and_checks_the_key(emulator: Emulat
 def test_admin_client_preempts_and_releases_a_node(sdk: Any, emulator: EmulatorHandle) -> None:
     cid = create(sdk, cluster_name="admin-c", num_preemptible_gpus=8, project_id="p").cluster_id
     with AdminClient(emulator.base_url, emulator.api_key) as admin:
-        emulator.wait_for(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
+        wait_until(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
         victim = admin.preempt(cid)
         assert victim["kind"] == "preemptible" and victim["state"] == "draining"
         released = admin.release(cid, victim["name"])

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator import daemon
 from tgnb.emulator.admin import AdminClient
 from tgnb.emulator.testing import EmulatorHandle
@@ -149,7 +150,7 @@ def test_the_admin_route_sets_reads_and_ends_a_trace_over_http(
 ) -> None:
     """At the fixture's 0.01 scale: 300 s of trace are 3 s, the drain window 3 s, provisioning 0.6 s."""
     cid = create(sdk, cluster_name="trace-c", num_preemptible_gpus=16, project_id="p").cluster_id
-    emulator.wait_for(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 16)
+    wait_until(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 16)
     with AdminClient(emulator.base_url, emulator.api_key) as admin:
         got = admin.set_capacity_trace(
             [{"at_s": 0, "gpus": 16}, {"at_s": 300, "gpus": 8}, {"at_s": 900, "gpus": None}],
@@ -161,12 +162,10 @@ def test_the_admin_route_sets_reads_and_ends_a_trace_over_http(
         def reasons() -> list[str]:
             return [e.reason for e in sdk.clusters.retrieve(cid).node_lifecycle_events]
 
-        emulator.wait_for(lambda: PREEMPTED in reasons(), timeout=30)
+        wait_until(lambda: PREEMPTED in reasons(), timeout=30)
         assert reasons().count(PREEMPTION_NOTIFIED) == 1
         assert sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8
-        emulator.wait_for(
-            lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 16, timeout=30
-        )
+        wait_until(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 16, timeout=30)
         for bad, says in (
             ({"segments": [{"at_s": 0, "gpus": "8"}]}, "gpus (or null) must be an integer"),
             ({"segments": [{"at_s": 0, "gpus": 8}], "cluster_id": "missing"}, "not found"),

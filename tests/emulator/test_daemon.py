@@ -96,7 +96,7 @@ def test_state_survives_a_restart_with_a_pending_drain_window(tmp_path: Path) ->
     with running_emulator(tmp_path, time_scale=0.01, drain_window_s=600) as emu:
         sdk = together.Together(base_url=emu.base_url, api_key=emu.api_key, max_retries=0)
         cid = create(sdk, num_preemptible_gpus=8, project_id="p").cluster_id
-        emu.wait_for(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
+        wait_until(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
         victim = emu.preempt(cid)
         first_pid = emu.pid
     assert not daemon.status(tmp_path).running
@@ -110,14 +110,14 @@ def test_state_survives_a_restart_with_a_pending_drain_window(tmp_path: Path) ->
         assert ("TogetherPreemptionNotified", victim["name"]) in reasons
         node = next(n for n in emu.nodes(cid) if n["name"] == victim["name"])
         assert node["deadline"] == victim["deadline"]  # the same deadline, not a new window
-        emu.wait_for(
+        wait_until(
             lambda: any(
                 e.reason == "TogetherPreempted"
                 for e in sdk.clusters.retrieve(cid).node_lifecycle_events or []
             ),
             timeout=60,
         )
-        emu.wait_for(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
+        wait_until(lambda: sdk.clusters.retrieve(cid).allocated_preemptible_gpus == 8)
 
 
 def test_serve_runs_in_the_foreground_until_sigterm(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import together
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 
 from .conftest import create
@@ -49,7 +50,7 @@ def test_allocated_rises_toward_desired(sdk: together.Together, emulator: Emulat
         seen.append(_allocated(sdk, cluster.cluster_id))
         return seen[-1] == 24
 
-    emulator.wait_for(full, timeout=60)
+    wait_until(full, timeout=60)
     assert seen == sorted(seen)  # never goes down while nothing is preempted
     assert seen[0] < 24
     nodes = sdk.clusters.retrieve(cluster.cluster_id).gpu_worker_nodes
@@ -63,7 +64,7 @@ def test_preemption_notice_then_removal_then_replacement(
 ) -> None:
     cluster = create(sdk, num_preemptible_gpus=8, project_id="p")
     cid = cluster.cluster_id
-    emulator.wait_for(lambda: _allocated(sdk, cid) == 8)
+    wait_until(lambda: _allocated(sdk, cid) == 8)
     victim = emulator.preempt(cid)
     assert victim["state"] == "draining" and victim["deadline"]
 
@@ -77,7 +78,7 @@ def test_preemption_notice_then_removal_then_replacement(
         names = {n.node_id for n in sdk.clusters.retrieve(cid).gpu_worker_nodes}
         return victim["name"] not in names and _allocated(sdk, cid) == 8
 
-    emulator.wait_for(replaced, timeout=60)
+    wait_until(replaced, timeout=60)
     got = sdk.clusters.retrieve(cid)
     events = sorted(got.node_lifecycle_events or [], key=lambda e: e.timestamp)
     story = [(e.reason, e.node_id) for e in events if e.node_id.startswith("gpu-preemptible")]
@@ -98,7 +99,7 @@ def test_notice_and_removed_files_for_the_workload_plane(
     sdk: together.Together, emulator: EmulatorHandle
 ) -> None:
     cid = create(sdk, num_preemptible_gpus=8, project_id="p").cluster_id
-    emulator.wait_for(lambda: _allocated(sdk, cid) == 8)
+    wait_until(lambda: _allocated(sdk, cid) == 8)
     victim = emulator.preempt(cid)
     node_dir = Path(victim["dir"])
     assert node_dir.parent.parent == emulator.state_dir
@@ -109,7 +110,7 @@ def test_notice_and_removed_files_for_the_workload_plane(
     assert not (node_dir / "removed.json").exists()
     removed_file = node_dir / "removed.json"
     # no request in between: the emulator's clock removes the node on its own
-    emulator.wait_for(removed_file.exists, timeout=60)
+    wait_until(removed_file.exists, timeout=60)
     removed = json.loads(removed_file.read_text())
     assert removed["reason"] == "TogetherPreempted" and removed["node"] == victim["name"]
     states = {n["name"]: n["state"] for n in emulator.nodes(cid)}
@@ -121,19 +122,19 @@ def test_capacity_cap_keeps_allocated_below_desired(
 ) -> None:
     emulator.set_capacity(16)
     cid = create(sdk, num_preemptible_gpus=32, project_id="p").cluster_id
-    emulator.wait_for(lambda: _allocated(sdk, cid) == 16, timeout=60)
+    wait_until(lambda: _allocated(sdk, cid) == 16, timeout=60)
     # no node is even provisioning beyond the cap
     kinds = [n for n in emulator.nodes(cid) if n["kind"] == "preemptible"]
     assert [n["state"] for n in kinds] == ["running", "running"]
     got = sdk.clusters.retrieve(cid)
     assert (got.desired_preemptible_gpus, got.allocated_preemptible_gpus) == (32, 16)
     emulator.set_capacity(None)  # capacity frees up: the target is reached
-    emulator.wait_for(lambda: _allocated(sdk, cid) == 32, timeout=60)
+    wait_until(lambda: _allocated(sdk, cid) == 32, timeout=60)
 
 
 def test_lowering_the_target_scales_down(sdk: together.Together, emulator: EmulatorHandle) -> None:
     cid = create(sdk, num_preemptible_gpus=16, project_id="p").cluster_id
-    emulator.wait_for(lambda: _allocated(sdk, cid) == 16, timeout=60)
+    wait_until(lambda: _allocated(sdk, cid) == 16, timeout=60)
     after = sdk.clusters.update(cid, num_preemptible_gpus=8)
     assert after.allocated_preemptible_gpus == 8
     reasons = [e.reason for e in after.node_lifecycle_events or []]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 
 pytestmark = pytest.mark.skipif(shutil.which("tg") is None, reason="the tg CLI is not installed")
@@ -55,9 +56,7 @@ def test_seed_commands_show_desired_and_allocated(emulator: EmulatorHandle) -> N
     assert got["desired_preemptible_gpus"] == 16
     assert 0 <= got["allocated_preemptible_gpus"] <= 16
     # wait through the admin view (cheap), then read it back through tg once more
-    emulator.wait_for(
-        lambda: sum(n["state"] == "running" for n in emulator.nodes(cid)) == 3, timeout=90
-    )
+    wait_until(lambda: sum(n["state"] == "running" for n in emulator.nodes(cid)) == 3, timeout=90)
     assert retrieve()["allocated_preemptible_gpus"] == 16
 
     sent = [(e["method"], e["path"], e["body"]) for e in emulator.requests()]

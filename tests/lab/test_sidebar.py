@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import together
 
+from tests.conftest import wait_until
+
 from .conftest import REPO, Lab
 
 STANDIN_DIR = REPO / "tests" / "backends" / "local"
@@ -69,7 +71,7 @@ def test_sidebar_renders_scales_and_notifies_preemption(
         shot("02-confirm-scale")
         assert target_and_id(lab)[0] == 0, "nothing is sent before the confirmation"
         dialog.locator("button.jp-mod-accept").click()
-        lab.emulator.wait_for(lambda: target_and_id(lab)[0] == 16, timeout=30)
+        wait_until(lambda: target_and_id(lab)[0] == 16, timeout=30)
         page.locator('#tgnb-sidebar .tgnb-capacity-text[data-allocated="16"]').wait_for()
         shot("03-scaled")
 
@@ -77,7 +79,7 @@ def test_sidebar_renders_scales_and_notifies_preemption(
         # preempted: a preemption toast, then a "resumed" toast when it restarts elsewhere
         run = launch_standin(lab, monkeypatch)
         runs.append(run)
-        lab.emulator.wait_for(lambda: run.records("metrics") and run.status.nodes, timeout=60)
+        wait_until(lambda: run.records("metrics") and run.status.nodes, timeout=60)
         node = run.status.nodes[0]
         sidebar.locator('.tgnb-run[data-run="lab-run"]').wait_for()
         _, cluster_id = target_and_id(lab)

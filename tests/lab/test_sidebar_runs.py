@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
+
 from .conftest import REPO, Lab
 
 STANDIN_DIR = REPO / "tests" / "backends" / "local"
@@ -51,7 +53,7 @@ def test_runs_order_filter_and_toast_once(
             runs.append(session.launch("grpo", name=name, max_steps=2))
             runs[-1].wait(timeout=90, progress=False)
             time.sleep(1.1)
-        lab.emulator.wait_for(lambda: runs[0].status.nodes, timeout=60)
+        wait_until(lambda: runs[0].status.nodes, timeout=60)
 
         page.goto(f"{lab.url}lab?token={lab.token}")
         page.locator('.jp-SideBar [data-id="tgnb-sidebar"]').click()

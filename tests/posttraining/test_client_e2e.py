@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import tgnb
+from tests.conftest import wait_until
 from tgnb import events as ev
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.errors import ApiError, ValidationError
@@ -136,7 +137,7 @@ def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_pa
     assert {s.status for s in res.sessions()} <= {"STOPPED", "STOPPING"}
     final = res.cost()
     assert final.stopped_at is not None
-    emu.wait_for(lambda: not live._poller.running, timeout=30)
+    wait_until(lambda: not live._poller.running, timeout=30)
     assert live.finished and "STOPP" in live.header.value
     live.close()
 

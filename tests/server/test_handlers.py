@@ -12,7 +12,7 @@ import pytest
 import together
 from tornado.httpclient import HTTPClientError
 
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import PREEMPTION_NOTIFIED, RUN_RESUMED
 from tgnb.events import TARGET_CHANGED as TARGET
@@ -143,10 +143,10 @@ async def test_event_stream_pushes_preemption_and_run_resume(
     done = session.scale(preemptible=8, wait=True, timeout=60, poll=0.2)
     assert done, done
     run = session.launch("grpo", name="sse-run", max_steps=400)
-    emu.wait_for(lambda: run.records("metrics"), timeout=60)
+    wait_until(lambda: run.records("metrics"), timeout=60)
     node = run.status.nodes[0]
     emu.preempt(session.cluster.id, node)
-    emu.wait_for(lambda: any(e.reason == RUN_RESUMED for e in run.run_events()), timeout=90)
+    wait_until(lambda: any(e.reason == RUN_RESUMED for e in run.run_events()), timeout=90)
 
     seen: list[dict[str, Any]] = []
 

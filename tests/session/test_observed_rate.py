@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import yaml
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import PREEMPTION_NOTIFIED
 from tgnb.session import Session
@@ -17,7 +18,7 @@ def test_launch_puts_the_observed_rate_and_its_source_in_the_runs_config(
 ) -> None:
     cluster_id = session.cluster.id
     emu.preempt(cluster_id)
-    emu.wait_for(lambda: PREEMPTION_NOTIFIED in {e.reason for e in session.cluster.events()})
+    wait_until(lambda: PREEMPTION_NOTIFIED in {e.reason for e in session.cluster.events()})
     text = session.launch(
         "grpo", max_steps=5, checkpoint={"auto": True, "preemptions_per_hour": 0.5}, dry_run=True
     )

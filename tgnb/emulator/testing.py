@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +68,6 @@ class EmulatorHandle(AdminClient):
         kwargs.setdefault("base_url", self.base_url)
         kwargs.setdefault("api_key", self.api_key)
         return together.Together(**kwargs)
-
-    def wait_for(
-        self, predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05
-    ) -> Any:
-        """Poll `predicate` until it returns something truthy; raise TimeoutError at `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"condition not met within {timeout}s")
-            time.sleep(interval)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import together
 
+from tests.conftest import wait_until
 from tgnb.emulator.models import REMOVED
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import parse_time
@@ -196,7 +197,7 @@ def test_health_answers_while_a_forward_backward_runs(rl_emulator: EmulatorHandl
         result: list[httpx.Response] = []
         worker = threading.Thread(target=lambda: result.append(op(c, sid, "forward-backward", big)))
         worker.start()
-        rl_emulator.wait_for(lambda: rl_emulator.health()["rl_operations_running"] or result)
+        wait_until(lambda: rl_emulator.health()["rl_operations_running"] or result)
         during = []  # latencies of health answers that saw the forward-backward still running
         while True:
             t0 = time.perf_counter()
@@ -292,7 +293,7 @@ def test_queue_position_under_the_shared_gpu_cap(rl_emulator: EmulatorHandle) ->
             assert [g["status"] for g in got] == ["MODEL_RESOURCES_STATUS_PENDING"] * 2
             assert [g["status_details"]["queue_position"] for g in got] == [1, 2]
             c.post(f"{MR}/{first['id']}/stop")
-            rl_emulator.wait_for(
+            wait_until(
                 lambda: (
                     c.get(f"{MR}/{second['id']}").json()["status"] == "MODEL_RESOURCES_STATUS_READY"
                 )
@@ -318,7 +319,7 @@ def test_inactivity_expiry_stops_the_resource(rl_emulator: EmulatorHandle) -> No
         time.sleep(3.5)  # 300 x 0.01 s: the idle time is the user's, not scaled
         assert c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_READY"
         rl_emulator.rl_expire(rid)  # as if the 300 real seconds had passed
-        rl_emulator.wait_for(
+        wait_until(
             lambda: c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_STOPPED",
             timeout=60,
         )
@@ -371,14 +372,14 @@ def test_resources_and_preemptible_nodes_share_the_gpu_cap(rl_emulator: Emulator
             nodes = rl_emulator.nodes(cid)
             return sum(n["kind"] == "preemptible" and n["state"] == "running" for n in nodes)
 
-        rl_emulator.wait_for(preemptible_live)
+        wait_until(preemptible_live)
         with http(rl_emulator) as c:
             rid = c.post(MR, json={"base_model": TINY}).json()["id"]
             got = c.get(f"{MR}/{rid}").json()
             assert got["status"] == "MODEL_RESOURCES_STATUS_PENDING"
             assert got["status_details"]["queue_position"] == 1
             sdk.clusters.update(cid, num_preemptible_gpus=0)
-            rl_emulator.wait_for(
+            wait_until(
                 lambda: c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_READY"
             )
             sdk.clusters.update(cid, num_preemptible_gpus=8)
@@ -386,7 +387,7 @@ def test_resources_and_preemptible_nodes_share_the_gpu_cap(rl_emulator: Emulator
             nodes = rl_emulator.nodes(cid)
             assert not [n for n in nodes if n["kind"] == "preemptible" and n["state"] != REMOVED]
             c.post(f"{MR}/{rid}/stop")
-            rl_emulator.wait_for(preemptible_live)
+            wait_until(preemptible_live)
         sdk.clusters.delete(cid)
     finally:
         rl_emulator.set_capacity(None)

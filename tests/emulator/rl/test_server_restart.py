@@ -14,6 +14,7 @@ import pytest
 import together
 from together.post_training import AdamParams, ModelResourcesClient, Sample, SessionClient
 
+from tests.conftest import wait_until
 from tgnb.emulator.testing import running_emulator
 
 from .conftest import TINY
@@ -68,7 +69,7 @@ def test_sigkill_and_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         client = together.Together()
         pt = client.post_training
         assert pt.model_resources.retrieve(mr.model_resources_id).status.endswith("READY")
-        emu.wait_for(lambda: pt.sessions.retrieve(saved.session_id).status.endswith("RUNNING"))
+        wait_until(lambda: pt.sessions.retrieve(saved.session_id).status.endswith("RUNNING"))
         again = pt.sessions.retrieve(saved.session_id)
         assert str(again.step) == "1"
         assert ckpt.id in again.metadata.to_dict()["emulator_restart"]
