@@ -7,6 +7,7 @@ passed, the broken ones refused with their defect named. Nothing is faked."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -66,15 +67,21 @@ def test_a_lightning_script_without_protect_is_refused(session: Session) -> None
 
 
 @pytest.mark.slow
-def test_a_ddp_checkpointer_script_is_certified_through_a_shrink(session: Session) -> None:
+def test_a_ddp_checkpointer_script_is_certified_through_a_shrink(
+    session: Session, tmp_path: Path
+) -> None:
     """The DDP/FSDP test script of the Checkpointer (tests/train/checkpoint/loop_script.py: the
     same global batch at any world size) on 2 nodes, allowed to shrink to 1, certified on the
     kill (the launcher's workers die too) and the shrink (a 2-node attempt starts slowly here;
     the loop test drives the other events):
     a node preempted whose replacement is not granted, the run resumes on 1 node and ends where
-    the uninterrupted 2-node run ends."""
+    the uninterrupted 2-node run ends. The script is certified from a folder of its own, as a user
+    has it (its test folder holds other tests' fake keys, which a launch refuses to ship)."""
+    workdir = tmp_path / "ddp"
+    workdir.mkdir()
+    shutil.copy(DDP_LOOP / "loop_script.py", workdir)
     cert = session.certify("loop_script.py", args=["--dir", "out", "--steps", "30", "--sleep",
-                           "0.05"], workdir=DDP_LOOP, seed=3, budget_s=400, nodes=2, min_nodes=1,
+                           "0.05"], workdir=workdir, seed=3, budget_s=400, nodes=2, min_nodes=1,
                            events=["kill", "shrink"])  # fmt: skip
     print(cert)
     assert [ev.kind for ev in cert.events] == ["kill", "shrink"]  # the others: the loop test's
