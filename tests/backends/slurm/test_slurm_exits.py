@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,20 +26,17 @@ EXITS = Path(__file__).parents[2] / "session" / "exits_workdir"
 LOOP = EXITS / "loop.py"
 
 
-def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
-    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
-) -> None:
+def submit(
+    tmp_path: Path, cleanup_jobs: list[str], name: str, script: Path, train: dict[str, Any]
+) -> tuple[Any, str, Path]:
+    """`script` copied into a folder of its own and run there as `train` says, on one CPU node
+    with no restart budget (a counted failure would end the run): (backend, job, run dir)."""
     wd = tmp_path / "project"
     wd.mkdir()
-    shutil.copy(LOOP, wd / "loop.py")
-    command = ["torchrun", "--standalone", "--nproc_per_node=1", "loop.py", "--steps", "150"]
+    shutil.copy(script, wd / script.name)
     spec = RunSpec(
-        name="torchrun-drain",
-        train={
-            "algorithm": "script",
-            "command": command,
-            "checkpoint": {"drain_poll_seconds": 0.5},
-        },
+        name=name,
+        train={"algorithm": "script", **train},
         resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
         env=dict(ENV),
         workdir=str(wd),
@@ -47,7 +45,15 @@ def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
     backend = backend_for(tmp_path)
     job = backend.submit(spec)
     cleanup_jobs.append(job)
-    run_dir = Path(backend.run_dir(job))
+    return backend, job, Path(backend.run_dir(job))
+
+
+def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    command = ["torchrun", "--standalone", "--nproc_per_node=1", "loop.py", "--steps", "150"]
+    train = {"command": command, "checkpoint": {"drain_poll_seconds": 0.5}}
+    backend, job, run_dir = submit(tmp_path, cleanup_jobs, "torchrun-drain", LOOP, train)
     wait_until(lambda: max(metric_steps(run_dir), default=0) >= 5, 400, what="step 5", every=0.5)
     subprocess.run(
         ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
@@ -74,24 +80,11 @@ def test_a_command_exiting_0_on_sigterm_with_nothing_sealed_is_restarted_uncount
 ) -> None:
     """Before, the node's ``python -m tgnb.train`` passed the command's 0 on: the job COMPLETED
     at the step it was stopped at, a success."""
-    wd = tmp_path / "project"
-    wd.mkdir()
-    shutil.copy(EXITS / "quits.py", wd / "quits.py")
-    spec = RunSpec(
-        name="command-quits",
-        train={"algorithm": "script", "command": ["python", "quits.py", "60"]},
-        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
-        env=dict(ENV),
-        workdir=str(wd),
-        recovery=RecoveryPolicy(max_restarts=0),
-    )
-    backend = backend_for(tmp_path)
-    job = backend.submit(spec)
-    cleanup_jobs.append(job)
-    run_dir = Path(backend.run_dir(job))
-    rows = lambda: len((run_dir / "metrics.jsonl").read_text().splitlines())  # noqa: E731
-    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and rows() >= 5, 400, what="step 5",
-               every=0.5)  # fmt: skip
+    backend, job, run_dir = submit(tmp_path, cleanup_jobs, "command-quits", EXITS / "quits.py",
+                                   {"command": ["python", "quits.py", "60"]})  # fmt: skip
+    metrics = run_dir / "metrics.jsonl"
+    rows = lambda: len(metrics.read_text().splitlines()) if metrics.exists() else 0  # noqa: E731
+    wait_until(lambda: rows() >= 5, 400, what="step 5", every=0.5)
     subprocess.run(["scancel", "--signal=TERM", job], check=True)  # the step, not the script
     final = backend.wait(job, timeout=600)
     log = "\n".join(backend.logs(job))
