@@ -38,6 +38,15 @@ HEAVY = (
 )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), the tests of the one
+    real Slurm node run on one worker, one after another: they drain, requeue and re-feature that
+    node, which a second worker's job would see. Every other test owns what it starts."""
+    for item in items:
+        if item.get_closest_marker("slurm") or "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 def wait_until(
     pred: Callable[[], T],
     timeout: float = 120.0,

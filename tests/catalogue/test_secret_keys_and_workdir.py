@@ -213,6 +213,7 @@ def _slurm_answers() -> bool:
     return out.returncode == 0 and bool(out.stdout.strip())
 
 
+@pytest.mark.slurm
 def test_a_slurm_job_gets_no_key_of_the_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
