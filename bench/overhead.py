@@ -56,6 +56,7 @@ def one_side(algorithm: str, steps: int, tgnb: bool, root: Path, index: int) -> 
 
     from tgnb.tasks import config
     from tgnb.train import runner
+    from tgnb.train.callback import training_args
     from tgnb.train.metrics import MetricsCallback
     from tgnb.train.preemption import CheckpointGuard
     from tgnb.train.record import Recorder
@@ -68,7 +69,7 @@ def one_side(algorithm: str, steps: int, tgnb: bool, root: Path, index: int) -> 
     if tgnb:
         recorder = Recorder(run_dir, cfg.name)
         guard = CheckpointGuard(cfg.checkpoint, run_dir, recorder)
-        args = runner._args(cfg, guard.training_args(kwargs))
+        args = runner._args(cfg, training_args(kwargs, guard.ckpt_dir))
         callbacks = [timer, *guard.callbacks(), MetricsCallback(recorder)]
     else:
         kwargs.update(output_dir=str(run_dir / "out"), save_strategy="no")

@@ -92,14 +92,6 @@ class Emulator:
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
-    @staticmethod
-    def same_model(listed: str, name: str) -> bool:
-        """Whether `name` is the model the emulator lists as `listed` (its built-in model is
-        listed by its directory and accepted by its hub-style alias too)."""
-        from tgnb.emulator.rl.catalog import same_model
-
-        return bool(same_model(listed, name))
-
     def shutdown(self) -> bool:
         """Stop the emulator daemon (what runs on it first: `tgnb.session.shutdown_local`)."""
         return stop(self.home)

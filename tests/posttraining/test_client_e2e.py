@@ -47,6 +47,15 @@ def _posts(emu: EmulatorHandle) -> list[str]:
     return [r["path"] for r in emu.requests() if r["method"] != "GET"]
 
 
+def _refused_creates(emu: EmulatorHandle) -> list[int]:
+    """The statuses the service answered the session creates sent since the log was cleared."""
+    return [
+        int(r["status"])
+        for r in emu.requests()
+        if r["method"] == "POST" and r["path"].endswith("/training-sessions")
+    ]
+
+
 @pytest.mark.slow
 def test_resource_sessions_checkpoints_cost_and_stop(emu: EmulatorHandle, tmp_path: Path) -> None:
     from together.post_training import AdamParams
@@ -163,8 +172,8 @@ def test_bad_input_is_refused_before_anything_is_sent(emu: EmulatorHandle) -> No
         lambda: pt.start(MODEL, generators=-1),
         lambda: pt.start("", generators=1),
         lambda: pt.start(MODEL, inactive_timeout=5),
-        lambda: res.open_session(lora={"rank": 0}),
         lambda: res.open_session(lora={"rnak": 8}),
+        lambda: res.open_session(lora={"rank": 8, "alpha": "16"}),
         lambda: res.open_session(name="two words"),
         lambda: pt.download("ck-1", variant="lora"),
         lambda: pt.attach("../etc"),
@@ -173,18 +182,28 @@ def test_bad_input_is_refused_before_anything_is_sent(emu: EmulatorHandle) -> No
     for call in bad:
         with pytest.raises(ValidationError):
             call()
-    # nothing sent but reads (a rank out of range looks up the model's own range, to say it)
+    # nothing sent but reads
     assert [r for r in emu.requests() if r["method"] != "GET"] == []
+    # The model's rank range is the service's rule: its refusal (400) reaches the user as the
+    # same one-line fix, and nothing is opened.
+    with pytest.raises(ValidationError, match=r"^LoRA rank 0 is out of range: use 1 to 64 \("):
+        res.open_session(lora={"rank": 0})
+    assert _refused_creates(emu) == [400] and res.sessions() == []
 
-    # A generator-less resource's session says how to get one; a sixth LoRA session is refused
-    # before the create is sent.
-    sessions = [res.open_session(lora={"rank": 2}, name=f"s{i}") for i in range(5)]
+    # A generator-less resource's session says how to get one; a sixth LoRA session is the
+    # service's to refuse (429, after the SDK's retries): the user reads which sessions hold the
+    # resource and the fix, and no sixth is opened. An alpha is a float too, as the service takes.
+    sessions = [res.open_session(lora={"rank": 2, "alpha": 2.5}, name=f"s{i}") for i in range(5)]
+    assert {s.lora_alpha for s in res.sessions()} == {2.5}
     with pytest.raises(ValidationError, match="no generator"):
         sessions[0].generator  # noqa: B018
     emu.clear_requests()
-    with pytest.raises(ValidationError, match=r"already holds 5 session\(s\).*stop one first"):
+    with pytest.raises(
+        ValidationError, match=r"already holds 5 session\(s\) \(s0, .*stop one first"
+    ):
         res.open_session(lora={"rank": 2}, name="s5")
-    assert _posts(emu) == []
+    assert set(_refused_creates(emu)) == {429}
+    assert sorted(s.name for s in res.sessions()) == [f"s{i}" for i in range(5)]
     sessions[4].stop()
     assert res.open_session(lora={"rank": 2}, name="s5").name == "s5"
     assert res.stop(force=True).status in ("STOPPING", "STOPPED")
@@ -252,8 +271,8 @@ def test_server_refusals_and_a_wrong_key_read_as_one_line(
     emu: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What only the server can check (an unknown model) comes back as an ApiError quoting the
-    server's reason; a model's own LoRA rank limit is read from the service's model list and said
-    before anything is opened; a wrong key is an AuthenticationError that never shows the key."""
+    server's reason; a rank above the model's own LoRA rank limit is the service's to refuse, and
+    its refusal names the limit the model list shows, nothing opened; a wrong key is an AuthenticationError that never shows the key."""
     pt = tgnb.post_training(local=True, home=emu.home)
     with pytest.raises(ApiError, match=r"refused to start a model resource.*\(400\)") as info:
         pt.start("no-such/model")

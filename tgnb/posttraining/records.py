@@ -193,7 +193,7 @@ class SessionInfo:
     policy_version: int
     target_version: int
     lora_rank: int | None
-    lora_alpha: int | None
+    lora_alpha: float | None
     checkpoints: tuple[CheckpointInfo, ...]
     created_at: datetime | None
     updated_at: datetime | None

@@ -1,18 +1,20 @@
 """`PostTraining` (the service: models, resources, start, attach, download) and `Resource` (one
 model resource: sessions, checkpoints, cost, events, panel, stop), over the SDK's
-``together.post_training`` clients. Every input is checked before anything is sent
-(`tgnb.posttraining.validate`); SDK failures become `tgnb.errors` with the key scrubbed.
+``together.post_training`` clients. Every input's type is checked before anything is sent
+(`tgnb.posttraining.validate`); the service's own rules are the service's, and its refusals, as
+all SDK failures, become `tgnb.errors` with the key scrubbed.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgnb.errors import ApiError, NotFoundError, ValidationError
+from tgnb.errors import ApiError, NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, utcnow
 from tgnb.posttraining import validate as v
 from tgnb.posttraining._connect import Connection, connect, download
@@ -212,7 +214,6 @@ class Resource:
         self.id = client.model_resources_id
         self._price: tuple[float, str] | None = None
         self._last: ResourceInfo | None = None
-        self._max_rank: int | None = None  # the model's LoRA rank limit, once looked up
 
     def __repr__(self) -> str:
         """``<Resource 1945...: READY, Qwen/Qwen3-8B, LoRA>`` as last read (no request made)."""
@@ -257,8 +258,10 @@ class Resource:
         load_optimizer: bool | None = None,
     ) -> TrainingSession:
         """Open a training session: `lora` = ``{"rank": 8, "alpha": 16, ...}`` (LoRA resources),
-        `name` a display name, `resume_from` a training checkpoint id to start from."""
-        config = self.check_lora(lora)
+        `name` a display name, `resume_from` a training checkpoint id to start from. The
+        service's own rules (the model's rank range, the sessions a resource holds) are the
+        service's: its refusal comes back as a `ValidationError` naming the fix (`_refusal`)."""
+        config = v.check_lora(lora)
         v.check_name(name)
         if resume_from is not None:
             v.check_id(resume_from, "resume_from", "res.checkpoints() lists training checkpoints")
@@ -274,56 +277,47 @@ class Resource:
                 f"resource {self.id} trains full weights: open its session without lora=, "
                 "or start a LoRA resource (pt.start(..., lora=True))"
             )
-        if config and "rank" in config:  # the model's own maximum, as the service lists it
-            if self._max_rank is None:
-                self._max_rank = self._model_max_rank()
-            v.check_lora(config, max_rank=self._max_rank)
-        active = self.sessions(active=True)
-        cap = v.MAX_LORA_SESSIONS if info.lora_enabled else 1
-        if len(active) >= cap:
-            names = ", ".join(s.label for s in active)
-            raise ValidationError(
-                f"resource {self.id} already holds {len(active)} session(s) ({names}), its limit: "
-                "stop one first (sess.stop() or %tg pt stop --session ID)"
-            )
-        if name is not None and any(s.name == name for s in active):
+        if name is not None and any(s.name == name for s in self.sessions(active=True)):
             raise ValidationError(f"a running session of {self.id} is already named {name!r}")
-        client = self.conn.call(
-            lambda: self.client.create_session(
-                display_name=name,
-                lora_config=config,  # type: ignore[arg-type]
-                resume_from_checkpoint_id=resume_from,
-                load_optimizer=load_optimizer,
-                interval=self.conn.interval,
-            ),
-            f"open a session on {self.id}",
-        )
+        try:
+            client = self.conn.call(
+                lambda: self.client.create_session(
+                    display_name=name,
+                    lora_config=config,  # type: ignore[arg-type]
+                    resume_from_checkpoint_id=resume_from,
+                    load_optimizer=load_optimizer,
+                    interval=self.conn.interval,
+                ),
+                f"open a session on {self.id}",
+            )
+        except ApiError as exc:
+            raise self._refusal(exc, config) from None
         sess = TrainingSession(self.conn, client, SessionInfo.from_sdk(client.retrieve()))
         return sess
 
-    def check_lora(self, lora: Any) -> dict[str, Any] | None:
-        """`lora` checked against this resource's model (its rank range is the model's own, as
-        ``pt.models()`` lists it; looked up once, read-only, when a rank is above the range)."""
-        try:
-            return v.check_lora(lora, max_rank=self._max_rank)
-        except ValidationError:
-            rank = lora.get("rank") if isinstance(lora, dict) else None
-            if self._max_rank is not None or not isinstance(rank, int) or rank < 1:
-                raise  # not about the model's upper bound: nothing to look up
-            self._max_rank = self._model_max_rank()
-            return v.check_lora(lora, max_rank=self._max_rank)
-
-    def _model_max_rank(self) -> int | None:
-        """The largest LoRA rank the resource's model takes, as ``pt.models()`` lists it."""
-        base = (self._last or self.info()).base_model
-        models = PostTraining(self.conn).models()
-        limits = [m.max_lora_rank for m in models if m.name == base]
-        emu = self.conn.emulator
-        if (
-            not limits and emu is not None
-        ):  # a name the emulator accepts as an alias of a listed one
-            limits = [m.max_lora_rank for m in models if emu.same_model(m.name, base)]
-        return next((r for r in limits if r), None)
+    def _refusal(self, exc: ApiError, config: dict[str, Any] | None) -> TgnbError:
+        """The service's refusal to open a session, as the fix: a rank out of the model's range
+        (400 on ``lora_config.rank``: the range it names, if it names one) or a resource at its
+        session cap (429, after the SDK's retries: the sessions that hold it, read now); any
+        other refusal as it came."""
+        said = str(exc)
+        if exc.status_code == 400 and config and "rank" in config and "lora_config.rank" in said:
+            top = re.search(r"\b1\s*(?:\.\.|to|-)\s*(\d+)", said.split("lora_config.rank", 1)[1])
+            use = (
+                f"1 to {top[1]} (this model's maximum)"
+                if top
+                else "a rank from 1 up to the model's maximum (pt.models() shows it)"
+            )
+            return ValidationError(
+                f"LoRA rank {config['rank']} is out of range: use {use}, e.g. rank=8"
+            )
+        if exc.status_code == 429 and (active := self.sessions(active=True)):
+            names = ", ".join(s.label for s in active)
+            return ValidationError(
+                f"resource {self.id} already holds {len(active)} session(s) ({names}), its limit: "
+                "stop one first (sess.stop() or %tg pt stop --session ID)"
+            )
+        return exc
 
     def session(self, id_or_name: str) -> TrainingSession:
         """A handle on one of this resource's sessions, by id or display name."""

@@ -1,8 +1,10 @@
 """Checks made before any Post-Training request: each raises `tgnb.errors.ValidationError` with a
 one-line message naming the fix, and nothing is sent.
 
-The bounds are the platform's documented ones (inactive timeout 300-86400 s, at most 5 LoRA sessions
-per resource); the model-specific ones (a model's maximum LoRA rank) are the server's to enforce.
+The bounds are the platform's documented ones (inactive timeout 300-86400 s). A LoRA config is
+checked for its types (and a positive alpha, a dropout in [0, 1)); the service's own rules -- a
+model's LoRA rank range, the sessions a resource holds, which names are the same model -- are the
+service's to enforce: `tgnb.posttraining.resource` turns its refusal into the same one-line fix.
 """
 
 from __future__ import annotations
@@ -19,10 +21,6 @@ MIN_INACTIVE_TIMEOUT = 300
 MAX_INACTIVE_TIMEOUT = 86400
 #: Generator replicas a resource may ask for here (0: a trainer-only resource).
 MAX_GENERATORS = 8
-#: LoRA sessions one resource holds at once (the platform's documented cap).
-MAX_LORA_SESSIONS = 5
-#: The largest LoRA rank any supported model takes (a model's own maximum may be lower).
-MAX_LORA_RANK = 512
 LORA_KEYS = ("rank", "alpha", "dropout", "seed", "train_unembed")
 VARIANTS = {
     "adapter": "CHECKPOINT_VARIANT_ADAPTER",
@@ -73,10 +71,10 @@ def check_inactive_timeout(value: Any) -> int | None:
     return n
 
 
-def check_lora(config: Any, max_rank: int | None = None) -> dict[str, Any] | None:
-    """A LoRA config as the SDK's ``LoraConfig``: rank (1 to the model's `max_rank`, as the
-    service lists it; 512 when not known), alpha > 0, dropout in [0, 1), seed, train_unembed.
-    None keeps the server's defaults."""
+def check_lora(config: Any) -> dict[str, Any] | None:
+    """A LoRA config as the SDK's ``LoraConfig``: rank a whole number (its range is the model's,
+    the service's to check), alpha a number > 0 (a float too, as the service takes), dropout in
+    [0, 1), seed, train_unembed. None keeps the server's defaults."""
     if config is None:
         return None
     if not isinstance(config, Mapping):
@@ -88,20 +86,12 @@ def check_lora(config: Any, max_rank: int | None = None) -> dict[str, Any] | Non
         )
     out: dict[str, Any] = {}
     if "rank" in config:
-        rank = _int(config["rank"], "LoRA rank", "rank=8")
-        limit = max_rank or MAX_LORA_RANK
-        if not 1 <= rank <= limit:
-            if max_rank:
-                use = f"1 to {max_rank} (this model's maximum)"
-            elif rank < 1:  # the upper bound is not known here: name no number that may be wrong
-                use = "a rank from 1 up to the model's maximum (pt.models() shows it)"
-            else:
-                use = f"1 to {limit} (the model's own maximum may be lower; pt.models() shows it)"
-            raise ValidationError(f"LoRA rank {rank} is out of range: use {use}, e.g. rank=8")
-        out["rank"] = rank
+        out["rank"] = _int(config["rank"], "LoRA rank", "rank=8")
     if "alpha" in config:
-        alpha = _int(config["alpha"], "LoRA alpha", "alpha=16")
-        if alpha <= 0:
+        alpha = config["alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise ValidationError(f"LoRA alpha must be a number, got {alpha!r}: try alpha=16")
+        if not alpha > 0:  # NaN too
             raise ValidationError(f"LoRA alpha {alpha} must be > 0: try alpha=16 (twice the rank)")
         out["alpha"] = alpha
     if "dropout" in config:
@@ -191,8 +181,6 @@ def check_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 __all__ = [
     "LORA_KEYS",
     "MAX_GENERATORS",
-    "MAX_LORA_RANK",
-    "MAX_LORA_SESSIONS",
     "VARIANTS",
     "check_base_model",
     "check_generators",

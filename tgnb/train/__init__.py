@@ -6,6 +6,9 @@ public library a user's own training code calls:
 - `Checkpointer` (``tgnb.train.Checkpointer(model, optimizer, ...)``): the same for a plain PyTorch
   or Accelerate loop without a Trainer (`tgnb.train.loop`);
 - `CheckpointPolicy`: when to checkpoint (``every_steps``, ``every_seconds``, ``auto``, ...);
+- the two parts of their guard a program can use alone: `StopSignals` (SIGTERM / SIGUSR1 / a drain
+  notice -> "stop requested", `tgnb.train.stops`) and `CheckpointSchedule` (when the next periodic
+  checkpoint is due, `tgnb.train.schedule`);
 - `EXIT_PREEMPTED` (75): the exit code that means "checkpointed, start me again".
 
 This package's ``__init__`` stays light (no torch, TRL or transformers); those are imported inside
@@ -17,11 +20,20 @@ from typing import TYPE_CHECKING, Any
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train.protect import protect
+from tgnb.train.schedule import CheckpointSchedule
+from tgnb.train.stops import StopSignals
 
 if TYPE_CHECKING:
     from tgnb.train.loop import Checkpointer
 
-__all__ = ["EXIT_PREEMPTED", "CheckpointPolicy", "Checkpointer", "protect"]
+__all__ = [
+    "EXIT_PREEMPTED",
+    "CheckpointPolicy",
+    "CheckpointSchedule",
+    "Checkpointer",
+    "StopSignals",
+    "protect",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -117,7 +117,7 @@ class TgnbLightningCallback:
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning registered its SIGTERM handler (ends fit with exit 0): the guard's flag instead
-        self.guard.own_signals()
+        self.guard.stops.own()
         if self._rng is not None:  # resumed: the loader made its iterator (setup_data) by now
             _skip_done_batches(trainer, self._epoch_rng)
             dcpio.load_rng(self._rng)  # after the iterator's own draw, as at the step it saved
@@ -140,7 +140,7 @@ class TgnbLightningCallback:
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
         if int(trainer.global_step) == self.step:
-            self.guard.on_step_begin()
+            self.guard.schedule.step_began()
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int

@@ -165,7 +165,7 @@ class Checkpointer:
 
     def request_stop(self) -> None:
         """Checkpoint and stop at the next step boundary, as SIGTERM would (exit 75)."""
-        self.guard.request_stop("signal")
+        self.guard.stops.request("signal")
 
     def steps(self) -> Iterator[int]:
         """Resume (model, optimizer, scheduler, added states, RNG), then yield each step; save
@@ -176,7 +176,7 @@ class Checkpointer:
         try:
             self._begin()
             for step in range(self.step + 1, self.max_steps + 1):
-                self.guard.on_step_begin()
+                self.guard.schedule.step_began()
                 yield step
                 self.step = step
                 self._flush_row()

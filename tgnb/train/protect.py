@@ -7,7 +7,7 @@
     trainer.train()                    # resumes from the newest complete checkpoint by itself
 
 It gives `trainer` (``transformers.Trainer``, ``SFTTrainer``, ``GRPOTrainer``, ``DPOTrainer``, a
-subclass) the `tgnb.train.preemption.CheckpointGuard`: on SIGTERM, SIGUSR1 or a Slurm drain notice,
+subclass) the `tgnb.train.preemption.CheckpointGuard` (through `tgnb.train.callback`): on SIGTERM, SIGUSR1 or a Slurm drain notice,
 every rank stops at the same optimizer-step boundary and saves synchronously; periodic saves are
 asynchronous DCP shards (``checkpoint.auto`` by default); a checkpoint that fails verification is
 quarantined; ``trainer.train()`` resumes from the newest complete checkpoint, at any world size
@@ -121,6 +121,8 @@ def _kind(trainer: Any) -> str:
 def _own_args(trainer: Any, guard: Any) -> None:
     from transformers.trainer_utils import SaveStrategy
 
+    from tgnb.train.callback import batch_args
+
     args = trainer.args
     args.save_strategy = SaveStrategy.NO
     args.save_total_limit = None
@@ -138,7 +140,7 @@ def _own_args(trainer: Any, guard: Any) -> None:
         "per_device_train_batch_size": int(args.per_device_train_batch_size),
         "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
     }
-    steps = guard.batch_args(kwargs, world)["gradient_accumulation_steps"]
+    steps = batch_args(guard.ckpt_dir, kwargs, world)["gradient_accumulation_steps"]
     if steps != kwargs["gradient_accumulation_steps"]:
         if _kind(trainer) == "grpo":  # TRL sized its generation batches at construction
             raise TrainConfigError(
@@ -179,9 +181,10 @@ def protect_with(
 ) -> Any:
     """`protect` with the run directory, policy and ``RunStarted`` details given (the built-in
     runner's entry: its config holds them)."""
+    from tgnb.train.callback import resumable
     from tgnb.train.metrics import MetricsCallback
     from tgnb.train.ownership import identity
-    from tgnb.train.preemption import CheckpointGuard, resumable
+    from tgnb.train.preemption import CheckpointGuard
     from tgnb.train.record import Recorder, number
     from tgnb.train.tracker import open_trackers
 

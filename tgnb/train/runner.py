@@ -160,7 +160,7 @@ def run(cfg: TrainConfig) -> int:
     import torch
     from transformers import set_seed
 
-    from tgnb.train.preemption import batch_args
+    from tgnb.train.callback import batch_args
     from tgnb.train.protect import protect_with
 
     assert cfg.run_dir is not None

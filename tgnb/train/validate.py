@@ -58,7 +58,7 @@ def validate(cfg: TrainConfig, workdir: Path | None = None) -> None:
     for key in cfg.trl:
         if key not in known:
             raise unknown(f"TRL option for {cfg.algorithm.upper()}", str(key), known)
-    from tgnb.train.preemption import OWNED_ARGS
+    from tgnb.train.callback import OWNED_ARGS
 
     owned = sorted(set(cfg.trl) & set(OWNED_ARGS))
     if owned:

@@ -51,9 +51,9 @@ def test_a_restarted_guard_weighs_the_runs_own_preemptions(
     guard, _ = make_guard(run_dir=tmp_path, **LAUNCHED)
     expected = (0.5 * 1.0 + 1) / (1.0 + 0.5)  # 1 preemption in half an hour of the run
     assert guard.policy.preemption_rate == pytest.approx(expected)
-    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, None
-    guard.saver.last_step, guard._step_began = 100, None
-    guard._periodic_due(110)
+    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, None
+    guard.saver.last_step = 100
+    guard.periodic_due(110)
     lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
     chosen = [json.loads(x) for x in lines if "CheckpointIntervalChosen" in x]
     assert len(chosen) == 1

@@ -23,6 +23,7 @@ from tgnb.errors import CheckpointError
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
+from tgnb.train.callback import GuardCallback, batch_args, training_args
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder
 from tgnb.train.saving import EXIT_NO_SPACE
@@ -46,8 +47,9 @@ def make_trainer(n: int = 32) -> Any:
 def boundary(guard: CheckpointGuard, trainer: Any, step: int, max_steps: int = 1000) -> Any:
     control = SimpleNamespace(should_save=False, should_training_stop=False)
     trainer.state.global_step, trainer.state.max_steps = step, max_steps
-    guard.on_step_begin()
-    guard.on_step_end(ARGS, trainer.state, control)
+    callback = GuardCallback(guard)
+    callback.on_step_begin(ARGS, trainer.state, control)
+    callback.on_step_end(ARGS, trainer.state, control)
     return control
 
 
@@ -77,7 +79,7 @@ def events(run_dir: Path, reason: str) -> list[dict[str, Any]]:
 def test_training_args_take_over_the_save_settings(make_guard: Any, tmp_path: Path) -> None:
     guard, _ = make_guard()
     kwargs = {"learning_rate": 1e-3, "save_steps": 5, "save_strategy": "steps", "output_dir": "x"}
-    out = guard.training_args(kwargs)
+    out = training_args(kwargs, guard.ckpt_dir)
     assert out["output_dir"] == str(tmp_path / "checkpoints")
     assert out["save_strategy"] == "no" and "save_steps" not in out
     assert out["enable_jit_checkpoint"] is False and kwargs["save_steps"] == 5
@@ -89,7 +91,7 @@ def test_sigterm_sets_a_flag_then_the_boundary_saves_synchronously_and_stops(
     guard, trainer = make_guard()
     assert not boundary(guard, trainer, 1).should_training_stop
     os.kill(os.getpid(), signal.SIGTERM)  # the process survives: the handler only sets a flag
-    wait_until(lambda: guard.signal_received is not None, 5, what="the handler", every=0.01)
+    wait_until(lambda: guard.stops.signal_received is not None, 5, what="the handler", every=0.01)
     assert guard.stop_reason is None
     assert boundary(guard, trainer, 2).should_training_stop and guard.stop_reason == "signal"
     latest = ck.latest_complete(tmp_path / "checkpoints")
@@ -98,13 +100,13 @@ def test_sigterm_sets_a_flag_then_the_boundary_saves_synchronously_and_stops(
     assert {"dcp/.metadata", "dcp/__0_0.distcp", "rng-0.safetensors", "optimizer.json"} <= names
     assert not [n for n in names if n.endswith((".pt", ".pth", ".bin"))]  # no pickles but DCP's
     assert guard.finish(trainer) == EXIT_PREEMPTED
-    assert signal.getsignal(signal.SIGTERM) is not guard._on_signal  # handler given back
+    assert signal.getsignal(signal.SIGTERM) != guard.stops._on_signal  # handler given back
     assert events(tmp_path, "RunExited")[-1]["data"]["exit_code"] == EXIT_PREEMPTED
 
 
 def test_a_signal_during_the_last_step_is_a_finished_run(make_guard: Any) -> None:
     guard, trainer = make_guard()
-    guard.request_stop("drain")
+    guard.stops.request("drain")
     boundary(guard, trainer, 10, max_steps=10)
     assert guard.finish(trainer) == 0
 
@@ -130,24 +132,23 @@ def test_every_steps_saves_asynchronously_and_every_seconds(
 def test_auto_uses_young_daly_with_the_measured_stall(make_guard: Any) -> None:
     # as many failures as preemptions, one a second: sqrt(2 x 0.02 + 0.02^2) = 0.2 s = 20 steps
     guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0, failures_per_hour=3600.0)
-    guard.step_time_s = 0.01
+    guard.schedule.step_time_s = 0.01
     guard.saver.stall_s = 0.02  # the write time is not known yet: taken as the stall
     guard.saver.last_step = 100
-    guard._step_began = None
-    assert not guard._periodic_due(119) and guard._periodic_due(120)
+    assert not guard.periodic_due(119) and guard.periodic_due(120)
     guard.saver.write_s = 0.3  # + waiting for a save in flight at a notice: 0.36 s = 36 steps
-    assert not guard._periodic_due(135) and guard._periodic_due(136)
+    assert not guard.periodic_due(135) and guard.periodic_due(136)
     guard.saver.stall_s = guard.saver.write_s = None  # before any save: from the size saved
-    assert guard._periodic_due(101)  # a tiny model: a tiny stall, a save every step
+    assert guard.periodic_due(101)  # a tiny model: a tiny stall, a save every step
     guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0, failures_per_hour=900.0)
-    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, 0.3
-    guard.saver.last_step, guard._step_began = 100, None  # failures rarer: sqrt(4 x 0.13) s
-    assert not guard._periodic_due(171) and guard._periodic_due(172)
+    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, 0.3
+    guard.saver.last_step = 100  # failures rarer: sqrt(4 x 0.13) s
+    assert not guard.periodic_due(171) and guard.periodic_due(172)
     off = {"on_signal": False, "watch_drain": False}  # no notice seen: preemptions are failures
     guard, _ = make_guard(auto=True, preemptions_per_hour=3600.0, failures_per_hour=1e-9, **off)
-    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, 0.3
-    guard.saver.last_step, guard._step_began = 100, None  # sqrt(2 x 0.02 x 1) = 0.2 s
-    assert not guard._periodic_due(119) and guard._periodic_due(120)
+    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, 0.3
+    guard.saver.last_step = 100  # sqrt(2 x 0.02 x 1) = 0.2 s
+    assert not guard.periodic_due(119) and guard.periodic_due(120)
 
 
 def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
@@ -161,10 +162,10 @@ def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
         failures_per_hour=3600.0,
         preemptions_source=source,
     )
-    guard.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, None
-    guard.saver.last_step, guard._step_began = 100, None
-    guard._periodic_due(110)
-    guard._periodic_due(120)
+    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, None
+    guard.saver.last_step = 100
+    guard.periodic_due(110)
+    guard.periodic_due(120)
     lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
     chosen = [json.loads(x) for x in lines if "CheckpointIntervalChosen" in x]
     assert len(chosen) == 1  # once per start
@@ -172,9 +173,8 @@ def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
     assert chosen[0]["data"]["every_steps"] == 20 and chosen[0]["data"]["source"] == "observed"
     other = tmp_path / "other"
     guard, _ = make_guard(run_dir=other, auto=True, preemptions_per_hour=2.0)
-    guard.step_time_s, guard.saver.stall_s, guard.saver.last_step = 1.0, 0.5, 0
-    guard._step_began = None
-    guard._periodic_due(1)
+    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.last_step = 1.0, 0.5, 0
+    guard.periodic_due(1)
     said = (other / "events.jsonl").read_text(encoding="utf-8")
     assert "2 preemptions per hour (the setting)" in said
 
@@ -202,7 +202,7 @@ def test_async_save_is_staged_then_written_while_training_goes_on_and_sigterm_wa
     staged = trainer.model[0].weight.detach().clone()
     with torch.no_grad():  # training goes on and changes the weights in place
         trainer.model[0].weight.add_(1.0)
-    guard.request_stop("signal")
+    guard.stops.request("signal")
     threading.Timer(0.3, BlockedWriter.gate.set).start()
     assert boundary(guard, trainer, 3).should_training_stop  # waits for step 2, then saves 3
     saved = [(e["data"]["step"], e["data"]["trigger"]) for e in events(tmp_path, "CheckpointSaved")]
@@ -221,14 +221,15 @@ def test_resume_loads_model_optimizer_scheduler_and_rng(make_guard: Any, tmp_pat
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
     torch.manual_seed(1234)
-    guard.request_stop()
+    guard.stops.request()
     boundary(guard, trainer, 5)
     expected_draw = torch.rand(3)
     guard.finish(trainer)
     again, fresh = make_guard()
     assert again.resume_from() == str(tmp_path / "checkpoints" / "checkpoint-5")
-    again.on_train_begin(ARGS, SimpleNamespace(global_step=5), None)
-    again.on_epoch_begin()
+    callback = GuardCallback(again)
+    callback.on_train_begin(ARGS, SimpleNamespace(global_step=5), None)
+    callback.on_epoch_begin(ARGS, SimpleNamespace(global_step=5), None)
     for a, b in zip(fresh.model.parameters(), trainer.model.parameters(), strict=True):
         assert torch.equal(a, b)
     s1, s2 = fresh.optimizer.state_dict(), trainer.optimizer.state_dict()
@@ -312,15 +313,18 @@ def test_another_world_size_keeps_the_global_batch(make_guard: Any, tmp_path: Pa
     ck.write_marker(path, 6, world_size=4, global_batch=32, samples=192)
     guard, _ = make_guard()
     kwargs = {"per_device_train_batch_size": 8}
-    assert guard.batch_args(kwargs, 4) == kwargs  # the same world size: nothing changes
-    assert guard.batch_args(kwargs, 2)["gradient_accumulation_steps"] == 2
-    assert guard.batch_args(kwargs, 1)["gradient_accumulation_steps"] == 4
+    assert batch_args(guard.ckpt_dir, kwargs, 4) == kwargs  # the same world size: nothing changes
+    assert batch_args(guard.ckpt_dir, kwargs, 2)["gradient_accumulation_steps"] == 2
+    assert batch_args(guard.ckpt_dir, kwargs, 1)["gradient_accumulation_steps"] == 4
     # the same world size with another per-device batch: the global batch is kept too
     assert (
-        guard.batch_args({"per_device_train_batch_size": 4}, 4)["gradient_accumulation_steps"] == 2
+        batch_args(guard.ckpt_dir, {"per_device_train_batch_size": 4}, 4)[
+            "gradient_accumulation_steps"
+        ]
+        == 2
     )
     with pytest.raises(TrainConfigError, match="per_device_train_batch_size"):
-        guard.batch_args({"per_device_train_batch_size": 3}, 2)
+        batch_args(guard.ckpt_dir, {"per_device_train_batch_size": 3}, 2)
 
 
 def test_every_file_of_a_checkpoint_is_digested_by_exactly_one_rank(

@@ -26,7 +26,7 @@ def arguments(p: Parser) -> None:
     p.add_argument(
         "--rank", type=signed_whole, help="LoRA rank, e.g. 8 (%%tg pt models: its maximum)"
     )
-    p.add_argument("--alpha", type=signed_whole, help="LoRA alpha, e.g. 16")
+    p.add_argument("--alpha", type=number, help="LoRA alpha, e.g. 16 (a float too)")
     p.add_argument("--dropout", type=number, help="LoRA dropout, e.g. 0.05")
     p.add_argument("--seed", type=at_least_zero, help="LoRA init seed")
     p.add_argument("--name", help="display name, e.g. lr-1e-4")
@@ -46,7 +46,7 @@ def run(tg: Tg, args: Any, cell: str | None) -> None:
     state = tg.pt_state()
     if state.resource is None or args.resource not in (None, state.resource.id):
         # Another resource is attached first (a request): what can be checked without it is
-        # checked before it (open_session then checks the rank against that model's range).
+        # checked before it (the rank's range is the service's, when the session is opened).
         from tgnb.posttraining import validate
 
         validate.check_lora(lora)
