@@ -8,10 +8,11 @@ rules are tested alone. The decisions are the real `tgnb.runs.recovery.decide`'s
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from tgnb.runs.placing import Placer, backoff_table, delay, main, seconds
+from tgnb.runs.placing import Placer, backoff_table, delay, main, seconds, wait_backoff
 from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy
 
 
@@ -105,3 +106,15 @@ def test_the_backoff_command_sleeps_the_delay_of_the_count(
     for bad in (["backoff", "x", "5"], ["backoff", "1", "five"], ["sleep", "1", "5"]):
         assert main(bad) == 2
     assert "usage: python -m tgnb.runs.placing backoff" in capsys.readouterr().err
+
+
+def test_a_count_already_waited_for_is_not_waited_again(tmp_path: Path) -> None:
+    """A pod started again after a preemption keeps its index's failure count: no second wait."""
+    done = tmp_path / ".tgnb-backoff-0"
+    assert wait_backoff((0.001, 0.002), 0, done) == 0 and not done.exists()
+    assert wait_backoff((0.001, 0.002), 1, done) == 0.001 and done.read_text() == "1\n"
+    assert wait_backoff((0.001, 0.002), 1, done) == 0  # preempted since: the same count
+    assert main(["backoff", "2", "0.001,0.002", str(done)]) == 0
+    assert done.read_text() == "2\n"
+    done.write_text("")  # half-written: waited for nothing yet
+    assert wait_backoff((0.001, 0.002), 2, done) == 0.002

@@ -20,7 +20,8 @@ each start afresh (the local supervisor) takes a new `Placer` per placement.
 The failure backoff (`RecoveryPolicy.backoff`) is computed here for the engines whose waits run
 where no Python object lives (an sbatch script, a pod's init container): `backoff_table` is the
 policy's delay for each failure count, rendered into the script or the pod, and
-``python -m tgnb.runs.placing backoff FAILURES TABLE`` sleeps the delay of one count.
+``python -m tgnb.runs.placing backoff FAILURES TABLE [DONE_FILE]`` sleeps the delay of one count
+(`wait_backoff`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from tgnb.runs.recovery import DECISION_DATA, Decision, Facts, RecoveryPolicy, decide
@@ -102,12 +104,32 @@ def delay(table: Sequence[float], failures: int) -> float:
     return float(table[min(failures, len(table)) - 1])
 
 
+def wait_backoff(table: Sequence[float], failures: int, done: Path | None = None) -> float:
+    """Sleep the delay of `failures`; with `done`, a file keeping the count already waited for,
+    only once per count (a pod started again after a preemption keeps the count of its last
+    failure: it waits nothing). Returns the seconds slept."""
+    if done is not None:
+        try:
+            if failures <= int(done.read_text().strip() or 0):
+                return 0.0
+        except (OSError, ValueError):  # none yet (or half-written): not waited for
+            pass
+    wait = delay(table, failures)
+    if wait > 0:
+        print(f"tgnb: failure {failures} counted: restarting in {seconds(wait)} s", flush=True)
+        time.sleep(wait)
+    if done is not None and failures > 0:
+        done.write_text(f"{failures}\n")
+    return wait
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tgnb.runs.placing backoff FAILURES TABLE``: sleep the delay of `FAILURES`
-    (empty: none yet) in `TABLE` (`backoff_table`, comma-separated)."""
+    """``python -m tgnb.runs.placing backoff FAILURES TABLE [DONE_FILE]``: sleep the delay of
+    `FAILURES` (empty: none yet) in `TABLE` (`backoff_table`, comma-separated), once per count
+    with `DONE_FILE` (`wait_backoff`)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m tgnb.runs.placing backoff FAILURES DELAY[,DELAY...]"
-    if len(args) != 3 or args[0] != "backoff" or not (args[1] == "" or args[1].isdigit()):
+    usage = "usage: python -m tgnb.runs.placing backoff FAILURES DELAY[,DELAY...] [DONE_FILE]"
+    if len(args) not in (3, 4) or args[0] != "backoff" or not (args[1] == "" or args[1].isdigit()):
         print(usage, file=sys.stderr)
         return 2
     try:
@@ -115,10 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(usage, file=sys.stderr)
         return 2
-    wait = delay(table, int(args[1] or 0))
-    if wait > 0:
-        print(f"tgnb: failure {args[1]} counted: restarting in {seconds(wait)} s", flush=True)
-        time.sleep(wait)
+    wait_backoff(table, int(args[1] or 0), Path(args[3]) if len(args) == 4 else None)
     return 0
 
 
