@@ -306,7 +306,7 @@ def backoff_container(spec: RunSpec) -> client.V1Container | None:
     done = f"{literal(L.run_dir_for(spec))}/{BACKOFF_FILE}-$(JOB_COMPLETION_INDEX)"
     delays = ",".join(placing.seconds(x) for x in table)
     return client.V1Container(
-        name="backoff",
+        name=L.BACKOFF_CONTAINER,
         image=spec.image,
         command=["python", "-m", "tgnb.runs.placing", "backoff", f"$({L.ENV_INDEX_FAILURES})",
                  delays, done],
