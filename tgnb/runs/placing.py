@@ -5,7 +5,9 @@ it each engine runs the same loop, and only the loop's ends are its own (an `Eng
 
 - ``observe()``: the `Facts` of the run waiting to be placed (the cluster's free nodes of each
   class, how long it has been short, its progress), or None when nothing waits for a placement
-  (the run's job is running, no pod is gated, the cluster could not be read);
+  (the run's job is running, no pod is gated, the emulator is unreachable); an engine that
+  could not look this time and wants the placement kept as it was raises instead (nothing is
+  recorded, the last decision stands);
 - ``act(decision)``: carry the decision out (claim the nodes, lift a pod's gate, change a pending
   job's constraint) and return it as carried out: a start the engine could not carry out (the
   nodes were taken meanwhile) comes back as the wait it became, with its reason;
@@ -13,7 +15,8 @@ it each engine runs the same loop, and only the loop's ends are its own (an `Eng
 
 `Placer.step` runs them in that order with the one dedupe rule: a decision is recorded when its
 `key` (action, nodes, node class, rule) differs from the last one recorded, so a run that waits
-says why once, not at every poll, and says it again when the reason changes. A ``None`` from
+says why once, not at every poll, and again when the decision changes (not when only the
+figures in its reason do). A ``None`` from
 ``observe`` ends the placement: the next decision is a new one, recorded. An engine that places
 each start afresh (the local supervisor) takes a new `Placer` per placement.
 
