@@ -476,7 +476,7 @@ def test_events_preemption_notices_of_the_runs_nodes_and_run_records(
 
 def test_status_waiting_details(fake_api: Any, api_client: Any, k8s: Any) -> None:
     """Fakes the API server (none can run here): a pod that cannot pull its image is pending
-    with the reason; a pod in its drain window still runs and says where it is terminating; one
+    with the reason; one waiting the policy's backoff (its init container) says so; a pod in its drain window still runs and says where it is terminating; one
     index of two being replaced after a preemption is a requeue."""
     pulling = k8s.pod(
         "a-0-x", run="a", phase="Pending", waiting=("ImagePullBackOff", "Back-off pulling image")
@@ -484,6 +484,16 @@ def test_status_waiting_details(fake_api: Any, api_client: Any, k8s: Any) -> Non
     serve(fake_api, k8s, k8s.job("a"), pulling)
     st = backend(api_client).status("a")
     assert (st.state, st.detail) == (JobState.PENDING, "ImagePullBackOff: Back-off pulling image")
+
+    backing_off = k8s.pod("d-0-y", run="d", phase="Pending", failures=2,
+                          waiting=("PodInitializing", ""))  # fmt: skip
+    backing_off["status"]["initContainerStatuses"] = [
+        {"name": "backoff", "image": "img", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"running": {"startedAt": "2026-11-29T19:05:00Z"}}}
+    ]  # fmt: skip
+    serve(fake_api, k8s, k8s.job("d"), backing_off)
+    st = backend(api_client).status("d")
+    assert st.detail == "failure 2 counted: waiting the recovery policy's backoff"
 
     draining = k8s.pod("b-0-x", run="b", terminating=True)
     serve(fake_api, k8s, k8s.job("b"), draining)

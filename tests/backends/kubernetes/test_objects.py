@@ -301,7 +301,8 @@ def test_a_script_run_ships_its_workdir_and_validates(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(tar), mode="r:gz") as t:
         assert sorted(t.getnames()) == ["pkg/__init__.py", "train.py"]
     pod = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
+    backoff, init = pod["initContainers"]  # the policy's backoff first (test_recovery_objects)
+    assert backoff["name"] == "backoff"
     assert init["command"][:4] == ["python", "-m", "tarfile", "-e"]
     assert init["command"][-1] == "/data/runs/my-script/workdir", init["command"]
     trainer = pod["containers"][0]["command"]

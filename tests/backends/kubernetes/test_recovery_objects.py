@@ -74,3 +74,24 @@ def test_standard_prefers_preemptible_nodes_and_falls_back_to_standard_ones() ->
     ]
     wait = job_of(RecoveryPolicy(when_short="wait"))["spec"]["template"]["spec"]
     assert wait["nodeSelector"] == {"together.ai/compute-class": "preemptible"}
+
+
+def test_the_pod_after_a_counted_failure_waits_the_policys_backoff() -> None:
+    """An init container, before the workdir's, sleeps the policy's delay (its table, from
+    `tgnb.runs.placing`) for the index's failure count the Job controller annotates, once per
+    count (a file per index in the run directory); none when the policy never waits."""
+    job = job_of(RecoveryPolicy(max_restarts=5, backoff_s=1.5, backoff_max_s=7))
+    (init,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"] == [
+        "python", "-m", "tgnb.runs.placing", "backoff", "$(TGNB_INDEX_FAILURE_COUNT)",
+        "1.5,3,6,7", "/data/runs/rec/.tgnb-backoff-$(JOB_COMPLETION_INDEX)",
+    ]  # fmt: skip
+    failures = next(e for e in init["env"] if e["name"] == "TGNB_INDEX_FAILURE_COUNT")
+    assert failures["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-index-failure-count']"
+    )
+    assert init["volumeMounts"] == [
+        {"name": "runs", "mountPath": "/data/runs/rec", "subPath": "rec"}
+    ]
+    for never in (RecoveryPolicy(max_restarts=0), RecoveryPolicy(backoff_s=0)):
+        assert "initContainers" not in job_of(never)["spec"]["template"]["spec"]

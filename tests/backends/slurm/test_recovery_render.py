@@ -5,6 +5,7 @@ range, the "resume me" codes and the failure budget, checked as text, by ``bash 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -41,16 +42,23 @@ def test_the_node_range_comes_from_the_policy() -> None:
 
 
 def test_resume_codes_and_failure_budget_are_rendered_once() -> None:
-    script = render_script(spec(max_restarts=2, backoff_s=1.5, backoff_max_s=7,
-                                resume_codes=(75, 76)), RUN_DIR)  # fmt: skip
+    policy = RecoveryPolicy(max_restarts=5, backoff_s=1.5, backoff_max_s=7, resume_codes=(75, 76))
+    script = render_script(dataclasses.replace(spec(), recovery=policy), RUN_DIR)
     assert script.count("--requeue") == 1
     assert 'case "$rc" in 75|76) resume=1 ;; *) resume=0 ;; esac' in script
     assert 'case "$rc" in 2|74) final=1 ;; *) final=0 ;; esac' in script
-    assert "-lt 2 ]; then" in script and "delay=$((2 << n))" in script
-    assert '[ "$delay" -gt 7 ] && delay=7' in script
+    assert "-lt 5 ]; then" in script
+    (line,) = [x.strip() for x in script.splitlines() if 'case "$failures"' in x]
+    assert (
+        line == 'case "$failures" in 1) delay=1.5 ;; 2) delay=3 ;; 3) delay=6 ;; *) delay=7 ;; esac'
+    )
     assert "a failure is final" in render_script(spec(max_restarts=0), RUN_DIR)
     if bash := shutil.which("bash"):
         subprocess.run([bash, "-n"], input=script, text=True, check=True)
+        for failures in range(1, 6):  # the shell's delay is the policy's, for every count
+            done = subprocess.run([bash, "-c", f'failures={failures}; {line}; echo "$delay"'],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            assert float(done.stdout) == policy.backoff(failures)
 
 
 @pytest.mark.slurm

@@ -30,6 +30,8 @@ CLASS_LABEL = "tgnb/compute-class"
 RUN_DIR_ANNOTATION = "tgnb/run-dir"
 
 CONTAINER = "trainer"
+#: The init container that waits the policy's backoff after a counted failure (`objects`).
+BACKOFF_CONTAINER = "backoff"
 CONFIG_DIR = "/config"
 CONFIG_FILE = node.CONFIG  # the node contract's config file, mounted from the ConfigMap
 RUNS_ROOT = "/data/runs"

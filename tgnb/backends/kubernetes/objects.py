@@ -36,7 +36,7 @@ from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import PlacerObjects, build_placer, standard_affinity
 from tgnb.config import scrub
 from tgnb.errors import ValidationError
-from tgnb.runs import node, workdir
+from tgnb.runs import node, placing, workdir
 from tgnb.runs.recovery import FINAL_CODES
 
 
@@ -195,9 +195,8 @@ def pod_failure_policy(spec: RunSpec) -> client.V1PodFailurePolicy:
     """The recovery policy's rules: a disruption (eviction, drain, node removal) or a "resume me"
     exit code (75) is not a failure: recreate the pod, uncounted. An exit a restart cannot fix (bad
     config, disk full) fails the run at once; any other failure counts against
-    ``backoffLimitPerIndex`` (`RecoveryPolicy.max_restarts`). The Job controller's own backoff
-    (10 s doubling, at most 6 min) stands for `RecoveryPolicy.backoff_s`: Kubernetes has no
-    setting for it."""
+    ``backoffLimitPerIndex`` (`RecoveryPolicy.max_restarts`), and the pod that replaces it waits
+    the policy's backoff first (`backoff_container`)."""
     policy = spec.policy
     final = sorted(FINAL_CODES - set(policy.resume_codes))
     return client.V1PodFailurePolicy(
@@ -255,6 +254,8 @@ def container(spec: RunSpec) -> client.V1Container:
 #: The workdir snapshot rides in the run's ConfigMap (binaryData): the whole ConfigMap must stay
 #: under Kubernetes' 1 MiB, so the gzipped snapshot may take this much (base64 adds a third).
 WORKDIR_KEY = "workdir.tar.gz"
+#: In the run directory, per index: the failure count whose backoff was waited (`backoff_container`).
+BACKOFF_FILE = ".tgnb-backoff"
 MAX_WORKDIR_TAR = 700 * 1024
 
 
@@ -287,6 +288,33 @@ def unpack_container(spec: RunSpec) -> client.V1Container:
             client.V1VolumeMount(name="runs", mount_path=L.run_dir_for(spec), sub_path=spec.name),
         ],
     )
+
+
+def backoff_container(spec: RunSpec) -> client.V1Container | None:
+    """The init container that honours `RecoveryPolicy.backoff_s`: after a counted failure the
+    pod that replaces it sleeps the policy's delay for its index's failures so far (the Job
+    controller's annotation; `tgnb.runs.placing.backoff_table` rendered), once per count (a file
+    per index in the run directory keeps the count waited for, so a pod recreated after a
+    preemption waits nothing). The Job controller's own delay (10 s, doubled, at most 6 min)
+    comes first: Kubernetes has no setting for it. None when the policy never waits."""
+    table = placing.backoff_table(spec.policy)
+    if not any(table):
+        return None
+    failures = _field_env(
+        L.ENV_INDEX_FAILURES, f"metadata.annotations['{L.INDEX_FAILURES_ANNOTATION}']"
+    )
+    done = f"{literal(L.run_dir_for(spec))}/{BACKOFF_FILE}-$(JOB_COMPLETION_INDEX)"
+    delays = ",".join(placing.seconds(x) for x in table)
+    return client.V1Container(
+        name=L.BACKOFF_CONTAINER,
+        image=spec.image,
+        command=["python", "-m", "tgnb.runs.placing", "backoff", f"$({L.ENV_INDEX_FAILURES})",
+                 delays, done],
+        env=[failures, client.V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
+        volume_mounts=[
+            client.V1VolumeMount(name="runs", mount_path=L.run_dir_for(spec), sub_path=spec.name)
+        ],
+    )  # fmt: skip
 
 
 def volumes(spec: RunSpec, claim: str) -> list[client.V1Volume]:
@@ -361,6 +389,8 @@ def build_objects(
             ),
         )
     node_selector, affinity = placement(spec)
+    backoff = backoff_container(spec)  # the backoff first: it delays the pod's whole start
+    init = ([backoff] if backoff else []) + ([unpack_container(spec)] if snapshot else [])
     pod = client.V1PodSpec(
         restart_policy="Never",
         termination_grace_period_seconds=L.GRACE_SECONDS,
@@ -370,7 +400,7 @@ def build_objects(
         scheduling_gates=[client.V1PodSchedulingGate(name=L.PLACEMENT_GATE)]
         if L.needs_placer(spec)
         else None,
-        init_containers=None if snapshot is None else [unpack_container(spec)],
+        init_containers=init or None,
         containers=[container(spec)],
         volumes=volumes(spec, claim),
     )

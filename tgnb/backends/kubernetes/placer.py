@@ -19,7 +19,8 @@ every engine follows (`tgnb.runs.recovery.decide`) and, on ``start``, patches ev
 (a JSON patch: the gate removed, and a nodeSelector ``together.ai/compute-class: preemptible`` or
 the seed's NotIn affinity added, both allowed on a gated pod); on ``wait`` it leaves them gated.
 
-Each decision, once per change, is a core/v1 Event (reason ``RecoveryDecided``) on the pod, its
+The loop is the one every engine adapts (`tgnb.runs.placing`; this placer is its `Engine`). Each
+decision, once per change, is a core/v1 Event (reason ``RecoveryDecided``) on the pod, its
 fields in an annotation; `KubernetesBackend.events` puts them on the run's timeline. (The run's
 ``events.jsonl`` is on the shared claim, which the placer mounts read-only: it writes nothing
 there.) Once the run's Job has finished or is gone, the placer deletes its own Deployment.
@@ -41,7 +42,8 @@ from kubernetes.client.exceptions import ApiException
 from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import standard_affinity
 from tgnb.events import RECOVERY_DECIDED, utcnow
-from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, decide, progress
+from tgnb.runs import placing
+from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, progress
 
 GPU = "nvidia.com/gpu"
 #: The annotation of a ``RecoveryDecided`` Event holding the decision's fields as JSON.
@@ -212,7 +214,8 @@ def placement_patch(pod: Any, node_class_: str) -> list[dict[str, Any]]:
 
 
 class Placer:
-    """Places the gated pods of one run with the settings of its ``placer.json`` (`config`)."""
+    """Places the gated pods of one run with the settings of its ``placer.json`` (`config`): the
+    `tgnb.runs.placing.Engine` of a Kubernetes run, run by the one placement loop."""
 
     def __init__(
         self, config: Mapping[str, Any], api_client: Any, run_dir: str | Path | None = None
@@ -225,9 +228,11 @@ class Placer:
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
-        self.said: tuple[str, ...] = ()
         self.started = time.time()
         self.job_seen = False
+        self.now = self.started  # of the current step (`tick`)
+        self.pods: list[Any] = []  # the gated pods the current step places
+        self.loop = placing.Placer(self.policy, self)
 
     def event(self, d: Decision, pod: Any) -> None:
         """The decision as a ``RecoveryDecided`` Event on `pod` (the run's timeline reads it)."""
@@ -278,16 +283,15 @@ class Placer:
                 return True
         return False
 
-    def tick(self, now: float | None = None) -> Decision | None:
-        """One look at the run's pods; the decision when some were gated."""
-        now = time.time() if now is None else now
+    def observe(self) -> Facts | None:
+        """The facts of the run's gated pods (one placement for all of them); None when none is
+        gated (the run's pods are placed)."""
         found = self.core.list_namespaced_pod(
             self.namespace, label_selector=f"{L.RUN_LABEL}={self.name}"
         )
         items: list[Any] = list(found.items or [])
-        pods = [p for p in items if gated(p) and not p.metadata.deletion_timestamp]
-        if not pods:
-            self.said = ()
+        self.pods = [p for p in items if gated(p) and not p.metadata.deletion_timestamp]
+        if not self.pods:
             return None
         nodes = self.core.list_node().items or []
         everyone = (
@@ -296,10 +300,12 @@ class Placer:
             ).items
             or []
         )
-        facts = kube_facts(self.config, pods, nodes, everyone, self.run_dir, now)
-        d = decide(self.policy, facts)
+        return kube_facts(self.config, self.pods, nodes, everyone, self.run_dir, self.now)
+
+    def act(self, d: Decision) -> Decision:
+        """On ``start``, every gated pod gets the class decided and loses its gate."""
         if d.action == "start":
-            for pod in pods:  # one placement: every pod gets the same class
+            for pod in self.pods:  # one placement: every pod gets the same class
                 try:
                     self.core.patch_namespaced_pod(
                         pod.metadata.name, self.namespace, placement_patch(pod, d.node_class)
@@ -309,11 +315,15 @@ class Placer:
                         f"tgnb placer: could not place {pod.metadata.name} ({exc.status})",
                         flush=True,
                     )
-        key = (d.action, d.rule, d.node_class, str(d.nodes))
-        if key != self.said or d.action == "start":
-            self.event(d, pods[0])
-            self.said = () if d.action == "start" else key
         return d
+
+    def record(self, d: Decision) -> None:
+        self.event(d, self.pods[0])
+
+    def tick(self, now: float | None = None) -> Decision | None:
+        """One step of the placement loop; the decision when some pods were gated."""
+        self.now = time.time() if now is None else now
+        return self.loop.step()
 
     def run(self) -> int:
         poll = float(self.config.get("poll_s") or 5.0)

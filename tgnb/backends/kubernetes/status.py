@@ -60,6 +60,10 @@ def _waiting_detail(pod: Any) -> str:
     status = pod.status
     if status is None:
         return ""
+    for cs in status.init_container_statuses or []:
+        if cs.name == L.BACKOFF_CONTAINER and cs.state is not None and cs.state.running:
+            failures = _counter(pod, L.INDEX_FAILURES_ANNOTATION)
+            return f"failure {failures} counted: waiting the recovery policy's backoff"
     for cs in status.container_statuses or []:
         waiting = cs.state.waiting if cs.state else None
         if waiting is not None and waiting.reason not in (None, "ContainerCreating"):

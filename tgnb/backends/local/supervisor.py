@@ -68,7 +68,7 @@ from tgnb.backends.local.command import (
 )
 from tgnb.backends.local.home import EMULATOR_GONE_S, EMULATOR_STOPPED, HomeEmulator, endpoint_for
 from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
-from tgnb.backends.local.placement import placement_facts
+from tgnb.backends.local.placement import Placement, placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.cloud import ClusterState, rates
 from tgnb.events import (
@@ -83,7 +83,7 @@ from tgnb.events import (
     read_jsonl,
     utcnow,
 )
-from tgnb.runs import budget, node
+from tgnb.runs import budget, node, placing
 from tgnb.runs.outcome import Attempt, Verdict, classify, events_size
 from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
@@ -178,53 +178,15 @@ class Supervisor:
 
     def place(self, restart: int) -> list[NodeInfo] | None:
         """Decide where the run starts (`tgnb.runs.recovery.decide`: wait, shrink to fewer nodes,
-        or move to standard nodes), claim those nodes in the run store (the run is then running
-        there) and put the decision on the run's timeline; None if stopped meanwhile."""
-        res = self.record.spec.resources
-        short_since: float | None = None
-        said: tuple[str, ...] = ()
+        or move to standard nodes) in the one placement loop (`tgnb.runs.placing`, over this
+        start's `Placement`), claim those nodes in the run store (the run is then running there)
+        and put each decision on the run's timeline once; None if stopped meanwhile."""
+        placement = Placement(self, restart)
+        loop = placing.Placer(self.policy, placement)
         while not self.stop_requested:
-            nodes = self.refresh()
-            if nodes is None:
-                if said != ("unreachable",):
-                    self.store.set_state(
-                        self.record.id, JobState.PENDING, "emulator unreachable; retrying"
-                    )
-                    said = ("unreachable",)
-                time.sleep(self.poll * 2)
-                continue
-            now = time.monotonic()
-            d = decide(self.policy, self.facts(nodes, now - (short_since or now)))
-            if d.action == "start":
-                ready = sorted(
-                    (n for n in nodes if n.kind == d.node_class and n.schedulable),
-                    key=lambda n: n.name,
-                )
-                chosen = self.store.claim(
-                    self.record.id,
-                    [(n.name, n.gpus) for n in ready],
-                    want=d.nodes,
-                    least=d.nodes,
-                    gpus_per_node=res.gpus_per_node,
-                    restart_count=restart,
-                )
-                if chosen:
-                    self.node_class = d.node_class
-                    self.decision(d)
-                    by_name = {n.name: n for n in ready}
-                    return [by_name[c] for c in chosen]
-                # the GPUs are held by another run of this cluster: wait like a short cluster
-                held = (
-                    f"waiting for {d.nodes} schedulable {d.node_class} node(s) with "
-                    f"{res.gpus_per_node} free GPUs (held by other runs)"
-                )
-                d = dataclasses.replace(d, action="wait", reason=held)
-            short_since = short_since or now
-            key = (d.action, d.rule, str(d.nodes), d.node_class)
-            if key != said:
-                self.decision(d)
-                self.store.set_state(self.record.id, JobState.PENDING, d.reason)
-                said = key
+            loop.step()
+            if placement.chosen is not None:
+                return placement.chosen
             time.sleep(self.poll * 2)
         return None
 

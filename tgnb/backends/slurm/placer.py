@@ -19,13 +19,15 @@ every engine follows (`tgnb.runs.recovery.decide`) and makes the pending job ask
   at risk: the constraint is cleared (``Features=``), so the job starts on the nodes that are free,
   which are then standard ones.
 
-Each decision is a ``RecoveryDecided`` line in the run's ``events.jsonl``, as the local supervisor
-writes it. A placer that is itself requeued (its node was reclaimed) starts its wait again: it
+The loop is the one every engine adapts (`tgnb.runs.placing`; this placer is its `Engine`): each
+decision, once per change, is a ``RecoveryDecided`` line in the run's ``events.jsonl``, as the
+local supervisor writes it. A placer that is itself requeued (its node was reclaimed) starts its wait again: it
 keeps no state but the job's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
@@ -39,8 +41,8 @@ from tgnb.backends.base import RunSpec
 from tgnb.backends.slurm.commands import CommandRunner
 from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.events import RECOVERY_DECIDED, Event, utcnow
-from tgnb.runs import node
-from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, decide, progress
+from tgnb.runs import node, placing
+from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, progress
 
 SCRIPT_NAME = "placer.sbatch"
 CONFIG_NAME = "placer.json"
@@ -179,8 +181,13 @@ def slurm_facts(
 # -- the loop -------------------------------------------------------------------------------------
 
 
+class _NoAnswer(Exception):
+    """The controller did not answer: the placement goes on at the next poll, as it was."""
+
+
 class Placer:
-    """Follows one run's job (`job`) with the settings of its ``placer.json`` (`config_path`)."""
+    """Follows one run's job (`job`) with the settings of its ``placer.json`` (`config_path`): the
+    `tgnb.runs.placing.Engine` of a pending Slurm job, run by the one placement loop."""
 
     def __init__(self, config_path: str | Path, job: str, runner: CommandRunner | None = None):
         self.config_path = Path(config_path)
@@ -190,7 +197,9 @@ class Placer:
         self.job = str(job)
         self.runner = runner or CommandRunner(None)
         self.pending_since: float | None = None
-        self.said: tuple[str, ...] = ()
+        self.ended = False
+        self.fields: dict[str, str] = {}  # the run's job, as last observed
+        self.loop = placing.Placer(self.policy, self)
 
     def _show(self, *what: str) -> list[dict[str, str]] | None:
         proc = self.runner.run(["scontrol", "show", *what, "-o"], check=False)
@@ -198,7 +207,40 @@ class Placer:
             return None
         return [parse_fields(line) for line in proc.stdout.splitlines() if line.strip()]
 
-    def event(self, d: Decision) -> None:
+    def observe(self) -> Facts | None:
+        """The facts of the run's pending job; None while it runs (or once it has ended)."""
+        now = time.time()
+        jobs = self._show("job", self.job)
+        if jobs is None or not jobs or job_status(jobs[0]).state.finished:
+            self.ended = True  # the controller no longer knows the job, or it has finished
+            return None
+        self.fields = jobs[0]
+        if not self.fields.get("JobState", "").startswith("PENDING"):  # running, or requeued
+            self.pending_since = None
+            return None
+        self.pending_since = self.pending_since or now
+        nodes = self._show("node")
+        if nodes is None:
+            raise _NoAnswer
+        return slurm_facts(
+            self.config, [SlurmNode.from_fields(n) for n in nodes], now - self.pending_since,
+            self.run_dir, now,
+        )  # fmt: skip
+
+    def act(self, d: Decision) -> Decision:
+        """Make the pending job ask for the node class decided (its ``Features``)."""
+        to_standard = d.action == "start" and d.node_class == "standard"
+        if to_standard == (PREEMPTIBLE in self.fields.get("Features", "")):
+            features = "" if to_standard else PREEMPTIBLE
+            proc = self.runner.run(
+                ["scontrol", "update", f"JobId={self.job}", f"Features={features}"], check=False
+            )
+            if proc.returncode != 0:  # it started meanwhile, or the controller is busy
+                print(f"tgnb placer: scontrol update failed: {proc.stderr.strip()}", flush=True)
+                raise _NoAnswer
+        return d
+
+    def record(self, d: Decision) -> None:
         ev = Event(
             utcnow(), "tgnb", RECOVERY_DECIDED, d.reason, run=self.config["run"],
             data={**d.data(), "job_id": self.job},
@@ -207,43 +249,12 @@ class Placer:
             fh.write(ev.to_json() + "\n")
         print(f"tgnb placer: {d.reason}", flush=True)
 
-    def tick(self, now: float | None = None) -> bool:
-        """One look at the run's job; False once it has ended (the placer is done)."""
-        now = time.time() if now is None else now
-        jobs = self._show("job", self.job)
-        if jobs is None or not jobs:
-            return False  # the controller no longer knows the job: it ended
-        fields = jobs[0]
-        state = job_status(fields).state
-        if state.finished:
-            return False
-        if not fields.get("JobState", "").startswith("PENDING"):  # running, or being requeued
-            self.pending_since, self.said = None, ()
-            return True
-        self.pending_since = self.pending_since or now
-        nodes = self._show("node")
-        if nodes is None:
-            return True  # the controller did not answer: look again at the next poll
-        facts = slurm_facts(
-            self.config, [SlurmNode.from_fields(n) for n in nodes], now - self.pending_since,
-            self.run_dir, now,
-        )  # fmt: skip
-        d = decide(self.policy, facts)
-        to_standard = d.action == "start" and d.node_class == "standard"
-        asks_preemptible = PREEMPTIBLE in fields.get("Features", "")
-        if to_standard == asks_preemptible:
-            features = "" if to_standard else PREEMPTIBLE
-            proc = self.runner.run(
-                ["scontrol", "update", f"JobId={self.job}", f"Features={features}"], check=False
-            )
-            if proc.returncode != 0:  # it started meanwhile, or the controller is busy
-                print(f"tgnb placer: scontrol update failed: {proc.stderr.strip()}", flush=True)
-                return True
-        key = (d.action, d.rule, d.node_class, str(d.nodes))
-        if key != self.said:
-            self.event(d)
-            self.said = key
-        return True
+    def tick(self) -> bool:
+        """One step of the placement loop; False once the run's job has ended (the placer is
+        done)."""
+        with contextlib.suppress(_NoAnswer):  # look again at the next poll
+            self.loop.step()
+        return not self.ended
 
     def run(self) -> int:
         poll = float(self.config.get("poll_s") or 5.0)

@@ -29,7 +29,6 @@ Rendering is a pure function of the `RunSpec` and options: the golden files pin 
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -37,8 +36,8 @@ from dataclasses import dataclass
 from tgnb import events as ev
 from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
-from tgnb.runs import node
-from tgnb.runs.recovery import FINAL_CODES
+from tgnb.runs import node, placing
+from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
@@ -214,6 +213,14 @@ def _record() -> list[str]:
     ]
 
 
+def _backoff(policy: RecoveryPolicy) -> str:
+    """The policy's delay for the count in ``$failures``, as the shell takes it: tgnb's table
+    (`tgnb.runs.placing.backoff_table`) rendered, not the doubling rewritten in bash."""
+    table = [placing.seconds(x) for x in placing.backoff_table(policy)]
+    arms = [f"{n}) delay={d} ;;" for n, d in enumerate(table[:-1], start=1)]
+    return f'case "$failures" in {" ".join([*arms, f"*) delay={table[-1]} ;;"])} esac'
+
+
 def _failure_requeue(spec: RunSpec) -> list[str]:
     """A failure is requeued after the policy's backoff while the failures counted in the run
     directory stay within `max_restarts`; the final codes (bad config, disk full) never are."""
@@ -221,19 +228,17 @@ def _failure_requeue(spec: RunSpec) -> list[str]:
     if policy.max_restarts == 0:
         return ["# max_restarts=0: a failure is final."]
     final = "|".join(str(c) for c in sorted(FINAL_CODES - set(policy.resume_codes)))
-    first, cap = math.ceil(policy.backoff_s), math.ceil(policy.backoff_max_s)
     return [
         "",
-        f"# A failure counts: requeued after a backoff ({first}s, doubled, at most {cap}s) while at",
-        f"# most {policy.max_restarts} failures are counted in $TGNB_RUN_DIR/{FAILURES_FILE}.",
+        "# A failure counts: requeued after the policy's backoff (tgnb.runs.placing.backoff_table)",
+        f"# while at most {policy.max_restarts} failures are counted in $TGNB_RUN_DIR/{FAILURES_FILE}.",
         'if [ "$rc" -ne 0 ] && [ "$resume" -eq 0 ] && [ "$signalled" -eq 0 ]; then',
         f'  case "$rc" in {final}) final=1 ;; *) final=0 ;; esac',
         f'  failures=$(cat "$TGNB_RUN_DIR/{FAILURES_FILE}" 2>/dev/null || echo 0)',
         f'  if [ "$final" -eq 0 ] && [ "$failures" -lt {policy.max_restarts} ]; then',
         "    failures=$((failures + 1))",
         f'    echo "$failures" > "$TGNB_RUN_DIR/{FAILURES_FILE}"',
-        '    n=$((failures - 1)); [ "$n" -gt 20 ] && n=20',
-        f'    delay=$(({first} << n)); [ "$delay" -gt {cap} ] && delay={cap}',
+        f"    {_backoff(policy)}",
         f'    echo "tgnb: exit $rc, failure $failures of {policy.max_restarts}: requeue in ${{delay}}s"',
         '    sleep "$delay"',
         f'    record {ev.RUN_FAILED_RESTARTING} "exit $rc, failure $failures of {policy.max_restarts}:'
