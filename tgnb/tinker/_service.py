@@ -20,6 +20,7 @@ from together.post_training.tinker import types
 from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
+from tgnb.tinker._rest import RestClient
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import Connection, training_state
 from tgnb.tinker._training import TrainingClient
@@ -218,6 +219,10 @@ class ServiceClient(_SdkServiceClient):
 
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
         return await asyncio.to_thread(self.get_server_capabilities)
+
+    def create_rest_client(self) -> RestClient:  # type: ignore[override]
+        """Tinker's checkpoint management on the same connection (`tgnb.tinker._rest`)."""
+        return RestClient(**self._conn.native())
 
     def get_telemetry(self) -> None:
         """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""
