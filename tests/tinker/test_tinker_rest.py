@@ -46,7 +46,10 @@ def test_tinker_paths_round_trip_and_the_rest_client_downloads(
         listed = rest_client.list_checkpoints(run_id).result().checkpoints
         assert {state_path, sampler_path} <= {c.tinker_path for c in listed}
         assert {c.checkpoint_type for c in listed} == {"training", "sampler"}
-        urls = rest_client.get_external_weights_urls(sampler_path).result().urls
+        external = training_client.save_weights_external("step-1").result().path  # Tinker 0.38
+        parsed = tinker.ParsedCheckpointTinkerPath.from_tinker_path(external)
+        assert parsed.checkpoint_type == "external"
+        urls = rest_client.get_external_weights_urls(external).result().urls
         assert all(u.startswith(rl_emulator.base_url) for u in urls.values()), urls
         for name, url in urls.items():  # as the cookbook's weights.download fetches them
             urllib.request.urlretrieve(url, str(tmp_path / name))
@@ -55,6 +58,8 @@ def test_tinker_paths_round_trip_and_the_rest_client_downloads(
 
         with pytest.raises(NotImplementedError, match="have no TTL"):
             rest_client.set_checkpoint_ttl_from_tinker_path(sampler_path, 3600)
+        with pytest.raises(NotImplementedError, match="cannot encrypt"):
+            training_client.save_weights_external("x", age_encryption_recipients=["age1xyz"])
         with pytest.raises(NotImplementedError, match="downloads sampler weights only"):
             rest_client.get_external_weights_urls(state_path)
     finally:

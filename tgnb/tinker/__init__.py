@@ -29,6 +29,8 @@ Tinker call                                    Post-Training routes
 ``TrainingClient.save_weights_for_sampler``    ``training-checkpoint`` + ``inference-
                                                checkpoint``; path ``tinker://<session id>/
                                                sampler_weights/<inference checkpoint id>``
+``TrainingClient.save_weights_external``      as ``save_weights_for_sampler`` (Tinker 0.38),
+                                               path ``tinker://<id>/external_weights/<id>``
 ``ServiceClient.create_rest_client``           `RestClient`: ``GET checkpoints`` (list),
                                                ``GET checkpoints/{id}/download`` (the files'
                                                URLs, ``get_external_weights_urls``)
@@ -81,6 +83,7 @@ from together.post_training.tinker import APIFuture, types
 
 from tgnb.tinker._install import install, installed, uninstall
 from tgnb.tinker._newer import NEWER
+from tgnb.tinker._paths import ParsedCheckpointTinkerPath
 from tgnb.tinker._rest import RestClient
 from tgnb.tinker._sampling import SamplingClient
 from tgnb.tinker._service import ServiceClient
@@ -90,6 +93,7 @@ from tgnb.tinker._training import TrainingClient
 __all__ = [
     "TINKER_LOSS_DEFAULTS",
     "APIFuture",
+    "ParsedCheckpointTinkerPath",
     "RestClient",
     "SamplingClient",
     "ServiceClient",

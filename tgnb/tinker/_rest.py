@@ -8,7 +8,7 @@ Tinker call                                        Post-Training
 ``list_user_checkpoints(limit, offset)``           ``GET checkpoints`` (the project's, newest
                                                    first)
 ``get_external_weights_urls(tinker_path)``         ``GET checkpoints/{id}/download?variant=
-  (Tinker 0.38; a sampler path)                      CHECKPOINT_VARIANT_ADAPTER``: one URL per
+  (Tinker 0.38; a sampler or external path)          CHECKPOINT_VARIANT_ADAPTER``: one URL per
                                                    file (the adapter and its config), served
                                                    over HTTP with no key, as the SDK's
                                                    ``download_checkpoint`` fetches them
@@ -108,7 +108,8 @@ class RestClient:
         return Resolved(types.CheckpointsListResponse(checkpoints=listed.checkpoints[offset:]))
 
     def get_external_weights_urls(self, tinker_path: str) -> Resolved[ExternalWeightsUrlsResponse]:
-        """A URL for each file of sampler checkpoint `tinker_path` (its LoRA adapter)."""
+        """A URL for each file (the LoRA adapter, PEFT's format) of the sampler or external
+        weights at `tinker_path`."""
         cid = checkpoint_id(tinker_path)
         expires = datetime.datetime.now(datetime.UTC) + URL_LIFETIME
         with self._conn.sdk() as client:
