@@ -71,7 +71,7 @@ def test_tinker_rl_loop_learns_on_the_emulator(tmp_path: Path) -> None:
         first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
         assert last >= 1.5 * first and last - first > 0.15, f"reward {first:.3f} -> {last:.3f}"
         # save_state made a training checkpoint the API knows
-        ckpt = models.post_training.checkpoints.retrieve(result["checkpoint"])
+        ckpt = models.post_training.checkpoints.retrieve(result["checkpoint"].rsplit("/", 1)[-1])
         assert str(ckpt.type).endswith("TRAINING")
         assert st.api_key.get() not in proc.stdout + proc.stderr
         assert "Retrying" not in proc.stderr and "huggingface.co" not in proc.stderr

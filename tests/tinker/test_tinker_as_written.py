@@ -210,7 +210,7 @@ def test_cookbook_rl_train_pattern_periodic_saves_and_off_policy(
     for i, paths in enumerate(out["saved"]):
         step = (i + 1) * save_every
         for path in paths.values():
-            assert int(checkpoints.retrieve(path).step) == step
+            assert int(checkpoints.retrieve(path.rsplit("/", 1)[-1]).step) == step
     messages = warned(caplog)
     assert any(
         TINKER_WARNING.format("TrainingClient.create_sampling_client") in m for m in messages

@@ -67,7 +67,8 @@ def assert_checkpoints_served(emu: EmulatorHandle, log_path: Path) -> list[dict[
     checkpoints = emu.client().post_training.checkpoints
     for s in saved:
         for key in ("state_path", "sampler_path"):
-            assert checkpoints.retrieve(s[key]).id == s[key]
+            cid = s[key].rsplit("/", 1)[-1]  # tinker://<run>/<kind>/<checkpoint id>
+            assert checkpoints.retrieve(cid).id == cid
     return saved
 
 

@@ -218,15 +218,22 @@ def test_save_state_then_load_state_with_optimizer_continues_bit_identically(
 def downloaded_logprobs(emulator: EmulatorHandle, path: str, tokens: list[int], out: Path) -> Any:
     """The logprobs of `tokens` under inference checkpoint `path`'s downloaded adapter, loaded
     with peft on the base model (the first token has none)."""
+    from together.post_training import download_checkpoint
+
+    cid = path.rsplit("/", 1)[-1]  # tinker://<run>/sampler_weights/<checkpoint id>
+    variant = "CHECKPOINT_VARIANT_ADAPTER"
+    download_checkpoint(emulator.client(), cid, variant=variant, output_dir=str(out))
+    return adapter_logprobs(out, tokens)
+
+
+def adapter_logprobs(out: Path, tokens: list[int]) -> Any:
+    """The logprobs of `tokens` under the LoRA adapter in folder `out` on the base model."""
     import torch
     from peft import PeftModel
-    from together.post_training import download_checkpoint
     from transformers import AutoModelForCausalLM
 
     from tgnb.emulator.rl.catalog import resolve
 
-    variant = "CHECKPOINT_VARIANT_ADAPTER"
-    download_checkpoint(emulator.client(), path, variant=variant, output_dir=str(out))
     base = AutoModelForCausalLM.from_pretrained(resolve(MODEL).path, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(out)).eval()
     ids = torch.tensor([tokens])
@@ -371,8 +378,8 @@ def test_capabilities_info_and_a_tinker_uri_refused(rl_emulator: EmulatorHandle)
     listed = [m.model_name for m in caps.supported_models]
     assert Path(listed[0]).is_dir() and same_model(MODEL, listed[0])  # MODEL is its alias
     assert asyncio.run(service_client.get_server_capabilities_async()) == caps
-    with pytest.raises(ValueError, match="not a Post-Training checkpoint path"):
-        service_client.create_sampling_client(model_path="tinker://run-1/sampler_weights/final")
+    with pytest.raises(ValueError, match="is not a checkpoint path"):
+        service_client.create_sampling_client(model_path="tinker://run-1/final")
     with pytest.raises(ValueError, match="Either model_path or base_model"):
         service_client.create_sampling_client()
 

@@ -24,9 +24,16 @@ Tinker call                                    Post-Training routes
                                                is loaded locally, no Hub retries when cached
 ``TrainingClient.load_state[_with_optimizer]``   a new session on the same resource resumed
                                                from the checkpoint; the old one is stopped
-``TrainingClient.save_state``                  ``training-checkpoint`` (path = checkpoint id)
+``TrainingClient.save_state``                  ``training-checkpoint``; path ``tinker://<session
+                                               id>/weights/<checkpoint id>``
 ``TrainingClient.save_weights_for_sampler``    ``training-checkpoint`` + ``inference-
-                                               checkpoint`` (path = the inference one's id)
+                                               checkpoint``; path ``tinker://<session id>/
+                                               sampler_weights/<inference checkpoint id>``
+``TrainingClient.save_weights_external``      as ``save_weights_for_sampler`` (Tinker 0.38),
+                                               path ``tinker://<id>/external_weights/<id>``
+``ServiceClient.create_rest_client``           `RestClient`: ``GET checkpoints`` (list),
+                                               ``GET checkpoints/{id}/download`` (the files'
+                                               URLs, ``get_external_weights_urls``)
 ``TrainingClient.create_sampling_client``      as ``ServiceClient.create_sampling_client``
 ``save_weights_and_get_sampling_client``       ``weights-sync`` (the SDK's)
 ``SamplingClient.sample`` / ``compute_logprobs``  ``sample`` (the SDK's)
@@ -45,11 +52,12 @@ CISPO, so this layer sends Tinker's own explicitly (PPO clips to [0.8, 1.2], CIS
 
 What it still cannot serve, and why:
 
-- ``ServiceClient.create_rest_client`` (and everything on ``RestClient``: listing runs,
-  checkpoint archive URLs, TTLs, publishing): Tinker's REST API has no Post-Training
-  counterpart. Use ``together.Together().post_training.checkpoints`` and ``download_checkpoint``.
+- On ``RestClient``: TTLs, publishing, deleting, one archive per checkpoint, downloading a
+  training (``weights/``) checkpoint, and Tinker's calls on runs, sessions and samplers: each is
+  refused when called, with why (`tgnb.tinker._rest`).
 - Checkpoint names, ``ttl_seconds``, ``overwrite``: checkpoints are server-assigned ids with no
-  TTL; paths are those ids, never ``tinker://`` URIs (a ``tinker://`` path is refused by name).
+  TTL, so a path's last part is that id, not the name given (`tgnb.tinker._paths`); every call
+  that takes a path also takes the bare id this layer answered before.
 - ``weights_access_token`` (another account's checkpoints): no such grant on the API; refused.
 - ``train_mlp=False`` / ``train_attn=False``: Post-Training adapts every linear layer; refused
   rather than trained differently.
@@ -75,6 +83,8 @@ from together.post_training.tinker import APIFuture, types
 
 from tgnb.tinker._install import install, installed, uninstall
 from tgnb.tinker._newer import NEWER
+from tgnb.tinker._paths import ParsedCheckpointTinkerPath
+from tgnb.tinker._rest import RestClient
 from tgnb.tinker._sampling import SamplingClient
 from tgnb.tinker._service import ServiceClient
 from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
@@ -83,6 +93,8 @@ from tgnb.tinker._training import TrainingClient
 __all__ = [
     "TINKER_LOSS_DEFAULTS",
     "APIFuture",
+    "ParsedCheckpointTinkerPath",
+    "RestClient",
     "SamplingClient",
     "ServiceClient",
     "TrainingClient",

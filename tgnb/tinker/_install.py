@@ -33,6 +33,8 @@ def install() -> types.ModuleType:
     if installed():
         return current
     from tgnb.tinker._newer import NEWER
+    from tgnb.tinker._paths import ParsedCheckpointTinkerPath
+    from tgnb.tinker._rest import RestClient
     from tgnb.tinker._sampling import SamplingClient
     from tgnb.tinker._service import ServiceClient
     from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
@@ -46,6 +48,8 @@ def install() -> types.ModuleType:
         ServiceClient=ServiceClient,
         TrainingClient=TrainingClient,
         SamplingClient=SamplingClient,
+        RestClient=RestClient,
+        ParsedCheckpointTinkerPath=ParsedCheckpointTinkerPath,
         load_tokenizer=load_tokenizer,
         TINKER_LOSS_DEFAULTS=TINKER_LOSS_DEFAULTS,
         __tgnb_layer__=True,

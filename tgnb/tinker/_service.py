@@ -20,8 +20,9 @@ from together.post_training.tinker import types
 from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
+from tgnb.tinker._rest import RestClient
 from tgnb.tinker._sampling import SamplingClient, open_sampler
-from tgnb.tinker._support import Connection, training_state
+from tgnb.tinker._support import Connection, Resolved, training_state
 from tgnb.tinker._training import TrainingClient
 
 
@@ -80,6 +81,12 @@ class ServiceClient(_SdkServiceClient):
 
     def __enter__(self) -> ServiceClient:
         return self
+
+    def close(self, status: str = "success") -> Resolved[None]:
+        """Tinker 0.38's end of a service client: as leaving its ``with`` block (`status`, what
+        Tinker records of the run, has nowhere to go on Post-Training)."""
+        self.__exit__()
+        return Resolved(None)
 
     def __exit__(self, *exc: object) -> None:
         """Leaving ``with ServiceClient() as service_client:`` ends what it opened, as on Tinker
@@ -218,6 +225,10 @@ class ServiceClient(_SdkServiceClient):
 
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
         return await asyncio.to_thread(self.get_server_capabilities)
+
+    def create_rest_client(self) -> RestClient:  # type: ignore[override]
+        """Tinker's checkpoint management on the same connection (`tgnb.tinker._rest`)."""
+        return RestClient(**self._conn.native())
 
     def get_telemetry(self) -> None:
         """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""

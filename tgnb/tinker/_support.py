@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tgnb.errors import ValidationError
+from tgnb.tinker._paths import CKPT_TRAINING, checkpoint_id
 
 if TYPE_CHECKING:
     from together import Together
@@ -35,9 +36,6 @@ TINKER_LOSS_DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
 }
-
-CKPT_TRAINING = "CHECKPOINT_TYPE_TRAINING"
-CKPT_INFERENCE = "CHECKPOINT_TYPE_INFERENCE"
 
 
 def with_tinker_defaults(
@@ -178,16 +176,13 @@ def lora_of(session: Any) -> dict[str, Any]:
 
 
 def training_state(conn: Connection, path: str) -> TrainingState:
-    """The training checkpoint behind `path`: a ``save_state`` path as is; a
-    ``save_weights_for_sampler`` path (an inference checkpoint) through the training checkpoint
-    its session took at the same step (`TrainingClient.save_weights_for_sampler` takes both)."""
-    if not isinstance(path, str) or not path or "://" in path:
-        raise ValidationError(
-            f"{path!r} is not a Post-Training checkpoint path: pass the .path that save_state() "
-            "or save_weights_for_sampler() returned (a checkpoint id, not a tinker:// URI)"
-        )
+    """The training checkpoint behind `path` (a ``tinker://`` path or a bare id, `_paths`): a
+    ``save_state`` path as is; a ``save_weights_for_sampler`` path (an inference checkpoint)
+    through the training checkpoint its session took at the same step
+    (`TrainingClient.save_weights_for_sampler` takes both)."""
+    cid = checkpoint_id(path)
     with conn.sdk() as client:
-        ckpt = client.post_training.checkpoints.retrieve(path)
+        ckpt = client.post_training.checkpoints.retrieve(cid)
         session = client.post_training.sessions.retrieve(ckpt.session_id)
         if str(ckpt.type) == CKPT_TRAINING:
             return TrainingState(ckpt.id, ckpt.base_model, lora_of(session))

@@ -9,9 +9,10 @@
   own resource with the checkpoint's LoRA config, then stops the session it replaces (first,
   when the resource holds its cap of sessions: the new one takes its slot). Work submitted
   before the load should be collected first (``.result()``), as on Tinker.
-- ``save_weights_for_sampler`` takes a training checkpoint and an inference checkpoint at the
-  same step and answers the inference one's id (downloadable, deployable); the training one is
-  what lets ``create_sampling_client(model_path=...)`` serve that path.
+- ``save_state`` / ``save_weights_for_sampler`` answer Tinker's ``tinker://`` paths (`_paths`);
+  ``save_weights_for_sampler`` takes a training checkpoint and an inference checkpoint at the
+  same step and answers the inference one's path (downloadable, deployable); the training one
+  is what lets ``create_sampling_client(model_path=...)`` serve that path.
 - ``create_sampling_client(model_path)``: a sampler on a session of its own, on the service
   client's shared resources (`_pool`, `_sampling`).
 - ``save_weights_and_get_sampling_client`` answers this package's `SamplingClient`; the first
@@ -33,6 +34,7 @@ from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._outputs import excluded, filled, scoring_data
+from tgnb.tinker._paths import EXTERNAL, with_path
 from tgnb.tinker._pool import MAX_SESSIONS, ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
@@ -59,6 +61,14 @@ def _open_sessions(conn: Connection, resource_id: str) -> int:
     return len(page.data or [])
 
 
+def _no_encryption(recipients: list[str] | None) -> None:
+    if recipients:
+        raise NotImplementedError(
+            "age_encryption_recipients: Post-Training serves checkpoint files as they are, over "
+            "signed URLs, and cannot encrypt them to a key; save without it"
+        )
+
+
 @serve_sync_calls(
     waits=(
         "get_info",
@@ -73,6 +83,7 @@ def _open_sessions(conn: Connection, resource_id: str) -> int:
         "optim_step",
         "save_state",
         "save_weights_for_sampler",
+        "save_weights_external",
         "load_state",
         "load_state_with_optimizer",
     ),
@@ -239,15 +250,54 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
             session.stop()
 
     # -- saving and sampling -------------------------------------------------------------------
+    def _as_path(self, kind: str, future: Any) -> Mapped[Any]:
+        return Mapped(partial(with_path, self._session.session_id, kind), future)
+
+    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False) -> Any:
+        return self._as_path("weights", super().save_state(name, ttl_seconds, overwrite))
+
+    async def save_state_async(
+        self, name: str, ttl_seconds: int | None = None, overwrite: bool = False
+    ) -> Any:
+        future = await super().save_state_async(name, ttl_seconds, overwrite)
+        return self._as_path("weights", future)
+
     def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None) -> Any:
-        state = super().save_state(name, ttl_seconds)
-        return Then(state, super().save_weights_for_sampler(name, ttl_seconds))
+        return self._inference_checkpoint(name, ttl_seconds, "sampler_weights")
 
     async def save_weights_for_sampler_async(
         self, name: str, ttl_seconds: int | None = None
     ) -> Any:
-        state = await super().save_state_async(name, ttl_seconds)
-        return Then(state, await super().save_weights_for_sampler_async(name, ttl_seconds))
+        return await asyncio.to_thread(
+            self._inference_checkpoint, name, ttl_seconds, "sampler_weights"
+        )
+
+    def _inference_checkpoint(self, name: str, ttl_seconds: int | None, kind: str) -> Any:
+        """A training and an inference checkpoint at this step; the inference one's path."""
+        state = super().save_state(name, ttl_seconds)
+        sampler = super().save_weights_for_sampler(name, ttl_seconds)
+        return Then(state, self._as_path(kind, sampler))
+
+    def save_weights_external(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        age_encryption_recipients: list[str] | None = None,
+    ) -> Any:
+        """Tinker 0.38's weights for use elsewhere: an inference checkpoint, as
+        ``save_weights_for_sampler`` takes one, at ``tinker://<run>/external_weights/<id>``, its
+        files' URLs from ``RestClient.get_external_weights_urls``."""
+        _no_encryption(age_encryption_recipients)
+        return self._inference_checkpoint(name, ttl_seconds, EXTERNAL)
+
+    async def save_weights_external_async(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        age_encryption_recipients: list[str] | None = None,
+    ) -> Any:
+        _no_encryption(age_encryption_recipients)
+        return await asyncio.to_thread(self._inference_checkpoint, name, ttl_seconds, EXTERNAL)
 
     def save_weights_and_get_sampling_client(
         self,

@@ -1,0 +1,68 @@
+"""Tinker's checkpoint paths and ``RestClient``, as Tinker's docs ("Saving and loading",
+"Downloading weights") and the cookbook's ``weights`` module use them, on the emulator's
+Post-Training API over real HTTP. Nothing is faked."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tgnb.emulator.testing import EmulatorHandle
+
+pytest.importorskip("tinker", reason="the tinker extra: pip install '.[tinker]'")
+import tgnb.tinker as tinker  # the one line that differs from a Tinker script
+from tests.tinker.test_tinker_layer import EXAMPLES, MODEL, _sft_step, adapter_logprobs
+from tests.tinker.test_tinker_layer import process_example as datum_of
+
+types = tinker.types
+
+
+def test_tinker_paths_round_trip_and_the_rest_client_downloads(
+    rl_emulator: EmulatorHandle, tmp_path: Path
+) -> None:
+    service_client = tinker.ServiceClient()
+    training_client = service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=2)
+    sampler = None
+    try:
+        tokenizer = training_client.get_tokenizer()
+        data = [datum_of(p, c, tokenizer) for p, c in EXAMPLES]
+        _sft_step(training_client, data)
+        run_id = training_client.get_info().model_id
+        state_path = training_client.save_state("step-1").result().path
+        sampler_path = training_client.save_weights_for_sampler("step-1").result().path
+        parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(sampler_path)
+        assert (parsed.training_run_id, parsed.checkpoint_type) == (run_id, "sampler")
+        assert state_path.startswith(f"tinker://{run_id}/weights/")
+
+        # the paths go back in: load_state, and a sampler on the saved weights
+        training_client.load_state(state_path).result()
+        sampler = service_client.create_sampling_client(model_path=sampler_path)
+        prompt = types.ModelInput.from_ints(tokenizer.encode(EXAMPLES[0][0] + EXAMPLES[0][1]))
+        sampled = sampler.compute_logprobs(prompt).result()
+
+        rest_client = service_client.create_rest_client()
+        listed = rest_client.list_checkpoints(run_id).result().checkpoints
+        assert {state_path, sampler_path} <= {c.tinker_path for c in listed}
+        assert {c.checkpoint_type for c in listed} == {"training", "sampler"}
+        external = training_client.save_weights_external("step-1").result().path  # Tinker 0.38
+        parsed = tinker.ParsedCheckpointTinkerPath.from_tinker_path(external)
+        assert parsed.checkpoint_type == "external"
+        urls = rest_client.get_external_weights_urls(external).result().urls
+        assert all(u.startswith(rl_emulator.base_url) for u in urls.values()), urls
+        for name, url in urls.items():  # as the cookbook's weights.download fetches them
+            urllib.request.urlretrieve(url, str(tmp_path / name))
+        got = adapter_logprobs(tmp_path, prompt.to_ints())
+        assert got == pytest.approx(sampled[1:], abs=1e-5)  # the bytes are the sampled weights
+
+        with pytest.raises(NotImplementedError, match="have no TTL"):
+            rest_client.set_checkpoint_ttl_from_tinker_path(sampler_path, 3600)
+        with pytest.raises(NotImplementedError, match="cannot encrypt"):
+            training_client.save_weights_external("x", age_encryption_recipients=["age1xyz"])
+        with pytest.raises(NotImplementedError, match="downloads sampler weights only"):
+            rest_client.get_external_weights_urls(state_path)
+    finally:
+        if sampler is not None:
+            sampler.close()
+        training_client.close()
