@@ -51,7 +51,8 @@ def test_ordinary_text_sharing_words_with_a_key_is_accepted_and_not_masked() -> 
     for text in ORDINARY.values():
         assert scrub(text) == text
         assert not holds_secret(text), text
-    spec = RunSpec(name="through-restart", train=dict(ORDINARY), env={"WANDB_PROJECT": "tgnb-test"})
+    train = {"model": ORDINARY["model"], "dataset": ORDINARY["dataset"], "trl": dict(ORDINARY)}
+    spec = RunSpec(name="through-restart", train=train, env={"WANDB_PROJECT": "tgnb-test"})
     check_no_secrets(spec)  # raises ValidationError on a secret
     assert not holds_secret(dict(ORDINARY))
 

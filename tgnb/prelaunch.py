@@ -33,7 +33,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,8 @@ from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import workdir as wd
 from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.spec import RunSpec
-from tgnb.tasks.config import ALGORITHMS as BUILTIN
+from tgnb.runs.trainconfig import ALGORITHMS as BUILTIN
+from tgnb.runs.trainconfig import SCRIPT, TrainConfig, from_dict
 
 if TYPE_CHECKING:
     from tgnb.cloud import ClusterState
@@ -211,10 +212,8 @@ def plan(
     (or `command`) with `overrides` merged, the workdir snapshotted once, the spec built (it
     checks itself) from `spec_fields` (`RunSpec`'s: resources, env, secrets, recovery...), every
     check run on the snapshot, then the estimate made on preemptible nodes from the cluster's
-    `state` (called only then: bad input sends no request). On
-    bad input a `ValidationError` (or `TrainConfigError`) and nothing left behind. (The estimate
-    completes the spec's ``checkpoint:`` in place: it is tgnb's own, computed from the checked
-    setting.)"""
+    `state` (called only then: bad input sends no request), the spec then weighing it. On
+    bad input a `ValidationError` (or `TrainConfigError`) and nothing left behind."""
     base, root = train_config(what, command=command, args=args, workdir=workdir)
     train = merge(base, overrides or {})
     _check_script_keys(train)
@@ -230,24 +229,27 @@ def plan(
     try:
         spec = RunSpec(
             name=name,
-            train=train,
+            train=from_dict(train),
             workdir=None if root is None else os.fspath(root),
             snapshot=snapshot,
             **spec_fields,
         )
+        cfg = spec.train
         if snapshot is not None:
-            _check_shipped(train, snapshot)
+            _check_shipped(cfg, snapshot)
         paths = [p for p in spec.env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        check(train, None if snapshot is None else snapshot.root, paths)
+        check(cfg, None if snapshot is None else snapshot.root, paths)
         res = spec.resources
         estimate = None
         if state is not None and res.preemptible:  # auto weighs what this cluster's nodes saw
-            estimate = observed_preemption_rate(train, state(), res.nodes)
+            cfg, estimate = observed_preemption_rate(cfg, state(), res.nodes)
+            if estimate is not None:
+                spec = replace(spec, train=cfg)
     except BaseException:
         if snapshot is not None:
             snapshot.discard()
         raise
-    return LaunchPlan(spec, snapshot, estimate, unprotected(train, snapshot))
+    return LaunchPlan(spec, snapshot, estimate, unprotected(cfg, snapshot))
 
 
 #: What a program with a hook names: `tgnb.train.protect` or the `Checkpointer`.
@@ -255,13 +257,13 @@ _HOOKS = re.compile(r"\b(protect|Checkpointer)\b")
 _SCAN_BYTES = 2_000_000
 
 
-def unprotected(train: Mapping[str, Any], snapshot: wd.Snapshot | None) -> str | None:
+def unprotected(train: TrainConfig, snapshot: wd.Snapshot | None) -> str | None:
     """The launch's warning for a script or command whose workdir never names
     ``tgnb.train.protect`` or the ``Checkpointer`` (no ``RunStarted`` will come: a preemption
     restarts it from step 0), or None. A plain text scan of the snapshot's Python files."""
-    if train.get("algorithm") != "script":
+    if train.algorithm != SCRIPT:
         return None
-    what = train.get("script") or " ".join(map(str, train.get("command") or ()))
+    what = train.script or " ".join(train.command or ())
     if snapshot is not None:
         read = 0
         for rel in snapshot.files:
@@ -280,9 +282,9 @@ def unprotected(train: Mapping[str, Any], snapshot: wd.Snapshot | None) -> str |
     )
 
 
-def _check_shipped(train: Mapping[str, Any], snapshot: wd.Snapshot) -> None:
+def _check_shipped(train: TrainConfig, snapshot: wd.Snapshot) -> None:
     """The script is in the snapshot, not only in the folder (an ignore pattern took it out)."""
-    script = train.get("script")
+    script = train.script
     shipped = not isinstance(script, str) or script in snapshot.files
     if not shipped and (snapshot.folder / str(script)).is_file():
         raise ValidationError(
@@ -305,36 +307,33 @@ def reads_workdir(train: Mapping[str, Any], root: Path) -> bool:
     return any(isinstance(r, str) and ":" in r and wd.provides(root, r) for r in rewards)
 
 
-def _needs_subprocess(cfg: Any) -> bool:
+def _needs_subprocess(cfg: TrainConfig) -> bool:
     custom = [r for r in cfg.rewards if ":" in r] if cfg.algorithm == "grpo" else []
     return bool(cfg.trl or cfg.lora or custom)
 
 
-def check(train: Mapping[str, Any], root: Path | None, paths: Sequence[str] = ()) -> None:
+def check(cfg: TrainConfig, root: Path | None, paths: Sequence[str] = ()) -> None:
     """Every launch-time check of the run's config (see the module docstring); a
     `TrainConfigError` with the first problem, nothing recorded or sent. `paths`: the run's own
     ``PYTHONPATH`` (where a script's imports may be found)."""
     from tgnb.tasks import config
 
     base = root or Path.cwd()
-    cfg = config.from_dict({k: v for k, v in train.items() if k != "run_dir"})
     config.check_light(cfg, base)
     if cfg.algorithm == config.SCRIPT:
         config.check_script(cfg, base, paths)
         return
     if _needs_subprocess(cfg):
-        check_on_a_node_like_process(train, base)
+        check_on_a_node_like_process(cfg, base)
 
 
-def resolved(train: Mapping[str, Any], root: Path | None, run_dir: str | None = None) -> str:
+def resolved(train: TrainConfig, root: Path | None, run_dir: str | None = None) -> str:
     """The config as the node will run it (tgnb's own defaults under ``trl`` included), as YAML:
     what ``tgnb train --check`` prints, run in the workdir (nothing is written)."""
     return check_on_a_node_like_process(train, root or Path.cwd(), run_dir)
 
 
-def check_on_a_node_like_process(
-    train: Mapping[str, Any], root: Path, run_dir: str | None = None
-) -> str:
+def check_on_a_node_like_process(train: TrainConfig, root: Path, run_dir: str | None = None) -> str:
     """``python -m tgnb.train CONFIG --check`` in `root` with it on ``PYTHONPATH``, as the node
     will run it; its one-line refusal becomes a `ValidationError`; its output (the resolved
     config as YAML) is returned."""
@@ -343,7 +342,7 @@ def check_on_a_node_like_process(
 
     with tempfile.TemporaryDirectory(prefix="tgnb-check-") as tmp:
         config = Path(tmp) / node.CONFIG
-        config.write_text(node.render_config(train), encoding="utf-8")
+        config.write_text(node.render_config(train.compact()), encoding="utf-8")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -380,13 +379,13 @@ def check_on_a_node_like_process(
 
 
 def observed_preemption_rate(
-    train: dict[str, Any], state: ClusterState, nodes: int, now: datetime | None = None
-) -> str | None:
+    train: TrainConfig, state: ClusterState, nodes: int, now: datetime | None = None
+) -> tuple[TrainConfig, str | None]:
     """With ``checkpoint.auto``, the launch's estimate of the run's preemption rate from what
-    the cluster observed, its ``preemptions_per_hour`` setting the prior, written into `train`
+    the cluster observed, its ``preemptions_per_hour`` setting the prior: `train` weighing it
     (`tgnb.cloud.rates.apply`: ``checkpoint.observed_preemptions_per_hour``,
-    ``preemptions_source`` and the estimate's weight and time, which a restart updates); return
-    the line that says where it came from, or None when ``auto`` is off (nothing changed)."""
+    ``preemptions_source`` and the estimate's weight and time, which a restart updates) and the
+    line that says where it came from; `train` and None when ``auto`` is off."""
     from tgnb.cloud.rates import apply
 
     return apply(train, state, nodes, now)

@@ -52,17 +52,21 @@ PLAIN = "wandb-plain-Zq9XvT4kLm2PwR7sYb3NcH8d"
 CONFIG_BY_NAME: dict[str, dict[str, Any]] = {
     "trl.hub_token": {"trl": {"hub_token": PLAIN}},
     "push_to_hub_token": {"trl": {"push_to_hub_token": PLAIN}},
-    "wandb_api_key": {"wandb_api_key": PLAIN},
-    "s3.secret_key": {"s3": {"secret_key": PLAIN}},
-    "db.password": {"db": {"password": PLAIN}},
-    "aws_access_key_id-nested-list": {"callbacks": [{"aws_access_key": PLAIN}]},
-    "upper-HF_TOKEN": {"HF_TOKEN": PLAIN},
+    "wandb_api_key": {"trl": {"wandb_api_key": PLAIN}},
+    "s3.secret_key": {"trl": {"s3": {"secret_key": PLAIN}}},
+    "db.password": {"lora": {"db": {"password": PLAIN}}},
+    "aws_access_key_id-nested-list": {"trl": {"callbacks": [{"aws_access_key": PLAIN}]}},
+    "upper-HF_TOKEN": {"trl": {"HF_TOKEN": PLAIN}},
 }
 CONFIG_OK = {
     "algorithm": "dpo",
-    "tokenizer": {"pad_token": "<|pad|>", "eos_token": "</s>", "bos_token": "<s>"},
-    "trl": {"report_to": "none", "hub_token": None, "max_tokens": 5},
-    "pad_token_id": 0,
+    "trl": {
+        "report_to": "none",
+        "hub_token": None,
+        "max_tokens": 5,
+        "tokenizer": {"pad_token": "<|pad|>", "eos_token": "</s>", "bos_token": "<s>"},
+        "pad_token_id": 0,
+    },
 }
 
 

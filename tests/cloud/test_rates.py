@@ -18,6 +18,7 @@ from tgnb.cloud import ClusterState
 from tgnb.cloud.rates import estimate
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN, parse_time
+from tgnb.runs.trainconfig import from_dict
 
 from .conftest import _cluster_record, _preemptible_node
 from .test_emulator_integration import make_cloud
@@ -84,15 +85,15 @@ def test_launch_sets_the_runs_rate_from_the_observed_one_the_setting_the_prior()
     events = [ev(p + "0", NODE_ADDED, "2026-11-29T17:00:00Z")]
     events += [ev(p + "0", PREEMPTION_NOTIFIED, "2026-11-29T19:00:00Z")]
     s = state(events, [])
-    off: dict[str, Any] = {"algorithm": "grpo", "checkpoint": {"every_steps": 5}}
-    assert prelaunch.observed_preemption_rate(off, s, 1, NOW) is None
-    assert off["checkpoint"] == {"every_steps": 5}  # auto off: untouched
-    train: dict[str, Any] = {"checkpoint": {"auto": True, "preemptions_per_hour": 1.0}}
-    line = prelaunch.observed_preemption_rate(train, s, 2, NOW)
+    off = from_dict({"algorithm": "grpo", "checkpoint": {"every_steps": 5}})
+    assert prelaunch.observed_preemption_rate(off, s, 1, NOW) == (off, None)  # auto off
+    given = from_dict({"checkpoint": {"auto": True, "preemptions_per_hour": 1.0}})
+    train, line = prelaunch.observed_preemption_rate(given, s, 2, NOW)
     per_node = (0.5 * 1 + 1) / (1 + 2)  # prior: the run's 1/h spread over its 2 nodes
-    assert train["checkpoint"]["observed_preemptions_per_hour"] == pytest.approx(2 * per_node)
-    assert train["checkpoint"]["preemptions_per_hour"] == 1.0  # the setting stays, the prior
-    assert train["checkpoint"]["preemptions_source"] == line and line
+    assert train.checkpoint.observed_preemptions_per_hour == pytest.approx(2 * per_node)
+    assert train.checkpoint.preemptions_per_hour == 1.0  # the setting stays, the prior
+    assert train.checkpoint.preemptions_source == line and line
+    assert given.checkpoint.observed_preemptions_per_hour is None  # the given config unchanged
     assert "1 over 2.0 node-hours" in line and "x 2 nodes = 1 per hour of the run" in line
     assert "setting 1 per hour" in line and "cluster train" in line
 
@@ -119,7 +120,7 @@ def test_the_rate_of_a_trace_withdrawal_on_the_emulator_over_http(
     assert rate.preemptions == 1
     assert rate.node_hours == pytest.approx(exposed, abs=2 / 3600)  # within the read's seconds
     assert rate.per_node_hour == pytest.approx((0.5 + 1) / (1 + rate.node_hours))
-    train: dict[str, Any] = {"checkpoint": {"auto": True, "preemptions_per_hour": 0.5}}
-    line = prelaunch.observed_preemption_rate(train, snap, 1)
+    train = from_dict({"checkpoint": {"auto": True, "preemptions_per_hour": 0.5}})
+    line = prelaunch.observed_preemption_rate(train, snap, 1)[1]
     assert line and "1 over 0.0 node-hours" in line and "prior 0.5" in line
     cloud.close()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
+import yaml
 
 from tgnb.cloud import ClusterState
 from tgnb.cloud.rates import apply
@@ -23,7 +23,9 @@ from tgnb.events import (
     Event,
     parse_time,
 )
+from tgnb.runs.node import render_config
 from tgnb.runs.policy import CheckpointPolicy
+from tgnb.runs.trainconfig import TrainConfig
 from tgnb.tasks import config
 from tgnb.train import rates as node_rates
 
@@ -38,7 +40,7 @@ def cluster(events: list[tuple[str, str, str]]) -> ClusterState:
     return ClusterState.from_api(_cluster_record(node_lifecycle_events=raw))
 
 
-def launched(nodes: int = 2) -> dict[str, Any]:
+def launched(nodes: int = 2) -> TrainConfig:
     """A run launched at NOW on `nodes` nodes of a cluster that saw 1 preemption in 10
     node-hours (two nodes from 10:00, one notified at 15:00, the other scaled down at 15:00)."""
     state = cluster(
@@ -49,18 +51,19 @@ def launched(nodes: int = 2) -> dict[str, Any]:
             (P + "1", "TogetherScaledDown", "2026-11-29T15:00:00Z"),
         ]
     )
-    train: dict[str, Any] = {"algorithm": "grpo", "checkpoint": {"auto": True}}
-    assert apply(train, state, nodes, NOW)
+    train, line = apply(config.from_dict({"checkpoint": {"auto": True}}), state, nodes, NOW)
+    assert line
     return train
 
 
 def test_launch_leaves_the_estimates_weight_and_time_for_a_restart() -> None:
-    ck = launched(nodes=2)["checkpoint"]
+    ck = launched(nodes=2).checkpoint
     per_node = (0.5 * 1 + 1) / (1 + 10)  # the setting 1/h spread over 2 nodes as the prior
-    assert ck["observed_preemptions_per_hour"] == pytest.approx(2 * per_node)
-    assert ck["preemptions_weight_hours"] == pytest.approx((1 + 10) / 2)  # hours of the run
-    assert ck["preemptions_as_of"] == "2026-11-29T20:00:00Z"
-    policy = config.from_dict(launched()).checkpoint  # what the node reads: accepted
+    assert ck.observed_preemptions_per_hour == pytest.approx(2 * per_node)
+    assert ck.preemptions_weight_hours == pytest.approx((1 + 10) / 2)  # hours of the run
+    assert ck.preemptions_as_of == "2026-11-29T20:00:00Z"
+    written = yaml.safe_load(render_config(launched().compact()))  # the node's config file
+    policy = config.from_dict(written).checkpoint  # what the node reads: accepted
     assert policy.preemptions_weight_hours == pytest.approx(5.5)
     for bad in (0, -1.0, "5", True, float("nan")):
         with pytest.raises(TrainConfigError, match="preemptions_weight_hours must be a number"):
@@ -71,7 +74,7 @@ def test_launch_leaves_the_estimates_weight_and_time_for_a_restart() -> None:
 
 def test_the_local_restart_reads_the_cluster_again_with_its_new_preemption() -> None:
     train = launched(nodes=1)
-    before = train["checkpoint"]["observed_preemptions_per_hour"]
+    before = train.checkpoint.observed_preemptions_per_hour
     state = cluster(
         [
             (P + "0", NODE_ADDED, "2026-11-29T10:00:00Z"),
@@ -82,15 +85,17 @@ def test_the_local_restart_reads_the_cluster_again_with_its_new_preemption() -> 
             (P + "2", PREEMPTION_NOTIFIED, "2026-11-29T20:30:00Z"),
         ]
     )
-    line = apply(train, state, 1, NOW + timedelta(hours=1), restart=1)
-    ck = train["checkpoint"]
-    assert line == ck["preemptions_source"]
+    again, line = apply(train, state, 1, NOW + timedelta(hours=1), restart=1)
+    ck = again.checkpoint
+    assert line is not None and line == ck.preemptions_source
     assert line.startswith("checkpoint.auto weighs (the cluster re-read at restart 1) ")
     assert ": 2 over " in line
-    assert ck["observed_preemptions_per_hour"] > before
-    assert "preemptions_per_hour" not in ck  # never written: the setting stays the default prior
-    assert ck["preemptions_as_of"] == "2026-11-29T21:00:00Z"  # read then, not at the launch
-    assert apply({"checkpoint": {"every_steps": 5}}, state, 1, restart=1) is None
+    assert ck.observed_preemptions_per_hour is not None and before is not None
+    assert ck.observed_preemptions_per_hour > before
+    assert ck.preemptions_per_hour == train.checkpoint.preemptions_per_hour  # the prior stays
+    assert ck.preemptions_as_of == "2026-11-29T21:00:00Z"  # read then, not at the launch
+    off = config.from_dict({"checkpoint": {"every_steps": 5}})
+    assert apply(off, state, 1, restart=1) == (off, None)
 
 
 def test_after_a_local_re_read_the_runtime_adds_nothing(tmp_path: Path) -> None:
@@ -99,10 +104,10 @@ def test_after_a_local_re_read_the_runtime_adds_nothing(tmp_path: Path) -> None:
     started = Event(NOW + timedelta(minutes=5), "run", RUN_STARTED, "", run="r", data={"pid": 1})
     stopped = Event(NOW + timedelta(minutes=35), "run", SIGNAL_RECEIVED, "", run="r")
     (tmp_path / "events.jsonl").write_text(started.to_json() + "\n" + stopped.to_json() + "\n")
-    policy = CheckpointPolicy(**train["checkpoint"])
+    policy = train.checkpoint
     assert (
         node_rates.at_restart(policy, tmp_path, 1).preemptions_source != policy.preemptions_source
     )
-    apply(train, cluster([]), 1, NOW + timedelta(hours=1), restart=1)  # the supervisor's, after it
-    policy = CheckpointPolicy(**train["checkpoint"])
+    train = apply(train, cluster([]), 1, NOW + timedelta(hours=1), restart=1)[0]  # supervisor's
+    policy = train.checkpoint
     assert node_rates.at_restart(policy, tmp_path, 1) is policy

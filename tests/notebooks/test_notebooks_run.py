@@ -109,7 +109,7 @@ def test_sweep_summary_table_plot_and_target_dropped(executed: Any) -> None:
     for run in runs:
         s = run.summary()
         assert (s["state"], s["steps"]) == ("succeeded", params["max_steps"])
-        lr = run.record.spec.train["trl"]["learning_rate"]
+        lr = run.record.spec.train.trl["learning_rate"]
         assert lr in params["learning_rates"]
         assert run.name in table
     assert _mime(nb, "plot", "image/png")

@@ -133,7 +133,7 @@ def test_script_arguments_reach_the_program_as_the_strings_given(
     plan = _plan(folder, args=["--lr", "1e-4", "--wd", 2e-05, "--n", 3, "yes"])
     plan.discard()
     config = tmp_path / node.CONFIG
-    config.write_text(node.render_config(plan.spec.train), encoding="utf-8")
+    config.write_text(node.render_config(plan.spec.train.compact()), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path])}
     cmd = [sys.executable, "-m", "tgnb.train", str(config), "--run-dir", str(tmp_path / "run")]
     out = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
@@ -163,7 +163,7 @@ def test_a_configs_own_name_is_the_runs_name(tmp_path: Path, staging: Path) -> N
     config = {"algorithm": "script", "script": "train.py", "name": "my-named-run"}
     plan = prelaunch.plan(dict(config), workdir=folder, resources=Resources())
     plan.discard()
-    assert plan.spec.name == "my-named-run" and plan.spec.train["name"] == "my-named-run"
+    assert plan.spec.name == "my-named-run" and plan.spec.train.name == "my-named-run"
     plan = prelaunch.plan(dict(config), workdir=folder, name="given", resources=Resources())
     plan.discard()
     assert plan.spec.name == "given"

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tgnb.backends.base import JobState, Resources, RunSpec, SecretRef
-from tgnb.errors import ApiError, NotFoundError, ValidationError
+from tgnb.errors import ApiError, NotFoundError, TrainConfigError, ValidationError
 from tgnb.runs.store import RunStore, spec_from_dict, spec_to_dict
+from tgnb.runs.trainconfig import TrainConfig, from_dict
 
 
 def _spec(name: str = "grpo-a") -> RunSpec:
@@ -24,9 +25,20 @@ def _spec(name: str = "grpo-a") -> RunSpec:
     )
 
 
-def test_spec_round_trip_keeps_every_field() -> None:
+def test_spec_round_trip_keeps_every_field(tmp_path: Path) -> None:
     spec = _spec()
+    assert isinstance(spec.train, TrainConfig) and spec.train.name == "grpo-a"
     assert spec_from_dict(spec_to_dict(spec)) == spec
+    store = RunStore(tmp_path)
+    store.create(spec, backend="local", run_dir=tmp_path / "runs/grpo-a")
+    assert RunStore(tmp_path).get("grpo-a").spec.train == spec.train  # from the sqlite file
+    old = {**spec_to_dict(spec), "train": {"algorithm": "grpo", "max_steps": 7}}  # as stored before
+    assert spec_from_dict(old).train == from_dict({"name": "grpo-a", "max_steps": 7})
+
+
+def test_a_mapping_with_an_unknown_key_is_refused_when_the_spec_is_built() -> None:
+    with pytest.raises(TrainConfigError, match="unknown config key 'max_step'"):
+        RunSpec(name="typo", train={"algorithm": "grpo", "max_step": 5})
 
 
 def test_create_record_history_and_reopen(tmp_path: Path) -> None:

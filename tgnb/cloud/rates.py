@@ -29,19 +29,17 @@ runtime updates the launch estimate with the run's own record (`tgnb.train.rates
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from tgnb.cloud.models import PREEMPTIBLE_PREFIX, ClusterState
 from tgnb.events import NODE_ADDED, PREEMPTED, PREEMPTION_NOTIFIED, SCALED_DOWN, format_time, utcnow
 from tgnb.runs.policy import (
     PRIOR_NODE_HOURS,
-    CheckpointPolicy,
     PreemptionEstimate,
-    estimate_fields,
     posterior,
 )
+from tgnb.runs.trainconfig import TrainConfig
 
 #: How long the platform keeps ``node_lifecycle_events``.
 RETENTION = timedelta(hours=72)
@@ -145,27 +143,24 @@ def run_estimate(
 
 
 def apply(
-    train: dict[str, Any],
+    train: TrainConfig,
     state: ClusterState,
     nodes: int,
     now: datetime | None = None,
     *,
     restart: int | None = None,
-) -> str | None:
-    """With ``checkpoint.auto``, set the run's ``checkpoint.observed_preemptions_per_hour`` from
-    what `state`'s cluster observed, its ``preemptions_per_hour`` setting being the prior
-    (`run_estimate` on `nodes`), ``preemptions_source`` to the line that says so (naming the
-    `restart` it was re-read at, if any), and the estimate's weight and time; return that line,
-    or None when ``auto`` is off (nothing changed)."""
-    given = train.get("checkpoint") or {}
-    policy = CheckpointPolicy.parse(given)  # the config was checked: this reads it
+) -> tuple[TrainConfig, str | None]:
+    """With ``checkpoint.auto``, `train` weighing the rate `state`'s cluster observed, its
+    ``preemptions_per_hour`` setting being the prior (`run_estimate` on `nodes`): its policy's
+    ``observed_preemptions_per_hour``, the estimate's weight and time, and
+    ``preemptions_source``, the line that says where it came from (naming the `restart` it was
+    re-read at, if any); with that line. Without ``auto``, `train` as it is and None."""
+    policy = train.checkpoint
     if not policy.auto_interval:
-        return None
+        return train, None
     now = now or utcnow()
     rate, weight, line = run_estimate(state, policy.preemptions_per_hour, nodes, now)
     when = "" if restart is None else f" (the cluster re-read at restart {restart})"
     line = f"checkpoint.auto weighs{when} {line}"
     estimate = PreemptionEstimate(rate, line, weight, format_time(now))
-    # the config keeps the user's keys as given, with the estimate's beside them
-    train["checkpoint"] = {**given, **estimate_fields(estimate)}
-    return line
+    return replace(train, checkpoint=policy.with_estimate(estimate)), line

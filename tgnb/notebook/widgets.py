@@ -430,7 +430,7 @@ class RunPanel(Panel):
         restarts = sum(1 for x in self.events if x.reason == ev.RUN_RESUMED)
         ckpts = sum(1 for x in self.events if x.reason == ev.CHECKPOINT_SAVED)
         node = next((x.node for x in reversed(self.events) if x.node), None) or "-"
-        kind = str(self.run.record.spec.train.get("algorithm", "grpo"))
+        kind = self.run.record.spec.train.algorithm
         return (
             f"<b>run {e(self.run.name)}</b> ({e(kind)}) · {e(self.state)} · node "
             f"{e(node)} · {_count(ckpts, 'checkpoint')} · {_count(restarts, 'resume')}"
@@ -471,7 +471,7 @@ class RunPanel(Panel):
 
     def _second_keys(self) -> tuple[str, ...]:
         """What the second chart draws: the loss, or for GRPO a number that moves."""
-        grpo = self.run.record.spec.train.get("algorithm") == "grpo"
+        grpo = self.run.record.spec.train.algorithm == "grpo"
         moving = any(
             isinstance(r.get(k), (int, float)) for r in self.rows for k in GRPO_SPREAD_KEYS
         )

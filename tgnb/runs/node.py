@@ -195,7 +195,8 @@ def dump_yaml(data: Any) -> str:
 
 
 def render_config(train: Mapping[str, Any]) -> str:
-    """The node's config file (`CONFIG`): the run's training config as plain YAML. The run
-    directory is not in it: the command line gives it (``--run-dir``)."""
+    """The node's config file (`CONFIG`): the run's training config as plain YAML
+    (`tgnb.runs.trainconfig.TrainConfig.compact`). The run directory is not in it: the command
+    line gives it (``--run-dir``)."""
     body = {k: v for k, v in _plain(train).items() if k != "run_dir"}
     return dump_yaml(body)

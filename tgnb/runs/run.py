@@ -198,10 +198,7 @@ class Run:
             value = ev.data.get("max_steps") if ev.reason == RUN_STARTED else None
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
-        value = self._record.spec.train.get("max_steps")
-        if self._record.spec.train.get("algorithm") == "script":
-            return None
-        return value if isinstance(value, int) and value > 0 else None
+        return self._record.spec.train.planned_steps
 
     @property
     def state(self) -> JobState:
@@ -427,7 +424,7 @@ class Run:
             "steps_lost": lost,
             "restarts": self._record.restart_count,
             "preemptions": len({step for _, step in notices}),
-            "kind": str(self._record.spec.train.get("algorithm", "grpo")),
+            "kind": self._record.spec.train.algorithm,
             "protected": protected,
             "note": _note(evs, protected),
             "reward_key": key,

@@ -12,12 +12,13 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tgnb.errors import ValidationError
 from tgnb.prices import Prices, check_budget
 from tgnb.runs.node import Exit
 from tgnb.runs.recovery import RecoveryPolicy, policy_for
+from tgnb.runs.trainconfig import TrainConfig, from_dict
 
 if TYPE_CHECKING:
     from tgnb.runs.workdir import Snapshot
@@ -117,11 +118,13 @@ class Resources:
 class RunSpec:
     """What to run and where: the run's contract, validated once, when it is built (a bad value
     is a `ValidationError` naming the fix); the engines and the store take it as it is. `train` is
-    the training config mapping (``tgnb.train`` YAML); `snapshot` the workdir as the launch took
-    and checked it (`tgnb.prelaunch.plan`), which the engines ship (never stored)."""
+    the run's `TrainConfig`; a mapping given instead is read with `tgnb.runs.trainconfig.from_dict`
+    (an unknown key is a `TrainConfigError`), its ``name`` the run's when it gives none (as the
+    node named it from its run directory). `snapshot` is the workdir as the launch took and checked it
+    (`tgnb.prelaunch.plan`), which the engines ship (never stored)."""
 
     name: str
-    train: Mapping[str, Any]
+    train: TrainConfig
     resources: Resources = field(default_factory=Resources)
     image: str | None = None  # Kubernetes
     partition: str | None = None  # Slurm
@@ -141,6 +144,9 @@ class RunSpec:
     prices: Prices | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.train, Mapping):  # RunSpec(name=..., train={...}): read once, here
+            train = from_dict({"name": self.name, **self.train})
+            object.__setattr__(self, "train", train)
         self.validate()
 
     def workdir_snapshot(self) -> Snapshot | None:
@@ -162,6 +168,11 @@ class RunSpec:
             raise ValidationError(
                 f"run name {self.name!r:.60} is not valid: use lowercase letters, digits and '-', "
                 "starting and ending with a letter or digit (at most 50 characters)"
+            )
+        if not isinstance(self.train, TrainConfig):
+            raise ValidationError(
+                f"train must be a TrainConfig or a mapping, got {type(self.train).__name__}: "
+                "e.g. train={'algorithm': 'grpo'}"
             )
         if not isinstance(self.resources, Resources):  # a Resources checked itself when built
             raise ValidationError(
@@ -241,13 +252,14 @@ def check_no_secrets(spec: RunSpec) -> None:
                 f"env {name:.60} holds a control character ({ord(bad[0]):#04x}): environment "
                 "values must be printable text"
             )
-    if named := secret_keys(dict(spec.train)):
+    train = spec.train.to_dict()
+    if named := secret_keys(train):
         raise ValidationError(
             f"the training config key {named[0]:.80} names a secret: drop it and pass the secret "
             "by reference, secrets={'HF_TOKEN': SecretRef(name='hf', env='HF_TOKEN')} (the "
             "libraries read HF_TOKEN, WANDB_API_KEY... from the environment)"
         )
-    if holds_secret(dict(spec.train)):
+    if holds_secret(train):
         raise ValidationError(
             "the training config holds a secret value (e.g. trl.hub_token): drop it and pass the "
             "secret by reference, secrets={'HF_TOKEN': SecretRef(name='hf', env='HF_TOKEN')}"

@@ -69,7 +69,7 @@ def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
     """A `RunSpec` as plain JSON-able data (secrets stay references)."""
     out = asdict(spec)
     out.pop("snapshot", None)  # the launch's staged files, shipped by the engine, never stored
-    out["train"] = dict(spec.train)
+    out["train"] = spec.train.to_dict()
     out["env"] = dict(spec.env)
     out["secrets"] = {k: asdict(v) for k, v in spec.secrets.items()}
     out["recovery"] = None if spec.recovery is None else spec.recovery.to_dict()
@@ -81,7 +81,7 @@ def spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
     d = dict(data)
     d["resources"] = Resources(**dict(d.get("resources") or {}))
     d["secrets"] = {k: SecretRef(**dict(v)) for k, v in dict(d.get("secrets") or {}).items()}
-    d["train"] = dict(d.get("train") or {})
+    d["train"] = dict(d.get("train") or {})  # RunSpec reads it (`from_dict`)
     d["env"] = dict(d.get("env") or {})
     if d.get("recovery") is not None:
         d["recovery"] = RecoveryPolicy.from_dict(d["recovery"])

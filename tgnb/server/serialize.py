@@ -84,7 +84,7 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
         "state": st.state.value,
         "finished": st.state.finished,
         "backend": rec.backend,
-        "algorithm": str(rec.spec.train.get("algorithm", "")),
+        "algorithm": rec.spec.train.algorithm,
         "restart_count": st.restart_count,
         "nodes": list(st.nodes),
         "exit_code": st.exit_code,

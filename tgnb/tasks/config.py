@@ -1,4 +1,5 @@
-"""The configuration of a training run: one dataclass, loaded from YAML plus ``--set`` overrides.
+"""The configuration of a training run: one dataclass (`tgnb.runs.trainconfig.TrainConfig`, part of
+the run's contract, re-exported here), loaded from YAML plus ``--set`` overrides, and its checks.
 
 A config file looks like::
 
@@ -30,31 +31,31 @@ recorded); the checks that need TRL or the run directory are `tgnb.train.validat
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tgnb.atomic import atomic_write
-from tgnb.config import default_home
 from tgnb.errors import TrainConfigError
-from tgnb.runs.node import YAML_FLOAT, dump_yaml
-from tgnb.runs.policy import MAX_STEPS, CheckpointPolicy, bounded
+from tgnb.runs.node import YAML_FLOAT
+from tgnb.runs.policy import MAX_STEPS, bounded
+
+# The config itself is part of the run's contract, below this plane: re-exported from here.
+from tgnb.runs.trainconfig import ALGORITHMS as ALGORITHMS
+from tgnb.runs.trainconfig import DEFAULT_DATASET as DEFAULT_DATASET
+from tgnb.runs.trainconfig import DEFAULT_REWARDS as DEFAULT_REWARDS
+from tgnb.runs.trainconfig import KINDS as KINDS
+from tgnb.runs.trainconfig import SCRIPT as SCRIPT
+from tgnb.runs.trainconfig import TrainConfig as TrainConfig
+from tgnb.runs.trainconfig import field_names as field_names
+from tgnb.runs.trainconfig import from_dict as from_dict
+from tgnb.runs.trainconfig import unknown as unknown
 from tgnb.runs.workdir import provides
 
-ALGORITHMS = ("grpo", "dpo", "sft")
-#: The kind of a run of the user's own program (a script or a command).
-SCRIPT = "script"
-KINDS = (*ALGORITHMS, SCRIPT)
-DEFAULT_DATASET = {"grpo": "arithmetic", "dpo": "arithmetic-preference", "sft": "arithmetic-sft"}
-DEFAULT_REWARDS = ["correctness", "format"]
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -103,90 +104,6 @@ def load_yaml(text: str) -> Any:
         return yaml.load(text, Loader=_PlainLoader)  # a SafeLoader subclass
     except RecursionError:
         raise yaml.YAMLError("the YAML is nested too deeply: flatten it") from None
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run: what to train (model, data, rewards), how (TRL options, LoRA, seed,
-    steps) and where (run directory), plus the checkpoint policy. Frozen: the node parses it
-    once (`load`) and every part of the runtime reads that one object."""
-
-    algorithm: str = "grpo"
-    model: str = "tiny"
-    dataset: str | None = None
-    rewards: list[str] = field(default_factory=lambda: list(DEFAULT_REWARDS))
-    trl: dict[str, Any] = field(default_factory=dict)
-    lora: dict[str, Any] | None = None
-    seed: int = 0
-    max_steps: int = 100
-    name: str | None = None
-    run_dir: str | None = None
-    dataset_config: str | None = None
-    dataset_split: str = "train"
-    dataset_size: int = 2000
-    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
-    script: str | None = None  # algorithm: script; a path inside the workdir
-    args: list[str] = field(default_factory=list)  # the script's command-line arguments
-    command: list[str] | None = None  # algorithm: script; a program run as it is
-
-    def __post_init__(self) -> None:
-        def default(key: str, value: Any) -> None:
-            object.__setattr__(self, key, value)  # the defaults that follow from other fields
-
-        if self.algorithm == SCRIPT:
-            default("dataset", self.dataset or "")
-        if self.dataset is None:
-            default("dataset", DEFAULT_DATASET.get(self.algorithm, "arithmetic"))
-        if self.name is None:
-            default(
-                "name",
-                Path(self.run_dir).name if self.run_dir else f"{self.algorithm}-{self.model}",
-            )
-        if self.run_dir is None:
-            default("run_dir", str(default_home() / "runs" / str(self.name)))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved config as plain data (what ``run.yaml`` holds)."""
-        return dataclasses.asdict(self)
-
-    def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write the resolved config as YAML, atomically."""
-        atomic_write(path, dump_yaml(self.to_dict()))
-
-
-def unknown(kind: str, key: str, known: Iterable[str]) -> TrainConfigError:
-    known = sorted(known)
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return TrainConfigError(f"unknown {kind} '{key}'.{hint}")
-
-
-def field_names(cls: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
-    """A `TrainConfig` from plain data; unknown keys (top level or ``checkpoint:``) are errors."""
-    if not isinstance(raw, Mapping):
-        raise TrainConfigError("a training config must be a mapping of keys to values.")
-    known = field_names(TrainConfig)
-    for key in raw:
-        if key not in known:
-            raise unknown("config key", str(key), known)
-    values = dict(raw)
-    policy = values.pop("checkpoint", None) or {}
-    if not isinstance(policy, CheckpointPolicy):
-        policy = CheckpointPolicy.parse(policy)
-    if isinstance(values.get("rewards"), str):
-        values["rewards"] = [values["rewards"]]
-    if values.get("trl") is None:
-        values["trl"] = {}
-    if not isinstance(values["trl"], Mapping):
-        raise TrainConfigError("'trl' must be a mapping of option names to values.")
-    for key in ("seed", "max_steps", "dataset_size"):
-        if key in values and not isinstance(values[key], int):
-            raise TrainConfigError(f"'{key}' must be an integer, not {values[key]!r}.")
-    return TrainConfig(**values, checkpoint=policy)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

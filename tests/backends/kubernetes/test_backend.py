@@ -26,7 +26,7 @@ TRAIN = {
     "model": "tgnb/tiny",
     "dataset": "arithmetic",
     "max_steps": 100,
-    "checkpoint": {"every_steps": 10, "keep": 2},
+    "checkpoint": {"every_steps": 10, "keep_last": 2},
 }
 SECRETS = {"HF_TOKEN": SecretRef(name="hf", key="token"), "WANDB_API_KEY": SecretRef(name="wandb")}
 SINGLE = RunSpec(

@@ -31,7 +31,7 @@ TRAIN = {
     "model": "tgnb/tiny",
     "dataset": "arithmetic",
     "max_steps": 100,
-    "checkpoint": {"every_steps": 10, "keep": 2},
+    "checkpoint": {"every_steps": 10, "keep_last": 2},
 }
 SECRETS = {"HF_TOKEN": SecretRef(name="hf", key="token"), "WANDB_API_KEY": SecretRef(name="wandb")}
 
@@ -252,7 +252,7 @@ def test_a_registered_secret_value_is_refused_anywhere() -> None:
     with pytest.raises(ValidationError, match="looks like a secret"):
         build_objects(RunSpec(name="r", train={}, image="i", env={"OPTS": value}), NS)
     with pytest.raises(ValidationError, match="training config holds a secret"):
-        build_objects(RunSpec(name="r", train={"hub": {"tok": value}}, image="i"), NS)
+        build_objects(RunSpec(name="r", train={"trl": {"tok": value}}, image="i"), NS)
 
 
 def test_bad_namespace() -> None:

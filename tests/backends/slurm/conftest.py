@@ -21,6 +21,13 @@ SLURM_DOWN = REPO / ".ci" / "slurm-down"
 NODE = os.environ.get("TGNB_SLURM_NODE", "localhost")
 
 
+def fake_train(**knobs: int) -> dict[str, str]:
+    """The run's env that sets `fake_train.sh`'s knobs (``sleep``, ``first_exit``, ``exits``,
+    ``step``): ``FAKE_TRAIN_SLEEP`` and so on. The knobs are no training config's keys (the run's
+    contract refuses unknown keys), so they travel as environment variables."""
+    return {f"FAKE_TRAIN_{key.upper()}": str(value) for key, value in knobs.items()}
+
+
 def _answers() -> bool:
     if shutil.which("sinfo") is None:
         return False

@@ -25,7 +25,7 @@ from tgnb.backends.slurm.placer import CONFIG_NAME, JOB_FILE, SlurmNode, render_
 from tgnb.backends.slurm.records import parse_fields
 from tgnb.runs.recovery import RecoveryPolicy, decide
 
-from .conftest import NODE, set_features
+from .conftest import NODE, fake_train, set_features
 from .test_slurm_jobs import make_backend
 
 GPU_NODES = [
@@ -40,11 +40,12 @@ GPU_NODES = [
 ]
 
 
-def spec(name: str, policy: RecoveryPolicy, **train: Any) -> RunSpec:
+def spec(name: str, policy: RecoveryPolicy, max_steps: int = 100, **knobs: int) -> RunSpec:
     return RunSpec(
         name=name,
-        train=train,
+        train={"max_steps": max_steps},
         resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        env=fake_train(**knobs),
         recovery=policy,
     )
 
@@ -164,8 +165,7 @@ def test_a_deadline_at_risk_takes_the_standard_node(
     backend = make_backend(tmp_path)
     backend.placer_poll_seconds = 1.0
     policy = RecoveryPolicy(deadline=time.time() + 120)
-    train = {"sleep": 4, "first_exit": 75, "step": 1, "max_steps": 1000}
-    job = backend.submit(spec("deadline", policy, **train))
+    job = backend.submit(spec("deadline", policy, 1000, sleep=4, first_exit=75, step=1))
     cleanup_jobs.append(job)
     cleanup_jobs.append((Path(backend.run_dir(job)) / JOB_FILE).read_text().strip())
     wait_until(

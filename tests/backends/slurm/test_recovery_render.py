@@ -16,6 +16,7 @@ from tgnb.backends.base import JobState, Resources, RunSpec
 from tgnb.backends.slurm.render import RenderOptions, directives, render_script
 from tgnb.runs.recovery import RecoveryPolicy
 
+from .conftest import fake_train
 from .test_slurm_jobs import make_backend
 
 RUN_DIR = "/data/home/alice/tgnb-runs/r"
@@ -24,7 +25,8 @@ RUN_DIR = "/data/home/alice/tgnb-runs/r"
 def spec(nodes: int = 2, min_nodes: int | None = 1, **policy: object) -> RunSpec:
     return RunSpec(
         name="r",
-        train={"sleep": 1},
+        train={},
+        env=fake_train(sleep=1),
         resources=Resources(nodes=nodes, min_nodes=min_nodes, gpus_per_node=0),
         recovery=RecoveryPolicy(**policy) if policy else None,  # type: ignore[arg-type]
     )
@@ -78,7 +80,7 @@ def test_a_failure_is_requeued_within_the_budget_and_final_beyond_it(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = make_backend(tmp_path)
-    one = RunSpec(name="fails-once", train={"sleep": 1, "first_exit": 3},
+    one = RunSpec(name="fails-once", train={}, env=fake_train(sleep=1, first_exit=3),
                   resources=Resources(nodes=1, gpus_per_node=0),
                   recovery=RecoveryPolicy(max_restarts=1, backoff_s=1))  # fmt: skip
     job = backend.submit(one)
@@ -86,7 +88,7 @@ def test_a_failure_is_requeued_within_the_budget_and_final_beyond_it(
     final = backend.wait(job, timeout=120)
     assert final.state is JobState.SUCCEEDED and final.restart_count == 1, final
     assert "tgnb: exit 3, failure 1 of 1: requeue in 1s" in "\n".join(backend.logs(job))
-    none = RunSpec(name="fails-final", train={"sleep": 1, "first_exit": 3},
+    none = RunSpec(name="fails-final", train={}, env=fake_train(sleep=1, first_exit=3),
                    resources=Resources(nodes=1, gpus_per_node=0),
                    recovery=RecoveryPolicy(max_restarts=0))  # fmt: skip
     job = backend.submit(none)

@@ -16,6 +16,7 @@ import yaml
 from tgnb.backends.base import Resources, RunSpec, SecretRef
 from tgnb.backends.slurm.render import RenderOptions, render_config, render_script
 from tgnb.errors import ValidationError
+from tgnb.runs.trainconfig import from_dict
 
 GOLDEN = Path(__file__).parent / "golden"
 TRAIN = {
@@ -113,7 +114,8 @@ def test_gres_can_be_turned_off_for_cpu_clusters() -> None:
 def test_run_dir_is_stable_and_config_round_trips() -> None:
     spec = CASES["single_node_preemptible"]
     assert render_script(spec, "/runs/x") == render_script(spec, "/runs/x")
-    assert yaml.safe_load(render_config(spec)) == TRAIN
+    node = {**yaml.safe_load(render_config(spec)), "run_dir": spec.train.run_dir}  # its --run-dir
+    assert from_dict(node) == spec.train  # the node's own reading
 
 
 @pytest.mark.parametrize(
@@ -147,6 +149,7 @@ def test_backend_run_dir_from_spec_or_name(tmp_path: Path) -> None:
         backend.run_dir_for(CASES["elastic_multi_node"])
         == "/data/home/alice/tgnb-runs/grpo-elastic"
     )
-    script, config = backend.render(RunSpec(name="abc", train=TRAIN))
+    spec = RunSpec(name="abc", train=TRAIN)
+    script, config = backend.render(spec)
     assert f"#SBATCH --chdir={tmp_path}/abc" in script
-    assert yaml.safe_load(config) == TRAIN
+    assert from_dict(yaml.safe_load(config)) == spec.train

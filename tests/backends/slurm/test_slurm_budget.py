@@ -20,6 +20,7 @@ from tgnb.runs import Run
 from tgnb.runs.spec import JobState, Resources, RunSpec
 from tgnb.runs.store import RunStore
 
+from .conftest import fake_train
 from .test_slurm_jobs import make_backend
 
 pytestmark = pytest.mark.slurm
@@ -37,7 +38,8 @@ def test_the_watcher_stops_a_slurm_run_at_its_budget(
     assert backend.holds_budget is False  # nothing of tgnb's beside the job: the watcher holds it
     spec = RunSpec(
         name="slurm-budgeted",
-        train={"sleep": 300},
+        train={},
+        env=fake_train(sleep=300),
         resources=Resources(nodes=1, gpus_per_node=GPUS, preemptible=True),
         budget_usd=BUDGET,
         prices=Prices(PRICE, PRICE),

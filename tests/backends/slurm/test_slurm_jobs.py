@@ -18,6 +18,8 @@ from tests.conftest import wait_until
 from tgnb.backends.base import JobState, JobStatus, Resources, RunSpec, SecretRef
 from tgnb.backends.slurm import SlurmBackend
 
+from .conftest import fake_train
+
 FAKE_TRAIN = str(Path(__file__).with_name("fake_train.sh"))
 TOKEN = "tok-not-in-any-file-8731"
 pytestmark = pytest.mark.slurm
@@ -47,12 +49,12 @@ def make_backend(tmp_path: Path) -> SlurmBackend:
     )
 
 
-def spec(name: str, **train: object) -> RunSpec:
+def spec(name: str, **knobs: int) -> RunSpec:
     return RunSpec(
         name=name,
-        train=train,
+        train={},
         resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
-        env={"TGNB_TEST": "1"},
+        env={"TGNB_TEST": "1", **fake_train(**knobs)},
         secrets={"TGNB_TEST_TOKEN": SecretRef(name="token", env="TGNB_TEST_TOKEN_SRC")},
     )
 

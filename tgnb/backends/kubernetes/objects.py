@@ -83,7 +83,7 @@ def run_labels(spec: RunSpec) -> dict[str, str]:
 
 def render_config(spec: RunSpec) -> str:
     """The training config as YAML; refused if it holds a registered secret value."""
-    text = node.render_config(spec.train)
+    text = node.render_config(spec.train.compact())
     if scrub(text) != text:
         raise ValidationError(
             "the training config holds a secret value: pass it through secrets=... instead"
@@ -105,7 +105,7 @@ def command(spec: RunSpec) -> list[str]:
     tgnb's own ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
     res = spec.resources
     config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", literal(L.run_dir_for(spec))
-    model = node.processes(spec.train, res.nodes, res.gpus_per_node)
+    model = node.processes(spec.train.to_dict(), res.nodes, res.gpus_per_node)
     if not model.torchrun:
         return node.command("python", config, run_dir)
     if res.nodes == 1:

@@ -79,7 +79,7 @@ def placer_config(spec: RunSpec, namespace: str, launched: float, poll_s: float 
         "nodes": res.nodes,
         "min_nodes": res.min_nodes,
         "gpus_per_node": res.gpus_per_node,
-        "max_steps": spec.train.get("max_steps"),
+        "max_steps": spec.train.planned_steps,
         "launched": launched,
         "run_dir": L.run_dir_for(spec),
         "deployment": L.placer_name(spec.name),

@@ -43,7 +43,7 @@ def placement_facts(
         allocated_gpus=live,
         desired_gpus=res.nodes * res.gpus_per_node,
         gpus_per_node=res.gpus_per_node,
-        **progress(run_dir, started, spec.train.get("max_steps"), time.time()),
+        **progress(run_dir, started, spec.train.planned_steps, time.time()),
     )
 
 

@@ -142,7 +142,7 @@ class Supervisor:
         self.started = self.record.created_at
         self.moving = False  # leaving standard nodes for preemptible ones (`_back_to_preemptible`)
         self.cluster_state = cluster_state  # () -> ClusterState: the cluster read now
-        self.train = dict(self.record.spec.train)  # the node's config (`reestimate` updates it)
+        self.train = self.record.spec.train  # the node's config (`reestimate` replaces it)
 
     # -- events and nodes ----------------------------------------------------------------------
 
@@ -219,7 +219,8 @@ class Supervisor:
 
     def _write_config(self) -> Path:
         path = self.run_dir / node.CONFIG
-        atomic_write(path, node.render_config(self.train))  # a reader sees one whole version
+        text = node.render_config(self.train.compact())
+        atomic_write(path, text)  # a reader sees one whole version
         return path
 
     def reestimate(self, nodes: Sequence[NodeInfo], restart: int) -> None:
@@ -233,7 +234,7 @@ class Supervisor:
         except Exception as exc:  # the emulator may be restarting: the last estimate stands
             print(f"preemption rate not re-read ({type(exc).__name__}); kept", flush=True)
             return
-        rates.apply(self.train, state, len(nodes), restart=restart)
+        self.train = rates.apply(self.train, state, len(nodes), restart=restart)[0]
 
     def attempt(self, nodes: Sequence[NodeInfo], restart: int) -> Outcome:
         """Launch on `nodes` and watch until the processes end."""
@@ -242,7 +243,7 @@ class Supervisor:
         rdzv = f"127.0.0.1:{free_port()}"
         names = [n.name for n in nodes]
         gpus = node_gpus(self.record.spec.resources.gpus_per_node, [n.gpus for n in nodes])
-        model = node.processes(self.train, len(nodes), gpus)  # the one process model
+        model = node.processes(self.train.to_dict(), len(nodes), gpus)  # the one process model
         procs: list[Proc] = []
         since = events_size(self.run_dir)  # this attempt's records begin here
         with open(self.run_dir / TRAIN_LOG, "ab") as log:

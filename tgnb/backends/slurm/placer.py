@@ -96,7 +96,7 @@ def render_placer(
         "gpus_per_node": res.gpus_per_node,
         "cpus_per_task": res.cpus_per_task or 1,
         "partition": spec.partition,
-        "max_steps": spec.train.get("max_steps"),
+        "max_steps": spec.train.planned_steps,
         "launched": launched,
         "poll_s": poll_s,
     }

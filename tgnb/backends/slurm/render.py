@@ -90,12 +90,12 @@ def run_gpus(spec: RunSpec, options: RenderOptions) -> int:
 
 def processes(spec: RunSpec, options: RenderOptions) -> node.Processes:
     """What each node starts: the one process model (`tgnb.runs.node.processes`)."""
-    return node.processes(spec.train, spec.resources.nodes, run_gpus(spec, options))
+    return node.processes(spec.train.to_dict(), spec.resources.nodes, run_gpus(spec, options))
 
 
 def render_config(spec: RunSpec) -> str:
     """The run's training config as the YAML that ``python -m tgnb.train CONFIG`` reads."""
-    return node.render_config(spec.train)
+    return node.render_config(spec.train.compact())
 
 
 def directives(spec: RunSpec, run_dir: str, options: RenderOptions) -> list[str]:
