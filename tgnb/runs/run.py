@@ -225,8 +225,9 @@ class Run:
 
         `progress` shows a text bar on stderr: steps done of max_steps, elapsed, ETA, state.
         A run with a ``budget_usd`` has its budget's notices (80 %, reached) printed on stderr;
-        on an engine that does not hold the budget itself (Slurm, Kubernetes) this wait does, at
-        each poll (`tgnb.runs.budget`): at the budget it stops the run as `stop` does.
+        where neither the engine nor the node holds the budget (on Slurm and Kubernetes, a run
+        that is not a ``script``) this wait does, at each poll (`tgnb.runs.budget`): at the
+        budget it stops the run as `stop` does.
         Raises `TimeoutError` after `timeout` seconds with the run still going.
         """
         from tgnb.progress import StepBar
@@ -267,8 +268,9 @@ class Run:
         not apply it (`Backend.holds_budget`): each event now due appended to the run's
         ``events.jsonl`` (a run directory on this machine; else printed now, into `told`), and
         at the budget the run stopped as `stop` does. True once it stopped the run."""
-        if self.backend is None or self.backend.holds_budget:
-            return False
+        spec = self._record.spec
+        if self.backend is None or self.backend.holds_budget or budget.held_by_node(spec):
+            return False  # one holder: the engine beside the run, or the run's node
         found = budget.check(self._record.spec, self.run_events())
         if found is None:
             return False

@@ -45,7 +45,7 @@ def test_resume_codes_and_failure_budget_are_rendered_once() -> None:
                                 resume_codes=(75, 76)), RUN_DIR)  # fmt: skip
     assert script.count("--requeue") == 1
     assert 'case "$rc" in 75|76) resume=1 ;; *) resume=0 ;; esac' in script
-    assert 'case "$rc" in 2|74) final=1 ;; *) final=0 ;; esac' in script
+    assert 'case "$rc" in 2|74|77) final=1 ;; *) final=0 ;; esac' in script
     assert "-lt 2 ]; then" in script and "delay=$((2 << n))" in script
     assert '[ "$delay" -gt 7 ] && delay=7' in script
     assert "a failure is final" in render_script(spec(max_restarts=0), RUN_DIR)

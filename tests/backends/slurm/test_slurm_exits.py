@@ -27,21 +27,27 @@ LOOP = EXITS / "loop.py"
 
 
 def submit(
-    tmp_path: Path, cleanup_jobs: list[str], name: str, script: Path, train: dict[str, Any]
+    tmp_path: Path,
+    cleanup_jobs: list[str],
+    name: str,
+    script: Path,
+    train: dict[str, Any],
+    **more: Any,
 ) -> tuple[Any, str, Path]:
     """`script` copied into a folder of its own and run there as `train` says, on one CPU node
-    with no restart budget (a counted failure would end the run): (backend, job, run dir)."""
+    with no restart budget (a counted failure would end the run): (backend, job, run dir).
+    `more`: more fields of the `RunSpec` (``resources``, ``budget_usd``, ``prices``)."""
     wd = tmp_path / "project"
     wd.mkdir()
     shutil.copy(script, wd / script.name)
-    spec = RunSpec(
-        name=name,
-        train={"algorithm": "script", **train},
-        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
-        env=dict(ENV),
-        workdir=str(wd),
-        recovery=RecoveryPolicy(max_restarts=0),
-    )
+    fields: dict[str, Any] = {
+        "resources": Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        "env": dict(ENV),
+        "workdir": str(wd),
+        "recovery": RecoveryPolicy(max_restarts=0),
+        **more,
+    }
+    spec = RunSpec(name=name, train={"algorithm": "script", **train}, **fields)
     backend = backend_for(tmp_path)
     job = backend.submit(spec)
     cleanup_jobs.append(job)
