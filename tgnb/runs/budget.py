@@ -7,15 +7,15 @@ then it is cancelled). Who applies it:
 
 - the local engine's supervisor, at each tick of its loop, beside the run
   (`tgnb.backends.local.supervisor`);
-- on Slurm and Kubernetes, a ``script`` run's node: its launcher (``python -m
-  tgnb.train.launch``, `tgnb.train.budget`) is given the run's `Budget` (`tgnb.runs.node.BUDGET_ENV`)
-  and reads the run's events in its run directory on shared storage, which hold every earlier
-  attempt's too; at the budget it stops the program as a preemption does (it checkpoints) and
-  exits `tgnb.runs.node.Exit.STOPPED`, never restarted. It holds with the notebook closed;
-- other runs there (a ``command``, a one-process built-in task) have no process of tgnb's beside
-  them, so their watcher does, at each poll: `tgnb.runs.Run.wait`, which ``%tg watch --wait``
-  and `tgnb.sweep.wait` call; a run nobody waits for runs past it until the next wait. Each
-  run's budget has one holder (`held_by_node`), so an event is never recorded twice.
+- on Slurm and Kubernetes, nothing of tgnb's runs beside a job, so the run's node does
+  (`tgnb.train.budget`): its own process (``python -m tgnb.train.launch``, or ``python -m
+  tgnb.train`` alone) is given the run's `Budget` (`tgnb.runs.node.BUDGET_ENV`) and reads the
+  run's events in its run directory on shared storage, which hold every earlier attempt's too;
+  at the budget it stops the program as a preemption does (it checkpoints) and exits
+  `tgnb.runs.node.Exit.STOPPED`, never restarted. It holds with the notebook closed.
+
+One holder for each run, so an event is never recorded twice; `tgnb.runs.Run.wait` only prints
+the notices.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import Any
 
 from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, Event
 from tgnb.prices import NOTICE_FRACTION, Prices, dollars
-from tgnb.runs import node
 from tgnb.runs.cost import run_cost
 from tgnb.runs.spec import RunSpec
 
@@ -87,12 +86,6 @@ class Budget:
         return cls(float(data["budget_usd"]), prices, int(data["gpus"]))
 
 
-def held_by_node(spec: RunSpec) -> Budget | None:
-    """`spec`'s budget when the node's launcher holds it (`tgnb.runs.node.holds_budget`): what
-    Slurm and Kubernetes give the node in `tgnb.runs.node.BUDGET_ENV`; else None."""
-    return Budget.of(spec) if node.holds_budget(spec.train) else None
-
-
 def check(spec: RunSpec, events: Sequence[Event]) -> BudgetCheck | None:
     """The run's budget as its `events` say (None: no budget, or no prices): `check_events`."""
     found = Budget.of(spec)
@@ -116,4 +109,4 @@ def check_events(name: str, budget: Budget, events: Sequence[Event]) -> BudgetCh
     return replace(now, due=tuple(due))
 
 
-__all__ = ["Budget", "BudgetCheck", "check", "check_events", "held_by_node"]
+__all__ = ["Budget", "BudgetCheck", "check", "check_events"]

@@ -103,8 +103,8 @@ def last_step(run_dir: str | os.PathLike[str]) -> int:
 
 
 NOTICE_ENV = "TGNB_NOTICE_FILE"
-#: The run's budget as JSON (`tgnb.runs.budget.Budget`), for the node's launcher to hold it
-#: (`holds_budget`); set by the engines only for a run with a ``budget_usd`` and prices.
+#: The run's budget as JSON (`tgnb.runs.budget.Budget`), for the node's process to hold it
+#: (`tgnb.train.budget`); set by Slurm and Kubernetes for a run with a ``budget_usd`` and prices.
 BUDGET_ENV = "TGNB_BUDGET"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(
@@ -157,14 +157,6 @@ def processes(train: Mapping[str, Any], nodes: int, gpus: int) -> Processes:
     if train.get("algorithm") == "script" or train.get("script") is not None:
         return Processes(nproc=nproc, torchrun=True)
     return Processes(nproc=nproc, torchrun=nodes > 1 or nproc > 1)
-
-
-def holds_budget(train: Mapping[str, Any]) -> bool:
-    """Whether the node itself holds a run's ``budget_usd``: a ``script`` run, which every engine
-    starts through ``python -m tgnb.train.launch`` at any node and GPU count (`processes`), whose
-    launcher prices the run as it goes (`tgnb.train.budget`). Other runs' budgets are held beside
-    them: the local supervisor, or `tgnb.runs.Run.wait` on Slurm and Kubernetes."""
-    return processes(train, 1, 0).torchrun
 
 
 def node_rank(env: Mapping[str, str] | None = None) -> int:

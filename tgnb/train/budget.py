@@ -1,16 +1,19 @@
-"""A run's ``budget_usd`` held on its node, by the launcher (``python -m tgnb.train.launch``).
+"""A run's ``budget_usd`` held on its node, by the node's own process: the launcher (``python -m
+tgnb.train.launch``, torchrun) or the runtime alone (``python -m tgnb.train``: a ``command``, a
+one-process built-in task).
 
-On Slurm and Kubernetes nothing of tgnb's runs beside a job, so the node holds a ``script`` run's
-budget itself (`tgnb.runs.node.holds_budget`), with the notebook closed as well as open. The
-engine gives the launcher the run's `tgnb.runs.budget.Budget` (the dollars, the prices of its
-launch, its GPUs) in `tgnb.runs.node.BUDGET_ENV`. Every `POLL_SECONDS` a thread prices the run
+On Slurm and Kubernetes nothing of tgnb's runs beside a job, so the node holds the run's budget
+itself, with the notebook closed as well as open (`held`). The engine gives the node the run's
+`tgnb.runs.budget.Budget` (the dollars, the prices of its launch, its GPUs) in
+`tgnb.runs.node.BUDGET_ENV`; the node's process takes it out of its environment, so its children
+(torchrun's workers, a command) do not hold it again. Every `POLL_SECONDS` a thread prices the run
 from its ``events.jsonl`` in the run directory on shared storage, which survives requeues and
 holds every earlier attempt's starts and exits: the one rule of `tgnb.runs.budget`, measured as the
 local supervisor and the cockpit measure it. Node 0 records the events now due (a
 ``BudgetNotice`` at 80 %, a ``BudgetReached`` at the budget). At the budget the launcher sends
-itself SIGTERM, as a preemption does: torchrun's agent passes it on to the workers, which seal a
-checkpoint and exit; the launcher then exits `tgnb.runs.node.Exit.STOPPED`, which no engine
-restarts (`tgnb.runs.recovery.FINAL_CODES`).
+itself SIGTERM, as a preemption does: torchrun's agent (or the runtime's command) passes it on to
+the program, which seals a checkpoint and exits; the node then exits
+`tgnb.runs.node.Exit.STOPPED`, which no engine restarts (`tgnb.runs.recovery.FINAL_CODES`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from tgnb.events import RUN_RESUMED, RUN_STARTED, read_jsonl, utcnow
 from tgnb.runs import node
 from tgnb.runs.budget import Budget, check_events
+from tgnb.runs.outcome import events_size, node_exit
 
 #: How often the node prices its run (real seconds).
 POLL_SECONDS = 1.0
@@ -69,7 +74,7 @@ class BudgetWatch:
             recorder = Recorder(self.run_dir, self.name)
             for reason, line in found.due:
                 recorder.event(reason, line, **found.data)
-                print(f"tgnb.train.launch: {line}", file=sys.stderr, flush=True)
+                print(f"tgnb: {line}", file=sys.stderr, flush=True)
             recorder.close()
         return found.reached, started
 
@@ -87,8 +92,9 @@ class BudgetWatch:
 
 
 def watch(run_dir: str | None) -> BudgetWatch | None:
-    """The run's `BudgetWatch`, started, when the engine gave a budget (`node.BUDGET_ENV`)."""
-    text = os.environ.get(node.BUDGET_ENV, "").strip()
+    """The run's `BudgetWatch`, started, when the engine gave a budget (`node.BUDGET_ENV`, taken
+    out of the environment: this process holds it, not its children)."""
+    text = os.environ.pop(node.BUDGET_ENV, "").strip()
     if not text or run_dir is None:
         return None
     name = os.environ.get(node.RUN_ENV) or Path(run_dir).name
@@ -96,4 +102,28 @@ def watch(run_dir: str | None) -> BudgetWatch | None:
     return BudgetWatch(run_dir, name, budget, record=node.node_rank() == 0).start()
 
 
-__all__ = ["POLL_SECONDS", "BudgetWatch", "watch"]
+def held(run_dir: str | None, program: Callable[[], int]) -> int:
+    """Run the node's `program` (its exit code) with the run's budget held (`watch`): the
+    program's code, or `Exit.STOPPED` once the budget stopped it -- at once, starting nothing,
+    when earlier attempts spent it."""
+    since = events_size(run_dir) if run_dir else 0
+    budget = watch(run_dir)
+    if budget is not None and budget.check()[0]:
+        budget.close()
+        print(f"tgnb: the run's budget is spent; exit {int(node.Exit.STOPPED)}", file=sys.stderr)
+        return int(node.Exit.STOPPED)
+    try:
+        code = program()
+    finally:
+        if budget is not None:
+            budget.close()
+    if budget is None or not budget.reached.is_set():
+        return code
+    sealed = node_exit(run_dir, int(node.Exit.FAILED), since) == node.Exit.PREEMPTED
+    what = "a sealed checkpoint" if sealed else "no checkpoint sealed"
+    print(f"tgnb: stopped at the run's budget, {what}; exit {int(node.Exit.STOPPED)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return int(node.Exit.STOPPED)
+
+
+__all__ = ["POLL_SECONDS", "BudgetWatch", "held", "watch"]

@@ -14,9 +14,9 @@ run is restarted uncounted on every engine, and the cockpit says "stopped withou
 step N: K steps lost" (`tgnb.runs.outcome.node_unsaved`).
 
 With a budget from the engine (`tgnb.runs.node.BUDGET_ENV`) the launcher holds it
-(`tgnb.train.budget`): at the budget it sends itself the SIGTERM a preemption sends, the workers
-seal a checkpoint, and it exits `Exit.STOPPED` (77), which no engine restarts; a run whose earlier
-attempts already spent it exits 77 before starting anything.
+(`tgnb.train.budget.held`): at the budget it sends itself the SIGTERM a preemption sends, the
+workers seal a checkpoint, and it exits `Exit.STOPPED` (77), which no engine restarts; a run whose
+earlier attempts already spent it exits 77 before starting anything.
 """
 
 from __future__ import annotations
@@ -24,15 +24,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tgnb.runs.node import Exit
 from tgnb.runs.outcome import UNSAVED, Verdict, events_size, node_exit, node_unsaved
 from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train.saving import EXIT_NO_SPACE
-
-if TYPE_CHECKING:
-    from tgnb.train.budget import BudgetWatch
 
 KEPT = (EXIT_PREEMPTED, EXIT_NO_SPACE, int(Exit.BAD_CONFIG))
 
@@ -84,53 +81,35 @@ def after_signal(run_dir: str | None, code: int, since: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tgnb.train.budget import held
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    run_dir = run_dir_of(words)
+    return held(run_dir, lambda: torchrun(words, run_dir))
+
+
+def torchrun(words: Sequence[str], run_dir: str | None) -> int:
+    """torchrun's ``run`` on `words`, in this process; the launcher's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from tgnb.train.budget import watch
-
-    words = list(sys.argv[1:] if argv is None else argv)
-    run_dir = run_dir_of(words)
     since = events_size(run_dir) if run_dir else 0
-    args = parse_args(words)
-    budget = watch(run_dir)
-    if budget is not None and budget.check()[0]:
-        budget.close()
-        print(f"tgnb.train.launch: the run's budget is spent; exit {int(Exit.STOPPED)}",
-              file=sys.stderr)  # fmt: skip
-        return int(Exit.STOPPED)
+    args = parse_args(list(words))
     try:
         run(args)
     except ChildFailedError as exc:
         code = node_exit(run_dir, exit_code(exc.failures), since)
         codes = {rank: f.exitcode for rank, f in exc.failures.items()}
         print(f"tgnb.train.launch: workers exited {codes}; exit {code}", file=sys.stderr)
-        return stopped(budget, run_dir, since) or code
+        return code
     except SignalException as exc:  # torchrun's agent got the SIGTERM and stopped its workers
-        if (halt := stopped(budget, run_dir, since)) is not None:
-            return halt
         code = after_signal(run_dir, node_exit(run_dir, 128 + int(exc.sigval), since), since)
         print(
             f"tgnb.train.launch: workers exited on {exc.sigval.name}; exit {code}", file=sys.stderr
         )
         return code
-    finally:
-        if budget is not None:
-            budget.close()
-    return stopped(budget, run_dir, since) or 0
-
-
-def stopped(budget: BudgetWatch | None, run_dir: str | None, since: int) -> int | None:
-    """`Exit.STOPPED` once `budget` stopped the run (None else), said with whether the workers
-    sealed a checkpoint first (a preemption's: `tgnb.runs.outcome.node_exit`)."""
-    if budget is None or not budget.reached.is_set():
-        return None
-    sealed = node_exit(run_dir, int(Exit.FAILED), since) == EXIT_PREEMPTED
-    what = "a sealed checkpoint" if sealed else "no checkpoint sealed"
-    print(f"tgnb.train.launch: stopped at its budget, {what}; exit {int(Exit.STOPPED)}",
-          file=sys.stderr)  # fmt: skip
-    return int(Exit.STOPPED)
+    return 0
 
 
 if __name__ == "__main__":

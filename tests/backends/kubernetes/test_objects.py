@@ -321,13 +321,12 @@ def test_a_workdir_too_big_for_a_configmap_is_refused(tmp_path: Path) -> None:
     assert ".tgnbignore" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_a_script_runs_budget_and_prices_reach_its_pods_and_no_secret(
+def test_a_runs_budget_and_prices_reach_its_pods_and_no_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The node's launcher holds a script run's ``budget_usd`` (`tgnb.train.budget`): its pods get
-    the budget, the launch's prices and the GPUs priced in `TGNB_BUDGET`, beside the secrets'
-    references, and no secret value. A built-in task's pods get none: `Run.wait` holds that
-    budget, so one place holds each."""
+    """The node holds a run's ``budget_usd`` (`tgnb.train.budget`): the pods of a script run
+    (under the launcher) and of a built-in task get the budget, the launch's prices and the GPUs
+    priced in `TGNB_BUDGET`, beside the secrets' references, and no secret value."""
     value = "hf_Zx9-this-is-the-token-value"
     monkeypatch.setenv("HF_TOKEN", value)
     register_secret(value)
@@ -345,5 +344,5 @@ def test_a_script_runs_budget_and_prices_reach_its_pods_and_no_secret(
         kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
     builtin = dataclasses.replace(CASES["single_preemptible"], budget_usd=25, prices=prices)
     job = next(d for d in build_objects(builtin, NS).to_dicts() if d["kind"] == "Job")
-    names = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert BUDGET_ENV not in names
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert Budget.from_json(env[BUDGET_ENV]["value"]).gpus == 1

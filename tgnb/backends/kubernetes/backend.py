@@ -39,7 +39,6 @@ class KubernetesBackend:
     """Submit, follow and cancel runs in one namespace of a Kubernetes cluster."""
 
     name = "kubernetes"
-    holds_budget = False  # nothing beside the job: a script run's node holds it, else Run.wait
 
     def __init__(
         self,

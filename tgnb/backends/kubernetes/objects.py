@@ -151,7 +151,7 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
             )
         )
-    if (held := budget.held_by_node(spec)) is not None:  # the launcher holds the budget
+    if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
         env.append(client.V1EnvVar(name=node.BUDGET_ENV, value=literal(held.to_json())))
     env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]
     for name, ref in sorted(spec.secrets.items()):

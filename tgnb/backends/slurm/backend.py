@@ -58,7 +58,6 @@ class SlurmBackend:
     """
 
     name = "slurm"
-    holds_budget = False  # nothing beside the job: a script run's node holds it, else Run.wait
 
     def __init__(
         self,

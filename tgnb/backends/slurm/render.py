@@ -23,8 +23,8 @@ preemptible-compute guide for Slurm:
   placer job as well (`tgnb.backends.slurm.placer`), which changes what the job asks for while
   it is pending;
 - secrets by reference only: the script checks or maps the variable by name, never its value;
-- a ``script`` run's budget (``budget_usd``, its prices, its GPUs) exported for the node's
-  launcher to hold (`tgnb.train.budget`): exit 77 at the budget, never requeued.
+- the run's budget (``budget_usd``, its prices, its GPUs) exported for the node to hold
+  (`tgnb.train.budget`): exit 77 at the budget, never requeued.
 
 Rendering is a pure function of the `RunSpec` and options: the golden files pin its output.
 """
@@ -173,7 +173,7 @@ def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
 
 def _environment(spec: RunSpec) -> list[str]:
     lines = []
-    if (held := budget.held_by_node(spec)) is not None:  # the launcher holds the budget
+    if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
         lines.append(f"export {node.BUDGET_ENV}={shlex.quote(held.to_json())}")
     for name in sorted(spec.env):
         _check_name("environment variable", name)
