@@ -2,7 +2,8 @@
 ``events.jsonl``, which holds the earlier attempts (here written as a requeued job leaves them),
 at the prices the engine gave in ``TGNB_BUDGET``. The stop on a real Slurm with real training is
 tests/backends/slurm/test_slurm_budget.py; here the launcher of a run whose earlier attempts
-spent its budget, for real in a process of its own, and the notice alone. Nothing is faked."""
+spent its budget, for real in a process of its own; the notice alone; and a built-in run alone
+under ``python -m tgnb.train`` stopped at its budget. Nothing is faked."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tgnb.events import (
     BUDGET_NOTICE,
@@ -71,3 +75,26 @@ def test_the_notice_comes_once_and_only_node_0_records(tmp_path: Path) -> None:
     assert watch.check() == (False, False)  # under the budget; no attempt started since
     assert watch.check() == (False, False)
     assert reasons(run_dir) == [RUN_STARTED, RUN_EXITED, BUDGET_NOTICE]
+
+
+@pytest.mark.slow
+def test_a_built_in_run_alone_is_stopped_at_its_budget_with_a_sealed_checkpoint(
+    tmp_path: Path, train: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m tgnb.train`` alone (a one-process built-in task, real TRL on the CPU), as a
+    Slurm or Kubernetes node runs it with ``TGNB_BUDGET``: about 10 s of its GPU buy the budget.
+    It leaves through the runtime's ``SystemExit(75)``, which the node's hold turns into 77."""
+    from tgnb.train.checkpoint import checkpoint_dirs, read_marker
+
+    ten_seconds = Budget(1.0, Prices(standard=360.0, preemptible=360.0), gpus=1)
+    monkeypatch.setenv(node.BUDGET_ENV, ten_seconds.to_json())
+    run_dir = tmp_path / "r"
+    proc = train(["--set", "max_steps=100000", "--set", "checkpoint.watch_drain=false",
+                  "--run-dir", str(run_dir)], timeout=600)  # fmt: skip
+    assert proc.returncode == node.Exit.STOPPED, proc.stderr[-3000:]
+    assert "stopped at the run's budget, a sealed checkpoint; exit 77" in proc.stderr
+    said = reasons(run_dir)
+    assert said.count(BUDGET_NOTICE) == said.count(BUDGET_REACHED) == 1, said
+    sealed = [m.step for p in checkpoint_dirs(run_dir / "checkpoints") if (m := read_marker(p))]
+    last = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == RUN_EXITED][-1]
+    assert last.data["checkpoint_step"] in sealed and last.data["checkpoint_step"] < 100_000

@@ -114,6 +114,10 @@ def held(run_dir: str | None, program: Callable[[], int]) -> int:
         return int(node.Exit.STOPPED)
     try:
         code = program()
+    except SystemExit as exc:  # a built-in run leaves through it (`tgnb.train.protect`)
+        if budget is None or not budget.reached.is_set():
+            raise
+        code = exc.code if isinstance(exc.code, int) else int(node.Exit.FAILED)
     finally:
         if budget is not None:
             budget.close()
