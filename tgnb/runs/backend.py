@@ -27,9 +27,6 @@ class Backend(Protocol):
     """
 
     name: str
-    #: Whether the engine holds a run's ``budget_usd`` itself, beside the run (the local
-    #: supervisor); where it does not, the run's watcher does (`Run.wait`, `tgnb.runs.budget`).
-    holds_budget: bool
 
     def preflight(self, spec: RunSpec) -> object:
         """Every check `submit` makes before it changes anything (engine commands present,

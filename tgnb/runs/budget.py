@@ -7,20 +7,26 @@ then it is cancelled). Who applies it:
 
 - the local engine's supervisor, at each tick of its loop, beside the run
   (`tgnb.backends.local.supervisor`);
-- Slurm and Kubernetes runs have no process of tgnb's beside them on the cluster, so their
-  watcher does, at each poll: `tgnb.runs.Run.wait`, which ``%tg watch --wait`` and
-  `tgnb.sweep.wait` call. There the budget holds while something waits for the run (a notebook
-  kernel, a papermill run); a run nobody waits for runs past it until the next wait.
+- on Slurm and Kubernetes, nothing of tgnb's runs beside a job, so the run's node does
+  (`tgnb.train.budget`): its own process (``python -m tgnb.train.launch``, or ``python -m
+  tgnb.train`` alone) is given the run's `Budget` (`tgnb.runs.node.BUDGET_ENV`) and reads the
+  run's events in its run directory on shared storage, which hold every earlier attempt's too;
+  at the budget it stops the program as a preemption does (it checkpoints) and exits
+  `tgnb.runs.node.Exit.STOPPED`, never restarted. It holds with the notebook closed.
+
+One holder for each run, so an event is never recorded twice; `tgnb.runs.Run.wait` only prints
+the notices.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, Event
-from tgnb.prices import NOTICE_FRACTION, dollars
+from tgnb.prices import NOTICE_FRACTION, Prices, dollars
 from tgnb.runs.cost import run_cost
 from tgnb.runs.spec import RunSpec
 
@@ -51,15 +57,48 @@ class BudgetCheck:
         return {"spent_usd": round(self.spent_usd, 6), "budget_usd": self.budget_usd}
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What pricing a run against its budget takes: the dollars, the prices of its launch, and
+    the GPUs it is priced for (the GPUs it asked for, on every node). It travels to a node as
+    JSON (`to_json`, `from_json`) in `tgnb.runs.node.BUDGET_ENV`: no secret is in it."""
+
+    budget_usd: float
+    prices: Prices
+    gpus: int
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> Budget | None:
+        """`spec`'s budget; None without a ``budget_usd`` or prices."""
+        if spec.budget_usd is None or spec.prices is None:
+            return None
+        gpus = int(spec.resources.gpus_per_node) * int(spec.resources.nodes)
+        return cls(float(spec.budget_usd), spec.prices, gpus)
+
+    def to_json(self) -> str:
+        prices = {"standard": self.prices.standard, "preemptible": self.prices.preemptible}
+        return json.dumps({"budget_usd": self.budget_usd, "prices": prices, "gpus": self.gpus})
+
+    @classmethod
+    def from_json(cls, text: str) -> Budget:
+        data = json.loads(text)
+        prices = Prices(float(data["prices"]["standard"]), float(data["prices"]["preemptible"]))
+        return cls(float(data["budget_usd"]), prices, int(data["gpus"]))
+
+
 def check(spec: RunSpec, events: Sequence[Event]) -> BudgetCheck | None:
-    """The run's budget as its `events` say (None: no budget, or no prices). The notice is due
-    once; it comes first, however late it is seen. ``BudgetReached`` is due once its events lack
-    it."""
-    if spec.budget_usd is None or spec.prices is None:
-        return None
-    gpus = int(spec.resources.gpus_per_node) * int(spec.resources.nodes)
-    spent = run_cost(spec.name, events, gpus).dollars(spec.prices) or 0.0
-    now = BudgetCheck(spent, spec.budget_usd, ())
+    """The run's budget as its `events` say (None: no budget, or no prices): `check_events`."""
+    found = Budget.of(spec)
+    return None if found is None else check_events(spec.name, found, events)
+
+
+def check_events(name: str, budget: Budget, events: Sequence[Event]) -> BudgetCheck:
+    """Run `name`'s dollars so far at `budget`'s prices, from its lifecycle `events`
+    (`tgnb.runs.cost`: real seconds between its starts and exits, the same measure on every
+    engine and in the cockpit). The notice is due once; it comes first, however late it is seen.
+    ``BudgetReached`` is due once its events lack it."""
+    spent = run_cost(name, events, budget.gpus).dollars(budget.prices) or 0.0
+    now = BudgetCheck(spent, budget.budget_usd, ())
     said = {e.reason for e in events}
     due: list[tuple[str, str]] = []
     if spent >= NOTICE_FRACTION * now.budget_usd and BUDGET_NOTICE not in said:
@@ -70,4 +109,4 @@ def check(spec: RunSpec, events: Sequence[Event]) -> BudgetCheck | None:
     return replace(now, due=tuple(due))
 
 
-__all__ = ["BudgetCheck", "check"]
+__all__ = ["Budget", "BudgetCheck", "check", "check_events"]

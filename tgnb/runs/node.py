@@ -43,11 +43,18 @@ class Exit(enum.IntEnum):
     BAD_CONFIG = 2  # refused before anything was trained; one line on stderr says why
     NO_SPACE = 74  # the disk is full; the last complete checkpoint is intact (BSD EX_IOERR)
     PREEMPTED = 75  # checkpointed on a preemption notice: start me again (BSD EX_TEMPFAIL)
+    #: stopped by tgnb's launcher at the run's ``budget_usd``, checkpointed: final, never
+    #: restarted (`tgnb.train.budget`; BSD EX_NOPERM: not permitted to go on)
+    STOPPED = 77
 
     @property
     def resume(self) -> bool:
         """Whether the engine should start the run again (from its newest checkpoint)."""
         return self is Exit.PREEMPTED
+
+
+#: A run's status detail once its node stopped it (`Exit.STOPPED`): it ends cancelled.
+STOPPED_DETAIL = "budget reached: stopped on its node (exit 77), checkpointed"
 
 
 # -- the run directory -----------------------------------------------------------------------------
@@ -96,9 +103,12 @@ def last_step(run_dir: str | os.PathLike[str]) -> int:
 
 
 NOTICE_ENV = "TGNB_NOTICE_FILE"
+#: The run's budget as JSON (`tgnb.runs.budget.Budget`), for the node's process to hold it
+#: (`tgnb.train.budget`); set by Slurm and Kubernetes for a run with a ``budget_usd`` and prices.
+BUDGET_ENV = "TGNB_BUDGET"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(
-    {RUN_DIR_ENV, RUN_ENV, CHECKPOINT_ENV, RESTART_ENV, NODE_ENV, NOTICE_ENV}
+    {RUN_DIR_ENV, RUN_ENV, CHECKPOINT_ENV, RESTART_ENV, NODE_ENV, NOTICE_ENV, BUDGET_ENV}
     | {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     | {"SLURM_RESTART_COUNT", "SLURM_JOB_ID", "PYTHONUNBUFFERED"}
 )
@@ -147,6 +157,16 @@ def processes(train: Mapping[str, Any], nodes: int, gpus: int) -> Processes:
     if train.get("algorithm") == "script" or train.get("script") is not None:
         return Processes(nproc=nproc, torchrun=True)
     return Processes(nproc=nproc, torchrun=nodes > 1 or nproc > 1)
+
+
+def node_rank(env: Mapping[str, str] | None = None) -> int:
+    """This node's index in its run as the engine set it (Slurm's ``SLURM_NODEID``, an Indexed
+    Job's ``JOB_COMPLETION_INDEX``; 0 alone): node 0 records the run's node-wide events."""
+    env = os.environ if env is None else env
+    for name in ("SLURM_NODEID", "JOB_COMPLETION_INDEX"):
+        if env.get(name, "").strip().isdigit():
+            return int(env[name])
+    return 0
 
 
 def standalone(nproc: int) -> list[str]:

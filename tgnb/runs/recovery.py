@@ -47,8 +47,9 @@ from tgnb.runs.node import Exit
 WhenShort = Literal["wait", "shrink", "standard"]
 WHEN_SHORT: tuple[str, ...] = ("wait", "shrink", "standard")
 NodeClass = Literal["preemptible", "standard"]
-#: Exit codes a restart cannot fix: the run fails at once, whatever the budget.
-FINAL_CODES = frozenset({int(Exit.BAD_CONFIG), int(Exit.NO_SPACE)})
+#: Exit codes a restart cannot fix: the run fails at once, whatever the budget; and the node's
+#: stop at the run's ``budget_usd`` (`Exit.STOPPED`): never restarted, it ends cancelled.
+FINAL_CODES = frozenset({int(Exit.BAD_CONFIG), int(Exit.NO_SPACE), int(Exit.STOPPED)})
 MAX_RESTARTS_LIMIT = 10_000
 
 

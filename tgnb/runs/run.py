@@ -34,9 +34,8 @@ from tgnb.events import (
     parse_record,
     program_text,
     read_jsonl,
-    utcnow,
 )
-from tgnb.runs import budget, logtail
+from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
 from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
@@ -222,8 +221,8 @@ class Run:
 
         `progress` shows a text bar on stderr: steps done of max_steps, elapsed, ETA, state.
         A run with a ``budget_usd`` has its budget's notices (80 %, reached) printed on stderr;
-        on an engine that does not hold the budget itself (Slurm, Kubernetes) this wait does, at
-        each poll (`tgnb.runs.budget`): at the budget it stops the run as `stop` does.
+        the budget itself is held beside the run, whether anything waits or not: by the local
+        supervisor, or on Slurm and Kubernetes by the run's node (`tgnb.runs.budget`).
         Raises `TimeoutError` after `timeout` seconds with the run still going.
         """
         from tgnb.progress import StepBar
@@ -233,13 +232,10 @@ class Run:
         read_at = -float("inf")  # the metrics are read at most every 2 s (remote ones are logs)
         step = 0
         told: set[str] = set()  # the budget's notices already printed
-        stopped = False  # the watcher stopped the run at its budget (`_hold_budget`)
         try:
             while True:
                 st = self.sync()
                 if self._record.spec.budget_usd is not None:
-                    if not (st.state.finished or stopped):
-                        stopped = self._hold_budget(told)
                     self._tell_budget(told)
                 if progress:
                     if st.state.finished or time.monotonic() - read_at >= 2.0:
@@ -258,29 +254,6 @@ class Run:
         finally:
             if bar is not None:
                 bar.close()
-
-    def _hold_budget(self, told: set[str]) -> bool:
-        """The budget's rule (`tgnb.runs.budget`) applied by the watcher where the engine does
-        not apply it (`Backend.holds_budget`): each event now due appended to the run's
-        ``events.jsonl`` (a run directory on this machine; else printed now, into `told`), and
-        at the budget the run stopped as `stop` does. True once it stopped the run."""
-        if self.backend is None or self.backend.holds_budget:
-            return False
-        found = budget.check(self._record.spec, self.run_events())
-        if found is None:
-            return False
-        path = self._file("events.jsonl")
-        for reason, line in found.due:
-            if path is not None and path.parent.is_dir():
-                ev = Event(utcnow(), "tgnb", reason, line, run=self.name, data=found.data)
-                with open(path, "a", encoding="utf-8") as fh:
-                    fh.write(ev.to_json() + "\n")
-            else:  # a pod's volume: no file of the run's to write to from here
-                told.add(reason)
-                print(f"run {self.name}: {line}", file=sys.stderr, flush=True)
-        if found.reached:
-            self.stop()
-        return found.reached
 
     def _tell_budget(self, told: set[str]) -> None:
         """Print on stderr each budget notice of the run's events not yet in `told`."""

@@ -77,6 +77,19 @@ def resolved(cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def train(cfg: TrainConfig) -> int:
+    """Run `cfg`: the user's script or command, or a built-in task; its exit code."""
+    if cfg.algorithm == SCRIPT:
+        from tgnb.runs.outcome import events_size, node_exit
+        from tgnb.train.program import run_program
+
+        since = events_size(cfg.run_dir or ".")
+        return node_exit(cfg.run_dir, run_program(cfg), since)  # a launcher's 1 or 143
+    from tgnb.train.runner import run
+
+    return run(cfg)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from tgnb.tasks import config
@@ -91,15 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(yaml.safe_dump(resolved(cfg), sort_keys=False), end="")
             return 0
-        if cfg.algorithm == SCRIPT:
-            from tgnb.runs.outcome import events_size, node_exit
-            from tgnb.train.program import run_program
+        from tgnb.train.budget import held
 
-            since = events_size(cfg.run_dir or ".")
-            return node_exit(cfg.run_dir, run_program(cfg), since)  # a launcher's 1 or 143
-        from tgnb.train.runner import run
-
-        return run(cfg)
+        return held(cfg.run_dir, lambda: train(cfg))  # the node's budget, when it is given one
     except RunFinished as exc:  # a restart after the last step: done, not a bad config
         print(f"tgnb train: {exc}", flush=True)
         return 0

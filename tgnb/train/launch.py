@@ -12,6 +12,11 @@ the SIGTERM passed on to the workers: `tgnb.runs.outcome.node_exit`). When that 
 program that sealed nothing (it exited 0, or died of it), the launcher records so and exits 75: the
 run is restarted uncounted on every engine, and the cockpit says "stopped without a checkpoint at
 step N: K steps lost" (`tgnb.runs.outcome.node_unsaved`).
+
+With a budget from the engine (`tgnb.runs.node.BUDGET_ENV`) the launcher holds it
+(`tgnb.train.budget.held`): at the budget it sends itself the SIGTERM a preemption sends, the
+workers seal a checkpoint, and it exits `Exit.STOPPED` (77), which no engine restarts; a run whose
+earlier attempts already spent it exits 77 before starting anything.
 """
 
 from __future__ import annotations
@@ -76,14 +81,21 @@ def after_signal(run_dir: str | None, code: int, since: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tgnb.train.budget import held
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    run_dir = run_dir_of(words)
+    return held(run_dir, lambda: torchrun(words, run_dir))
+
+
+def torchrun(words: Sequence[str], run_dir: str | None) -> int:
+    """torchrun's ``run`` on `words`, in this process; the launcher's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    words = list(sys.argv[1:] if argv is None else argv)
-    run_dir = run_dir_of(words)
     since = events_size(run_dir) if run_dir else 0
-    args = parse_args(words)
+    args = parse_args(list(words))
     try:
         run(args)
     except ChildFailedError as exc:

@@ -268,6 +268,12 @@ def test_status_finished(fake_api: Any, api_client: Any, k8s: Any) -> None:
     failed = backend(api_client).status("b")
     assert failed.state is JobState.FAILED and failed.exit_code == 1
     assert failed.detail == "FailedIndexes: Job has failed indexes"
+    # exit 77: the launcher stopped it at its budget (tgnb.train.budget): cancelled, as locally
+    serve(fake_api, k8s, k8s.job("c", conditions=[k8s.condition("Failed", "PodFailurePolicy")]),
+          k8s.pod("c-0", run="c", phase="Failed", exit_code=77))  # fmt: skip
+    stopped = backend(api_client).status("c")
+    assert (stopped.state, stopped.exit_code) == (JobState.CANCELLED, 77), stopped
+    assert stopped.detail.startswith("budget reached"), stopped
 
 
 def test_status_of_an_unknown_run(fake_api: Any, api_client: Any) -> None:

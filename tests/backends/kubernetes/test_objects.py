@@ -8,6 +8,7 @@ Regenerate the golden files after a deliberate change with::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from tgnb.backends.kubernetes import restart_count_from_env
 from tgnb.backends.kubernetes.objects import build_objects, command
 from tgnb.config import register_secret
 from tgnb.errors import ValidationError
+from tgnb.prices import Prices
+from tgnb.runs.budget import Budget
+from tgnb.runs.node import BUDGET_ENV
 from tgnb.runs.recovery import RecoveryPolicy
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -316,3 +320,30 @@ def test_a_workdir_too_big_for_a_configmap_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as info:
         build_objects(_script_spec(tmp_path), NS)
     assert ".tgnbignore" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_runs_budget_and_prices_reach_its_pods_and_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node holds a run's ``budget_usd`` (`tgnb.train.budget`): the pods of a script run
+    (under the launcher) and of a built-in task get the budget, the launch's prices and the GPUs
+    priced in `TGNB_BUDGET`, beside the secrets' references, and no secret value."""
+    value = "hf_Zx9-this-is-the-token-value"
+    monkeypatch.setenv("HF_TOKEN", value)
+    register_secret(value)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    prices = Prices(standard=3.79, preemptible=1.895)
+    spec = _script_spec(tmp_path, budget_usd=25, prices=prices, secrets=SECRETS)
+    docs = build_objects(spec, NS).to_dicts()
+    pod = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    held = Budget.from_json(env[BUDGET_ENV]["value"])
+    assert (held.budget_usd, held.gpus) == (25.0, 8)
+    assert (held.prices.standard, held.prices.preemptible) == (3.79, 1.895)
+    assert "value" not in env["HF_TOKEN"] and value not in yaml.safe_dump_all(docs)
+    for doc in docs:
+        kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+    builtin = dataclasses.replace(CASES["single_preemptible"], budget_usd=25, prices=prices)
+    job = next(d for d in build_objects(builtin, NS).to_dicts() if d["kind"] == "Job")
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert Budget.from_json(env[BUDGET_ENV]["value"]).gpus == 1

@@ -27,25 +27,31 @@ LOOP = EXITS / "loop.py"
 
 
 def submit(
-    tmp_path: Path, cleanup_jobs: list[str], name: str, script: Path, train: dict[str, Any]
-) -> tuple[Any, str, Path]:
+    tmp_path: Path,
+    cleanup_jobs: list[str],
+    name: str,
+    script: Path,
+    train: dict[str, Any],
+    **more: Any,
+) -> tuple[Any, str, Path, RunSpec]:
     """`script` copied into a folder of its own and run there as `train` says, on one CPU node
-    with no restart budget (a counted failure would end the run): (backend, job, run dir)."""
+    with no restart budget (a counted failure would end the run): (backend, job, run dir, spec).
+    `more`: more fields of the `RunSpec` (``resources``, ``budget_usd``, ``prices``)."""
     wd = tmp_path / "project"
     wd.mkdir()
     shutil.copy(script, wd / script.name)
-    spec = RunSpec(
-        name=name,
-        train={"algorithm": "script", **train},
-        resources=Resources(nodes=1, gpus_per_node=0, preemptible=True),
-        env=dict(ENV),
-        workdir=str(wd),
-        recovery=RecoveryPolicy(max_restarts=0),
-    )
+    fields: dict[str, Any] = {
+        "resources": Resources(nodes=1, gpus_per_node=0, preemptible=True),
+        "env": dict(ENV),
+        "workdir": str(wd),
+        "recovery": RecoveryPolicy(max_restarts=0),
+        **more,
+    }
+    spec = RunSpec(name=name, train={"algorithm": "script", **train}, **fields)
     backend = backend_for(tmp_path)
     job = backend.submit(spec)
     cleanup_jobs.append(job)
-    return backend, job, Path(backend.run_dir(job))
+    return backend, job, Path(backend.run_dir(job)), spec
 
 
 def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
@@ -53,7 +59,7 @@ def test_torchrun_exiting_1_after_a_sealed_checkpoint_requeues_uncounted(
 ) -> None:
     command = ["torchrun", "--standalone", "--nproc_per_node=1", "loop.py", "--steps", "150"]
     train = {"command": command, "checkpoint": {"drain_poll_seconds": 0.5}}
-    backend, job, run_dir = submit(tmp_path, cleanup_jobs, "torchrun-drain", LOOP, train)
+    backend, job, run_dir, _ = submit(tmp_path, cleanup_jobs, "torchrun-drain", LOOP, train)
     wait_until(lambda: max(metric_steps(run_dir), default=0) >= 5, 400, what="step 5", every=0.5)
     subprocess.run(
         ["scontrol", "update", f"NodeName={slurm}", "State=DRAIN", "Reason=TogetherPreemption"],
@@ -80,7 +86,7 @@ def test_a_command_exiting_0_on_sigterm_with_nothing_sealed_is_restarted_uncount
 ) -> None:
     """Before, the node's ``python -m tgnb.train`` passed the command's 0 on: the job COMPLETED
     at the step it was stopped at, a success."""
-    backend, job, run_dir = submit(tmp_path, cleanup_jobs, "command-quits", EXITS / "quits.py",
+    backend, job, run_dir, _ = submit(tmp_path, cleanup_jobs, "command-quits", EXITS / "quits.py",
                                    {"command": ["python", "quits.py", "60"]})  # fmt: skip
     metrics = run_dir / "metrics.jsonl"
     rows = lambda: len(metrics.read_text().splitlines()) if metrics.exists() else 0  # noqa: E731

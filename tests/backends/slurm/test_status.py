@@ -6,6 +6,7 @@ import pytest
 
 from tgnb.backends.base import JobState
 from tgnb.backends.slurm import job_status, parse_fields
+from tgnb.runs.node import STOPPED_DETAIL, Exit
 
 RUNNING = (
     "JobId=3 JobName=t.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 Nice=0 "
@@ -56,6 +57,14 @@ def test_state_mapping(
         assert st.exit_code == 128 + 15
     if reason not in ("None",):
         assert reason in st.detail
+
+
+def test_a_job_its_node_stopped_at_its_budget_is_cancelled() -> None:
+    """Exit `Exit.STOPPED` (the launcher at the run's budget, `tgnb.train.budget`): Slurm says
+    FAILED, tgnb says cancelled, as the local engine ends a run stopped at its budget."""
+    line = RUNNING.replace("JobState=RUNNING Reason=None", "JobState=FAILED Reason=NonZeroExitCode")
+    st = job_status(parse_fields(line.replace("ExitCode=0:0", f"ExitCode={int(Exit.STOPPED)}:0")))
+    assert (st.state, st.exit_code, st.detail) == (JobState.CANCELLED, 77, STOPPED_DETAIL)
 
 
 def test_completing_right_after_a_requeue_is_requeued() -> None:

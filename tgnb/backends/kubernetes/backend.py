@@ -39,7 +39,6 @@ class KubernetesBackend:
     """Submit, follow and cancel runs in one namespace of a Kubernetes cluster."""
 
     name = "kubernetes"
-    holds_budget = False  # nothing of tgnb's runs beside the job: Run.wait holds it
 
     def __init__(
         self,

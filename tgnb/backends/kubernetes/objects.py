@@ -36,7 +36,7 @@ from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import PlacerObjects, build_placer, standard_affinity
 from tgnb.config import scrub
 from tgnb.errors import ValidationError
-from tgnb.runs import node, placing, workdir
+from tgnb.runs import budget, node, placing, workdir
 from tgnb.runs.recovery import FINAL_CODES
 
 
@@ -151,6 +151,8 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
             )
         )
+    if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
+        env.append(client.V1EnvVar(name=node.BUDGET_ENV, value=literal(held.to_json())))
     env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]
     for name, ref in sorted(spec.secrets.items()):
         selector = client.V1SecretKeySelector(name=ref.name, key=ref.key or name)

@@ -95,7 +95,6 @@ class LocalBackend:
     """Runs on one emulated cluster: `cluster_id` of type KUBERNETES or SLURM."""
 
     name = "local"
-    holds_budget = True  # its supervisor (tgnb.runs.budget)
 
     def __init__(
         self,

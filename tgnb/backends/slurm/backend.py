@@ -58,7 +58,6 @@ class SlurmBackend:
     """
 
     name = "slurm"
-    holds_budget = False  # nothing of tgnb's runs beside the job: Run.wait holds it
 
     def __init__(
         self,

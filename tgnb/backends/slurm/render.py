@@ -22,7 +22,9 @@ preemptible-compute guide for Slurm:
   a policy that moves between node classes (``when_short="standard"``, a deadline) gets its
   placer job as well (`tgnb.backends.slurm.placer`), which changes what the job asks for while
   it is pending;
-- secrets by reference only: the script checks or maps the variable by name, never its value.
+- secrets by reference only: the script checks or maps the variable by name, never its value;
+- the run's budget (``budget_usd``, its prices, its GPUs) exported for the node to hold
+  (`tgnb.train.budget`): exit 77 at the budget, never requeued.
 
 Rendering is a pure function of the `RunSpec` and options: the golden files pin its output.
 """
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from tgnb import events as ev
 from tgnb.backends.base import RunSpec
 from tgnb.errors import ValidationError
-from tgnb.runs import node, placing
+from tgnb.runs import budget, node, placing
 from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -170,6 +172,8 @@ def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
 
 def _environment(spec: RunSpec) -> list[str]:
     lines = []
+    if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
+        lines.append(f"export {node.BUDGET_ENV}={shlex.quote(held.to_json())}")
     for name in sorted(spec.env):
         _check_name("environment variable", name)
         lines.append(f"export {name}={shlex.quote(str(spec.env[name]))}")

@@ -1,0 +1,100 @@
+"""A run's budget held on its node (`tgnb.train.budget`): priced from the run directory's
+``events.jsonl``, which holds the earlier attempts (here written as a requeued job leaves them),
+at the prices the engine gave in ``TGNB_BUDGET``. The stop on a real Slurm with real training is
+tests/backends/slurm/test_slurm_budget.py; here the launcher of a run whose earlier attempts
+spent its budget, for real in a process of its own; the notice alone; and a built-in run alone
+under ``python -m tgnb.train`` stopped at its budget. Nothing is faked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgnb.events import (
+    BUDGET_NOTICE,
+    BUDGET_REACHED,
+    RUN_EXITED,
+    RUN_STARTED,
+    Event,
+    read_jsonl,
+    utcnow,
+)
+from tgnb.prices import Prices
+from tgnb.runs import node
+from tgnb.runs.budget import Budget
+from tgnb.train.budget import BudgetWatch
+
+#: $5 a GPU-hour on the standard node ``localhost``, one GPU: an hour of it is $5.
+BUDGET = Budget(10.0, Prices(standard=5.0, preemptible=2.5), gpus=1)
+
+
+def attempts(run_dir: Path, hours: float) -> None:
+    """An earlier attempt of run ``r`` that trained `hours` on a standard node, then exited."""
+    end = utcnow()
+    start = end - timedelta(hours=hours)
+    evs = [Event(start, "run", RUN_STARTED, "", "localhost", "r"),
+           Event(end, "run", RUN_EXITED, "", "localhost", "r", {"exit_code": 75})]  # fmt: skip
+    run_dir.mkdir(exist_ok=True)
+    with open(run_dir / node.EVENTS, "a", encoding="utf-8") as fh:
+        fh.writelines(e.to_json() + "\n" for e in evs)
+
+
+def reasons(run_dir: Path) -> list[str]:
+    return [e.reason for e in read_jsonl(run_dir / node.EVENTS)]
+
+
+def test_a_launcher_whose_run_spent_its_budget_before_exits_77_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "r"
+    attempts(run_dir, hours=2.2)  # $11: past the budget
+    env = {**os.environ, node.BUDGET_ENV: BUDGET.to_json(), node.RUN_ENV: "r"}
+    argv = ["--standalone", "--nnodes=1", "--nproc_per_node=1",
+            *node.runtime_args(str(run_dir / node.CONFIG), str(run_dir))]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "tgnb.train.launch", *argv], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == node.Exit.STOPPED == 77, proc.stderr[-2000:]
+    assert "the run's budget is spent; exit 77" in proc.stderr
+    assert reasons(run_dir) == [RUN_STARTED, RUN_EXITED, BUDGET_NOTICE, BUDGET_REACHED]
+    reached = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == BUDGET_REACHED]
+    assert reached[0].data["budget_usd"] == 10.0 and reached[0].data["spent_usd"] >= 10.0
+
+
+def test_the_notice_comes_once_and_only_node_0_records(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    attempts(run_dir, hours=1.7)  # $8.50: past 80 %, under the budget
+    other = BudgetWatch(str(run_dir), "r", BUDGET, record=False)  # another node of the run
+    assert other.check() == (False, False) and reasons(run_dir) == [RUN_STARTED, RUN_EXITED]
+    watch = BudgetWatch(str(run_dir), "r", BUDGET)
+    assert watch.check() == (False, False)  # under the budget; no attempt started since
+    assert watch.check() == (False, False)
+    assert reasons(run_dir) == [RUN_STARTED, RUN_EXITED, BUDGET_NOTICE]
+
+
+@pytest.mark.slow
+def test_a_built_in_run_alone_is_stopped_at_its_budget_with_a_sealed_checkpoint(
+    tmp_path: Path, train: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m tgnb.train`` alone (a one-process built-in task, real TRL on the CPU), as a
+    Slurm or Kubernetes node runs it with ``TGNB_BUDGET``: about 10 s of its GPU buy the budget.
+    It leaves through the runtime's ``SystemExit(75)``, which the node's hold turns into 77."""
+    from tgnb.train.checkpoint import checkpoint_dirs, read_marker
+
+    ten_seconds = Budget(1.0, Prices(standard=360.0, preemptible=360.0), gpus=1)
+    monkeypatch.setenv(node.BUDGET_ENV, ten_seconds.to_json())
+    run_dir = tmp_path / "r"
+    proc = train(["--set", "max_steps=100000", "--set", "checkpoint.watch_drain=false",
+                  "--run-dir", str(run_dir)], timeout=600)  # fmt: skip
+    assert proc.returncode == node.Exit.STOPPED, proc.stderr[-3000:]
+    assert "stopped at the run's budget, a sealed checkpoint; exit 77" in proc.stderr
+    said = reasons(run_dir)
+    assert said.count(BUDGET_NOTICE) == said.count(BUDGET_REACHED) == 1, said
+    sealed = [m.step for p in checkpoint_dirs(run_dir / "checkpoints") if (m := read_marker(p))]
+    last = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == RUN_EXITED][-1]
+    assert last.data["checkpoint_step"] in sealed and last.data["checkpoint_step"] < 100_000
