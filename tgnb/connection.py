@@ -4,7 +4,9 @@ The one module of the product that starts, finds or talks to the emulator (`tgnb
 local backend, which runs processes on its nodes, is the other seam (tests/test_architecture.py
 keeps it so). Everything above gets an `Endpoint`: the API root, its key, how often to poll, and
 `emulator` — the emulator-only operations (preempt a node, the usage report, the time scale,
-shutdown) — which is None on the real service. Nothing else asks "am I local?".
+shutdown) — which is None on the real service. Nothing else asks "am I local?". An `Endpoint` also
+gives the SDK its keywords (`Endpoint.native`), a plain client (`Endpoint.sdk`) and one translation
+of SDK failures into `tgnb.errors` (`Endpoint.call`, `fail`).
 
 One default for `tgnb.attach` and `tgnb.post_training` (`wants_local`): ``local=None`` means the
 local emulator when no ``TOGETHER_API_KEY`` is set and Together when one is; ``True`` always the
@@ -14,12 +16,27 @@ emulator (started, or the running one of the tgnb home reused); ``False`` always
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from tgnb.config import DEFAULT_TIME_SCALE, Secret, Settings
-from tgnb.errors import ConfigError, EmulatorError, ValidationError
+from tgnb.cloud.client import raise_translated, server_message
+from tgnb.config import DEFAULT_TIME_SCALE, Secret, Settings, scrub
+from tgnb.errors import (
+    ApiError,
+    ApiNotFoundError,
+    ConfigError,
+    EmulatorError,
+    TgnbError,
+    ValidationError,
+)
+
+if TYPE_CHECKING:
+    from together import Together
+
+T = TypeVar("T")
 
 #: Seconds between status polls (capacity, a resource coming up): the emulator on loopback
 #: answers at once; the service is asked every 10 s.
@@ -114,6 +131,66 @@ class Endpoint:
     def where(self) -> str:
         """``the local emulator`` or ``Together``, for messages and reprs."""
         return "the local emulator" if self.emulator is not None else "Together"
+
+    def native(self) -> dict[str, Any]:
+        """The ``api_key=`` / ``base_url=`` keywords of the SDK's native clients."""
+        return {"api_key": self.api_key.get() if self.api_key else None, "base_url": self.base_url}
+
+    def sdk(self) -> Together:
+        """A plain ``together.Together`` client, made once per endpoint (lists, checkpoints,
+        estimate-cost, download); 5 SDK retries on 408/409/429/5xx, as reads are safe to repeat."""
+        return self._sdk
+
+    @functools.cached_property
+    def _sdk(self) -> Together:
+        from together import Together
+
+        return Together(**self.native(), timeout=60.0, max_retries=5)
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """Run an SDK call; any SDK failure becomes a `tgnb.errors` exception about `what`."""
+        try:
+            return fn()
+        except TgnbError:
+            raise
+        except Exception as exc:
+            fail(exc, what, self.base_url)
+
+
+def fail(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
+    """Raise the `tgnb.errors` exception for `exc` (an SDK or SDK-client failure)."""
+    import together
+
+    if isinstance(exc, together.APIStatusError) and exc.status_code in (400, 404, 409, 422):
+        body = exc.body
+        said = body.get("message") if isinstance(body, dict) else None
+        # the emulator repeats its message in `details`: say it once
+        detail = (
+            " ".join(str(said).split()) if said else server_message(body)
+        ) or f"HTTP {exc.status_code}"
+        if exc.status_code == 404:
+            err: TgnbError = ApiNotFoundError(
+                scrub(
+                    f"not found (404) while trying to {what}: {detail}; "
+                    "pt.resources() / res.sessions() / res.checkpoints() list what exists"
+                ),
+                status_code=404,
+            )
+        else:
+            err = ApiError(
+                scrub(f"the API refused to {what} ({exc.status_code}): {detail}"),
+                status_code=exc.status_code,
+            )
+        raise err from None
+    if isinstance(exc, together.TogetherError):
+        raise_translated(exc, what, base_url)
+    if isinstance(exc, (RuntimeError, TimeoutError)):
+        # The native clients' own verdicts: an operation FAILED, a terminal status while waiting.
+        text = " ".join(str(exc).split())
+        raise ApiError(scrub(f"could not {what}: {text}")) from None
+    if isinstance(exc, ValueError):  # the SDK's client-side checks (tensors, losses, filenames)
+        raise ValidationError(scrub(f"cannot {what}: {exc}")) from None
+    raise exc
 
 
 def connect(
@@ -244,6 +321,7 @@ __all__ = [
     "Endpoint",
     "Running",
     "connect",
+    "fail",
     "find",
     "running",
     "stop",

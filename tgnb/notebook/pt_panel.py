@@ -153,12 +153,12 @@ def render_text(state: PanelState) -> str:
 
 def read_state(resource: Any) -> PanelState:
     """The resource's state now, through the Python API (`tgnb.posttraining.Resource`)."""
-    from tgnb.posttraining.metrics import read
+    from tgnb.posttraining.metrics import metrics_dir, read
 
     info = resource.info()
     sessions = resource.sessions()
-    metrics_dir = resource.conn.metrics_dir()
-    metrics = {s.id: read(metrics_dir / f"{s.id}.jsonl") for s in sessions}
+    where = metrics_dir(resource.conn.home)
+    metrics = {s.id: read(where / f"{s.id}.jsonl") for s in sessions}
     try:
         cost = resource.cost()
     except Exception:  # the price is a nicety: the panel still shows the sessions without it

@@ -99,4 +99,10 @@ def read(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["MetricLog", "read"]
+def metrics_dir(home: Path) -> Path:
+    """Where client-side session metrics are kept under the tgnb `home` (one JSONL file per
+    session)."""
+    return home / "posttraining" / "metrics"
+
+
+__all__ = ["MetricLog", "metrics_dir", "read"]

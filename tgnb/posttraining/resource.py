@@ -14,10 +14,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tgnb.cloud.client import DEFAULT_BASE_URL
+from tgnb.connection import Endpoint
 from tgnb.errors import ApiError, NotFoundError, TgnbError, ValidationError
 from tgnb.events import Event, utcnow
 from tgnb.posttraining import validate as v
-from tgnb.posttraining._connect import Connection, connect, download
+from tgnb.posttraining._connect import connect, download
 from tgnb.posttraining.lifecycle import all_events
 from tgnb.posttraining.records import (
     CheckpointInfo,
@@ -35,17 +37,19 @@ if TYPE_CHECKING:
 
 
 class PostTraining:
-    """The Post-Training API of one connection: ``tgnb.post_training()``."""
+    """The Post-Training API of one endpoint: ``tgnb.post_training()``. `seen_ready`: when this
+    client saw each resource become READY (the real API does not report it)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Endpoint) -> None:
         self.conn = conn
+        self.seen_ready: dict[str, datetime] = {}
 
     def __repr__(self) -> str:
         return f"<PostTraining {self.conn.where.removeprefix('the ')} at {self.conn.base_url}>"
 
     @property
     def base_url(self) -> str:
-        return self.conn.base_url
+        return self.conn.base_url or DEFAULT_BASE_URL
 
     def models(self) -> list[ModelInfo]:
         """The base models the service can host."""
@@ -127,12 +131,12 @@ class PostTraining:
                 compute_config={"num_generator_replicas": n},
                 inactive_timeout=timeout,
                 ready_timeout=ready_timeout,
-                interval=self.conn.interval,
+                interval=self.conn.poll,
             ),
             f"start a model resource for {base_model}",
         )
-        self.conn.seen_ready.setdefault(client.model_resources_id, utcnow())
-        return Resource(self.conn, client)
+        self.seen_ready.setdefault(client.model_resources_id, utcnow())
+        return Resource(self.conn, client, self.seen_ready)
 
     def attach(self, resource_id: str) -> Resource:
         """A handle on an existing model resource (nothing is provisioned)."""
@@ -145,7 +149,7 @@ class PostTraining:
             ),
             f"attach model resource {resource_id}",
         )
-        return Resource(self.conn, client)
+        return Resource(self.conn, client, self.seen_ready)
 
     def track(self, client: Any) -> Any:
         """tgnb's view of a native SDK client, for recipes written against the SDK: a
@@ -155,7 +159,7 @@ class PostTraining:
         from together.post_training import ModelResourcesClient, SessionClient
 
         if isinstance(client, ModelResourcesClient):
-            return Resource(self.conn, client)
+            return Resource(self.conn, client, self.seen_ready)
         if isinstance(client, SessionClient):
             s = self.conn.call(
                 lambda: self.conn.sdk().post_training.sessions.retrieve(client.session_id),
@@ -208,8 +212,11 @@ class Resource:
     """One model resource: ``open_session()``, ``sessions()``, ``checkpoints()``, ``cost()``,
     ``events()``, ``panel()``, ``stop()``. ``client`` is the SDK's `ModelResourcesClient`."""
 
-    def __init__(self, conn: Connection, client: ModelResourcesClient) -> None:
+    def __init__(
+        self, conn: Endpoint, client: ModelResourcesClient, seen_ready: dict[str, datetime]
+    ) -> None:
         self.conn = conn
+        self.seen_ready = seen_ready  # its PostTraining's
         self.client = client
         self.id = client.model_resources_id
         self._price: tuple[float, str] | None = None
@@ -231,7 +238,7 @@ class Resource:
         )
         self._last = ResourceInfo.from_sdk(r)
         if self._last.status == "READY":
-            self.conn.seen_ready.setdefault(self.id, utcnow())
+            self.seen_ready.setdefault(self.id, utcnow())
         return self._last
 
     @property
@@ -286,7 +293,7 @@ class Resource:
                     lora_config=config,  # type: ignore[arg-type]
                     resume_from_checkpoint_id=resume_from,
                     load_optimizer=load_optimizer,
-                    interval=self.conn.interval,
+                    interval=self.conn.poll,
                 ),
                 f"open a session on {self.id}",
             )
@@ -376,7 +383,7 @@ class Resource:
         ready = as_time(usage.get("ready_at"))
         estimated = ready is None
         if ready is None:
-            ready = self.conn.seen_ready.get(self.id) or info.created_at
+            ready = self.seen_ready.get(self.id) or info.created_at
         stopped = as_time(usage.get("stopped_at"))
         if stopped is None and not info.active:
             stopped = info.updated_at
@@ -409,7 +416,7 @@ class Resource:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session
         started/stopped/expired/error, checkpoints), for ``tgnb.timeline``."""
         info = self.info()
-        return all_events(info, self.sessions(), self.usage(), self.conn.seen_ready.get(self.id))
+        return all_events(info, self.sessions(), self.usage(), self.seen_ready.get(self.id))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stop(self, force: bool = False) -> ResourceInfo:

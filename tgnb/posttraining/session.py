@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.posttraining import validate as v
-from tgnb.posttraining.metrics import MetricLog
+from tgnb.posttraining.metrics import MetricLog, metrics_dir
 from tgnb.posttraining.records import CheckpointInfo, SessionInfo
 
 if TYPE_CHECKING:
     from together.post_training import Generator, SessionClient, Trainer
 
-    from tgnb.posttraining._connect import Connection
+    from tgnb.connection import Endpoint
 
 
 @functools.cache
@@ -93,14 +93,14 @@ class TrainingSession:
     Build it with `tgnb.posttraining.Resource.open_session` or ``Resource.session(id)``.
     """
 
-    def __init__(self, conn: Connection, client: SessionClient, info: SessionInfo) -> None:
+    def __init__(self, conn: Endpoint, client: SessionClient, info: SessionInfo) -> None:
         self.conn = conn
         self.client = client
         self._info = info
         self.id = info.id
         self.name = info.name
         self.resource_id = info.resource_id
-        self.log = MetricLog(conn.metrics_dir() / f"{info.id}.jsonl", step=info.step)
+        self.log = MetricLog(metrics_dir(conn.home) / f"{info.id}.jsonl", step=info.step)
         self._trainer: Trainer | None = None
         self._generator: Generator | None = None
 
