@@ -32,9 +32,8 @@ from typing import Any
 
 from together.post_training.tinker import types
 
-from tgnb.connection import of_sdk_keywords
 from tgnb.tinker._paths import CKPT_TRAINING, KINDS, checkpoint_id, tinker_path
-from tgnb.tinker._support import Resolved
+from tgnb.tinker._support import Connection, Resolved
 
 #: How long the URLs `get_external_weights_urls` answers are said to last. The API states no
 #: expiry for its download URLs; a caller that renews URLs near their expiry (the cookbook's
@@ -79,10 +78,11 @@ class RestClient:
     def __init__(
         self, *, base_url: str | None = None, api_key: str | None = None, **_: Any
     ) -> None:
-        self._conn = of_sdk_keywords(api_key, base_url)
+        self._conn = Connection(api_key=api_key, base_url=base_url)
 
     def _checkpoints(self, **query: Any) -> types.CheckpointsListResponse:
-        listed = self._conn.sdk().post_training.checkpoints.list(**query).data or []
+        with self._conn.sdk() as client:
+            listed = client.post_training.checkpoints.list(**query).data or []
         return types.CheckpointsListResponse(
             checkpoints=[
                 types.Checkpoint(
@@ -112,17 +112,17 @@ class RestClient:
         weights at `tinker_path`."""
         cid = checkpoint_id(tinker_path)
         expires = datetime.datetime.now(datetime.UTC) + URL_LIFETIME
-        client = self._conn.sdk()
-        ckpt = client.post_training.checkpoints.retrieve(cid)
-        if str(ckpt.type) == CKPT_TRAINING:
-            raise NotImplementedError(
-                f"{tinker_path} is a training checkpoint (weights and optimizer state) and "
-                "Post-Training downloads sampler weights only: download the path that "
-                "save_weights_for_sampler() returned"
-            )
-        files = client.post_training.checkpoints.download(
-            cid, variant="CHECKPOINT_VARIANT_ADAPTER"
-        ).data
+        with self._conn.sdk() as client:
+            ckpt = client.post_training.checkpoints.retrieve(cid)
+            if str(ckpt.type) == CKPT_TRAINING:
+                raise NotImplementedError(
+                    f"{tinker_path} is a training checkpoint (weights and optimizer state) and "
+                    "Post-Training downloads sampler weights only: download the path that "
+                    "save_weights_for_sampler() returned"
+                )
+            files = client.post_training.checkpoints.download(
+                cid, variant="CHECKPOINT_VARIANT_ADAPTER"
+            ).data
         return Resolved(ExternalWeightsUrlsResponse({f.filename: f.url for f in files}, expires))
 
     def set_checkpoint_ttl_from_tinker_path(
@@ -132,7 +132,8 @@ class RestClient:
         is; any TTL is refused."""
         if ttl_seconds is not None:
             _refuse("set_checkpoint_ttl_from_tinker_path")()
-        self._conn.sdk().post_training.checkpoints.retrieve(checkpoint_id(tinker_path))
+        with self._conn.sdk() as client:
+            client.post_training.checkpoints.retrieve(checkpoint_id(tinker_path))
         return Resolved(None)
 
     def __getattr__(self, name: str) -> Any:
