@@ -52,9 +52,16 @@ class ParsedCheckpointTinkerPath(types.ParsedCheckpointTinkerPath):
         )
 
 
+def path_of(session_id: str, kind: str, checkpoint_id: str) -> str:
+    """``tinker://<session>/<kind>/<id>``: `kind` is the middle part (``weights``,
+    ``sampler_weights``, ``external_weights``)."""
+    return f"tinker://{session_id}/{kind}/{checkpoint_id}"
+
+
 def tinker_path(session_id: str, checkpoint_type: str, checkpoint_id: str) -> str:
-    """The ``tinker://`` path of checkpoint `checkpoint_id` of type `checkpoint_type`."""
-    return f"tinker://{session_id}/{KINDS[checkpoint_type][1]}/{checkpoint_id}"
+    """The ``tinker://`` path of checkpoint `checkpoint_id` of Post-Training type
+    `checkpoint_type`."""
+    return path_of(session_id, KINDS[checkpoint_type][1], checkpoint_id)
 
 
 def checkpoint_id(path: Any) -> str:
@@ -75,4 +82,4 @@ def checkpoint_id(path: Any) -> str:
 def with_path(session_id: str, kind: str, response: Any) -> Any:
     """A save's `response` with its ``path`` (the SDK's bare id) as a ``tinker://`` path whose
     middle part is `kind` (``weights``, ``sampler_weights``, ``external_weights``)."""
-    return response.model_copy(update={"path": f"tinker://{session_id}/{kind}/{response.path}"})
+    return response.model_copy(update={"path": path_of(session_id, kind, response.path)})
