@@ -11,16 +11,20 @@ Where a price comes from, first found wins (`resolve`):
 3. `PUBLISHED`, documented list prices per GPU type, below.
 
 `PUBLISHED` is NOT read from any API: the clusters API gives no cluster rates (Post-Training's
-API does, through estimate-cost). The numbers are on-demand list prices per GPU-hour as tgnb documents
-them, and preemptible nodes at `PREEMPTIBLE_FRACTION` of on-demand: the platform says only that
-preemptible capacity is "discounted relative to on-demand at a flat rate". Check your contract,
-and override with ``%config`` where it differs.
+API does, through estimate-cost). The numbers are on-demand prices per GPU-hour, and preemptible
+nodes at `PREEMPTIBLE_FRACTION` of on-demand. Check your contract, and override with ``%config``
+where it differs. What each number rests on (searched 2026-12-04):
 
-UNVERIFIED: these numbers were not found in Together's own published pages. Searched on
-2026-12-03: Together's GPU-cluster billing docs (https://docs.together.ai/docs/gpu-clusters-billing)
-describe reserved and on-demand billing and refer to https://www.together.ai/instant-gpu-clusters
-"for current rates", but no copy of that page's per-GPU-hour numbers was found; third-party
-lists quote other providers only. Every price from this table says so (`FROM_TABLE`).
+- Preemptible at 50 % of on-demand: Together's announcement "Introducing preemptible compute: the
+  same compute, half the price" (together.ai/blog, 2026-09-10): "a flat 50% of the on-demand rate".
+- H100_SXM 3.49 and B200_SXM 7.49: the two ends of the on-demand range, "$3.49-$7.49 per hour"
+  for H100, H200 and B200 clusters, that Together's pricing page (together.ai/pricing) gave when a
+  third party transcribed it on 2026-05-08 (api-evangelist/together-ai, plans/); reserved was
+  "$2.99-$7.15". Taking the low end for the H100 and the high end for the B200 is our reading.
+- Every other type (H200_SXM inside that range, B300 and GB200 at the B200's rate, L40, RTX 6000):
+  UNVERIFIED, not found in any reachable copy of Together's pages; Together's billing docs
+  (docs.together.ai/docs/gpu-clusters-billing) defer to together.ai/instant-gpu-clusters "for
+  current rates", which could not be reached. Every price from this table says so (`FROM_TABLE`).
 """
 
 from __future__ import annotations
@@ -33,24 +37,24 @@ from typing import Any
 from tgnb.errors import ValidationError
 
 CURRENCY = "USD"
-#: Preemptible nodes cost this fraction of the on-demand price (documented assumption, see above).
+#: Preemptible nodes cost this fraction of the on-demand price (Together: "a flat 50%", see above).
 PREEMPTIBLE_FRACTION = 0.5
 #: On-demand list price in USD per GPU-hour, by the API's ``gpu_type`` (documented, not from
 #: the API: see the module docstring).
 PUBLISHED: Mapping[str, float] = {
-    "H100_SXM": 2.99,
-    "H100_SXM_INF": 2.99,
+    "H100_SXM": 3.49,
+    "H100_SXM_INF": 3.49,
     "H200_SXM": 3.79,
-    "B200_SXM": 5.50,
-    "B300_SXM": 7.00,
-    "GB200_SXM": 7.00,
+    "B200_SXM": 7.49,
+    "B300_SXM": 7.49,
+    "GB200_SXM": 7.49,
     "L40_PCIE": 1.49,
     "RTX_6000_PCI": 1.29,
 }
 #: Where a price came from, in words (`Prices.source`).
 FROM_API, FROM_TABLE, FROM_CONFIG = (
     "the platform's API",
-    "tgnb's list-price table (unverified)",
+    "tgnb's list-price table (partly unverified: see tgnb.prices)",
     "%config",
 )
 #: Node names of preemptible nodes start with this; standard nodes start with ``gpu-dp``.
