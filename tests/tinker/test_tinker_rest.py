@@ -18,6 +18,29 @@ from tests.tinker.test_tinker_layer import process_example as datum_of
 
 types = tinker.types
 
+#: Tinker's name for the output layer's LoRA (the cookbook's weights tools map it to ``lm_head``).
+_UNEMBED = "base_model.model.model.unembed_tokens."
+
+
+def _tinker_to_hf(adapter: Path, out: Path) -> set[str]:
+    """Tinker's adapter in `adapter` written into `out` under the HF model's names (the
+    cookbook's ``model.unembed_tokens`` -> ``lm_head``), loadable with peft; answers the
+    renamed keys, and checks no key has the HF name already."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(adapter / "adapter_model.safetensors"))
+    assert not [k for k in state if "lm_head" in k]
+    renamed = {k.replace(_UNEMBED, "base_model.model.lm_head."): v for k, v in state.items()}
+    out.mkdir()
+    save_file(renamed, str(out / "adapter_model.safetensors"))
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["target_modules"] = ["lm_head" if m == "unembed_tokens" else m
+                                for m in config["target_modules"]]  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return {k for k in state if k.startswith(_UNEMBED)}
+
 
 def test_tinker_paths_round_trip_and_the_rest_client_downloads(
     rl_emulator: EmulatorHandle, tmp_path: Path
@@ -50,10 +73,14 @@ def test_tinker_paths_round_trip_and_the_rest_client_downloads(
         parsed = tinker.ParsedCheckpointTinkerPath.from_tinker_path(external)
         assert parsed.checkpoint_type == "external"
         urls = rest_client.get_external_weights_urls(external).result().urls
-        assert all(u.startswith(rl_emulator.base_url) for u in urls.values()), urls
+        assert sorted(urls) == ["adapter_config.json", "adapter_model.safetensors"], urls
         for name, url in urls.items():  # as the cookbook's weights.download fetches them
             urllib.request.urlretrieve(url, str(tmp_path / name))
-        got = adapter_logprobs(tmp_path, prompt.to_ints())
+        # Tinker's layout (train_unembed=True, the default): the output layer's LoRA is
+        # unembed_tokens; the cookbook maps it back onto the HF model's lm_head, as here
+        hf = tmp_path / "hf"
+        assert _tinker_to_hf(tmp_path, hf) == {f"{_UNEMBED}lora_{ab}.weight" for ab in "AB"}
+        got = adapter_logprobs(hf, prompt.to_ints())
         assert got == pytest.approx(sampled[1:], abs=1e-5)  # the bytes are the sampled weights
 
         with pytest.raises(NotImplementedError, match="have no TTL"):

@@ -33,7 +33,8 @@ Tinker call                                    Post-Training routes
                                                path ``tinker://<id>/external_weights/<id>``
 ``ServiceClient.create_rest_client``           `RestClient`: ``GET checkpoints`` (list),
                                                ``GET checkpoints/{id}/download`` (the files'
-                                               URLs, ``get_external_weights_urls``)
+                                               URLs, ``get_external_weights_urls``: the
+                                               adapter renamed into Tinker's layout)
 ``TrainingClient.create_sampling_client``      as ``ServiceClient.create_sampling_client``
 ``save_weights_and_get_sampling_client``       ``weights-sync`` (the SDK's)
 ``SamplingClient.sample`` / ``compute_logprobs``  ``sample`` (the SDK's)

@@ -8,10 +8,13 @@ Tinker call                                        Post-Training
 ``list_user_checkpoints(limit, offset)``           ``GET checkpoints`` (the project's, newest
                                                    first)
 ``get_external_weights_urls(tinker_path)``         ``GET checkpoints/{id}/download?variant=
-  (Tinker 0.38; a sampler or external path)          CHECKPOINT_VARIANT_ADAPTER``: one URL per
-                                                   file (the adapter and its config), served
-                                                   over HTTP with no key, as the SDK's
-                                                   ``download_checkpoint`` fetches them
+  (Tinker 0.38; a sampler or external path)          CHECKPOINT_VARIANT_ADAPTER``: the adapter
+                                                   and its config (PEFT's), fetched and renamed
+                                                   into Tinker's layout (`tgnb.tinker._weights`:
+                                                   the output layer's LoRA is
+                                                   ``unembed_tokens``); a ``file://`` URL per
+                                                   file, as the cookbook's ``weights.download``
+                                                   fetches them (``urlretrieve``)
 ``set_checkpoint_ttl_from_tinker_path(p, None)``   nothing to do: checkpoints never expire
 =================================================  ==========================================
 
@@ -25,15 +28,20 @@ an already-resolved future (``.result()``) and has its ``_async`` twin.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime
 import functools
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from together.post_training.tinker import types
 
 from tgnb.tinker._paths import CKPT_TRAINING, KINDS, checkpoint_id, tinker_path
 from tgnb.tinker._support import Connection, Resolved
+from tgnb.tinker._weights import fetch_in_tinker_layout
 
 #: How long the URLs `get_external_weights_urls` answers are said to last. The API states no
 #: expiry for its download URLs; a caller that renews URLs near their expiry (the cookbook's
@@ -108,8 +116,9 @@ class RestClient:
         return Resolved(types.CheckpointsListResponse(checkpoints=listed.checkpoints[offset:]))
 
     def get_external_weights_urls(self, tinker_path: str) -> Resolved[ExternalWeightsUrlsResponse]:
-        """A URL for each file (the LoRA adapter, PEFT's format) of the sampler or external
-        weights at `tinker_path`."""
+        """A URL for each file (the LoRA adapter in Tinker's layout, and its config) of the
+        sampler or external weights at `tinker_path`: local files, kept until the process
+        exits (fetched once per process: a checkpoint never changes)."""
         cid = checkpoint_id(tinker_path)
         expires = datetime.datetime.now(datetime.UTC) + URL_LIFETIME
         with self._conn.sdk() as client:
@@ -123,7 +132,12 @@ class RestClient:
             files = client.post_training.checkpoints.download(
                 cid, variant="CHECKPOINT_VARIANT_ADAPTER"
             ).data
-        return Resolved(ExternalWeightsUrlsResponse({f.filename: f.url for f in files}, expires))
+        folder = _downloads() / cid
+        names = {f.filename: folder / Path(f.filename).name for f in files}
+        if not all(p.is_file() for p in names.values()):
+            names = fetch_in_tinker_layout({f.filename: f.url for f in files}, folder)
+        urls = {name: path.as_uri() for name, path in names.items()}
+        return Resolved(ExternalWeightsUrlsResponse(urls, expires))
 
     def set_checkpoint_ttl_from_tinker_path(
         self, tinker_path: str, ttl_seconds: int | None
@@ -157,6 +171,15 @@ _SERVED = {
     "get_external_weights_urls",
     "set_checkpoint_ttl_from_tinker_path",
 }
+
+
+@functools.cache
+def _downloads() -> Path:
+    """This process's folder for adapters renamed into Tinker's layout (a folder per
+    checkpoint), removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix="tgnb-tinker-weights-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 @functools.cache
