@@ -108,3 +108,35 @@ def test_the_exported_emulator_url_keeps_its_own_operations(
     end = connection.connect()
     assert end.emulator is not None and end.poll == connection.LOCAL_POLL
     assert tgnb.post_training().conn.emulator is not None
+
+
+def test_sdk_keywords_resolve_as_the_sdk_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Tinker layer's `Endpoint` (`of_sdk_keywords`): what is given wins, None reads
+    ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL``; no key starts nothing and is the SDK's own error
+    at the first call. Its client is made once and stays open for the next user."""
+    import together
+
+    monkeypatch.setenv("TOGETHER_DISABLE_VERSION_CHECK", "1")
+    monkeypatch.setenv("TGNB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TOGETHER_API_KEY", "env-key")
+    monkeypatch.setenv("TOGETHER_BASE_URL", "http://env.invalid")
+    assert connection.of_sdk_keywords().native() == {
+        "api_key": "env-key",
+        "base_url": "http://env.invalid",
+    }
+    given = connection.of_sdk_keywords("given-key", "http://given.invalid")
+    assert given.native() == {"api_key": "given-key", "base_url": "http://given.invalid"}
+    assert given.emulator is None
+    client = given.sdk()
+    assert given.sdk() is client and not client.is_closed()
+    assert str(client.base_url).startswith("http://given.invalid")
+
+    monkeypatch.delenv("TOGETHER_API_KEY")
+    monkeypatch.delenv("TOGETHER_BASE_URL")
+    bare = connection.of_sdk_keywords()
+    assert bare.native() == {"api_key": None, "base_url": None}
+    assert not (tmp_path / "home").exists()  # no emulator started
+    with pytest.raises(together.TogetherError, match="TOGETHER_API_KEY"):
+        bare.sdk()

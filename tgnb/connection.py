@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -219,16 +219,32 @@ def connect(
             raise ConfigError(
                 "no TOGETHER_API_KEY is set: export it, or use the local emulator (local=True)"
             )
-        emulator = _home_emulator_at(settings) if local is None else None
-        return Endpoint(
-            settings.base_url,
-            settings.api_key,
-            settings.project_id,
-            settings.home,
-            REMOTE_POLL if emulator is None else LOCAL_POLL,
-            emulator,
-        )
+        return _remote(settings, _home_emulator_at(settings) if local is None else None)
     return _local(settings, time_scale, start)
+
+
+def of_sdk_keywords(api_key: str | None = None, base_url: str | None = None) -> Endpoint:
+    """The `Endpoint` of the SDK's own ``api_key=`` / ``base_url=`` keywords (the Tinker layer's
+    ``ServiceClient``): None reads ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL`` as the SDK does.
+    Nothing is started or asked: no key is the SDK's own error at the first call."""
+    settings = Settings.from_env()
+    settings = replace(
+        settings,
+        api_key=Secret(api_key) if api_key else settings.api_key,
+        base_url=settings.base_url if base_url is None else base_url,
+    )
+    return _remote(settings, None)
+
+
+def _remote(settings: Settings, emulator: Emulator | None) -> Endpoint:
+    return Endpoint(
+        settings.base_url,
+        settings.api_key,
+        settings.project_id,
+        settings.home,
+        REMOTE_POLL if emulator is None else LOCAL_POLL,
+        emulator,
+    )
 
 
 def _home_emulator_at(settings: Settings) -> Emulator | None:

@@ -72,6 +72,7 @@ def test_samplers_dropped_unclosed_give_their_sessions_back(rl_emulator: Emulato
             assert len(future.result()) == 4
             del future
             gc.collect()
+            _closer().submit(lambda: None).result()  # its release has run (a thread of its own)
             seen |= running_resources() - before
             first = first or set(seen)
     finally:

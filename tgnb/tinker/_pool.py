@@ -23,8 +23,9 @@ from typing import Any
 
 from together.post_training import ModelResourcesClient
 
+from tgnb.connection import Endpoint
 from tgnb.tinker._report import Seen, price_of, print_report
-from tgnb.tinker._support import POLL_INTERVAL, Connection, Release
+from tgnb.tinker._support import POLL_INTERVAL, Release
 
 #: LoRA sessions one Model Resource takes (Together's documented cap; over it the API answers 429).
 MAX_SESSIONS = 5
@@ -48,7 +49,7 @@ class ResourcePool:
     """Leases sessions on shared resources (see the module docstring). Thread-safe: clients
     created at once (``asyncio.gather`` of ``create_*_async``) share, not race."""
 
-    def __init__(self, conn: Connection, model_resources_id: str | None = None) -> None:
+    def __init__(self, conn: Endpoint, model_resources_id: str | None = None) -> None:
         self._conn = conn
         self._borrowed = model_resources_id
         self._held: list[_Held] = []

@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tgnb.connection import Endpoint
 from tgnb.prices import money
-from tgnb.tinker._support import Connection, log
+from tgnb.tinker._support import log
 
 ACTIVE = {
     "MODEL_RESOURCES_STATUS_PENDING",
@@ -44,31 +45,29 @@ class Seen:
         return ((self.until or time.monotonic()) - self.since) / 3600.0
 
 
-def price_of(conn: Connection, base_model: str, generators: int) -> tuple[float, str] | None:
+def price_of(conn: Endpoint, base_model: str, generators: int) -> tuple[float, str] | None:
     """(price per hour, currency) from the API's estimate-cost; None if it cannot say."""
     try:
-        with conn.sdk() as client:
-            r = client.post_training.model_resources.estimate_cost(
-                base_model=base_model,
-                compute_config={"num_generator_replicas": generators},
-                lora_enabled=True,
-            )
+        r = conn.sdk().post_training.model_resources.estimate_cost(
+            base_model=base_model,
+            compute_config={"num_generator_replicas": generators},
+            lora_enabled=True,
+        )
         return float(r.price_per_hour), str(r.currency)
     except Exception as exc:  # a cost report must not fail the script
         log.debug("estimate-cost for %s failed: %r", base_model, exc)
         return None
 
 
-def _status(conn: Connection, resource_id: str) -> str | None:
+def _status(conn: Endpoint, resource_id: str) -> str | None:
     try:
-        with conn.sdk() as client:
-            return str(client.post_training.model_resources.retrieve(resource_id).status)
+        return str(conn.sdk().post_training.model_resources.retrieve(resource_id).status)
     except Exception as exc:
         log.debug("reading model resources %s failed: %r", resource_id, exc)
         return None
 
 
-def lines(conn: Connection, seen: Iterable[Seen]) -> list[str]:
+def lines(conn: Endpoint, seen: Iterable[Seen]) -> list[str]:
     """The exit report of `seen` (empty when nothing was held)."""
     seen = list(seen)
     if not seen:
@@ -103,6 +102,6 @@ def lines(conn: Connection, seen: Iterable[Seen]) -> list[str]:
     return out
 
 
-def print_report(conn: Connection, seen: Iterable[Seen]) -> None:
+def print_report(conn: Endpoint, seen: Iterable[Seen]) -> None:
     for line in lines(conn, seen):
         print(line, file=sys.stderr, flush=True)

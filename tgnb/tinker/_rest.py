@@ -39,8 +39,9 @@ from typing import Any
 
 from together.post_training.tinker import types
 
+from tgnb.connection import of_sdk_keywords
 from tgnb.tinker._paths import CKPT_TRAINING, KINDS, checkpoint_id, tinker_path
-from tgnb.tinker._support import Connection, Resolved
+from tgnb.tinker._support import Resolved
 from tgnb.tinker._weights import fetch_in_tinker_layout
 
 #: How long the URLs `get_external_weights_urls` answers are said to last. The API states no
@@ -86,11 +87,10 @@ class RestClient:
     def __init__(
         self, *, base_url: str | None = None, api_key: str | None = None, **_: Any
     ) -> None:
-        self._conn = Connection(api_key=api_key, base_url=base_url)
+        self._conn = of_sdk_keywords(api_key, base_url)
 
     def _checkpoints(self, **query: Any) -> types.CheckpointsListResponse:
-        with self._conn.sdk() as client:
-            listed = client.post_training.checkpoints.list(**query).data or []
+        listed = self._conn.sdk().post_training.checkpoints.list(**query).data or []
         return types.CheckpointsListResponse(
             checkpoints=[
                 types.Checkpoint(
@@ -121,17 +121,17 @@ class RestClient:
         exits (fetched once per process: a checkpoint never changes)."""
         cid = checkpoint_id(tinker_path)
         expires = datetime.datetime.now(datetime.UTC) + URL_LIFETIME
-        with self._conn.sdk() as client:
-            ckpt = client.post_training.checkpoints.retrieve(cid)
-            if str(ckpt.type) == CKPT_TRAINING:
-                raise NotImplementedError(
-                    f"{tinker_path} is a training checkpoint (weights and optimizer state) and "
-                    "Post-Training downloads sampler weights only: download the path that "
-                    "save_weights_for_sampler() returned"
-                )
-            files = client.post_training.checkpoints.download(
-                cid, variant="CHECKPOINT_VARIANT_ADAPTER"
-            ).data
+        client = self._conn.sdk()
+        ckpt = client.post_training.checkpoints.retrieve(cid)
+        if str(ckpt.type) == CKPT_TRAINING:
+            raise NotImplementedError(
+                f"{tinker_path} is a training checkpoint (weights and optimizer state) and "
+                "Post-Training downloads sampler weights only: download the path that "
+                "save_weights_for_sampler() returned"
+            )
+        files = client.post_training.checkpoints.download(
+            cid, variant="CHECKPOINT_VARIANT_ADAPTER"
+        ).data
         folder = _downloads() / cid
         names = {f.filename: folder / Path(f.filename).name for f in files}
         if not all(p.is_file() for p in names.values()):
@@ -146,8 +146,7 @@ class RestClient:
         is; any TTL is refused."""
         if ttl_seconds is not None:
             _refuse("set_checkpoint_ttl_from_tinker_path")()
-        with self._conn.sdk() as client:
-            client.post_training.checkpoints.retrieve(checkpoint_id(tinker_path))
+        self._conn.sdk().post_training.checkpoints.retrieve(checkpoint_id(tinker_path))
         return Resolved(None)
 
     def __getattr__(self, name: str) -> Any:

@@ -24,13 +24,13 @@ from typing import Any
 from together.post_training.tinker import SamplingClient as _SdkSamplingClient
 from together.post_training.tinker import types
 
+from tgnb.connection import Endpoint
 from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._newer import identified
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._stops import cut_at_stops, split_stops
 from tgnb.tinker._support import (
-    Connection,
     Release,
     load_tokenizer,
     training_state,
@@ -138,7 +138,7 @@ def _release_dropped(release: Release) -> None:
 
 
 def open_sampler(
-    conn: Connection, pool: ResourcePool, *, model_path: str | None, base_model: str | None
+    conn: Endpoint, pool: ResourcePool, *, model_path: str | None, base_model: str | None
 ) -> SamplingClient:
     """A sampling client on a session of its own, on `pool`'s resources: from `model_path`'s
     weights, else `base_model`."""

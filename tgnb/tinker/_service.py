@@ -17,12 +17,13 @@ from typing import Any
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
 from together.post_training.tinker import types
 
+from tgnb.connection import of_sdk_keywords
 from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._rest import RestClient
 from tgnb.tinker._sampling import SamplingClient, open_sampler
-from tgnb.tinker._support import Connection, Resolved, training_state
+from tgnb.tinker._support import Resolved, training_state
 from tgnb.tinker._training import TrainingClient
 
 
@@ -73,7 +74,7 @@ class ServiceClient(_SdkServiceClient):
             model_resources_id=model_resources_id,
             **kwargs,
         )
-        self._conn = Connection(api_key=api_key, base_url=base_url)
+        self._conn = of_sdk_keywords(api_key, base_url)
         self._pool = ResourcePool(self._conn, model_resources_id)
         self.display_name = display_name
         self._opened: list[TrainingClient] = []
@@ -209,8 +210,7 @@ class ServiceClient(_SdkServiceClient):
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         """The base models ``GET /v1/rl/supported-models`` lists, with their context length."""
-        with self._conn.sdk() as client:
-            listed = client.post_training.supported_models.get().data
+        listed = self._conn.sdk().post_training.supported_models.get().data
         models = []
         for m in listed:
             generators = [c.generator_config for c in (m.compute_configs or [])]

@@ -1,4 +1,4 @@
-"""What the Tinker layer's clients share: the connection, the lifecycle of what they open, the
+"""What the Tinker layer's clients share: the lifecycle of what they open, the
 tokenizer, Tinker's loss defaults, checkpoint lookups and already-resolved futures.
 
 Every remote call goes through the ``together`` SDK's public clients (``Together``,
@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -20,7 +20,7 @@ from tgnb.errors import ValidationError
 from tgnb.tinker._paths import CKPT_TRAINING, checkpoint_id
 
 if TYPE_CHECKING:
-    from together import Together
+    from tgnb.connection import Endpoint
 
 T = TypeVar("T")
 log = logging.getLogger("tgnb.tinker")
@@ -44,23 +44,6 @@ def with_tinker_defaults(
     """`config` completed with Tinker's defaults for `loss_fn` (what the user set wins)."""
     merged = {**TINKER_LOSS_DEFAULTS.get(loss_fn, {}), **(config or {})}
     return merged or None
-
-
-@dataclass(frozen=True)
-class Connection:
-    """Where the API answers and with which key; ``None`` reads ``TOGETHER_API_KEY`` /
-    ``TOGETHER_BASE_URL`` as the SDK does."""
-
-    api_key: str | None = field(default=None, repr=False)
-    base_url: str | None = None
-
-    def native(self) -> dict[str, Any]:
-        return {"api_key": self.api_key, "base_url": self.base_url}
-
-    def sdk(self) -> Together:
-        from together import Together
-
-        return Together(api_key=self.api_key, base_url=self.base_url)
 
 
 class Release:
@@ -175,26 +158,26 @@ def lora_of(session: Any) -> dict[str, Any]:
     return out
 
 
-def training_state(conn: Connection, path: str) -> TrainingState:
+def training_state(conn: Endpoint, path: str) -> TrainingState:
     """The training checkpoint behind `path` (a ``tinker://`` path or a bare id, `_paths`): a
     ``save_state`` path as is; a ``save_weights_for_sampler`` path (an inference checkpoint)
     through the training checkpoint its session took at the same step
     (`TrainingClient.save_weights_for_sampler` takes both)."""
     cid = checkpoint_id(path)
-    with conn.sdk() as client:
-        ckpt = client.post_training.checkpoints.retrieve(cid)
-        session = client.post_training.sessions.retrieve(ckpt.session_id)
-        if str(ckpt.type) == CKPT_TRAINING:
-            return TrainingState(ckpt.id, ckpt.base_model, lora_of(session))
-        same_step = [c for c in session.training_checkpoints if int(c.step) == int(ckpt.step)]
-        if not same_step:
-            raise ValidationError(
-                f"checkpoint {path} holds weights for download and deployment only: the API "
-                "cannot load an inference checkpoint into a session, and its session took no "
-                f"training checkpoint at step {int(ckpt.step)}; sample from a save_state() path, "
-                "or save with tgnb.tinker's save_weights_for_sampler, which takes both"
-            )
-        return TrainingState(same_step[-1].id, ckpt.base_model, lora_of(session))
+    client = conn.sdk()
+    ckpt = client.post_training.checkpoints.retrieve(cid)
+    session = client.post_training.sessions.retrieve(ckpt.session_id)
+    if str(ckpt.type) == CKPT_TRAINING:
+        return TrainingState(ckpt.id, ckpt.base_model, lora_of(session))
+    same_step = [c for c in session.training_checkpoints if int(c.step) == int(ckpt.step)]
+    if not same_step:
+        raise ValidationError(
+            f"checkpoint {path} holds weights for download and deployment only: the API "
+            "cannot load an inference checkpoint into a session, and its session took no "
+            f"training checkpoint at step {int(ckpt.step)}; sample from a save_state() path, "
+            "or save with tgnb.tinker's save_weights_for_sampler, which takes both"
+        )
+    return TrainingState(same_step[-1].id, ckpt.base_model, lora_of(session))
 
 
 @functools.lru_cache(maxsize=8)

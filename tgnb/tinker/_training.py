@@ -30,6 +30,7 @@ from together.post_training import ModelResourcesClient
 from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
+from tgnb.connection import Endpoint, of_sdk_keywords
 from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
@@ -39,7 +40,6 @@ from tgnb.tinker._pool import MAX_SESSIONS, ResourcePool
 from tgnb.tinker._sampling import SamplingClient, open_sampler
 from tgnb.tinker._support import (
     POLL_INTERVAL,
-    Connection,
     Release,
     Resolved,
     Then,
@@ -50,14 +50,13 @@ from tgnb.tinker._support import (
 )
 
 
-def _open_sessions(conn: Connection, resource_id: str) -> int:
+def _open_sessions(conn: Endpoint, resource_id: str) -> int:
     """The sessions open (creating or running) on resource `resource_id`, as the API lists them."""
-    with conn.sdk() as client:
-        page = client.post_training.sessions.list(
-            model_resources_id=resource_id,
-            status=["TRAINING_SESSION_STATUS_CREATING", "TRAINING_SESSION_STATUS_RUNNING"],
-            limit=100,
-        )
+    page = conn.sdk().post_training.sessions.list(
+        model_resources_id=resource_id,
+        status=["TRAINING_SESSION_STATUS_CREATING", "TRAINING_SESSION_STATUS_RUNNING"],
+        limit=100,
+    )
     return len(page.data or [])
 
 
@@ -92,7 +91,7 @@ def _no_encryption(recipients: list[str] | None) -> None:
 class TrainingClient(ClientFuture, _SdkTrainingClient):
     """One LoRA training session, driven the Tinker way (see the module docstring)."""
 
-    _conn: Connection = field(default_factory=Connection, repr=False)
+    _conn: Endpoint = field(default_factory=of_sdk_keywords, repr=False)
     _pool: ResourcePool | None = field(default=None, repr=False)  # its service client's
 
     # -- losses: Tinker's outputs and defaults ------------------------------------------------
