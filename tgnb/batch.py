@@ -1,7 +1,7 @@
 """``tgnb notebooks``: run the example notebooks headless with papermill, keep what they showed.
 
-Each notebook in ``notebooks/`` (the quickstart, the GRPO sweep, the DPO run) has a cell tagged
-``parameters``; `run_notebook` executes a copy with papermill (parameters injected after that cell),
+Each notebook in ``notebooks/`` (the quickstart, the GRPO sweep, the DPO run, the Post-Training
+recipes) has a cell tagged ``parameters``; `run_notebook` executes a copy with papermill (parameters injected after that cell),
 writes the executed notebook and, by default, an HTML export (nbconvert) next to it. Widgets are
 kept as their static HTML renderings and saved widget state, so the timeline, the panels and the
 plots show in the output without a kernel.
@@ -38,6 +38,7 @@ NOTEBOOKS: dict[str, str] = {
     "pt-grpo": "04-post-training-grpo.ipynb",
     "multi-lora": "05-multi-lora.ipynb",
     "pt-dpo": "06-post-training-dpo.ipynb",
+    "async-rl": "07-async-rl.ipynb",
 }
 #: Environment variable naming the folder that holds the example notebooks.
 NOTEBOOKS_ENV = "TGNB_NOTEBOOKS"

@@ -1,4 +1,4 @@
-"""The Post-Training recipes (notebooks 04-06) executed with papermill against the real local
+"""The Post-Training recipes (notebooks 04-07) executed with papermill against the real local
 emulator: a daemon serving the Post-Training API over loopback HTTP, computing on the built-in tiny
 model in torch, driven by the unmodified `together` SDK from the notebooks' kernel.
 
@@ -30,6 +30,7 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     "pt-grpo": {"max_steps": 30},
     "multi-lora": {"max_steps": 8, "prompts_per_step": 4},
     "pt-dpo": {"max_steps": 12},
+    "async-rl": {"max_steps": 6, "prompts_per_step": 4, "group_size": 4},
 }
 
 
@@ -160,6 +161,18 @@ def test_dpo_custom_loss_margin_rises(executed: Executed) -> None:
     assert last > first + 0.05, f"margin {first:.4f} -> {last:.4f}"
     assert history[-1]["loss"] < history[0]["loss"]
     assert _has_png(executed.notebooks["pt-dpo"], "plot")
+
+
+def test_async_rl_trains_one_version_behind_and_draws_who_was_busy(executed: Executed) -> None:
+    result = executed.result("async-rl")
+    steps = PARAMETERS["async-rl"]["max_steps"]
+    sync, ahead = result["synchronous"], result["asynchronous"]
+    assert [h["lag"] for h in sync["history"]] == [0] * steps
+    assert [h["lag"] for h in ahead["history"]] == [0] + [1] * (steps - 1)
+    assert sync["overlap_seconds"] == 0.0
+    assert result["ratio"] == pytest.approx(ahead["steps_per_minute"] / sync["steps_per_minute"])
+    assert _has_png(executed.notebooks["async-rl"], "plot")
+    assert "asynchronous / synchronous" in _outputs(executed.notebooks["async-rl"], "summary")
 
 
 def test_no_key_in_any_output(executed: Executed) -> None:
