@@ -42,7 +42,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -337,24 +337,65 @@ def write_small(path: Path, state: Any, plain: dict[str, Any]) -> None:
             parts.write(path)
 
 
-class _AgreedStager(DefaultStager):
-    """DCP's stager, then one all-reduce on the saves' group: staging that fails on any rank (out
-    of memory) fails ``dcp.async_save`` on every rank before DCP's collectives begin -- else the
-    other ranks' background writes would wait for that rank forever."""
+def _layout(value: Any, at: str = "") -> list[tuple[Any, ...]]:
+    """Every tensor of a nested state with where it is, its type, shape, dtype and device: two
+    states with the same layout can be staged into the same CPU copy."""
+    if isinstance(value, torch.Tensor):
+        return [(at, type(value).__name__, tuple(value.shape), value.dtype, value.device.type)]
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _layout(v, f"{at}/{k}")]
+    if isinstance(value, (list, tuple)):
+        return [x for i, v in enumerate(value) for x in _layout(v, f"{at}/{i}")]
+    return [(at, type(value).__name__)]
 
-    def __init__(self, options: StagingOptions, group: Any) -> None:
-        super().__init__(options)
+
+class _CachedStager(AsyncStager):
+    """Stages a state to CPU memory for ``dcp.async_save``: into one copy, made by the first save
+    (pinned on a GPU machine) and refilled by the next ones with the same layout, so a later
+    stall is a copy, not an allocation. Then one all-reduce on the saves' group: staging that fails
+    on any rank (out of memory) fails ``dcp.async_save`` on every rank before DCP's collectives
+    begin -- else the other ranks' background writes would wait for that rank forever.
+
+    Not DCP's `DefaultStager`: torch 2.11's closes its deep-copier after every stage, and the
+    second save then fails (``KeyError: <class 'type'>``) on every state (seen on an H200); the
+    two functions used here are the ones DCP's own ``BlockingAsyncStager`` stages with."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self, pinned: bool, group: Any) -> None:
+        self.pinned = pinned
         self.group = group
+        self._copy: dict[str, Any] | None = None
+        self._layout: list[tuple[Any, ...]] = []
 
     def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> Any:
         try:
-            staged = super().stage(state_dict, **kwargs)
+            staged = self._stage(state_dict)
         except BaseException:
             any_rank([1], group=self.group)
             raise
         if any_rank([0], group=self.group)[0]:
             raise CheckpointError("staging the checkpoint failed on another rank (see its log)")
         return staged
+
+    def _stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        layout = _layout(state_dict)
+        if self._copy is None or layout != self._layout:
+            self._copy = None  # the old copy goes before the new one is made
+            self._copy = _create_cpu_state_dict(state_dict, pin_memory=self.pinned)
+            self._layout = layout
+        staged = _copy_state_dict(state_dict, self._copy, non_blocking=self.pinned)
+        if self.pinned:
+            torch.cuda.synchronize()  # the copies are in the copy before training goes on
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Staging is done when `stage` returns."""
+
+    def close(self) -> None:
+        self._copy = None
 
 
 class Writer:
@@ -364,21 +405,21 @@ class Writer:
     (created once, by every rank, in `__init__`), so they never interleave with training's."""
 
     def __init__(self) -> None:
-        self.group = dist.new_group(backend="gloo") if dist_up() else None
+        self.group: Any = None
         self.inflight: Future[Any] | None = None
         #: the manifest entries of the files DCP wrote into each checkpoint, hashed as written
         self.written: dict[Path, dict[str, ck.FileEntry]] = {}
-        cuda = torch.cuda.is_available()
-        # one stager for the run: its CPU copy (pinned on a GPU machine) is allocated by the first
-        # save and reused by the next ones, so a later stall is a copy, not an allocation
-        options = StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
-        self.stager = _AgreedStager(options, self.group)
-        if self.group is not None:
+        # one stager for the run: its CPU copy is allocated by the first save, reused after
+        self.stager = _CachedStager(torch.cuda.is_available(), None)
+        self._join()
+
+    def _join(self) -> None:
+        """Once torch.distributed is up, at any world size: the saves' own gloo group (an
+        asynchronous save needs a CPU backend; the default group of a one-GPU run under a
+        launcher is NCCL alone). Made by every rank, at its first save at the latest."""
+        if self.group is None and dist.is_available() and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo")
+            self.stager.group = self.group
             atexit.register(self.release)
 
     def release(self) -> None:
@@ -400,6 +441,7 @@ class Writer:
         return storage
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
+        self._join()
         with _quiet():
             dcp.save(state, storage_writer=self._storage(path), process_group=self.group)
 
@@ -408,7 +450,8 @@ class Writer:
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, by rank, on every rank (on the saves' group)."""
-        if self.group is None:
+        self._join()
+        if self.group is None or not dist_up():
             return [obj]
         out: list[Any] = [None] * world()
         dist.all_gather_object(out, obj, group=self.group)
@@ -417,6 +460,7 @@ class Writer:
     def save_async(self, path: Path, state: dict[str, Any]) -> Future[Any]:
         """Stage `state` to CPU memory now (the stall), write it in a background thread."""
         assert self.inflight is None or self.inflight.done(), "one asynchronous save at a time"
+        self._join()
         with _quiet():
             fut = dcp.async_save(
                 state,

@@ -34,7 +34,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.staging import DefaultStager
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from tgnb.runs.policy import CheckpointPolicy
@@ -266,11 +265,11 @@ def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
             (run_dir / "checkpoints" / "checkpoint-2" / blocker).mkdir(parents=True)
         dist.barrier()
         trainer.state.global_step = 2
-        stage = DefaultStager.stage
+        copy = dcpio._CachedStager._stage  # the CPU copy, before the ranks agree
         if rank == victim and blocker is None:
-            DefaultStager.stage = _out_of_memory  # type: ignore[method-assign]
+            dcpio._CachedStager._stage = _out_of_memory  # type: ignore[method-assign]
         saver.save(trainer, 2, "periodic", meta, sync=case in ("sync", "marker"))
-        DefaultStager.stage = stage  # type: ignore[method-assign]
+        dcpio._CachedStager._stage = copy  # type: ignore[method-assign]
         saver.wait()
         got: dict[str, Any] = {"after_save": str(saver.failure or "")}
         try:
