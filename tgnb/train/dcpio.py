@@ -402,7 +402,8 @@ class Writer:
     """Writes DCP states, synchronously or with ``dcp.async_save`` (at most one in flight).
 
     Several processes: asynchronous saves run their collectives on a gloo group of their own
-    (created once, by every rank, in `__init__`), so they never interleave with training's."""
+    (made by every rank at its first save once torch.distributed is up, `_join`), so they never
+    interleave with training's."""
 
     def __init__(self) -> None:
         self.group: Any = None
@@ -449,8 +450,8 @@ class Writer:
         self.stager.close()
 
     def gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, by rank, on every rank (on the saves' group)."""
-        self._join()
+        """Every rank's `obj`, by rank, on every rank (on the saves' group, which the save before
+        made: never made here, on the sealing thread)."""
         if self.group is None or not dist_up():
             return [obj]
         out: list[Any] = [None] * world()
