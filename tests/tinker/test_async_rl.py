@@ -69,3 +69,5 @@ def test_the_script_runs_from_a_folder_of_its_own(
     assert saved["max_off_policy"] == 1 and len(saved["generator"]) == 3
     assert saved["checkpoint"].startswith("tinker://") and saved["steps_per_minute"] > 0
     assert rl_emulator.api_key not in proc.stdout + proc.stderr
+    # its samplers, dropped unclosed, gave their sessions back before the exit report was made
+    assert "held 2 model resource(s)" in proc.stderr and "still running" not in proc.stderr

@@ -15,6 +15,7 @@ exit, a line says what they cost, and one per resource left running (`_report`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -58,6 +59,12 @@ class ResourcePool:
         threading._register_atexit(self._report)  # type: ignore[attr-defined]  # after the clients'
 
     def _report(self) -> None:
+        # dropped samplers give their sessions back on a thread of their own: wait for what is
+        # queued there, else a resource whose last release is pending reads "its stop failed"
+        from tgnb.tinker._sampling import _closer
+
+        with contextlib.suppress(RuntimeError, TimeoutError):  # the interpreter may be going
+            _closer().submit(lambda: None).result(timeout=120)
         with self._lock:
             seen = list(self._seen)
         print_report(self._conn, seen)
