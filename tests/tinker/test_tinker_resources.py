@@ -23,7 +23,7 @@ from tgnb.emulator.testing import EmulatorHandle
 pytest.importorskip("tinker", reason="the tinker extra: pip install '.[tinker]'")
 import tgnb.tinker as tinker  # the one line that differs from a Tinker script
 from tgnb.tinker._pool import MAX_SESSIONS
-from tgnb.tinker._sampling import _closer
+from tgnb.tinker._support import wait_for_releases
 
 types = tinker.types
 MODEL = "tgnb/tiny-llama"
@@ -72,13 +72,13 @@ def test_samplers_dropped_unclosed_give_their_sessions_back(rl_emulator: Emulato
             assert len(future.result()) == 4
             del future
             gc.collect()
-            _closer().submit(lambda: None).result()  # its release has run (a thread of its own)
+            wait_for_releases()  # its release has run (a thread of its own)
             seen |= running_resources() - before
             first = first or set(seen)
     finally:
         trainer.close()
     assert seen == first, (first, seen)
-    _closer().submit(lambda: None).result()  # the dropped samplers' releases have all run
+    wait_for_releases()  # the dropped samplers' releases have all run
     assert running_resources() == before
 
 

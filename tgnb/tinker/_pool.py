@@ -26,7 +26,7 @@ from together.post_training import ModelResourcesClient
 
 from tgnb.connection import Endpoint
 from tgnb.tinker._report import Seen, price_of, print_report
-from tgnb.tinker._support import POLL_INTERVAL, Release
+from tgnb.tinker._support import POLL_INTERVAL, Release, wait_for_releases
 
 #: LoRA sessions one Model Resource takes (Together's documented cap; over it the API answers 429).
 MAX_SESSIONS = 5
@@ -61,10 +61,8 @@ class ResourcePool:
     def _report(self) -> None:
         # dropped samplers give their sessions back on a thread of their own: wait for what is
         # queued there, else a resource whose last release is pending reads "its stop failed"
-        from tgnb.tinker._sampling import _closer
-
         with contextlib.suppress(RuntimeError, TimeoutError):  # the interpreter may be going
-            _closer().submit(lambda: None).result(timeout=120)
+            wait_for_releases(timeout=120)
         with self._lock:
             seen = list(self._seen)
         print_report(self._conn, seen)

@@ -17,7 +17,6 @@ import asyncio
 import dataclasses
 import functools
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ from tgnb.tinker._stops import cut_at_stops, split_stops
 from tgnb.tinker._support import (
     Release,
     load_tokenizer,
+    release_later,
     training_state,
 )
 
@@ -125,18 +125,6 @@ def _owned(client: SamplingClient, result: Any) -> Any:
     return result
 
 
-@functools.cache
-def _closer() -> ThreadPoolExecutor:
-    """Where dropped samplers give their sessions back: HTTP calls never run inside the garbage
-    collector, which may fire in the middle of another call."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tgnb-tinker-release")
-
-
-def _release_dropped(release: Release) -> None:
-    if not release.closed:
-        _closer().submit(release.close, automatic=True)
-
-
 def open_sampler(
     conn: Endpoint, pool: ResourcePool, *, model_path: str | None, base_model: str | None
 ) -> SamplingClient:
@@ -158,7 +146,7 @@ def open_sampler(
         release.close(automatic=True)
         raise
     client = SamplingClient(session, _base_model=base_model, _release=release)
-    weakref.finalize(client, _release_dropped, release).atexit = False  # exit: Release's hook
+    weakref.finalize(client, release_later, release).atexit = False  # exit: Release's hook
     return client
 
 

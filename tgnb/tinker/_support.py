@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Generator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -98,6 +99,23 @@ class Release:
 
     async def aclose(self, *, automatic: bool = False) -> None:
         await asyncio.to_thread(self.close, automatic=automatic)
+
+
+@functools.cache
+def _releaser() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tgnb-tinker-release")
+
+
+def release_later(release: Release) -> None:
+    """Give back what a dropped client held, on a thread of its own: HTTP calls never run inside
+    the garbage collector, which may fire in the middle of another call."""
+    if not release.closed:
+        _releaser().submit(release.close, automatic=True)
+
+
+def wait_for_releases(timeout: float | None = None) -> None:
+    """Return once every release queued by `release_later` so far has run."""
+    _releaser().submit(lambda: None).result(timeout=timeout)
 
 
 class Resolved(Generic[T]):
