@@ -53,8 +53,10 @@ echo "== 1. checkpoint ratios ($PARAMS parameters, 1 rank, $DEVICE)"
 timeout 150 python3 bench/checkpoint.py --params "$PARAMS" --ranks 1 --repeats 1 --device "$DEVICE" \
   --dir "$DIR" >"$DIR/bench.log" 2>&1
 CODE=$?
-tail -2 "$DIR/bench.log"
-[ $CODE = 0 ] || echo "section 1 failed: exit $CODE (124: over its 150 s)"
+if [ $CODE = 0 ]; then tail -2 "$DIR/bench.log"; else
+  tail -30 "$DIR/bench.log"  # the whole traceback, not its last line
+  echo "section 1 failed: exit $CODE (124: over its 150 s)"
+fi
 
 echo "== 2. [${SECONDS} s] DPO, Llama ($SHAPE) from a config, bf16, async periodic saves, SIGTERM"
 MODEL="$DIR/llama"
