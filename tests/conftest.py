@@ -40,7 +40,7 @@ HEAVY = (
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups off the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 3 --dist loadgroup``, the README's command), the tests of the one
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), the tests of the one
     real Slurm node run on one worker, one after another: they drain, requeue and re-feature that
     node, which a second worker's job would see. Every other test owns what it starts."""
     for item in items:
