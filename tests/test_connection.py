@@ -114,10 +114,8 @@ def test_sdk_keywords_resolve_as_the_sdk_does(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The Tinker layer's `Endpoint` (`of_sdk_keywords`): what is given wins, None reads
-    ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL``; no key starts nothing and is the SDK's own error
-    at the first call. Its client is made once and stays open for the next user."""
-    import together
-
+    ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL``; no key starts nothing and is refused at once,
+    naming both ways to get one. Its client is made once and stays open for the next user."""
     monkeypatch.setenv("TOGETHER_DISABLE_VERSION_CHECK", "1")
     monkeypatch.setenv("TGNB_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TOGETHER_API_KEY", "env-key")
@@ -135,8 +133,7 @@ def test_sdk_keywords_resolve_as_the_sdk_does(
 
     monkeypatch.delenv("TOGETHER_API_KEY")
     monkeypatch.delenv("TOGETHER_BASE_URL")
-    bare = connection.of_sdk_keywords()
-    assert bare.native() == {"api_key": None, "base_url": None}
+    with pytest.raises(tgnb.ConfigError, match=r"TOGETHER_API_KEY.*`tgnb emulator start`"):
+        connection.of_sdk_keywords()
     assert not (tmp_path / "home").exists()  # no emulator started
-    with pytest.raises(together.TogetherError, match="TOGETHER_API_KEY"):
-        bare.sdk()
+    assert connection.of_sdk_keywords("given-key").native()["base_url"] is None

@@ -223,16 +223,27 @@ def connect(
     return _local(settings, time_scale, start)
 
 
+#: What a script (the Tinker layer) is told when it has no key: it cannot start the emulator
+#: itself (nothing is started behind a script's back), so it names the commands that do.
+NO_KEY_FOR_A_SCRIPT = (
+    "no TOGETHER_API_KEY is set: export your Together API key, or run on the local emulator: "
+    "`tgnb emulator start`, then the two export lines it prints"
+)
+
+
 def of_sdk_keywords(api_key: str | None = None, base_url: str | None = None) -> Endpoint:
     """The `Endpoint` of the SDK's own ``api_key=`` / ``base_url=`` keywords (the Tinker layer's
     ``ServiceClient``): None reads ``TOGETHER_API_KEY`` / ``TOGETHER_BASE_URL`` as the SDK does.
-    Nothing is started or asked: no key is the SDK's own error at the first call."""
+    Nothing is started or asked; no key at all is a `ConfigError` naming both ways to get one
+    (Tinker refuses a client without a key when it is made, not at its first call)."""
     settings = Settings.from_env()
     settings = replace(
         settings,
         api_key=Secret(api_key) if api_key else settings.api_key,
         base_url=settings.base_url if base_url is None else base_url,
     )
+    if settings.api_key is None:
+        raise ConfigError(NO_KEY_FOR_A_SCRIPT)
     return _remote(settings, None)
 
 

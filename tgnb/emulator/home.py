@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import secrets
+import shlex
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ class EmulatorStatus:
         return (
             f"emulator: running, pid {self.pid}, {self.base_url}{scaled}\n"
             f"  key file {self.home / 'api_key'}, log {self.log_path}, state {self.state_dir}\n"
-            f"  export TOGETHER_BASE_URL={self.base_url}"
+            f"  export TOGETHER_BASE_URL={self.base_url}\n"
+            f'  export TOGETHER_API_KEY="$(cat {shlex.quote(str(self.home / "api_key"))})"'
         )
 
 
