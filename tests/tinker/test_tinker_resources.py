@@ -257,3 +257,18 @@ def test_a_script_says_what_its_resources_cost_and_which_it_leaves_running(
         assert rid in before
         assert rl_emulator.api_key not in proc.stdout + proc.stderr
         borrowed.stop(force=True)
+
+
+def test_waiting_for_releases_starts_no_thread_when_nothing_was_released() -> None:
+    """A script that dropped no sampler reaches its exit report with no release thread started
+    for it (the report waits on that thread when there is one)."""
+    probe = textwrap.dedent(
+        """
+        import threading
+        from tgnb.tinker._support import wait_for_releases
+        wait_for_releases(timeout=5)
+        print([t.name for t in threading.enumerate() if t.name.startswith("tgnb-tinker")])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -114,8 +114,10 @@ def release_later(release: Release) -> None:
 
 
 def wait_for_releases(timeout: float | None = None) -> None:
-    """Return once every release queued by `release_later` so far has run."""
-    _releaser().submit(lambda: None).result(timeout=timeout)
+    """Return once every release queued by `release_later` so far has run (at once, with no
+    thread started, when none ever was)."""
+    if _releaser.cache_info().currsize:
+        _releaser().submit(lambda: None).result(timeout=timeout)
 
 
 class Resolved(Generic[T]):
