@@ -42,10 +42,33 @@ HEAVY = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), the tests of the one
     real Slurm node run on one worker, one after another: they drain, requeue and re-feature that
-    node, which a second worker's job would see. Every other test owns what it starts."""
+    node, which a second worker's job would see. The tests of a module that share a module-scoped
+    fixture (executed notebooks, a JupyterLab, an emulator with its runs) run on one worker too:
+    split between two, each worker made the fixture again (the notebooks' 100 s and the recipes'
+    118 s ran twice). Every other test owns what it starts.
+
+    The slow tests outside a group are handed out first (each worker takes the next when it is
+    done), so the run ends on quick ones and neither worker sits idle while the other finishes a
+    two-minute test; every other test, and each group, keeps its order."""
     for item in items:
         if item.get_closest_marker("slurm") or "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(
+        key=lambda it: (
+            not it.get_closest_marker("slow") or bool(it.get_closest_marker("xdist_group"))
+        )
+    )
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether `item` uses a fixture made once per module (or class, or package). pytest names a
+    test's fixture definitions only on a private attribute (``_fixtureinfo``); without it (another
+    pytest), nothing is grouped and the suite still runs, each worker making its own."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {})
+    return any(d.scope in ("module", "class", "package") for ds in defs.values() for d in ds)
 
 
 def wait_until(

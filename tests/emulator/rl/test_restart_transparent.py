@@ -95,7 +95,14 @@ def test_sigkill_then_bare_start_is_transparent(
         with AdminClient(st.base_url, key) as admin:
             before = admin.rl_usage(rid)
         t_before = time.time()
-        big = SAMPLES * 64
+        # at the per-operation caps (512 samples, 30,720 of 32,768 tokens): seconds of work, so the
+        # poll below sees it running (64 five-token samples could end between two polls)
+        tokens = [1 + i % 50 for i in range(61)]
+        long = Sample(
+            model_input={"chunks": [{"encoded_text": {"tokens": tokens[:-1]}}]},
+            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 60},
+        )
+        big = [long] * 512
         inflight = threading.Thread(  # an operation running when the daemon dies
             target=lambda: _swallow(
                 lambda: a.trainer.forward_backward(samples=big, loss={"type": "cross_entropy"})
@@ -105,7 +112,7 @@ def test_sigkill_then_bare_start_is_transparent(
         inflight.start()
         with AdminClient(st.base_url, key) as admin:
             running = lambda: admin.health()["rl_operations_running"] > 0  # noqa: E731
-            wait_until(running, 60, what="the forward_backward to run")
+            wait_until(running, 60, what="the forward_backward to run", every=0.02)
         os.kill(st.pid, signal.SIGKILL)
         wait_until(lambda: not daemon.status(home).running, 10)
         t_kill = time.time()
