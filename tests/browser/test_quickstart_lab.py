@@ -45,14 +45,53 @@ def _queued(cell: Any) -> bool:
     return bool(re.search(r"\[(\*|\d+)\]", prompt))
 
 
-def _run_cells(page: Any, cells: Any, last: int) -> None:
+#: The JupyterLab dialogs a user answers (OK or Select) before the first code cell runs, neither
+#: about tgnb: the kernel chooser (shown when the kernel list comes late) and the notice of a kernel
+#: that died while starting (it restarts by itself). Any other dialog, or one of these once code
+#: has run, fails the test with its text; each one seen is kept as a screenshot.
+BEFORE_ANY_CODE = ("Select Kernel", "Kernel Restarting")
+
+
+def _dialog(page: Any) -> tuple[str, str] | None:
+    """The title and text of the dialog JupyterLab shows over the notebook, if any."""
+    dialog = page.locator(".jp-Dialog")
+    if not dialog.count():
+        return None
+    title = dialog.first.locator(".jp-Dialog-header").inner_text().strip()
+    return title, " ".join(dialog.first.locator(".jp-Dialog-body").inner_text().split())
+
+
+def _answer_dialog(page: Any, artifacts: Path, where: str, *, code_ran: bool) -> None:
+    seen = _dialog(page)
+    if seen is None:
+        return
+    title, body = seen
+    page.screenshot(path=str(artifacts / f"dialog-{where}.png"))
+    if title not in BEFORE_ANY_CODE or code_ran:
+        pytest.fail(f"JupyterLab showed a dialog {where}: {title}: {body}", pytrace=False)
+    with open(artifacts / "dialogs.txt", "a", encoding="utf-8") as log:
+        log.write(f"{where}: {title}: {body}\n")
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    page.locator(".jp-Dialog").wait_for(state="detached", timeout=30_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+
+
+def _run_cells(page: Any, cells: Any, last: int, artifacts: Path) -> None:
     """Shift+Enter on cells 0..last, as a user would; each code cell is seen queued before the next
-    key press (a press that comes before the kernel is connected is lost, so it is repeated)."""
+    key press (a press that comes before the kernel is connected is lost, so it is repeated). A
+    dialog over the notebook is answered or reported (`BEFORE_ANY_CODE`)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    code_ran = False
     for i in range(last + 1):
         cell = cells.nth(i)
         code = "jp-CodeCell" in (cell.get_attribute("class") or "")
         for _attempt in range(5):
-            cell.locator(".jp-InputArea-prompt").click()  # select it, in command mode
+            _answer_dialog(page, artifacts, f"before cell {i}", code_ran=code_ran)
+            try:  # select it, in command mode; a dialog that opens meanwhile blocks the click
+                cell.locator(".jp-InputArea-prompt").click(timeout=10_000)
+            except PlaywrightTimeout:
+                continue
             page.keyboard.press("Shift+Enter")
             if not code:
                 break
@@ -60,8 +99,10 @@ def _run_cells(page: Any, cells: Any, last: int) -> None:
             while time.monotonic() < deadline and not _queued(cell):
                 time.sleep(0.1)
             if _queued(cell):
+                code_ran = True
                 break
         else:
+            _answer_dialog(page, artifacts, f"at cell {i}", code_ran=True)
             pytest.fail(f"cell {i} did not start running after 5 Shift+Enter presses")
 
 
@@ -83,7 +124,7 @@ def test_quickstart_panels_render_and_update(browser: Any, lab: Any, artifacts: 
         wait_until(lambda: cells.count() == len(ids), 60, what="every cell of the notebook")
         page.screenshot(path=str(artifacts / "01-opened.png"))
 
-        _run_cells(page, cells, last)
+        _run_cells(page, cells, last, artifacts)
 
         # -- ClusterPanel: allocated against desired while the preemptible nodes come ----------
         scale = cells.nth(ids.index("scale"))
