@@ -5,9 +5,11 @@ Post-Training API over real HTTP. Nothing is faked."""
 from __future__ import annotations
 
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
+import together
 
 from tgnb.emulator.testing import EmulatorHandle
 
@@ -83,8 +85,14 @@ def test_tinker_paths_round_trip_and_the_rest_client_downloads(
         got = adapter_logprobs(hf, prompt.to_ints())
         assert got == pytest.approx(sampled[1:], abs=1e-5)  # the bytes are the sampled weights
 
-        with pytest.raises(NotImplementedError, match="have no TTL"):
-            rest_client.set_checkpoint_ttl_from_tinker_path(sampler_path, 3600)
+        with pytest.warns(UserWarning, match="ignores ttl_seconds: Post-Training checkpoints"):
+            assert (
+                rest_client.set_checkpoint_ttl_from_tinker_path(sampler_path, 3600).result() is None
+            )
+        rest_client.set_checkpoint_ttl_from_tinker_path(sampler_path, None).result()
+        missing = f"tinker://{run_id}/sampler_weights/{uuid.uuid4()}"
+        with pytest.raises(together.NotFoundError):  # a TTL does not skip the path's check
+            rest_client.set_checkpoint_ttl_from_tinker_path(missing, 60)
         with pytest.raises(NotImplementedError, match="cannot encrypt"):
             training_client.save_weights_external("x", age_encryption_recipients=["age1xyz"])
         with pytest.raises(NotImplementedError, match="downloads sampler weights only"):

@@ -53,12 +53,13 @@ CISPO, so this layer sends Tinker's own explicitly (PPO clips to [0.8, 1.2], CIS
 
 What it still cannot serve, and why:
 
-- On ``RestClient``: TTLs, publishing, deleting, one archive per checkpoint, downloading a
+- On ``RestClient``: publishing, deleting, one archive per checkpoint, downloading a
   training (``weights/``) checkpoint, and Tinker's calls on runs, sessions and samplers: each is
   refused when called, with why (`tgnb.tinker._rest`).
 - Checkpoint names, ``ttl_seconds``, ``overwrite``: checkpoints are server-assigned ids with no
   TTL, so a path's last part is that id, not the name given (`tgnb.tinker._paths`); every call
-  that takes a path also takes the bare id this layer answered before.
+  that takes a path also takes the bare id this layer answered before. A TTL, given at a save or
+  by ``RestClient.set_checkpoint_ttl_from_tinker_path``, is ignored with a warning.
 - ``weights_access_token`` (another account's checkpoints): no such grant on the API; refused.
 - ``train_mlp=False`` / ``train_attn=False``: Post-Training adapts every linear layer; refused
   rather than trained differently.

@@ -15,10 +15,13 @@ Tinker call                                        Post-Training
                                                    ``unembed_tokens``); a ``file://`` URL per
                                                    file, as the cookbook's ``weights.download``
                                                    fetches them (``urlretrieve``)
-``set_checkpoint_ttl_from_tinker_path(p, None)``   nothing to do: checkpoints never expire
+``set_checkpoint_ttl_from_tinker_path(p, ttl)``    ``GET checkpoints/{id}`` (it must exist);
+                                                   checkpoints never expire, so a TTL is
+                                                   ignored with a warning, as the SDK's
+                                                   ``save_state(ttl_seconds=)`` does
 =================================================  ==========================================
 
-What Post-Training cannot do is refused when called, with why: a TTL, publishing, deleting a
+What Post-Training cannot do is refused when called, with why: publishing, deleting a
 checkpoint, one archive of a checkpoint (it serves each file at its own URL), downloading a
 training checkpoint (weights and optimizer state: the API downloads inference checkpoints only),
 and Tinker's other REST calls (training runs, sessions, samplers, audit log). Every call answers
@@ -33,6 +36,7 @@ import datetime
 import functools
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +61,6 @@ _TINKER_ONLY = {
     "unpublish_checkpoint": "Post-Training checkpoints belong to their project; there is no "
     "publishing",
     "delete_checkpoint": "the Post-Training API has no checkpoint deletion",
-    "set_checkpoint_ttl": "Post-Training checkpoints have no TTL (they are kept until the "
-    "project removes them): pass ttl_seconds=None",
 }
 
 
@@ -143,10 +145,14 @@ class RestClient:
         self, tinker_path: str, ttl_seconds: int | None
     ) -> Resolved[None]:
         """``ttl_seconds=None`` (keep it indefinitely) is what every Post-Training checkpoint
-        is; any TTL is refused."""
-        if ttl_seconds is not None:
-            _refuse("set_checkpoint_ttl_from_tinker_path")()
+        is; a TTL is ignored with a warning (the checkpoint must exist either way)."""
         self._conn.sdk().post_training.checkpoints.retrieve(checkpoint_id(tinker_path))
+        if ttl_seconds is not None:
+            warnings.warn(
+                "Together ignores ttl_seconds: Post-Training checkpoints have no TTL, they are "
+                "kept until the project removes them",
+                stacklevel=2,
+            )
         return Resolved(None)
 
     def __getattr__(self, name: str) -> Any:
