@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -65,32 +66,13 @@ def _model(params: float) -> Any:
     return model, opt
 
 
-def _plain_write(d: Path, nbytes: int) -> float:
-    buf = os.urandom(1 << 20) * 16
+def _write_fsynced(d: Path, chunks: Iterable[Any]) -> float:
+    """Seconds to write `chunks` (buffers, made as they are asked for) to one file in `d`, then
+    fsync it and `d`."""
     began = time.perf_counter()
     fd = os.open(d / f"plain-{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    left = nbytes
-    while left > 0:
-        left -= os.write(fd, buf[: min(left, len(buf))])
-    os.fsync(fd)
-    os.close(fd)
-    dfd = os.open(d, os.O_RDONLY)
-    os.fsync(dfd)
-    os.close(dfd)
-    return time.perf_counter() - began
-
-
-def _plain_write_from_device(d: Path, tensors: list[Any]) -> float:
-    """`_plain_write` of the state's own tensors from where they live: each copied to host memory
-    (``.cpu()``: device to host on a GPU, nothing on the CPU) and written, then fsynced. On a GPU
-    this is the least any checkpoint of that state does; `_plain_write` writes bytes already in
-    host memory."""
-    import torch
-
-    began = time.perf_counter()
-    fd = os.open(d / f"plain-{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    for t in tensors:
-        view = memoryview(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    for chunk in chunks:
+        view = memoryview(chunk)
         while len(view):
             view = view[os.write(fd, view) :]
     os.fsync(fd)
@@ -99,6 +81,23 @@ def _plain_write_from_device(d: Path, tensors: list[Any]) -> float:
     os.fsync(dfd)
     os.close(dfd)
     return time.perf_counter() - began
+
+
+def _plain_write(d: Path, nbytes: int) -> float:
+    """`nbytes` from host memory."""
+    buf = memoryview(os.urandom(1 << 20) * 16)
+    return _write_fsynced(d, (buf[: nbytes - at] for at in range(0, nbytes, len(buf))))
+
+
+def _plain_write_from_device(d: Path, tensors: list[Any]) -> float:
+    """`_plain_write` of the state's own tensors from where they live: each copied to host memory
+    (``.cpu()``: device to host on a GPU, nothing on the CPU) as it is written. On a GPU this is
+    the least any checkpoint of that state does; `_plain_write` writes bytes already in host
+    memory."""
+    import torch
+
+    host = (t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy() for t in tensors)
+    return _write_fsynced(d, host)
 
 
 def _state_tensors(model: Any, opt: Any, rank: int, world: int) -> list[Any]:
