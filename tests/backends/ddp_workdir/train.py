@@ -1,7 +1,7 @@
 """PyTorch's DDP example for torchrun, made small (gloo on the CPU): ``init_process_group("gloo")``
 reads RANK, WORLD_SIZE and the rendezvous from the environment torchrun sets, with no fallback for
 a run without it. Each rank appends what it was given to ``ranks.jsonl`` in the run directory
-(``{"phase", "rank", "world", "local_rank", "local_world", "node", "restart"}``): ``started`` once
+(``{"phase", "rank", "world", "local_rank", "local_world", "node", "restart", "pid"}``): ``started`` once
 every rank joined, ``done`` after the last step.
 
 ``--hold``: the first start (restart count 0) trains until it is stopped (a test preempts it);
@@ -27,6 +27,7 @@ def note(phase: str) -> None:
         "local_world": int(os.environ["LOCAL_WORLD_SIZE"]),
         "node": os.environ.get("TGNB_NODE") or os.environ.get("SLURMD_NODENAME", ""),
         "restart": int(os.environ.get("TGNB_RESTART_COUNT") or 0),
+        "pid": os.getpid(),
     }
     with open(os.path.join(os.environ["TGNB_RUN_DIR"], "ranks.jsonl"), "a") as fh:
         fh.write(json.dumps(row) + "\n")

@@ -46,6 +46,29 @@ def test_a_ddp_script_at_one_node_runs_under_torchrun(session: Session) -> None:
     ], done
 
 
+def libraries(pid: int) -> set[str]:
+    """The shared libraries process `pid` has mapped (``/proc/PID/maps``)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {Path(line.split()[-1]).name for line in maps if ".so" in line}
+
+
+def test_a_script_runs_supervisor_leaves_the_training_stack_to_the_script(
+    session: Session,
+) -> None:
+    """The supervisor imports torch, transformers and TRL first only for a run it can fork warm
+    (a built-in task alone on one node): a script starts a fresh interpreter under torchrun, and
+    that import (seconds, several under load) would only delay each of its launches."""
+    run = session.launch("train.py", args=["--hold"], workdir=DDP_WORKDIR, name="ddp-supervised",
+                         recovery=RecoveryPolicy(max_restarts=0))  # fmt: skip
+    wait_until(lambda: len(ranks(run, "started")) == 1, timeout=180)
+    supervisor = run.record.jobs[-1].info["pid"]
+    loaded = libraries(supervisor)
+    assert loaded and not any(name.startswith("libtorch") for name in loaded), sorted(loaded)
+    worker = ranks(run, "started")[0]["pid"]
+    assert any(name.startswith("libtorch") for name in libraries(worker))  # what it would show
+    run.stop()
+
+
 def test_a_ddp_script_at_two_nodes_then_shrunk_to_one(
     emu: EmulatorHandle, session: Session
 ) -> None:

@@ -391,13 +391,24 @@ class Supervisor:
             self._preloading = False
             raise _Stopped
 
+    def _forks_warm(self) -> bool:
+        """Whether this run's starts may be forked warm, so that importing the training stack
+        first pays: one node and a built-in task alone. A script runs under torchrun and a command
+        is its own program: both start a fresh interpreter anyway, and the import (seconds) would
+        only delay every launch of theirs."""
+        res = self.record.spec.resources
+        if res.nodes != 1 or os.environ.get(TRAIN_MODULE_ENV):
+            return False
+        gpus = node_gpus(res.gpus_per_node, [])  # at most this many on its one node
+        return not node.processes(self.train.to_dict(), 1, gpus).torchrun
+
     def main(self) -> int:
         """Run until the run has finished; returns the supervisor's exit status."""
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.environ.update({k: str(v) for k, v in self.record.spec.env.items()})
-        if self.record.spec.resources.nodes == 1 and not os.environ.get(TRAIN_MODULE_ENV):
+        if self._forks_warm():
             self._preloading = not self.stop_requested
             try:
                 self.warm = self._preloading and preload(TRAIN_MODULE)
