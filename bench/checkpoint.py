@@ -15,9 +15,12 @@ runs the real `tgnb.train.saving.Saver` and `tgnb.train.dcpio.load` and measures
   parallel write + fsync of the same bytes by the same ranks (DCP splits a replicated state evenly
   between them). Target <= 1.1 (issue 32). Also over a plain write of the state's own tensors from
   where they live (``--device cuda``: copied to host memory, then written and fsynced; on the CPU
-  the same as the first), the least any checkpoint of a GPU's state does: on an H200 the sealed
+  the first write again, but reading the state's own memory instead of one reused 16 MiB buffer:
+  about 0.3 s more at 100M), the least any checkpoint of a GPU's state does: on an H200 the sealed
   checkpoint took 1.83x the write of bytes already in host memory (2026-12-04), which leaves out
-  that copy. The signal's delivery and the rest
+  that copy. Most of the extra over a plain write is the CRC32 ``torch.save`` computes for each
+  item DCP writes, which only a process-wide switch turns off (docs/benchmarks.md). The signal's
+  delivery and the rest
   of the step in progress are not included (they are the same for any writer), nor the removal of
   older checkpoints that follows the marker (about 0.2 s for 1.2 GB here).
 - (c) ``load / plain``: a resume's load (DCP read, reshard, into model and optimizer) over a plain
