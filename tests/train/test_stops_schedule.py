@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -55,3 +56,30 @@ def test_the_schedule_alone_says_when_a_save_is_due() -> None:
     sized = []
     auto.due(101, 100, None, None, lambda: sized.append(1) or 10**9)  # 1 s to stage: not tiny
     assert sized == [1] and auto.auto_steps(None, None, lambda: 10**9) > 20
+
+
+def test_the_interval_in_force_is_never_longer_than_the_one_announced(tmp_path: Path) -> None:
+    """The default policy (``auto``) over 6,000 steps whose save stall and step time jump every
+    500 steps (a save measured, a slower data loader) and jitter by 10 % in between: each save
+    step is at most the interval announced before it past the last save (what a kill then loses),
+    and the jitter is never announced (only the jumps)."""
+    rng = random.Random(7)
+    recorder = Recorder(tmp_path)
+    told: list[int] = []
+    recorder.listeners.append(lambda _name, rec: told.append(rec["data"]["every_steps"]))
+    schedule = CheckpointSchedule(CheckpointPolicy(), recorder)
+    last, stall, base, gaps = 0, None, 0.25, []
+    for step in range(1, 6001):
+        if step % 500 == 0:
+            stall = rng.choice([None, 0.001, 0.05, 0.5, 3.0])
+            base = rng.uniform(0.05, 2.0)
+        schedule.step_time_s = base * rng.uniform(0.95, 1.05)
+        # a kill now loses the steps since the last save: at most the interval announced before
+        assert not told or step - last <= told[-1], (step, last, told)
+        if schedule.due(step, last, stall, stall, lambda: 10**7):
+            gaps.append(step - last)
+            last = step
+    assert len(told) <= 2 * 6000 // 500 + 1, told  # the jumps, not the jitter
+    assert len(set(gaps)) > 3 and len(told) > 5, (gaps, told)  # the interval did move
+    lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x)["data"]["every_steps"] for x in lines] == told

@@ -12,12 +12,15 @@
 
 Three rules, from `CheckpointPolicy`: ``every_steps`` (a step that is a multiple), ``every_seconds``
 (since the last periodic save, or since the schedule was made) and ``auto``: Young/Daly
-(`tgnb.train.checkpoint.young_daly_steps`) on the measured step time and the *stall* and write
+(`tgnb.train.checkpoint.young_daly_seconds`) on the measured step time and the *stall* and write
 time of a save (``stall_s``/``write_s``, None before the first save: the stall is then taken
 from `state_bytes`, copied at about 1 GB/s), weighing the policy's preemption estimate (notices,
 when the program listens for them) and its failures (no notice), never longer apart than
-`AUTO_MAX_SECONDS` of training. The interval ``auto`` chose is recorded once, with the rates
-behind it (``CheckpointIntervalChosen``), when a `Recorder` is given. Nothing here imports torch.
+`AUTO_MAX_SECONDS` of training. The step time is an exponential average that leaves out each
+attempt's first step (it carries one-time costs: allocation, compilation). The interval in force
+is `tgnb.train.interval.IntervalBoard`'s: announced at the first timed step and at each change
+(``CheckpointIntervalChosen``, when a `Recorder` is given), and under ``auto`` never longer than
+the one announced. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tgnb.events import CHECKPOINT_INTERVAL
 from tgnb.runs.policy import AUTO_MAX_SECONDS, CheckpointPolicy
 from tgnb.train import checkpoint as ck
+from tgnb.train.interval import IntervalBoard, Reasons
 from tgnb.train.record import Recorder
 
 __all__ = ["CheckpointSchedule"]
@@ -43,18 +46,24 @@ class CheckpointSchedule:
         self.recorder = recorder
         #: the optimizer step's duration, smoothed (None until a step was timed)
         self.step_time_s: float | None = None
+        #: the interval in force and its announcements
+        self.board = IntervalBoard(policy, recorder)
         self._began: float | None = None
+        self._ended = 0  # steps ended in this attempt
         self._last_save = time.monotonic()
-        self._reported = False
 
     def step_began(self) -> None:
         self._began = time.monotonic()
 
     def step_ended(self) -> None:
-        """Time the step since `step_began` into `step_time_s` (an exponential average)."""
+        """Time the step since `step_began` into `step_time_s` (an exponential average; the
+        attempt's first step is left out)."""
         if self._began is None:
             return
         took = time.monotonic() - self._began
+        self._ended += 1
+        if self._ended == 1:
+            return
         self.step_time_s = took if self.step_time_s is None else 0.8 * self.step_time_s + 0.2 * took
 
     def saved(self) -> None:
@@ -72,43 +81,47 @@ class CheckpointSchedule:
         """Whether a periodic save is due at the end of `step`, the last save having been at
         `last_step`; `state_bytes` is called only while `stall_s` is not known."""
         p = self.policy
+        if p.auto_interval and self.step_time_s:
+            return step - last_step >= self.auto_steps(stall_s, write_s, state_bytes, step)
+        if self.step_time_s and (p.every_steps or p.every_seconds):
+            self._fixed(step)
         if p.every_steps and step % p.every_steps == 0:
             return True
-        if p.every_seconds and time.monotonic() - self._last_save >= p.every_seconds:
-            return True
-        if p.auto_interval and self.step_time_s:
-            return step - last_step >= self.auto_steps(stall_s, write_s, state_bytes)
-        return False
+        return bool(p.every_seconds and time.monotonic() - self._last_save >= p.every_seconds)
+
+    def _fixed(self, step: int) -> None:
+        """Announce the run's own interval (``every_steps`` / ``every_seconds``) in steps and
+        seconds at the step time now (again when it moves: `tgnb.train.interval`)."""
+        p, step_time = self.policy, self.step_time_s
+        assert step_time
+        ideal = min(p.every_steps or float("inf"), (p.every_seconds or float("inf")) / step_time)
+        rule = "every_steps" if ideal == p.every_steps else "every_seconds"
+        self.board.settle(ideal, step_time, Reasons(rule), step)
 
     def auto_steps(
-        self, stall_s: float | None, write_s: float | None, state_bytes: Callable[[], int]
+        self,
+        stall_s: float | None,
+        write_s: float | None,
+        state_bytes: Callable[[], int],
+        step: int | None = None,
     ) -> int:
-        """The interval ``auto`` gives, in steps (needs `step_time_s`); recorded once."""
+        """The interval ``auto`` has in force, in steps (needs `step_time_s`): Young/Daly's,
+        announced when it moves (`tgnb.train.interval.IntervalBoard`)."""
         p, step_time = self.policy, self.step_time_s
         assert step_time, "time a step (step_began, step_ended) first"
         stall = stall_s if stall_s is not None else state_bytes() / _ASSUMED_STAGE_BPS
         write = (write_s or stall) if p.async_save else 0.0  # a sync save is never in flight
         notices = p.preemption_rate if p.on_signal or p.watch_drain else 0.0
         failures = p.failures_per_hour + p.preemption_rate - notices  # unseen: failures
-        every = ck.young_daly_steps(step_time, stall, failures, write, notices)
-        every = min(every, max(1, int(AUTO_MAX_SECONDS / step_time)))  # the bound
-        self._report(every)
-        return every
-
-    def _report(self, every: int) -> None:
-        """Once: the interval ``auto`` chose, and the rates behind it."""
-        if self._reported or self.recorder is None or not self.step_time_s:
-            return
-        self._reported = True
-        p = self.policy
-        seconds = every * self.step_time_s
-        source = p.preemptions_source or f"{p.preemption_rate:g} preemptions per hour (the setting)"
-        self.recorder.event(
-            CHECKPOINT_INTERVAL,
-            f"checkpoint every {every} steps ({seconds:.0f} s): {source}",
-            every_steps=every,
-            every_s=round(seconds, 3),
-            preemptions_per_hour=p.preemption_rate,
-            failures_per_hour=p.failures_per_hour,
-            source="setting" if p.observed_preemptions_per_hour is None else "observed",
+        tau = ck.young_daly_seconds(stall, failures, write, notices)
+        cap = max(1.0, float(int(AUTO_MAX_SECONDS / step_time)))  # the bound
+        why = Reasons(
+            "auto",
+            stall_s=stall,
+            measured=stall_s is not None,
+            write_s=write,
+            no_notice_per_hour=failures,
+            notices_per_hour=notices,
+            capped=tau / step_time > cap,
         )
+        return self.board.settle(max(1.0, tau / step_time), step_time, why, step, cap)

@@ -57,8 +57,13 @@ def test_a_restarted_guard_weighs_the_runs_own_preemptions(
     lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
     chosen = [json.loads(x) for x in lines if "CheckpointIntervalChosen" in x]
     assert len(chosen) == 1
-    said = chosen[0]["message"]
-    assert f"checkpoint.auto weighs {expected:.3g} preemptions per hour of the run" in said
-    assert "updated at restart 1 with this run's own 1 preemption(s) over 0.5 h" in said
+    said = chosen[0]["message"]  # in words; the estimate's own line is in its data
+    assert (  # (0.5 x 1 + 1) / (1 + 0.5) = 1
+        ", 1 preemption with one (estimated from the preemptions seen on the cluster and this "
+        "run's own)" in said
+    ), said
+    detail = chosen[0]["data"]["detail"]
+    assert f"checkpoint.auto weighs {expected:.3g} preemptions per hour of the run" in detail
+    assert "updated at restart 1 with this run's own 1 preemption(s) over 0.5 h" in detail
     assert chosen[0]["data"]["preemptions_per_hour"] == pytest.approx(expected)
     assert chosen[0]["data"]["source"] == "observed"

@@ -151,7 +151,11 @@ def test_auto_uses_young_daly_with_the_measured_stall(make_guard: Any) -> None:
     assert not guard.periodic_due(119) and guard.periodic_due(120)
 
 
-def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
+def announced(run_dir: Path) -> list[dict[str, Any]]:
+    return events(run_dir, "CheckpointIntervalChosen")
+
+
+def test_auto_announces_each_change_of_its_interval_in_plain_words(
     make_guard: Any, tmp_path: Path
 ) -> None:
     source = "0.8 preemptions per node-hour (0.8 observed: 2 over 2.5 node-hours ...)"
@@ -165,18 +169,61 @@ def test_auto_says_once_which_interval_it_chose_and_from_which_rates(
     guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.write_s = 0.01, 0.02, None
     guard.saver.last_step = 100
     guard.periodic_due(110)
-    guard.periodic_due(120)
-    lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
-    chosen = [json.loads(x) for x in lines if "CheckpointIntervalChosen" in x]
-    assert len(chosen) == 1  # once per start
-    assert chosen[0]["message"] == f"checkpoint every 20 steps (0 s): {source}"
-    assert chosen[0]["data"]["every_steps"] == 20 and chosen[0]["data"]["source"] == "observed"
+    guard.periodic_due(111)
+    said = announced(tmp_path)
+    assert len(said) == 1  # the first interval; the same again is not announced
+    first = said[0]
+    assert first["message"].startswith("checkpoint every 20 steps (0.2 s): a save pauses "
+                                       "training 0.02 s (measured); expected an hour: 3,600 "
+                                       "interruptions with no notice, 3,600 preemptions with "
+                                       "one (estimated from the preemptions seen on the "
+                                       "cluster)"), first  # fmt: skip
+    assert "observed:" not in first["message"] and "node-hours" not in first["message"]
+    data = first["data"]
+    assert (data["every_steps"], data["every_s"], data["step"]) == (20, 0.2, 110)
+    assert (data["stall_s"], data["stall_measured"], data["source"]) == (0.02, True, "observed")
+    assert data["detail"] == source and data["was_steps"] is None
+    # a small change (sqrt(2 x 0.025 + 0.025^2) s = 22.5 steps): within a quarter, not
+    # announced, and the interval in force stays the one announced
+    guard.saver.stall_s = 0.025
+    assert not guard.periodic_due(119) and guard.periodic_due(120)
+    assert len(announced(tmp_path)) == 1
+    # a large one (sqrt(2 x 0.08 + 0.08^2) s = 40.8 steps): announced, with the one it replaces
+    guard.saver.stall_s = 0.08
+    assert not guard.periodic_due(140) and guard.periodic_due(141)
+    second = announced(tmp_path)[-1]
+    assert second["message"].startswith("checkpoint every 41 steps (0.41 s), was 20 (0.2 s): "
+                                        "a save pauses training 0.08 s (measured)"), second  # fmt: skip
+    assert (second["data"]["every_steps"], second["data"]["was_steps"]) == (41, 20)
+    # slower steps: 41 steps of 13 ms are 0.53 s, more than a quarter past the 0.41 s announced
+    # (the optimum, 31.4 steps, is still within a quarter of 41): announced again
+    guard.schedule.step_time_s = 0.013
+    assert guard.periodic_due(131) and len(announced(tmp_path)) == 3
+    third = announced(tmp_path)[-1]["data"]
+    assert (third["every_steps"], third["was_steps"]) == (31, 41), third
+    # before any save the stall is a guess from the state's size, and says so; the rate that
+    # was the setting is named as the setting
     other = tmp_path / "other"
     guard, _ = make_guard(run_dir=other, auto=True, preemptions_per_hour=2.0)
-    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.last_step = 1.0, 0.5, 0
+    guard.schedule.step_time_s, guard.saver.stall_s, guard.saver.last_step = 1.0, None, 0
     guard.periodic_due(1)
-    said = (other / "events.jsonl").read_text(encoding="utf-8")
-    assert "2 preemptions per hour (the setting)" in said
+    said = announced(other)[-1]["message"]
+    assert "(guessed from the model's size until a save is measured)" in said, said
+    assert "2 preemptions with one (your setting checkpoint.preemptions_per_hour)" in said, said
+
+
+def test_an_interval_of_the_runs_own_is_announced_once_in_steps_and_seconds(
+    make_guard: Any, tmp_path: Path
+) -> None:
+    guard, trainer = make_guard(every_steps=4)
+    for s in range(1, 6):
+        boundary(guard, trainer, s)
+    guard.saver.wait()
+    said = announced(tmp_path)
+    assert len(said) == 1 and said[0]["data"]["rule"] == "every_steps", said
+    assert said[0]["data"]["every_steps"] == 4 and said[0]["data"]["step"] == 2  # step 1: untimed
+    assert said[0]["message"].startswith("checkpoint every 4 steps ("), said
+    assert "checkpoint.every_steps, set for this run" in said[0]["message"]
 
 
 class BlockedWriter(dcpio.HashingWriter):
