@@ -247,3 +247,43 @@ def test_recovery_decisions_have_their_own_marker_tooltip_and_legend() -> None:
         t.text for t in ET.fromstring(EventTimeline(STORY, now=at(700)).to_svg()).iter(f"{SVG}text")
     ]
     assert "recovery decision" not in plain  # only when the timeline has one
+
+
+def test_each_checkpoint_interval_announced_is_drawn_and_named() -> None:
+    """An attempt's first interval (from a guessed stall) and the one measured 4 s later, on an
+    hour's axis (the same 3 pixels): two markers, each interval in its own tooltip, and a legend
+    entry; before, one marker said only the first (×2)."""
+    said = [
+        "checkpoint every 146 steps (8 s): a save should pause training about 0.00079 s",
+        "checkpoint every 382 steps (20 s), was 146 (8 s): a save pauses training 0.0056 s",
+    ]
+    events = [
+        Event(at(0), "run", "RunStarted", run="loop-a", node="gpu-preemptible-dp-1"),
+        Event(
+            at(10),
+            "run",
+            "CheckpointIntervalChosen",
+            said[0],
+            run="loop-a",
+            data={"step": 2, "every_steps": 146},
+        ),
+        Event(
+            at(14),
+            "run",
+            "CheckpointIntervalChosen",
+            said[1],
+            run="loop-a",
+            data={"step": 148, "every_steps": 382},
+        ),
+        Event(at(3600), "run", "RunExited", run="loop-a", node="gpu-preemptible-dp-1"),
+    ]
+    root = ET.fromstring(EventTimeline(events, now=at(3600)).to_svg())
+    marks = [
+        u for u in root.iter(f"{SVG}use") if u.get("class") == "marker CheckpointIntervalChosen"
+    ]
+    tips = ["".join(u.itertext()) for u in marks]
+    assert len(marks) == 2, tips
+    assert said[0] in tips[0] and "step 2" in tips[0], tips
+    assert said[1] in tips[1] and "step 148" in tips[1], tips
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend-marker"]
+    assert "checkpoint interval" in legend, legend

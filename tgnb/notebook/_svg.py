@@ -70,11 +70,15 @@ def _merge_spans(spans: list[Span], scale: float) -> list[Span]:
 def _bucket_markers(
     markers: list[Marker], x_of: Callable[[float], float], px: float
 ) -> list[tuple[float, Marker]]:
-    """One marker per (reason, `px`-wide pixel bucket); the first one's label, the sum of counts."""
-    buckets: dict[tuple[str, int], tuple[float, Marker]] = {}
+    """One marker per (reason, `px`-wide pixel bucket); the first one's label, the sum of counts.
+    A checkpoint interval is never merged with another: each tells a different interval (an
+    attempt's first, from a guessed stall, and the one measured a few seconds later would
+    otherwise be one marker saying only the first); a few at one spot are grouped by `_groups`,
+    each named in the tooltip."""
+    buckets: dict[tuple[str, int, str], tuple[float, Marker]] = {}
     for m in markers:
         x = x_of(m.time)
-        key = (m.reason, int(x // px))
+        key = (m.reason, int(x // px), m.label if m.reason == ev.CHECKPOINT_INTERVAL else "")
         got = buckets.get(key)
         if got is None:
             buckets[key] = (x, Marker(m.time, m.reason, m.label, m.count))
@@ -198,6 +202,7 @@ _RECOVERY = (ev.RECOVERY_DECIDED, ev.RUN_FAILED_RESTARTING)
 _LEGEND = (
     ev.RUN_STARTED,
     ev.CHECKPOINT_SAVED,
+    ev.CHECKPOINT_INTERVAL,
     ev.PREEMPTION_NOTIFIED,
     ev.SIGNAL_RECEIVED,
     ev.DRAIN_NOTICE,
