@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import shutil
 import sys
+import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from tests.session.test_user_code import _workdir as user_workdir
-from tgnb.certify import Certificate
+from tgnb.certify import Certificate, report
+from tgnb.certify.chaos import Fired
 from tgnb.certify.cli import main
+from tgnb.certify.state import StateMatch
 from tgnb.errors import ValidationError
+from tgnb.events import CHECKPOINT_INTERVAL, Event
+from tgnb.notebook.timeline import timeline
+from tgnb.server.serialize import run_json
 from tgnb.session import Session
 
 WORKDIR = Path(__file__).parent / "workdir"
@@ -40,6 +47,22 @@ def test_a_checkpointer_loop_is_certified(session: Session) -> None:
     notice = [lost for lost, ev in zip(good.lost, good.events, strict=True) if ev.kind != "kill"]
     assert all(lost is not None and lost[1] <= 1 for lost in notice), good
     assert "NOT DONE  shrink" in str(good)
+    # the program's own policy, as a launch runs it (auto), not an interval of certify's: the
+    # certificate says what a kill risks, and the kill lost no more than announced before it
+    assert good.save_every is None and good.risk is not None and good.risk.rule == "auto", good
+    kill = good.events.index(next(ev for ev in good.events if ev.kind == "kill"))
+    told, lost = good.told[kill], good.lost[kill]
+    assert told is not None and lost is not None and lost[1] <= told.steps + 1, str(good)
+    assert f"a real launch risks: up to {good.risk} lost to a kill with no notice" in str(good)
+    # every interval announced is in the events the sidebar reads and on the run's timeline
+    assert good.runs is not None
+    run = session.run(good.runs[1])
+    events = [e for e in run_json(run, detail=True)["events"] if e["reason"] == CHECKPOINT_INTERVAL]
+    assert len(events) >= 2 and all("node-hours" not in e["message"] for e in events), events
+    root = ET.fromstring(timeline(run).to_svg())
+    tips = " ".join("".join(u.itertext()) for u in root.iter("{http://www.w3.org/2000/svg}use"))
+    for e in events:
+        assert e["message"].split(":")[0] in tips, (e["message"], tips)
 
 
 @pytest.mark.slow
@@ -125,12 +148,15 @@ def test_a_command_is_certified_from_the_cli(capsys: pytest.CaptureFixture[str])
     command of its own (not a script tgnb launches), on a fresh emulator the CLI starts and stops."""
     line = f"{sys.executable} loop.py --max-steps 60"
     code = main(["--command", line, "--workdir", str(WORKDIR), "--seed", "3", "--budget-s", "400",
-                 "--events", "first-save,kill"])  # fmt: skip
+                 "--events", "first-save,kill", "--save-every", "5"])  # fmt: skip
     out = capsys.readouterr().out
     print(out)
     assert code == 0, out
     assert f"\ntgnb certify {line}: SAFE" in out, out  # after the emulator's start line
     assert out.count("  done      ") == 2 and "final state: bitwise" in out, out
+    assert "within the interval announced before it: 5 steps" in out, out
+    assert "a real launch risks: up to 5 steps" in out and "with --save-every 5, certify's " \
+        "setting, not the program's own policy" in out, out  # fmt: skip
 
 
 def test_certify_refuses_bad_input(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,5 +168,47 @@ def test_certify_refuses_bad_input(session: Session, capsys: pytest.CaptureFixtu
         session.certify("loop.py", workdir=WORKDIR, events=["reboot"])
     with pytest.raises(ValidationError, match="min_nodes must be from 1 to nodes"):
         session.certify("loop.py", workdir=WORKDIR, nodes=2, min_nodes=3)
+    with pytest.raises(ValidationError, match="save_every must be a whole number of steps"):
+        session.certify("loop.py", workdir=WORKDIR, save_every=0)
     assert session.runs() == []  # nothing launched
     assert main([]) == 2 and "give a script or --command" in capsys.readouterr().err
+
+
+def test_the_certificate_states_the_interval_a_launch_risks_and_refuses_a_kill_past_it() -> None:
+    """The certificate reads the intervals the program announced (``CheckpointIntervalChosen``):
+    beside the kill, the one announced before it; the uninterrupted run's last as what a real
+    launch risks. A kill that lost more than its interval (plus the step in progress), as the
+    old schedule's did (238 steps against 140 told), is NOT CERTIFIED."""
+    t0 = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
+
+    def told(s: float, steps: int, secs: float, source: str = "run") -> Event:
+        return Event(t0 + timedelta(seconds=s), source, CHECKPOINT_INTERVAL,
+                     f"checkpoint every {steps} steps", run="r",
+                     data={"every_steps": steps, "every_s": secs, "rule": "auto", "step": 3})  # fmt: skip
+
+    evs = [told(1, 2, 0.1), told(2, 290, 14.5), told(30, 400, 20.0), told(31, 9, 0.5, "tgnb")]
+    kill = Fired("kill", "kill with no notice (SIGKILL)", (t0 + timedelta(seconds=10)).timestamp(),
+                 at_step=40)  # fmt: skip
+    before = report.announced(evs, kill.fired_at)
+    assert before is not None and (before.steps, before.seconds) == (290, 14.5)
+    risk = report.announced(evs)  # the runtime's last: not the other source's
+    assert risk is not None and risk.steps == 400
+
+    def cert(lost: int, save_every: int | None = None) -> Certificate:
+        return Certificate("loop.py", [kill], [(40, lost)], 0, StateMatch("bitwise", "equal"),
+                           told=[before], risk=risk, save_every=save_every)  # fmt: skip
+
+    good = cert(291)  # the interval and the step in progress
+    assert good.safe and "291 step(s) lost, within the interval announced before it: 290 " \
+        "steps (14 s)" in str(good), str(good)  # fmt: skip
+    assert "\na real launch risks: up to 400 steps (20 s) lost to a kill with no notice (the " \
+        "program's policy, auto, as a launch runs it)\n  announced at step 3 by the " \
+        "uninterrupted run: checkpoint every 400 steps\n" in str(good), str(good)  # fmt: skip
+    bad = cert(292)
+    assert not bad.safe and bad.exit_code == 1 and bad.exceeded == [0], str(bad)
+    assert "NOT CERTIFIED" in str(bad) and "MORE than the interval announced" in str(bad)
+    assert "with --save-every 5, certify's setting, not the program's own policy" in str(
+        cert(3, save_every=5)
+    )
+    none = Certificate("t.py", [kill], [(40, 40)], 0, StateMatch("bitwise", "equal"), told=[None])
+    assert none.safe and "a real launch risks: unknown" in str(none), str(none)

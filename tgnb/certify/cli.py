@@ -26,7 +26,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=".", help="the program's folder (default: here)")
     p.add_argument("--budget-s", type=float, default=900.0, help="time budget in seconds")
     p.add_argument("--seed", type=int, default=None, help="seed of the random step events")
-    p.add_argument("--save-every", type=int, default=5, help="periodic save interval (steps)")
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=None,
+        help="a periodic save interval of certify's own, in steps (default: the program's own "
+        "checkpoint policy, as a real launch runs it)",
+    )
     p.add_argument(
         "--events", default=None, help="only these events, e.g. kill,shrink (default: all)"
     )

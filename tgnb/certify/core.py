@@ -2,11 +2,15 @@
 uninterrupted, once under the chaos schedule (`tgnb.certify.chaos`) — and the `Certificate`
 (`tgnb.certify.report`) of how the second kept up with the first.
 
-Both runs get the same periodic saves (``every_steps``: `SAVE_EVERY`, certify's setting, so that a
-save can be caught in flight and a kill loses at most one interval) and a short backoff after a
-failure (a kill is one). What is missing is named from what the runs wrote, never from the source
-alone: no ``RunStarted`` record (no hook), an exit 0 after a notice, the first step whose learning
-rate or whose parameters differ from the uninterrupted run's.
+Both runs are launched as a real launch runs the program: its own checkpoint policy (under tgnb,
+the launch's: ``checkpoint.auto`` unless set), so that what the certificate says a kill costs is
+what a real launch risks; only `save_every` (``--save-every``), when given, sets an interval of
+certify's own (``every_steps``). Both get a short backoff after a failure (a kill is one). The
+interval each run announced (``CheckpointIntervalChosen``) goes into the certificate: the
+uninterrupted run's last, and the one before each event of the other. What is missing is named
+from what the runs wrote, never from the source alone: no ``RunStarted`` record (no hook), an exit
+0 after a notice, the first step whose learning rate or whose parameters differ from the
+uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from tgnb.errors import ValidationError
 from tgnb.events import RUN_STARTED
 from tgnb.runs.spec import GPUS_PER_NODE
 
-SAVE_EVERY = 5
 BACKOFF = {"backoff_s": 1.0, "max_restarts": 5}
 #: A shrink's wait (`RecoveryPolicy.wait_s`), in platform seconds: past the drain window (300 s)
 #: and a replacement's provisioning (60 s), so that only the shrink event's capped capacity, not a
@@ -183,7 +186,7 @@ def certify(
     workdir: str | os.PathLike[str] | None = None,
     seed: int | None = None,
     budget_s: float = 900.0,
-    save_every: int = SAVE_EVERY,
+    save_every: int | None = None,
     nodes: int = 1,
     min_nodes: int | None = None,
     events: Sequence[str] | None = None,
@@ -191,7 +194,9 @@ def certify(
     """Certify `what` (a script, with `args`) or `command` on the session's local emulator, on
     `nodes` nodes; with `min_nodes` below `nodes`, a shrink to fewer nodes is one of the events
     (the cluster's preemptible target is raised for the while if it is too low for both runs).
-    `events`: drive only these (`tgnb.certify.chaos.KINDS`); the others are listed NOT DONE."""
+    `events`: drive only these (`tgnb.certify.chaos.KINDS`); the others are listed NOT DONE.
+    `save_every`: a periodic interval of certify's own, in steps (default: the program's policy,
+    as a launch runs it)."""
     if session.emulator is None:
         raise ValidationError("certify runs on the local emulator: tgnb.attach(local=True)")
     if budget_s <= 0:
@@ -202,6 +207,10 @@ def certify(
         raise ValidationError(
             f"min_nodes must be from 1 to nodes ({nodes}), not {min_nodes!r}: e.g. min_nodes=1"
         )
+    if save_every is not None and (isinstance(save_every, bool) or not isinstance(save_every, int)
+                                   or save_every < 1):  # fmt: skip
+        raise ValidationError(f"save_every must be a whole number of steps from 1, not "
+                              f"{save_every!r}: e.g. save_every=50, or leave it out")  # fmt: skip
     only = tuple(KINDS if events is None else events)
     if unknown := [k for k in only if k not in KINDS]:
         raise ValidationError(f"no certify event {unknown[0]!r}: choose from {', '.join(KINDS)}")
@@ -214,7 +223,8 @@ def certify(
         "args": list(args) if args else None,
         "command": list(command) if command else None,
         "workdir": workdir,
-        "checkpoint": {"every_steps": save_every, "drain_poll_seconds": 0.2},
+        "checkpoint": {"drain_poll_seconds": 0.2}
+        | ({"every_steps": save_every} if save_every is not None else {}),
         "recovery": BACKOFF,
         "nodes": nodes,
     }
@@ -236,6 +246,10 @@ def certify(
         state=state.compare(ref.run_dir, run.run_dir),
         not_done=_left_out(only, nodes, min_nodes),
         seed=seed,
+        told=[report.announced(evs, ev.fired_at) if ev.done else None for ev in fired],
+        risk=report.announced(ref.run_events()),
+        save_every=save_every,
+        runs=names,
     )
     cert.findings = diagnose(cert, ref, run, _shape(what, command, wd))
     cert.wall_s = time.monotonic() - started

@@ -1,6 +1,12 @@
 """The certificate: what each event cost, steps logged twice, the final state against the
-uninterrupted run's, and what is missing, each named with its fix. `Certificate.safe` is the
-verdict `tgnb certify` exits on."""
+uninterrupted run's, what a real launch risks, and what is missing, each named with its fix.
+`Certificate.safe` is the verdict `tgnb certify` exits on.
+
+What a real launch risks is the checkpoint interval the program announced
+(``CheckpointIntervalChosen``): a node lost with no notice loses at most its steps. The
+certificate gives the uninterrupted run's last one (the interval a launch settles on), and beside
+each event the one the interrupted run announced before it; a kill that lost more than that
+(plus the step in progress) is not certified."""
 
 from __future__ import annotations
 
@@ -10,7 +16,14 @@ from typing import Any
 
 from tgnb.certify.chaos import Fired
 from tgnb.certify.state import StateMatch
-from tgnb.events import RUN_EXITED, RUN_REQUEUED, RUN_RESUMED, RUN_STARTED, Event
+from tgnb.events import (
+    CHECKPOINT_INTERVAL,
+    RUN_EXITED,
+    RUN_REQUEUED,
+    RUN_RESUMED,
+    RUN_STARTED,
+    Event,
+)
 from tgnb.runs.outcome import UNSAVED
 
 #: Events that give notice: at most one step may be lost to each.
@@ -25,6 +38,36 @@ class Finding:
     fix: str
 
 
+@dataclass(frozen=True)
+class Told:
+    """A checkpoint interval the program announced: `steps` of training, `seconds` at the step
+    time then, under `rule` (``auto``, ``every_steps``, ``every_seconds``), at `step`."""
+
+    steps: int
+    seconds: float
+    rule: str
+    step: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.steps} steps ({_seconds(self.seconds)})"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.2g} s" if s < 10 else (f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min")
+
+
+def announced(evs: list[Event], before: float | None = None) -> Told | None:
+    """The last interval the program's runtime announced (before `before`, POSIX seconds)."""
+    told = [e for e in _run_events(evs, CHECKPOINT_INTERVAL)
+            if before is None or e.time.timestamp() <= before]  # fmt: skip
+    if not told or "every_steps" not in told[-1].data:
+        return None
+    d = told[-1].data
+    return Told(int(d["every_steps"]), float(d.get("every_s") or 0.0), str(d.get("rule") or "auto"),
+                d.get("step"), told[-1].message)  # fmt: skip
+
+
 @dataclass
 class Certificate:
     target: str
@@ -36,14 +79,42 @@ class Certificate:
     not_done: list[tuple[str, str]] = field(default_factory=list)
     wall_s: float = 0.0
     seed: int = 0
+    #: per event: the interval the interrupted run announced before it (None: none)
+    told: list[Told | None] = field(default_factory=list)
+    #: the uninterrupted run's last interval: what a real launch risks to a kill
+    risk: Told | None = None
+    #: certify's own interval (``--save-every``), None: the program's policy, as launched
+    save_every: int | None = None
+    #: the names of the uninterrupted run and of the interrupted one (their timelines)
+    runs: tuple[str, str] | None = None
 
     @property
     def complete(self) -> bool:
         return all(ev.done for ev in self.events)
 
     @property
+    def exceeded(self) -> list[int]:
+        """The events with no notice that lost more than the interval announced before them
+        (plus the step in progress): their indices."""
+        told = self.told or [None] * len(self.events)
+        return [i for i, (ev, lost, t) in enumerate(zip(self.events, self.lost, told, strict=True))
+                if ev.kind not in NOTICE and lost is not None and t is not None
+                and lost[1] > t.steps + 1]  # fmt: skip
+
+    @property
     def safe(self) -> bool:
-        return not self.findings and self.state.ok and self.complete
+        return not self.findings and self.state.ok and self.complete and not self.exceeded
+
+    def risk_line(self) -> str:
+        """What a real launch risks to a node lost with no notice, in one line."""
+        if self.risk is None:
+            return "a real launch risks: unknown (the program announced no checkpoint interval)"
+        how = (f"with --save-every {self.save_every}, certify's setting, not the program's own "
+               "policy" if self.save_every else f"the program's policy, {self.risk.rule}, as a "
+               "launch runs it")  # fmt: skip
+        at = f" at step {self.risk.step}" if self.risk.step is not None else ""
+        return (f"a real launch risks: up to {self.risk} lost to a kill with no notice ({how})\n"
+                f"  announced{at} by the uninterrupted run: {self.risk.message}")  # fmt: skip
 
     @property
     def exit_code(self) -> int:
@@ -53,7 +124,8 @@ class Certificate:
         verdict = "SAFE" if self.safe else ("NOT SAFE" if self.findings else "NOT CERTIFIED")
         head = f"tgnb certify {self.target}: {verdict} ({self.wall_s:.0f} s, seed {self.seed})"
         out = [head, "", "events:"]
-        for ev, lost in zip(self.events, self.lost, strict=True):
+        told = self.told or [None] * len(self.events)
+        for i, (ev, lost, t) in enumerate(zip(self.events, self.lost, told, strict=True)):
             if not ev.done:
                 out.append(f"  NOT DONE  {ev.label}: {ev.note}")
                 continue
@@ -63,11 +135,16 @@ class Certificate:
                 cost = "steps lost not counted (no resume recorded)"
             else:
                 cost = f"stopped after step {lost[0]}, {lost[1]} step(s) lost"
+            if ev.kind not in NOTICE and t is not None:
+                more = "MORE than " if i in self.exceeded else "within "
+                cost += f", {more}the interval announced before it: {t}"
             out.append(f"  done      {ev.label} ({where}{note}): {cost}")
         for label, why in self.not_done:
             out.append(f"  NOT DONE  {label}: {why}")
-        out += [f"steps logged twice: {self.twice}",
+        out += [self.risk_line(), f"steps logged twice: {self.twice}",
                 f"final state: {self.state.verdict} ({self.state.detail})"]  # fmt: skip
+        if self.runs:
+            out.append(f"runs: {self.runs[0]} (uninterrupted), {self.runs[1]} (interrupted)")
         if self.findings:
             out += ["", "missing:"]
             out += [f"  - {f.defect}\n    fix: {f.fix}" for f in self.findings]
