@@ -38,7 +38,8 @@ CHECKPOINT_REJECTED = "CheckpointRejected"  # failed verification at resume; mov
 #: stopped it on purpose to go back to preemptible nodes (no preemption: `%tg cost` counts none).
 RUN_REQUEUED = "RunRequeued"
 RUN_EXITED = "RunExited"
-#: `checkpoint.auto` chose its interval (data: every_steps, every_s, the rates and their source)
+#: The periodic checkpoint interval in force, announced at an attempt's start and at each change
+#: (`tgnb.train.interval`): data every_steps, every_s, was_steps, rule, stall_s, the rates, detail
 CHECKPOINT_INTERVAL = "CheckpointIntervalChosen"
 RUN_REASONS = frozenset(
     {
