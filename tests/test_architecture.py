@@ -58,6 +58,7 @@ LAYERS: list[set[str]] = [
     {"certify"},  # a program beside an uninterrupted copy of itself, on the session's emulator
     {"prelaunch"},  # what Session.launch makes of its arguments, and the launch-time checks
     {"backends", "posttraining", "tinker"},  # tinker: the Tinker layer over Post-Training
+    {"ptregistry"},  # the record of every Post-Training resource tgnb creates (issue 45)
     {"connection"},  # Together or the local emulator: the one way to the emulator (issue 25)
     {"cloud", "emulator"},
     {"train"},

@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tgnb.certify.cli",
         "run a training script under preemptions beside an uninterrupted run; exit 1 if unsafe",
     ),
+    "pt": (
+        "tgnb.posttraining.cli",
+        "Post-Training resources left running by processes that are gone: list, stop",
+    ),
     "notebooks": (
         "tgnb.batch",
         "run the example notebooks with papermill; keep executed copies and HTML",

@@ -247,6 +247,17 @@ def of_sdk_keywords(api_key: str | None = None, base_url: str | None = None) -> 
     return _remote(settings, None)
 
 
+def with_home_emulator(end: Endpoint) -> Endpoint:
+    """`end` with its emulator's own operations when its API root is the tgnb home's running
+    emulator (a Tinker script's endpoint comes from the SDK's keywords, `of_sdk_keywords`, which
+    asks nothing): its usage report is the bill a cost must agree with. Else `end` as it is."""
+    if end.emulator is not None:
+        return end
+    settings = Settings(api_key=end.api_key, base_url=end.base_url, home=end.home)
+    found = _home_emulator_at(settings)
+    return end if found is None else replace(end, emulator=found)
+
+
 def _remote(settings: Settings, emulator: Emulator | None) -> Endpoint:
     return Endpoint(
         settings.base_url,
@@ -353,4 +364,5 @@ __all__ = [
     "running",
     "stop",
     "wants_local",
+    "with_home_emulator",
 ]

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tgnb import ptregistry
 from tgnb.cloud.client import DEFAULT_BASE_URL
 from tgnb.connection import Endpoint
 from tgnb.errors import ApiError, NotFoundError, TgnbError, ValidationError
@@ -112,7 +113,10 @@ class PostTraining:
 
         `generators`: generator replicas (0: a trainer-only resource, no sampling). `lora`: host up
         to 5 LoRA sessions (False: one full-weight session). `inactive_timeout`: seconds (300-86400)
-        without operations before the service stops it (default 3600).
+        without operations before the service stops it (default
+        `tgnb.ptregistry.DEFAULT_INACTIVE_TIMEOUT`, 900, or ``$TGNB_PT_INACTIVE_TIMEOUT``; the
+        API's own is 3600). It is recorded in the tgnb home before the request is sent
+        (`tgnb.ptregistry`): if this process dies, the next names it (`leftovers`).
         """
         v.check_base_model(base_model)
         n = v.check_generators(generators)
@@ -121,14 +125,13 @@ class PostTraining:
             raise ValidationError(
                 f"lora={lora!r} must be True (LoRA sessions) or False (full weight)"
             )
-        from together.post_training import ModelResourcesClient
-
-        client = self.conn.call(
-            lambda: ModelResourcesClient.create(
-                **self.conn.native(),
+        client, _ = self.conn.call(
+            lambda: ptregistry.create(
+                self.conn,
                 base_model=base_model,
-                lora_enabled=lora,
-                compute_config={"num_generator_replicas": n},
+                generators=n,
+                by="tgnb.posttraining",
+                lora=lora,
                 inactive_timeout=timeout,
                 ready_timeout=ready_timeout,
                 interval=self.conn.poll,
@@ -207,6 +210,18 @@ class PostTraining:
         )
         return float(r.price_per_hour), str(r.currency)
 
+    def leftovers(self) -> list[ptregistry.Leftover]:
+        """Resources tgnb created here that are still active while the process that created
+        them is gone, each with what it has cost (`tgnb.ptregistry.leftovers`)."""
+        return self.conn.call(lambda: ptregistry.find(self.conn), "look for leftover resources")
+
+    def stop_leftovers(self) -> list[tuple[str, str]]:
+        """Stop every leftover (force: its sessions too): ``(resource id, status)`` each."""
+        found = self.leftovers()
+        return self.conn.call(
+            lambda: ptregistry.stop_leftovers(self.conn, found), "stop leftover resources"
+        )
+
 
 class Resource:
     """One model resource: ``open_session()``, ``sessions()``, ``checkpoints()``, ``cost()``,
@@ -237,8 +252,6 @@ class Resource:
             f"read model resource {self.id}",
         )
         self._last = ResourceInfo.from_sdk(r)
-        if self._last.status == "READY":
-            self.seen_ready.setdefault(self.id, utcnow())
         return self._last
 
     @property
@@ -382,8 +395,9 @@ class Resource:
         usage = self.usage() or {}
         ready = as_time(usage.get("ready_at"))
         estimated = ready is None
-        if ready is None:
-            ready = self.seen_ready.get(self.id) or info.created_at
+        if ready is None:  # the service's READY time, as its creator read it; else created_at
+            entry = ptregistry.Registry(self.conn.home).find(self.id)
+            ready = as_time(entry.ready_at if entry else None) or info.created_at
         stopped = as_time(usage.get("stopped_at"))
         if stopped is None and not info.active:
             stopped = info.updated_at
@@ -426,6 +440,7 @@ class Resource:
             raise ValidationError(f"force={force!r} must be True or False")
         try:
             self.conn.call(lambda: self.client.stop(force=force), f"stop {self.id}")
+            ptregistry.Registry(self.conn.home).forget_resource(self.id)
         except ApiError as e:
             if e.status_code == 400 and not force:
                 active = [s.label for s in self.sessions(active=True)]

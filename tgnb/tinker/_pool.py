@@ -11,6 +11,12 @@ open too. A resource is stopped when the last session on it is (a borrowed one, 
 ``model_resources_id`` given, is only detached); each client's ``close()`` or the interpreter's
 exit gives its session back. Five clients of one service client: one resource, not five. At
 exit, a line says what they cost, and one per resource left running (`_report`).
+
+Each resource it provisions is recorded in the registry of the tgnb home before its create is
+sent (`tgnb.ptregistry`), with an inactivity timeout (`tgnb.ptregistry.default_inactive_timeout`),
+so a script killed at any point leaves it named to the next one and stopping itself; its entry is
+dropped once it is stopped. `stop_everything` gives back what every pool of the process holds
+(SIGTERM and SIGINT do, `_signals`).
 """
 
 from __future__ import annotations
@@ -18,15 +24,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from together.post_training import ModelResourcesClient
 
+from tgnb import ptregistry
 from tgnb.connection import Endpoint
-from tgnb.tinker._report import Seen, price_of, print_report
-from tgnb.tinker._support import POLL_INTERVAL, Release, wait_for_releases
+from tgnb.tinker._report import Seen, price_of, print_report, service_time
+from tgnb.tinker._support import POLL_INTERVAL, Release, log, wait_for_releases
 
 #: LoRA sessions one Model Resource takes (Together's documented cap; over it the API answers 429).
 MAX_SESSIONS = 5
@@ -39,6 +46,7 @@ class _Held:
     owned: bool
     seen: Seen
     sessions: int = 0
+    entry: ptregistry.Entry | None = None  # the registry's (an owned resource's)
 
     @property
     def label(self) -> str:
@@ -55,17 +63,30 @@ class ResourcePool:
         self._borrowed = model_resources_id
         self._held: list[_Held] = []
         self._seen: list[Seen] = []  # every resource it held, for the exit report
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal's handler may take it in the thread holding it
+        self.inactive_timeout = ptregistry.default_inactive_timeout()
+        self._releases: weakref.WeakSet[Release] = weakref.WeakSet()
+        self._reported = False
+        _POOLS.add(self)
         threading._register_atexit(self._report)  # type: ignore[attr-defined]  # after the clients'
 
+    def report_now(self) -> None:
+        """The exit report, now and once (a signal ends the process without exit hooks)."""
+        self._reported = True
+        with self._lock:
+            seen = list(self._seen)
+        print_report(self._conn, seen, self.inactive_timeout)
+
     def _report(self) -> None:
+        if self._reported:
+            return
         # dropped samplers give their sessions back on a thread of their own: wait for what is
         # queued there, else a resource whose last release is pending reads "its stop failed"
         with contextlib.suppress(RuntimeError, TimeoutError):  # the interpreter may be going
             wait_for_releases(timeout=120)
         with self._lock:
             seen = list(self._seen)
-        print_report(self._conn, seen)
+        print_report(self._conn, seen, self.inactive_timeout)
 
     @property
     def resource_ids(self) -> list[str]:
@@ -80,6 +101,7 @@ class ResourcePool:
         resource with a generator when `sampling`, else on any (a new one gets none)."""
         held = self._lease(base_model, sampling)
         release = Release()
+        self._releases.add(release)
         release.add(held.label, functools.partial(self._give_back, held))
         try:
             session = held.client.create_session(
@@ -117,13 +139,17 @@ class ResourcePool:
 
     def _provision(self, base_model: str, sampling: bool) -> _Held:
         if self._borrowed is None:
-            mr = ModelResourcesClient.create(
+            mr, entry = ptregistry.create(
+                self._conn,
                 base_model=base_model,
-                compute_config={"num_generator_replicas": 1 if sampling else 0},
+                generators=1 if sampling else 0,
+                by="tgnb.tinker",
+                inactive_timeout=self.inactive_timeout,
                 interval=POLL_INTERVAL,
-                **self._conn.native(),
             )
-            return _Held(mr, base_model, True, self._seen_now(mr, base_model, owned=True))
+            seen = self._seen_now(mr, base_model, owned=True)
+            seen.ready_at = service_time(entry.ready_at)
+            return _Held(mr, base_model, True, seen, entry=entry)
         if any(not h.owned for h in self._held):
             raise RuntimeError(
                 f"model resources {self._borrowed} already hold {MAX_SESSIONS} sessions of this "
@@ -139,6 +165,20 @@ class ResourcePool:
             )
         return _Held(mr, base_model, False, self._seen_now(mr, base_model, owned=False))
 
+    def stop_everything(self) -> None:
+        """Give back every session its clients opened, then stop what it still holds (force)."""
+        for release in list(self._releases):
+            release.close(automatic=True)
+        with self._lock:
+            left, self._held = [h for h in self._held if h.owned], []
+        for held in left:
+            try:
+                held.seen.stopped(held.client.stop(force=True))
+                if held.entry is not None:
+                    ptregistry.Registry(self._conn.home).forget(held.entry)
+            except Exception as exc:  # the next process names it (its entry stays)
+                log.error("stopping %s failed: %r", held.label, exc)
+
     def _seen_now(self, mr: ModelResourcesClient, base_model: str, *, owned: bool) -> Seen:
         record = mr.retrieve()
         generators = int(getattr(record.compute_config, "num_generator_replicas", 0) or 0)
@@ -153,7 +193,23 @@ class ResourcePool:
             if held in self._held:
                 self._held.remove(held)
         if held.owned:
-            held.client.stop()
-            held.seen.until = time.monotonic()
+            held.seen.stopped(held.client.stop(force=True))
+            if held.entry is not None:
+                ptregistry.Registry(self._conn.home).forget(held.entry)
         else:
             held.client.detach()
+
+
+#: Every pool of this process (`stop_everything`).
+_POOLS: weakref.WeakSet[ResourcePool] = weakref.WeakSet()
+
+
+def stop_everything(report: bool = False) -> None:
+    """What every pool of this process holds, given back (a signal's handler, `_signals`); the
+    exit report printed now when `report` (the process is about to end with no exit hooks)."""
+    for pool in list(_POOLS):
+        pool.stop_everything()
+        # a create still waiting for READY when the signal came: not in the pool yet
+        ptregistry.stop_mine(pool._conn)
+        if report:
+            pool.report_now()

@@ -2,19 +2,28 @@
 
 A Model Resource bills its GPUs from READY until it stops. At the interpreter's exit, after every
 client has given its session back, each `ResourcePool` that provisioned or borrowed a resource
-prints to stderr one line of what its resources cost (the API's hourly price, times the
-wall-clock time this script saw them READY), and one line per resource still running (a
+prints to stderr one line of what its resources cost, and one line per resource still running (a
 borrowed one, or one whose stop failed), which bills until someone stops it.
+
+The cost is the platform's, not this process's stopwatch: where the endpoint is the tgnb home's
+emulator, its usage report (the bill itself, in its platform time); else the API's hourly price
+times the time between the service's own timestamps: the resource record's ``updated_at`` when
+it was read READY, and the one its stop answered. (Counting from when the create call returned,
+after more round trips, and on this machine's clock, read 8-25 % under the emulator's bill for
+short scripts; at a time scale it was off by that scale.) The line also says the inactivity
+timeout its resources were created with.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
-from tgnb.connection import Endpoint
+from tgnb.connection import Endpoint, with_home_emulator
+from tgnb.events import parse_time, utcnow
 from tgnb.prices import money
 from tgnb.tinker._support import log
 
@@ -25,24 +34,56 @@ ACTIVE = {
 }
 
 
+def service_time(value: Any) -> datetime | None:
+    """A timestamp of the service's records (an ISO string or a datetime); None if unreadable."""
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass
 class Seen:
-    """One resource a pool held: since when (monotonic seconds), until when, on what."""
+    """One resource a pool held: on what, READY since when and stopped when (the service's
+    timestamps; a borrowed one's: from when this script attached it)."""
 
     resource_id: str
     base_model: str
     owned: bool
     generators: int
     price: tuple[float, str] | None  # per hour, currency (the API's estimate-cost)
-    since: float = field(default_factory=time.monotonic)
-    until: float | None = None  # when this script saw it stop (None: not seen stopping)
+    ready_at: datetime | None = field(default_factory=utcnow)
+    stopped_at: datetime | None = None  # None: not seen stopping
 
     @property
     def gpus(self) -> int:
         return 1 + self.generators
 
+    @property
+    def stopped_seen(self) -> bool:
+        return self.stopped_at is not None
+
+    def stopped(self, record: Any) -> None:
+        """Note the record a stop answered (its ``updated_at``: when the service stopped it)."""
+        self.stopped_at = service_time(getattr(record, "updated_at", None)) or utcnow()
+
     def hours(self) -> float:
-        return ((self.until or time.monotonic()) - self.since) / 3600.0
+        if self.ready_at is None:
+            return 0.0
+        return max(((self.stopped_at or utcnow()) - self.ready_at).total_seconds(), 0.0) / 3600
+
+
+def _billed(conn: Endpoint, s: Seen) -> tuple[float, str] | None:
+    """What `s` cost: the emulator's bill where there is one, else price x the service's times."""
+    if conn.emulator is not None and s.owned:
+        usage = conn.emulator.usage(s.resource_id)
+        if usage is not None and isinstance(usage.get("cost"), (int, float)):
+            return float(usage["cost"]), str(usage.get("currency") or "USD")
+    if s.price is None:
+        return None
+    return s.price[0] * s.hours(), s.price[1]
 
 
 def price_of(conn: Endpoint, base_model: str, generators: int) -> tuple[float, str] | None:
@@ -67,28 +108,43 @@ def _status(conn: Endpoint, resource_id: str) -> str | None:
         return None
 
 
-def lines(conn: Endpoint, seen: Iterable[Seen]) -> list[str]:
+def lines(conn: Endpoint, seen: Iterable[Seen], inactive_timeout: int | None = None) -> list[str]:
     """The exit report of `seen` (empty when nothing was held)."""
     seen = list(seen)
     if not seen:
         return []
+    conn = with_home_emulator(conn)
     out = []
     amount, currency, priced = 0.0, "USD", True
     running = []
     for s in seen:
         price = s.price
-        if price is None:
+        cost = _billed(conn, s)
+        if cost is None:
             priced = False
         else:
-            amount += price[0] * s.hours()
-            currency = price[1]
-        if s.until is None and _status(conn, s.resource_id) in ACTIVE:
+            amount += cost[0]
+            currency = cost[1]
+        if not s.stopped_seen and _status(conn, s.resource_id) in ACTIVE:
             running.append((s, price))
     gpus = sum(s.gpus for s in seen)
-    cost = f"about {money(amount, currency)}" if priced else "price unknown (estimate-cost failed)"
+    cost_text = (
+        f"about {money(amount, currency)}" if priced else "price unknown (estimate-cost failed)"
+    )
+    source = (
+        "the emulator's bill"
+        if conn.emulator is not None
+        else "hourly price x the time the service had them READY"
+    )
+    idle = (
+        f"; created to stop themselves after {inactive_timeout} s without an operation"
+        f" ($TGNB_PT_INACTIVE_TIMEOUT)"
+        if inactive_timeout and any(s.owned for s in seen)
+        else ""
+    )
     out.append(
-        f"tgnb.tinker: this script held {len(seen)} model resource(s), {gpus} GPU(s): {cost} "
-        "(hourly price x the wall-clock time it saw them READY)"
+        f"tgnb.tinker: this script held {len(seen)} model resource(s), {gpus} GPU(s): "
+        f"{cost_text} ({source}){idle}"
     )
     for s, price in running:
         rate = f"{money(price[0], price[1])}/hour" if price else "its hourly price"
@@ -102,6 +158,9 @@ def lines(conn: Endpoint, seen: Iterable[Seen]) -> list[str]:
     return out
 
 
-def print_report(conn: Endpoint, seen: Iterable[Seen]) -> None:
-    for line in lines(conn, seen):
-        print(line, file=sys.stderr, flush=True)
+def print_report(conn: Endpoint, seen: Iterable[Seen], inactive_timeout: int | None = None) -> None:
+    for line in lines(conn, seen, inactive_timeout):
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # stderr closed: the registry still has what ran
+            return

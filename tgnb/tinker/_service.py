@@ -6,24 +6,32 @@ or the ``model_resources_id`` given), and give back their session on ``close()``
 interpreter's exit; a resource stops with its last session.
 Resuming from a checkpoint opens the session with the LoRA config of the session that wrote it
 (rank, alpha, seed, ...): the adapter must have the same shape and the API reads the config.
+
+Making one names, on stderr, every model resource an earlier tgnb process created on the same
+endpoint that is still active while that process is gone (`tgnb.ptregistry.find`: what it has
+cost so far, and ``tgnb pt stop --leftovers`` to stop them), and sets the SIGTERM / SIGINT
+handlers that stop what the script holds (`_signals`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import weakref
 from typing import Any
 
 from together.post_training.tinker import ServiceClient as _SdkServiceClient
 from together.post_training.tinker import types
 
-from tgnb.connection import of_sdk_keywords
+from tgnb import ptregistry
+from tgnb.connection import Endpoint, of_sdk_keywords, with_home_emulator
 from tgnb.tinker._newer import no_stability_info
 from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._rest import RestClient
 from tgnb.tinker._sampling import SamplingClient, open_sampler
-from tgnb.tinker._support import Resolved, training_state
+from tgnb.tinker._signals import install as install_signal_handlers
+from tgnb.tinker._support import Resolved, log, training_state
 from tgnb.tinker._training import TrainingClient
 
 
@@ -34,6 +42,21 @@ def _ignored_train_options(train_mlp: bool, train_attn: bool) -> None:
             f"Post-Training adapts every linear layer: {', '.join(off)}=False cannot be honoured; "
             "leave them True (train_unembed is supported)"
         )
+
+
+def say_leftovers(conn: Endpoint) -> None:
+    """The leftovers of `conn`'s endpoint, on stderr (nothing when there are none; a failure to
+    ask is logged, never the script's failure)."""
+    try:
+        found = ptregistry.find(with_home_emulator(conn))
+    except Exception as exc:
+        log.warning("could not check for model resources left running: %r", exc)
+        return
+    for line in ptregistry.lines(found, prefix="tgnb.tinker"):
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            return
 
 
 def _close_all(clients: list[Any]) -> None:
@@ -76,6 +99,8 @@ class ServiceClient(_SdkServiceClient):
         )
         self._conn = of_sdk_keywords(api_key, base_url)
         self._pool = ResourcePool(self._conn, model_resources_id)
+        install_signal_handlers()
+        say_leftovers(self._conn)
         self.display_name = display_name
         self._opened: list[TrainingClient] = []
         self._samplers: list[weakref.ref[SamplingClient]] = []  # a dropped one gives itself back

@@ -1,0 +1,256 @@
+"""No Post-Training resource bills unseen (issue 45, point 4): a Tinker script, written as
+Tinker's docs write it and run from a folder of its own against the real emulator daemon over
+loopback HTTP, is stopped by SIGTERM, SIGINT or SIGKILL while its resource provisions, while it
+trains and while it samples. SIGTERM and SIGINT stop what it held; after SIGKILL the registry of
+the tgnb home has the resource, the next script names it with what it has cost (the emulator's
+bill, not this process's first look), ``tgnb pt stop --leftovers`` stops it, and with a short
+inactivity timeout it stops itself. The exit report's dollars agree with the emulator's bill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgnb.emulator.testing import EmulatorHandle, running_emulator
+
+pytest.importorskip("tinker", reason="the tinker extra: pip install '.[tinker]'")
+
+ACTIVE = ("PENDING", "CREATING", "READY")
+
+#: A Tinker script as its docs write it, but for the one import; it says which phase it is in.
+SCRIPT = """\
+import sys
+import tgnb.tinker as tinker
+from tinker import types
+
+phase = sys.argv[1]
+service_client = tinker.ServiceClient()
+training_client = service_client.create_lora_training_client(base_model="tgnb/tiny-llama", rank=4)
+datum = types.Datum(
+    model_input=types.ModelInput.from_ints([1, 5, 6, 7]),
+    loss_fn_inputs={"target_tokens": [5, 6, 7, 8], "weights": [1.0] * 4},
+)
+sampler = None
+if phase == "sampling":
+    sampler = training_client.save_weights_and_get_sampling_client(name="s")
+print("PHASE", phase, flush=True)
+while True:
+    if sampler is None:
+        training_client.forward_backward([datum], "cross_entropy").result()
+        training_client.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    else:
+        sampler.sample(
+            prompt=types.ModelInput.from_ints([1, 5]),
+            num_samples=2,
+            sampling_params=types.SamplingParams(max_tokens=8),
+        ).result()
+"""
+
+NEXT = "import tgnb.tinker as tinker\ntinker.ServiceClient()\n"
+
+
+@pytest.fixture(scope="module")
+def slow_provisioning(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
+    """An emulator whose resources take 3 s to provision (300 platform seconds at 0.01): long
+    enough to be interrupted while provisioning, short enough for a test."""
+    home = tmp_path_factory.mktemp("leftovers-home")
+    with running_emulator(home, time_scale=0.01, provision_delay_s=300) as emu:
+        yield emu
+
+
+def env_of(emu: EmulatorHandle, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOGETHER_", "TGNB_"))}
+    env.update(emu.env, HF_HUB_OFFLINE="1", TOGETHER_DISABLE_VERSION_CHECK="1", **extra)
+    return env
+
+
+def entries(emu: EmulatorHandle) -> list[dict[str, Any]]:
+    folder = emu.home / "posttraining" / "resources"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def resources(emu: EmulatorHandle) -> dict[str, str]:
+    with emu.client() as client:
+        page = client.post_training.model_resources.list(limit=100)
+    return {r.id: r.status.removeprefix("MODEL_RESOURCES_STATUS_") for r in page.data}
+
+
+def active(emu: EmulatorHandle) -> set[str]:
+    return {rid for rid, status in resources(emu).items() if status in ACTIVE}
+
+
+def start_script(folder: Path, env: dict[str, str], phase: str) -> subprocess.Popen[str]:
+    folder.mkdir(exist_ok=True)
+    (folder / "train.py").write_text(SCRIPT, encoding="utf-8")
+    return subprocess.Popen(
+        [sys.executable, "train.py", phase],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(proc: subprocess.Popen[str], marker: str, timeout: float = 120) -> None:
+    """Read the script's stdout until a line holds `marker` (the SDK's and its own lines)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if marker in line:
+            return
+        assert time.monotonic() < deadline, f"no {marker!r} in {timeout} s"
+    raise AssertionError(f"the script ended before {marker!r}: {proc.stderr.read()}")  # type: ignore[union-attr]
+
+
+def interrupt(folder: Path, env: dict[str, str], phase: str, signum: int) -> str:
+    """Run the script to `phase`, send `signum`, wait for its end: its stderr."""
+    proc = start_script(folder, env, phase)
+    try:
+        marker = "waiting for READY" if phase == "provisioning" else f"PHASE {phase}"
+        wait_for(proc, marker)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return err
+
+
+def wait_status(emu: EmulatorHandle, rid: str, wanted: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while resources(emu).get(rid) != wanted:
+        assert time.monotonic() < deadline, f"{rid} is {resources(emu).get(rid)}, not {wanted}"
+        time.sleep(0.2)
+
+
+def next_script(folder: Path, env: dict[str, str]) -> str:
+    (folder / "next.py").write_text(NEXT, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "next.py"], cwd=folder, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def tgnb_pt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tgnb.cli", "pt", *args], env=env, capture_output=True, text=True
+    )
+
+
+PHASES = ("provisioning", "training", "sampling")
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigkill_leaves_it_named_priced_and_stoppable(
+    slow_provisioning: EmulatorHandle, tmp_path: Path, phase: str
+) -> None:
+    emu = slow_provisioning
+    env = env_of(emu)
+    before = active(emu)
+    interrupt(tmp_path / "project", env, phase, signal.SIGKILL)
+    left = active(emu) - before
+    assert left, "the killed script's resource is not running: nothing to test"
+    recorded = {e["resource_id"] for e in entries(emu)}
+    assert left <= recorded, (left, entries(emu))  # written before the create was sent
+    assert all("api_key" not in json.dumps(e).lower() for e in entries(emu))
+    assert all(emu.api_key not in json.dumps(e) for e in entries(emu))
+    for rid in left:  # READY and billing a while, so its cost so far is more than nothing
+        wait_status(emu, rid, "READY")
+    time.sleep(1.0)
+
+    said = next_script(tmp_path / "project", env)
+    for rid in left:
+        line = next(x for x in said.splitlines() if rid in x)
+        assert "no longer running" in line
+        amount = float(re.search(r"\$([0-9.]+) so far", line)[1])  # type: ignore[index]
+        billed = emu.rl_usage(rid)["cost"]
+        assert 0 < amount <= billed, (line, billed)  # the bill, not this process's first look
+    assert "tgnb pt stop --leftovers" in said
+
+    listed = tgnb_pt(env, "leftovers")
+    assert listed.returncode == 0 and all(rid in listed.stdout for rid in left), listed
+    stopped = tgnb_pt(env, "stop", "--leftovers")
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (active(emu) & left)
+    assert not [e for e in entries(emu) if e["resource_id"] in left]
+    assert "no leftover" in tgnb_pt(env, "leftovers").stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigterm_and_sigint_stop_what_it_held(
+    slow_provisioning: EmulatorHandle, tmp_path: Path, phase: str, signum: int
+) -> None:
+    emu = slow_provisioning
+    env = env_of(emu)
+    before = set(resources(emu))
+    err = interrupt(tmp_path / "project", env, phase, signum)
+    made = set(resources(emu)) - before
+    assert made, err
+    still = {rid for rid in made if resources(emu)[rid] in ACTIVE}
+    assert not still, (still, err)  # stopped by the handler, not left for an hour
+    assert not [e for e in entries(emu) if e["resource_id"] in made], entries(emu)
+    assert "stopping this script's sessions and model resources" in err
+    assert "no leftover" in tgnb_pt(env, "leftovers").stdout
+
+
+def test_exit_report_is_the_emulators_bill(slow_provisioning: EmulatorHandle, tmp_path: Path) -> None:
+    """At the emulator's time scale the bill is in platform time: the report reads the bill
+    (the old stopwatch said 1 % of it here)."""
+    emu = slow_provisioning
+    env = env_of(emu)
+    before = set(resources(emu))
+    err = interrupt(tmp_path / "project", env, "sampling", signal.SIGTERM)
+    made = set(resources(emu)) - before
+    said = float(re.search(r"about \$([0-9.,]+) \(", err)[1].replace(",", ""))  # type: ignore[index]
+    billed = sum(emu.rl_usage(rid)["cost"] for rid in made)
+    assert said == pytest.approx(billed, rel=0.02, abs=0.005), err
+    assert "created to stop themselves after 900 s without an operation" in err
+
+
+def test_exit_report_from_the_services_timestamps(tmp_path: Path) -> None:
+    """Where tgnb cannot read the bill (the endpoint is not the tgnb home's emulator: the
+    service), the report counts between the service's own READY and STOP times: within 2 % of
+    the bill of an emulator in real time."""
+    with running_emulator(tmp_path / "emu", time_scale=1.0, provision_delay_s=1.0) as emu:
+        env = env_of(emu, TGNB_HOME=str(tmp_path / "elsewhere"))
+        err = interrupt(tmp_path / "project", env, "sampling", signal.SIGTERM)
+        said = float(re.search(r"about \$([0-9.]+) \(", err)[1])  # type: ignore[index]
+        billed = sum(emu.rl_usage(rid)["cost"] for rid in resources(emu))
+        assert "the time the service had them READY" in err
+        assert said == pytest.approx(billed, rel=0.02, abs=0.0005), err
+
+
+@pytest.mark.slow
+def test_a_killed_scripts_resource_stops_itself(
+    slow_provisioning: EmulatorHandle, tmp_path: Path
+) -> None:
+    """The inactivity timeout tgnb sets (here the API's shortest, 300 s) stops a resource whose
+    script was killed, and its bill stops there; the next script then names nothing."""
+    emu = slow_provisioning
+    env = env_of(emu, TGNB_PT_INACTIVE_TIMEOUT="300")
+    before = active(emu)
+    interrupt(tmp_path / "project", env, "training", signal.SIGKILL)
+    (rid,) = active(emu) - before
+    with emu.client() as client:
+        assert client.post_training.model_resources.retrieve(rid).inactive_timeout == 300
+    wait_status(emu, rid, "STOPPED", timeout=360)
+    cost = emu.rl_usage(rid)["cost"]
+    time.sleep(1.0)
+    assert emu.rl_usage(rid)["cost"] == cost  # billing stopped with it
+    assert rid not in next_script(tmp_path / "project", env)
+    assert not [e for e in entries(emu) if e["resource_id"] == rid]

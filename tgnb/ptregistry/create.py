@@ -1,0 +1,227 @@
+"""Creating a model resource so that no interruption leaves it unrecorded.
+
+`create` writes the registry's entry first (`store.Registry.new`), then sends
+``POST /v1/rl/model-resources`` once, with the entry's key as its ``Idempotency-Key`` and the
+SDK's own retries off: after a transient failure `tgnb.cloud.client.RetryPolicy` reads the
+resources back (`match`: one created since the entry was written, for the same model and
+generators, that no other entry claims) and adopts it rather than sending again; only when none
+is there is the same request (same key) sent again. The id goes into the entry as soon as the
+answer comes; then it waits for READY (the service's record read every `interval`) and notes the
+service's own time of READY. Any failure or interruption while it waits stops the resource
+(force) before it propagates; one before the answer leaves the entry for the next process
+(`tgnb.ptregistry.leftovers` resolves it by `match`).
+
+`inactive_timeout` defaults to `default_inactive_timeout()`: a resource whose process was killed
+stops itself after that many seconds without an operation, where the API's own default is an hour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from tgnb.cloud.client import RetryPolicy
+from tgnb.errors import ApiError, ConfigError
+from tgnb.events import format_time, parse_time
+from tgnb.ptregistry.store import Entry, Registry, mine, root_of
+
+if TYPE_CHECKING:
+    from together.post_training import ModelResourcesClient
+
+    from tgnb.connection import Endpoint
+
+#: Seconds without an operation before a resource tgnb creates stops itself (the API's default is
+#: 3600; its range 300-86400). ``TGNB_PT_INACTIVE_TIMEOUT`` sets another, or an explicit argument.
+DEFAULT_INACTIVE_TIMEOUT = 900
+TIMEOUT_ENV = "TGNB_PT_INACTIVE_TIMEOUT"
+TIMEOUT_RANGE = (300, 86400)
+
+READY = "MODEL_RESOURCES_STATUS_READY"
+ENDED = {
+    "MODEL_RESOURCES_STATUS_ERROR",
+    "MODEL_RESOURCES_STATUS_STOPPING",
+    "MODEL_RESOURCES_STATUS_STOPPED",
+}
+#: How far before an entry's ``sent_at`` a resource's ``created_at`` may be and still be its
+#: (this machine's clock against the service's).
+CLOCK_SKEW = timedelta(seconds=120)
+
+
+def default_inactive_timeout() -> int:
+    """`DEFAULT_INACTIVE_TIMEOUT`, or ``$TGNB_PT_INACTIVE_TIMEOUT`` when set (checked)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_INACTIVE_TIMEOUT
+    low, high = TIMEOUT_RANGE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not low <= value <= high:
+        raise ConfigError(
+            f"{TIMEOUT_ENV}={raw!r}: give whole seconds from {low} to {high}, e.g. "
+            f"{TIMEOUT_ENV}=900 (or unset it for the default, {DEFAULT_INACTIVE_TIMEOUT})"
+        )
+    return value
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def match(records: list[Any], entry: Entry, claimed: set[str]) -> Any | None:
+    """The resource among `records` (the API's list) that `entry`'s create made: created since the
+    entry was written (less `CLOCK_SKEW`), same model and generators, claimed by no other entry;
+    the earliest such one."""
+    since = parse_time(entry.sent_at) - CLOCK_SKEW
+    found = []
+    for r in records:
+        created = _time(getattr(r, "created_at", None))
+        compute = getattr(r, "compute_config", None)
+        generators = int(getattr(compute, "num_generator_replicas", 0) or 0)
+        if (
+            str(r.id) not in claimed
+            and str(r.base_model) == entry.base_model
+            and generators == entry.generators
+            and created is not None
+            and created >= since
+        ):
+            found.append((created, r))
+    found.sort(key=lambda pair: pair[0])
+    return found[0][1] if found else None
+
+
+def listed(conn: Endpoint) -> list[Any]:
+    """The project's model resources, as the API lists them (up to 20 pages)."""
+    items: list[Any] = []
+    after: str | None = None
+    for _ in range(20):
+        kw: dict[str, Any] = {"limit": 100}
+        if after:
+            kw["after"] = after
+        page = conn.sdk().post_training.model_resources.list(**kw)
+        items += list(page.data or [])
+        after = getattr(getattr(page, "meta", None), "next_cursor", None)
+        if not after:
+            break
+    return items
+
+
+def say(text: str) -> None:
+    """A progress line on stdout, as the SDK's create prints; a closed stdout is no failure."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, flush=True)
+
+
+def create(
+    conn: Endpoint,
+    *,
+    base_model: str,
+    generators: int,
+    by: str,
+    lora: bool = True,
+    inactive_timeout: int | None = None,
+    ready_timeout: float | None = None,
+    interval: float = 1.0,
+) -> tuple[ModelResourcesClient, Entry]:
+    """A READY model resource and its registry entry (see the module docstring)."""
+    from together.post_training import ModelResourcesClient
+
+    timeout = default_inactive_timeout() if inactive_timeout is None else inactive_timeout
+    registry = Registry(conn.home)
+    entry = registry.new(conn.base_url, base_model, generators, timeout, by)
+    body: dict[str, Any] = {
+        "base_model": base_model,
+        "lora_enabled": lora,
+        "compute_config": {"num_generator_replicas": generators},
+        "inactive_timeout": timeout,
+    }
+    once = conn.sdk().with_options(max_retries=0)
+
+    def send() -> Any:
+        headers = {"Idempotency-Key": entry.key}
+        return once.post_training.model_resources.create(**body, extra_headers=headers)
+
+    def read_back() -> Any | None:
+        claimed = {e.resource_id for e in registry.entries() if e.resource_id and e is not entry}
+        return match(listed(conn), entry, claimed)
+
+    record = RetryPolicy(attempts=4).call(
+        send,
+        what=f"create a model resource for {base_model}",
+        base_url=conn.base_url,
+        read_back=read_back,
+    )
+    entry.resource_id = str(record.id)
+    registry.save(entry)
+    tag = f"[model-resources:{entry.resource_id}]"
+    say(f"{tag} created (inactive_timeout {timeout} s), waiting for READY status...")
+    try:
+        ready = _wait_ready(conn, entry.resource_id, ready_timeout, interval)
+        entry.ready_at = format_time(_time(ready.updated_at) or parse_time(entry.sent_at))
+        registry.save(entry)
+        client = ModelResourcesClient.attach(model_resources_id=entry.resource_id, **conn.native())
+    except BaseException as exc:
+        say(f"{tag} stopping model resources due to {type(exc).__name__}...")
+        try:
+            conn.sdk().post_training.model_resources.stop(entry.resource_id, force=True)
+            registry.forget(entry)
+        except Exception as cleanup:  # the entry stays: the next process names it
+            with contextlib.suppress(OSError, ValueError):
+                print(f"{tag} its stop failed: {cleanup!r}", file=sys.stderr, flush=True)
+        raise
+    return client, entry
+
+
+def stop_mine(conn: Endpoint) -> list[str]:
+    """Stop (force) every resource this process created and still holds, on `conn`'s endpoint,
+    and drop their entries: the ids stopped. An entry whose create has no answer yet stays (the
+    next process resolves it). For a signal's handler, after its sessions were given back."""
+    registry = Registry(conn.home)
+    stopped = []
+    for entry in mine():
+        if entry.resource_id is None or entry.root != root_of(conn.base_url):
+            continue
+        try:
+            conn.sdk().post_training.model_resources.stop(entry.resource_id, force=True)
+        except Exception as exc:  # its entry stays: the next process names it
+            with contextlib.suppress(OSError, ValueError):
+                print(f"stopping {entry.resource_id} failed: {exc!r}", file=sys.stderr)
+            continue
+        registry.forget(entry)
+        stopped.append(entry.resource_id)
+    return stopped
+
+
+def _wait_ready(conn: Endpoint, resource_id: str, timeout: float | None, interval: float) -> Any:
+    start = time.monotonic()
+    while True:
+        current = conn.sdk().post_training.model_resources.retrieve(resource_id)
+        if current.status == READY:
+            say(f"[model-resources:{resource_id}] ready in {time.monotonic() - start:.1f}s")
+            return current
+        if current.status in ENDED:
+            raise ApiError(f"model resources {resource_id} entered {current.status} before READY")
+        if timeout is not None and time.monotonic() - start >= timeout:
+            raise TimeoutError(f"model resources {resource_id} not READY after {timeout} s")
+        time.sleep(interval)
+
+
+__all__ = [
+    "DEFAULT_INACTIVE_TIMEOUT",
+    "TIMEOUT_ENV",
+    "create",
+    "default_inactive_timeout",
+    "listed",
+    "match",
+    "stop_mine",
+]
