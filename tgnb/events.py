@@ -60,7 +60,13 @@ RUN_REASONS = frozenset(
 TARGET_CHANGED = "TargetChanged"
 
 # Reasons a workload backend records about a run's job (the local backend's supervisor).
+#: The engine started the run's processes on a node: data["gpus"] (the node's GPUs it holds),
+#: ["node_class"], ["restart_count"]. With `JOB_RELEASED` it is the engine's meter of the run
+#: (`tgnb.runs.meter`): GPU-hours and dollars come from these two, for every program.
 JOB_PLACED = "JobPlaced"
+#: The run's processes on a node have ended and its GPUs are given back: data["exit_code"],
+#: ["cause"] (one of `tgnb.runs.meter.CAUSES`: why the engine ended them or they ended).
+JOB_RELEASED = "JobReleased"
 SIGNAL_SENT = "SignalSent"  # SIGTERM to the job's processes at a preemption notice
 JOB_KILLED = "JobKilled"  # SIGKILL when the node was removed
 #: A recovery decision (`tgnb.runs.recovery.decide`): data["action"], ["nodes"], ["node_class"],
@@ -76,6 +82,7 @@ BUDGET_REACHED = "BudgetReached"
 JOB_REASONS = frozenset(
     {
         JOB_PLACED,
+        JOB_RELEASED,
         SIGNAL_SENT,
         JOB_KILLED,
         RECOVERY_DECIDED,

@@ -19,6 +19,8 @@ import pytest
 from tgnb.events import (
     BUDGET_NOTICE,
     BUDGET_REACHED,
+    JOB_PLACED,
+    JOB_RELEASED,
     RUN_EXITED,
     RUN_STARTED,
     Event,
@@ -35,11 +37,16 @@ BUDGET = Budget(10.0, Prices(standard=5.0, preemptible=2.5), gpus=1)
 
 
 def attempts(run_dir: Path, hours: float) -> None:
-    """An earlier attempt of run ``r`` that trained `hours` on a standard node, then exited."""
+    """An earlier attempt of run ``r`` that held one GPU of a standard node for `hours`, as the
+    engine records it (`tgnb.runs.meter`), its program's own records inside."""
     end = utcnow()
     start = end - timedelta(hours=hours)
-    evs = [Event(start, "run", RUN_STARTED, "", "localhost", "r"),
-           Event(end, "run", RUN_EXITED, "", "localhost", "r", {"exit_code": 75})]  # fmt: skip
+    held = {"gpus": 1, "node_class": "standard", "restart_count": 0}
+    evs = [Event(start, "tgnb", JOB_PLACED, "", "localhost", "r", held),
+           Event(start, "run", RUN_STARTED, "", "localhost", "r"),
+           Event(end, "run", RUN_EXITED, "", "localhost", "r", {"exit_code": 75}),
+           Event(end, "tgnb", JOB_RELEASED, "", "localhost", "r",
+                 {**held, "exit_code": 75, "cause": "preempted"})]  # fmt: skip
     run_dir.mkdir(exist_ok=True)
     with open(run_dir / node.EVENTS, "a", encoding="utf-8") as fh:
         fh.writelines(e.to_json() + "\n" for e in evs)
@@ -61,7 +68,10 @@ def test_a_launcher_whose_run_spent_its_budget_before_exits_77_and_starts_nothin
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == node.Exit.STOPPED == 77, proc.stderr[-2000:]
     assert "the run's budget is spent; exit 77" in proc.stderr
-    assert reasons(run_dir) == [RUN_STARTED, RUN_EXITED, BUDGET_NOTICE, BUDGET_REACHED]
+    before = [JOB_PLACED, RUN_STARTED, RUN_EXITED, JOB_RELEASED]
+    # the launcher's own meter opens and closes its (empty) stretch around the refusal
+    assert reasons(run_dir) == [*before, JOB_PLACED, BUDGET_NOTICE, BUDGET_REACHED, JOB_RELEASED]
+    assert read_jsonl(run_dir / node.EVENTS)[-1].data["cause"] == "budget"
     reached = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == BUDGET_REACHED]
     assert reached[0].data["budget_usd"] == 10.0 and reached[0].data["spent_usd"] >= 10.0
 
@@ -70,11 +80,12 @@ def test_the_notice_comes_once_and_only_node_0_records(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     attempts(run_dir, hours=1.7)  # $8.50: past 80 %, under the budget
     other = BudgetWatch(str(run_dir), "r", BUDGET, record=False)  # another node of the run
-    assert other.check() == (False, False) and reasons(run_dir) == [RUN_STARTED, RUN_EXITED]
+    before = [JOB_PLACED, RUN_STARTED, RUN_EXITED, JOB_RELEASED]
+    assert other.check() == (False, False) and reasons(run_dir) == before
     watch = BudgetWatch(str(run_dir), "r", BUDGET)
     assert watch.check() == (False, False)  # under the budget; no attempt started since
     assert watch.check() == (False, False)
-    assert reasons(run_dir) == [RUN_STARTED, RUN_EXITED, BUDGET_NOTICE]
+    assert reasons(run_dir) == [*before, BUDGET_NOTICE]
 
 
 @pytest.mark.slow

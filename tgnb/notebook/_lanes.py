@@ -36,6 +36,7 @@ MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.SCALED_UP: ("up", "#7570b3"),
     # What a workload backend records about a run's job (tgnb.backends.local.supervisor).
     ev.JOB_PLACED: ("circle", "#999999"),
+    ev.JOB_RELEASED: ("bar", "#999999"),
     ev.SIGNAL_SENT: ("down", "#e377c2"),
     ev.JOB_KILLED: ("bar", "#d62728"),
     # The recovery policy's decisions (tgnb.runs.recovery): wait, shrink, standard nodes, back.
@@ -69,6 +70,7 @@ LABEL = {
     ev.TARGET_CHANGED: "target changed",
     ev.SCALED_UP: "scaled up",
     ev.JOB_PLACED: "job placed",
+    ev.JOB_RELEASED: "job released",
     ev.SIGNAL_SENT: "SIGTERM sent",
     ev.JOB_KILLED: "job killed",
     ev.RECOVERY_DECIDED: "recovery decision",

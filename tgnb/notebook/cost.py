@@ -25,7 +25,7 @@ class CostReport:
     scope: str = ""
 
     def total(self, attr: str) -> float:
-        return float(sum(getattr(r, attr) for r in self.runs))
+        return float(sum(getattr(r, attr) or 0 for r in self.runs))
 
     @property
     def cost(self) -> float | None:
@@ -45,7 +45,7 @@ class CostReport:
                 f"{r.preemptible_gpu_hours:.3f}",
                 str(r.preemptions),
                 f"{r.lost_gpu_hours:.3f}",
-                str(r.lost_steps),
+                _steps(r.lost_steps),
                 dollars(r.dollars(self.prices)),
             ]
             for r in self.runs
@@ -58,7 +58,11 @@ class CostReport:
                 f"{self.total('preemptible_gpu_hours'):.3f}",
                 str(int(self.total("preemptions"))),
                 f"{self.total('lost_gpu_hours'):.3f}",
-                str(int(self.total("lost_steps"))),
+                _steps(
+                    None
+                    if any(r.lost_steps is None for r in self.runs)
+                    else int(self.total("lost_steps"))
+                ),
                 dollars(self.cost),
             ]
         )
@@ -105,6 +109,11 @@ class CostReport:
             f'<div class="tgnb-cost"><table style="word-break:normal;overflow-wrap:normal">{scope}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
             f"</table><div>{e(self._footer())}</div></div>"
         )
+
+
+def _steps(n: int | None) -> str:
+    """A count of steps; ``unknown`` when the program reports none."""
+    return "unknown" if n is None else str(n)
 
 
 def session_cost(

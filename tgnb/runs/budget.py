@@ -21,14 +21,23 @@ the notices.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, Event
+from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, Event, read_jsonl
 from tgnb.prices import NOTICE_FRACTION, Prices, dollars
 from tgnb.runs.cost import run_cost
-from tgnb.runs.spec import RunSpec
+from tgnb.runs.node import EVENTS, Exit
+from tgnb.runs.spec import JobState, JobStatus, RunSpec
+
+#: How a run stopped at its budget begins its status detail (it ends cancelled, exit 77).
+BUDGET_STOP = "budget reached"
+#: What happens at the budget, as the notices say it.
+STOPPING = "SIGTERM; a program using protect or the Checkpointer checkpoints first"
+WILL_STOP = f"the run will be stopped when it reaches the budget ({STOPPING})"
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,9 @@ class BudgetCheck:
 
     @property
     def stop_reason(self) -> str:
-        return f"budget reached: spent {self.of}"
+        """The run's status detail once stopped at its budget: it reads "cancelled: budget
+        reached at $X of $Y" wherever it is shown (never a preemption)."""
+        return f"{BUDGET_STOP} at {dollars(self.spent_usd)} of {dollars(self.budget_usd)}"
 
     @property
     def of(self) -> str:
@@ -103,10 +114,40 @@ def check_events(name: str, budget: Budget, events: Sequence[Event]) -> BudgetCh
     due: list[tuple[str, str]] = []
     if spent >= NOTICE_FRACTION * now.budget_usd and BUDGET_NOTICE not in said:
         pct = round(NOTICE_FRACTION * 100)
-        due.append((BUDGET_NOTICE, f"{pct} % of the budget spent: {now.of}; stopped at the budget"))
+        due.append((BUDGET_NOTICE, f"{pct} % of the budget spent: {now.of}; {WILL_STOP}"))
     if now.reached and BUDGET_REACHED not in said:
-        due.append((BUDGET_REACHED, f"spent {now.of}: stopping the run (it checkpoints)"))
+        due.append((BUDGET_REACHED, f"{now.stop_reason}: stopping the run ({STOPPING})"))
     return replace(now, due=tuple(due))
 
 
-__all__ = ["Budget", "BudgetCheck", "check", "check_events"]
+def stopped_since(run_dir: str | os.PathLike[str], since: float) -> bool:
+    """Whether the run was stopped at its budget after `since` (epoch seconds): a ``BudgetReached``
+    in its events, recorded by whoever holds its budget before the SIGTERM. The runtime asks it
+    at a SIGTERM, so that its exit reads as a budget stop, not a preemption."""
+    evs = read_jsonl(Path(run_dir) / EVENTS)
+    return any(e.reason == BUDGET_REACHED and e.time.timestamp() >= since for e in evs)
+
+
+def settle(status: JobStatus, events: Sequence[Event]) -> JobStatus:
+    """`status` of a job that exited `Exit.STOPPED` (77), told by the run's events: cancelled at
+    its budget when the node recorded ``BudgetReached`` ("budget reached at $X of $Y"), else a
+    failure of the program's own (a program may exit 77 for reasons of its own)."""
+    if status.exit_code != int(Exit.STOPPED) or not status.state.finished:
+        return status
+    reached = [e for e in events if e.reason == BUDGET_REACHED]
+    if reached:
+        detail = reached[-1].message.partition(": stopping")[0]
+        return replace(status, state=JobState.CANCELLED, detail=detail)
+    detail = f"exit {int(Exit.STOPPED)} from the program itself (no budget stop was recorded)"
+    return replace(status, state=JobState.FAILED, detail=detail)
+
+
+__all__ = [
+    "BUDGET_STOP",
+    "Budget",
+    "BudgetCheck",
+    "check",
+    "check_events",
+    "settle",
+    "stopped_since",
+]

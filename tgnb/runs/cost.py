@@ -1,11 +1,17 @@
 """GPU-hours of a run on standard and preemptible nodes, the work lost to preemptions, and their
-dollars: computed from the run's lifecycle events.
+dollars: computed from what the engine ran.
 
-A run holds its GPUs from ``RunStarted``/``RunResumed`` until ``RunRequeued``/``RunExited`` (or
-now), on the node the event names. Work lost to a preemption is the time trained after the last
-checkpoint of a stretch that ended in a requeue: it is redone after the resume. The notebook's
-``%tg cost`` (`tgnb.notebook.cost`), `tgnb.runs.Run.summary` and a run's budget (the local
-supervisor) all count here.
+A run holds a node's GPUs from the engine's ``JobPlaced`` to its ``JobReleased`` (`tgnb.runs.meter`),
+whatever its program is: protected or not, a script, a command. Preemptions are the attempts the
+engine saw preempted (`tgnb.runs.meter.preempted_attempts`). Work lost to a preemption is the
+node-time after the last checkpoint of a preempted stretch (all of it when none was saved in it):
+it is redone after the resume. Steps lost come from the program's own records, and are None
+(unknown) when it reports no steps. The notebook's ``%tg cost`` (`tgnb.notebook.cost`),
+`tgnb.runs.Run.summary`, the RunPanel, the sidebar and a run's budget (the local supervisor, the
+node on Slurm and Kubernetes) all count here.
+
+Runs recorded before the engine metered them (no ``JobPlaced``) are counted, as then, from the
+program's own ``RunStarted``/``RunResumed`` to ``RunRequeued``/``RunExited`` (`_from_program`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from datetime import datetime
 from tgnb import events as ev
 from tgnb.events import Event, utcnow
 from tgnb.prices import Prices, node_class
+from tgnb.runs import meter
 from tgnb.runs.spec import EXIT_PREEMPTED
 
 
@@ -30,7 +37,8 @@ class RunCost:
     preemptible_gpu_hours: float = 0.0
     preemptions: int = 0
     lost_gpu_hours: float = 0.0
-    lost_steps: int = 0
+    #: None: unknown, the program reports no steps
+    lost_steps: int | None = 0
 
     def dollars(self, prices: Prices | None) -> float | None:
         """What these GPU-hours cost at `prices` (None without prices)."""
@@ -45,7 +53,65 @@ def _preempted_exit(e: Event) -> bool:
 
 
 def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None = None) -> RunCost:
-    """GPU-hours and lost work of one run from its lifecycle events.
+    """GPU-hours and lost work of one run: from the engine's meter when it has one
+    (`_from_engine`), else from the program's records (`_from_program`). `gpus` is what the run
+    asked for (the engine's events give what each node held)."""
+    evs = sorted(events, key=lambda e: e.time)
+    if meter.metered(evs):
+        return _from_engine(name, evs, gpus, now)
+    return _from_program(name, evs, gpus, now)
+
+
+def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -> RunCost:
+    """The engine's stretches priced by node class; a preempted attempt's loss is each of its
+    stretches' node-time after the last checkpoint saved in it, and its steps after that
+    checkpoint's step (None when the program reports no steps)."""
+    out = RunCost(name, gpus)
+    runs = meter.stretches(evs, None if now is None else now.timestamp())
+    for s in runs:
+        if s.node_class == "preemptible":
+            out.preemptible_gpu_hours += s.gpu_hours
+        else:
+            out.standard_gpu_hours += s.gpu_hours
+    ckpts = [(e.time.timestamp(), _step(e)) for e in evs if e.reason == ev.CHECKPOINT_SAVED]
+    steps = [(e.time.timestamp(), st) for e in evs if (st := _step(e)) is not None]
+    reported = bool(steps)
+    for att in meter.preempted_attempts(runs):
+        mine = [s for s in runs if s.attempt == att]
+        start, end = min(s.start for s in mine), max(s.end for s in mine)
+        saved = [c for c in ckpts if start <= c[0] <= end]
+        saved_at = saved[-1][0] if saved else start
+        out.preemptions += 1
+        out.lost_gpu_hours += (
+            sum(max(s.end - max(saved_at, s.start), 0.0) * s.gpus for s in mine) / 3600
+        )
+        if not reported or out.lost_steps is None:
+            out.lost_steps = None
+            continue
+        last = max((st for t, st in steps if start <= t <= end), default=None)
+        base = saved[-1][1] if saved and saved[-1][1] is not None else None
+        if last is not None:
+            out.lost_steps += max(last - (base if base is not None else _resumed(evs, start)), 0)
+    return out
+
+
+def _step(e: Event) -> int | None:
+    step = (e.data or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _resumed(evs: list[Event], since: float) -> int:
+    """The step the attempt begun at `since` resumed from (0: from the start)."""
+    for e in evs:
+        if e.time.timestamp() >= since and e.reason == ev.RUN_RESUMED and _step(e) is not None:
+            return int(_step(e) or 0)
+    return 0
+
+
+def _from_program(
+    name: str, events: Iterable[Event], gpus: int, now: datetime | None = None
+) -> RunCost:
+    """GPU-hours and lost work of one run from its program's lifecycle events.
 
     A stretch ends in a preemption when the process exits as preempted (exit code 75) or the run is
     requeued (a ``RunRequeued`` after a stretch counts once, with or without a ``RunExited``). A
@@ -73,7 +139,7 @@ def run_cost(name: str, events: Iterable[Event], gpus: int, now: datetime | None
         if lost is not None:
             out.preemptions += 1
             out.lost_gpu_hours += lost[0]
-            out.lost_steps += lost[1]
+            out.lost_steps = (out.lost_steps or 0) + lost[1]
 
     def close(t: float, preempted: bool) -> None:
         nonlocal seg, counted, last_closed, pending

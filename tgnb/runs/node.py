@@ -53,10 +53,6 @@ class Exit(enum.IntEnum):
         return self is Exit.PREEMPTED
 
 
-#: A run's status detail once its node stopped it (`Exit.STOPPED`): it ends cancelled.
-STOPPED_DETAIL = "budget reached: stopped on its node (exit 77), checkpointed"
-
-
 # -- the run directory -----------------------------------------------------------------------------
 CONFIG = "config.yaml"
 RESOLVED = "run.yaml"
@@ -106,9 +102,16 @@ NOTICE_ENV = "TGNB_NOTICE_FILE"
 #: The run's budget as JSON (`tgnb.runs.budget.Budget`), for the node's process to hold it
 #: (`tgnb.train.budget`); set by Slurm and Kubernetes for a run with a ``budget_usd`` and prices.
 BUDGET_ENV = "TGNB_BUDGET"
+#: The GPUs the run holds on each node, for the node's own meter (`tgnb.train.budget.held`,
+#: `tgnb.runs.meter`): set by Slurm and Kubernetes.
+GPUS_ENV = "TGNB_NODE_GPUS"
+#: Set (to who meters) where the node must not meter itself: the local engine's supervisor meters
+#: from outside, and a node's top tgnb process sets it for the processes it starts.
+METERED_ENV = "TGNB_METERED"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(
     {RUN_DIR_ENV, RUN_ENV, CHECKPOINT_ENV, RESTART_ENV, NODE_ENV, NOTICE_ENV, BUDGET_ENV}
+    | {GPUS_ENV, METERED_ENV}
     | {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     | {"SLURM_RESTART_COUNT", "SLURM_JOB_ID", "PYTHONUNBUFFERED"}
 )

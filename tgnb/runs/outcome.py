@@ -41,6 +41,9 @@ from tgnb.runs.node import Exit
 Kind = Literal["succeeded", "preempted", "unsaved", "failed"]
 #: What the cockpit says of a run whose program never called protect or the Checkpointer.
 UNPROTECTED = "unprotected: a preemption restarts it from step 0"
+#: ``RunExited``'s ``exit_reason`` of a stop that sealed a checkpoint: a preemption's, or the
+#: budget's (a SIGTERM tgnb sent at the run's budget: `tgnb.runs.budget.stopped_since`).
+SEALED_STOPS = ("preempted", "budget")
 #: ``RunExited``'s ``exit_reason`` for an attempt stopped by tgnb's signal with nothing sealed.
 UNSAVED = "unsaved"
 
@@ -107,7 +110,7 @@ class Attempt:
                 reason = str(data.get("exit_reason") or "")
                 reason = reason or ("finished" if data.get("exit_code") == 0 else "")
                 line = str(rec.get("message") or "")
-                sealed = _int(data.get("checkpoint_step")) if reason == "preempted" else None
+                sealed = _int(data.get("checkpoint_step")) if reason in SEALED_STOPS else None
         saved = 0
         for rec in _records(path, 0):
             data = _data(rec)
@@ -145,7 +148,7 @@ def classify(
     module docstring). `signalled`: tgnb sent it SIGTERM or a drain notice; `lost`: its node went
     away (killed with no notice, or at the end of the drain window)."""
     preempted = int(Exit.PREEMPTED)
-    if attempt.exit_reason == "preempted" and attempt.sealed_step is not None:
+    if attempt.exit_reason in SEALED_STOPS and attempt.sealed_step is not None:
         sealed = attempt.sealed_step
         return Verdict("preempted", preempted, f"sealed checkpoint at step {sealed}", 0, sealed)
     ended = attempt.exit_reason in ("finished", "failed")

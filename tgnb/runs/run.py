@@ -11,6 +11,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from tgnb.events import (
 from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
 from tgnb.runs.cost import RunCost, run_cost
+from tgnb.runs.meter import metered
 from tgnb.runs.node import LOG as TRAIN_LOG
 from tgnb.runs.outcome import UNPROTECTED, UNSAVED
 from tgnb.runs.spec import JobState, JobStatus
@@ -350,7 +352,11 @@ class Run:
         """The run's GPU-hours by node class and the work preemptions cost it, so far
         (`tgnb.runs.cost.run_cost`); ``.dollars(run.prices())`` prices them."""
         res = self._record.spec.resources
-        return run_cost(self.name, self.run_events(), int(res.gpus_per_node) * int(res.nodes))
+        until = None  # a node whose release was never recorded is held until now...
+        if self._record.state.finished and (changes := self.history()):
+            until = datetime.fromtimestamp(changes[-1].time, timezone.utc)  # ...or the run's end
+        gpus = int(res.gpus_per_node) * int(res.nodes)
+        return run_cost(self.name, self.run_events(), gpus, until)
 
     def summary(self, prices: Prices | None = None) -> dict[str, Any]:
         """What the run achieved: steps done against max_steps, steps lost to restarts (steps
@@ -367,6 +373,9 @@ class Run:
         steps = [int(r["step"]) for r in rows if "step" in r]
         notices = {(ev.reason, ev.data.get("step")) for ev in evs if ev.reason in _PREEMPTIONS}
         notices -= _moves(evs)
+        cost = self.cost()
+        # the engine's notices when it metered the run; the program's, for a run recorded before
+        preemptions = cost.preemptions if metered(evs) else len({step for _, step in notices})
         lost = 0
         starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
         protected = bool(starts) or not (rows or self._record.restart_count)
@@ -392,24 +401,25 @@ class Run:
         return {
             "run": self.name,
             "state": self.report().state.value,
-            "steps": max(steps, default=0),
+            "steps": max(steps, default=None),  # None: unknown, the program reports no steps
             "max_steps": max_steps,
-            "steps_lost": lost,
+            "steps_lost": lost if steps or starts else None,
             "restarts": self._record.restart_count,
-            "preemptions": len({step for _, step in notices}),
+            "preemptions": preemptions,
             "kind": self._record.spec.train.algorithm,
             "protected": protected,
             "note": _note(evs, protected),
             "reward_key": key,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
-            **self.spending(prices),
+            "lost_gpu_hours": round(cost.lost_gpu_hours, 4),
+            **self.spending(prices, cost),
         }
 
-    def spending(self, prices: Prices | None = None) -> dict[str, Any]:
+    def spending(self, prices: Prices | None = None, cost: RunCost | None = None) -> dict[str, Any]:
         """``gpu_hours`` so far, their ``cost_usd`` at `prices` (default `prices`; None when
         no price is known) and the run's ``budget_usd`` (None: no budget)."""
-        cost = self.cost()
+        cost = cost or self.cost()
         prices = prices or self.prices()
         usd = cost.dollars(prices)
         return {

@@ -195,6 +195,16 @@ class RunSpec:
                 "%config Tg.standard_price = 2.5 and Tg.preemptible_price = 1.2 (or prices=)"
             )
         res = self.resources
+        if self.budget_usd is not None and self.prices is not None:
+            classes = ["preemptible"] if res.preemptible else ["standard"]
+            if res.preemptible and (self.policy.when_short == "standard" or self.policy.deadline):
+                classes.append("standard")  # it may be moved to standard nodes
+            if free := [c for c in classes if not self.prices.of(c) > 0]:
+                raise ValidationError(
+                    f"budget_usd needs a price above $0 per GPU-hour, and the {free[0]} price is "
+                    f"{self.prices.of(free[0])} (from {self.prices.source}): the budget could "
+                    f"never be reached; set it, e.g. %config Tg.{free[0]}_price = 2.5 (or prices=)"
+                )
         self.policy.validate(res.nodes, res.min_nodes, res.preemptible)
         check_env(self.env)
         check_no_secrets(self)

@@ -20,18 +20,23 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from tgnb.events import RUN_RESUMED, RUN_STARTED, read_jsonl, utcnow
-from tgnb.runs import node
+from tgnb.events import JOB_PLACED, JOB_RELEASED, RUN_RESUMED, RUN_STARTED, read_jsonl, utcnow
+from tgnb.runs import meter, node
 from tgnb.runs.budget import Budget, check_events
 from tgnb.runs.outcome import events_size, node_exit
 
 #: How often the node prices its run (real seconds).
 POLL_SECONDS = 1.0
+#: At the budget, the stop waits this long for the program to start (its ``RunStarted``: torchrun
+#: passes a SIGTERM on to its workers once they run); a program that records no start is
+#: stopped once this has passed.
+STARTUP_GRACE_SECONDS = 10.0
 
 
 class BudgetWatch:
@@ -69,6 +74,8 @@ class BudgetWatch:
 
         evs = read_jsonl(self.run_dir / node.EVENTS, run=self.name)
         started = any(e.reason in (RUN_STARTED, RUN_RESUMED) and e.time >= self.since for e in evs)
+        # a program with no hook of tgnb's records no start: it runs once given its grace
+        started = started or (utcnow() - self.since).total_seconds() >= STARTUP_GRACE_SECONDS
         found = check_events(self.name, self.budget, evs)
         if found.due and self.record:
             recorder = Recorder(self.run_dir, self.name)
@@ -102,10 +109,96 @@ def watch(run_dir: str | None) -> BudgetWatch | None:
     return BudgetWatch(run_dir, name, budget, record=node.node_rank() == 0).start()
 
 
+class NodeMeter:
+    """The node's own meter on Slurm and Kubernetes (`tgnb.runs.meter`): ``JobPlaced`` when the
+    node's top tgnb process starts, ``JobReleased`` with the exit code and its cause when it ends,
+    whatever program it runs. Not where the engine meters from outside (the local supervisor) or an
+    outer tgnb process of the node already does (`node.METERED_ENV`)."""
+
+    def __init__(self, run_dir: str) -> None:
+        from tgnb.train.record import Recorder
+
+        name = os.environ.get(node.RUN_ENV) or Path(run_dir).name
+        self.recorder = Recorder(run_dir, name)
+        self.recorder.node = self.recorder.node or socket.gethostname()
+        self.gpus = _int_env(node.GPUS_ENV) or _budget_gpus()
+        restart = next((_int_env(v) for v in node.RESTART_VARS if os.environ.get(v)), None)
+        self.data: dict[str, object] = {"gpus": self.gpus}
+        if restart is not None:
+            self.data["restart_count"] = restart
+        self.recorder.engine_event(
+            JOB_PLACED, f"placed on {self.recorder.node} ({self.gpus} GPU(s))", **self.data
+        )
+
+    @classmethod
+    def start(cls, run_dir: str | None) -> NodeMeter | None:
+        if run_dir is None or os.environ.get(node.METERED_ENV) or not Path(run_dir).is_dir():
+            return None  # metered already, or no run directory an engine made
+        meter = cls(run_dir)
+        os.environ[node.METERED_ENV] = "node"  # the processes it starts do not meter again
+        return meter
+
+    def release(self, code: int, cause: str) -> None:
+        self.recorder.engine_event(
+            JOB_RELEASED,
+            f"released {self.recorder.node}: {cause} (exit {code})",
+            exit_code=code,
+            cause=cause,
+            **self.data,
+        )
+        self.recorder.close()
+
+
+def _budget_gpus() -> int:
+    """Without `node.GPUS_ENV` (a node rendered before it), the GPUs its budget prices."""
+    text = os.environ.get(node.BUDGET_ENV, "").strip()
+    try:
+        return Budget.from_json(text).gpus if text else 0
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def _int_env(name: str) -> int:
+    try:
+        return max(int(os.environ.get(name, "") or 0), 0)
+    except ValueError:
+        return 0
+
+
+def cause_of(code: int) -> str:
+    """Why a node's program ended, by its exit code (`tgnb.runs.meter.CAUSES`)."""
+    if code == 0:
+        return meter.DONE
+    if code == int(node.Exit.PREEMPTED):
+        return meter.PREEMPTED
+    if code in (-signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGINT):
+        return meter.SIGNALLED
+    return meter.FAILED
+
+
 def held(run_dir: str | None, program: Callable[[], int]) -> int:
-    """Run the node's `program` (its exit code) with the run's budget held (`watch`): the
-    program's code, or `Exit.STOPPED` once the budget stopped it -- at once, starting nothing,
-    when earlier attempts spent it."""
+    """Run the node's `program` (its exit code) metered (`NodeMeter`) and with the run's budget
+    held (`watch`): the program's code, or `Exit.STOPPED` once the budget stopped it -- at once,
+    starting nothing, when earlier attempts spent it."""
+    metered = NodeMeter.start(run_dir)
+    code, cause = int(node.Exit.FAILED), meter.FAILED
+    try:
+        code = _held(run_dir, program)
+        cause = meter.BUDGET if code == int(node.Exit.STOPPED) else cause_of(code)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(node.Exit.FAILED)
+        cause = cause_of(code)
+        raise
+    except KeyboardInterrupt:
+        code, cause = 128 + signal.SIGINT, meter.SIGNALLED
+        raise
+    finally:
+        if metered is not None:
+            metered.release(code, cause)
+    return code
+
+
+def _held(run_dir: str | None, program: Callable[[], int]) -> int:
     since = events_size(run_dir) if run_dir else 0
     budget = watch(run_dir)
     if budget is not None and budget.check()[0]:
@@ -130,4 +223,4 @@ def held(run_dir: str | None, program: Callable[[], int]) -> int:
     return int(node.Exit.STOPPED)
 
 
-__all__ = ["POLL_SECONDS", "BudgetWatch", "held", "watch"]
+__all__ = ["POLL_SECONDS", "BudgetWatch", "NodeMeter", "cause_of", "held", "watch"]

@@ -90,6 +90,17 @@ def train(cfg: TrainConfig) -> int:
     return run(cfg)
 
 
+def _train_or_done(cfg: TrainConfig) -> int:
+    """`train`, where a restart after the last step is done (exit 0), as the node's meter says."""
+    from tgnb.train.validate import RunFinished
+
+    try:
+        return train(cfg)
+    except RunFinished as exc:
+        print(f"tgnb train: {exc}", flush=True)
+        return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from tgnb.tasks import config
@@ -106,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from tgnb.train.budget import held
 
-        return held(cfg.run_dir, lambda: train(cfg))  # the node's budget, when it is given one
+        return held(cfg.run_dir, lambda: _train_or_done(cfg))  # metered, its budget held
     except RunFinished as exc:  # a restart after the last step: done, not a bad config
         print(f"tgnb train: {exc}", flush=True)
         return 0

@@ -33,6 +33,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ class CheckpointGuard:
         self.identity = ownership.identity(recorder.run if os.environ.get(node.RUN_ENV) else None)
         self._claim: ownership.Claim | None = None
         self.stop_reason: str | None = None  # "signal" | "drain": a preemption
+        self.began = time.time()  # this attempt's start (`_budget_stop`)
         self.resumed: ck.Checkpoint | None = None
         self.saver: Saver | None = None
         #: what is saved: a Trainer, or a `dcpio.State` (`attach`)
@@ -86,6 +88,8 @@ class CheckpointGuard:
         last = self.last_checkpoint
         where = f" ({last.path})" if last is not None else ""
         again = "tgnb starts it again" if managed else "run it again to resume"
+        if managed and self._budget_stop():
+            return f"tgnb: stopped at the run's budget at step {step}, checkpointed{where}"
         return f"tgnb: stopped at step {step}, checkpointed{where}: {again}"
 
     # -- what the runner calls ---------------------------------------------------------------------
@@ -196,6 +200,8 @@ class CheckpointGuard:
             code, reason = EXIT_NO_SPACE, "disk full"
         else:
             code, reason = (EXIT_PREEMPTED, "preempted") if self.stop_reason else (0, "finished")
+        if code == EXIT_PREEMPTED and self.stop_reason == "signal" and self._budget_stop():
+            reason = "stopped at the budget"  # the SIGTERM was the budget's, not a preemption
         if code == EXIT_PREEMPTED and self.stop_reason == "drain":
             self._requeue()
         last = self.last_checkpoint
@@ -203,7 +209,7 @@ class CheckpointGuard:
             self.recorder.event(
                 RUN_EXITED,
                 f"{reason} at step {step}",
-                exit_reason=reason.replace(" ", "-"),
+                exit_reason="budget" if reason.endswith("budget") else reason.replace(" ", "-"),
                 exit_code=code,
                 step=step,
                 checkpoint_step=last.step if last else None,
@@ -226,6 +232,15 @@ class CheckpointGuard:
             self._claim = None
 
     # -- internals ---------------------------------------------------------------------------------
+    def _budget_stop(self) -> bool:
+        """Whether this attempt's SIGTERM came from the run's budget (`tgnb.runs.budget`)."""
+        from tgnb.runs.budget import stopped_since
+
+        try:
+            return stopped_since(self.run_dir, self.began)
+        except OSError:
+            return False
+
     def _requeue(self) -> None:
         """Under a user's own sbatch script, requeue the job after a drain notice. Under the
         script tgnb rendered (`node.REQUEUE_ENV` is ``script``) the script does, from the

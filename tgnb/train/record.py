@@ -80,6 +80,13 @@ class Recorder:
         self._append("events.jsonl", ev.to_dict())
         return ev
 
+    def engine_event(self, reason: str, message: str = "", **data: Any) -> Event:
+        """An event of the engine's side of the node (source ``"tgnb"``): the node's own meter
+        on Slurm and Kubernetes (`tgnb.train.budget.held`)."""
+        ev = Event(utcnow(), "tgnb", reason, message, node=self.node, run=self.run, data=data)
+        self._append("events.jsonl", ev.to_dict())
+        return ev
+
     def metric(self, step: int, /, **values: Any) -> None:
         """One ``metrics.jsonl`` row: `step`, the time, then `values` (a value named like one
         of the row's own `METRIC_COLUMNS` is left out: the row's step and time are tgnb's)."""

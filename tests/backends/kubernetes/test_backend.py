@@ -17,7 +17,7 @@ from tgnb.backends.base import Backend, JobState, Resources, RunSpec, SecretRef
 from tgnb.backends.kubernetes.backend import KubernetesBackend
 from tgnb.config import register_secret
 from tgnb.errors import AuthenticationError, BackendError, NotFoundError, ValidationError
-from tgnb.events import STDOUT_PREFIX
+from tgnb.events import BUDGET_REACHED, STDOUT_PREFIX, Event, utcnow
 from tgnb.runs.recovery import RecoveryPolicy
 
 NS = "research"
@@ -268,12 +268,20 @@ def test_status_finished(fake_api: Any, api_client: Any, k8s: Any) -> None:
     failed = backend(api_client).status("b")
     assert failed.state is JobState.FAILED and failed.exit_code == 1
     assert failed.detail == "FailedIndexes: Job has failed indexes"
-    # exit 77: the launcher stopped it at its budget (tgnb.train.budget): cancelled, as locally
+    # exit 77 with the node's BudgetReached in the pod's log (tgnb.train.budget): cancelled at
+    # its budget, as locally; the same exit with no budget stop recorded is the program's own
     serve(fake_api, k8s, k8s.job("c", conditions=[k8s.condition("Failed", "PodFailurePolicy")]),
           k8s.pod("c-0", run="c", phase="Failed", exit_code=77))  # fmt: skip
+    own = backend(api_client).status("c")
+    assert (own.state, own.exit_code) == (JobState.FAILED, 77), own
+    assert "no budget stop was recorded" in own.detail, own
+    reached = Event(utcnow(), "run", BUDGET_REACHED, "budget reached at $1.02 of $1.00: stopping",
+                    "gpu-preemptible-dp-1", "c", {"spent_usd": 1.02, "budget_usd": 1.0})  # fmt: skip
+    log = f"step 1\n{STDOUT_PREFIX}{json.dumps({'kind': 'events', **reached.to_dict()})}\n"
+    fake_api.route("GET", f"{PODS}/c-0/log", (200, log.encode()))
     stopped = backend(api_client).status("c")
     assert (stopped.state, stopped.exit_code) == (JobState.CANCELLED, 77), stopped
-    assert stopped.detail.startswith("budget reached"), stopped
+    assert stopped.detail == "budget reached at $1.02 of $1.00", stopped
 
 
 def test_status_of_an_unknown_run(fake_api: Any, api_client: Any) -> None:

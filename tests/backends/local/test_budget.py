@@ -35,10 +35,12 @@ def test_budget_notice_at_80_percent_then_stopped_with_a_sealed_checkpoint(
     assert run.record.spec.prices == prices  # the launch's prices travel with the run
     status = run.wait(timeout=600, progress=False)
     assert status.state == JobState.CANCELLED, status
-    assert "budget reached" in status.detail, status
+    assert status.detail.startswith("budget reached at $"), status
+    assert status.exit_code == 77, status  # one exit code for a budget stop, as documented
     told = capsys.readouterr().err  # run.wait prints the budget's notices as they come
     assert "run budgeted: 80 % of the budget spent" in told, told
-    assert "run budgeted: spent" in told and "stopping the run (it checkpoints)" in told, told
+    assert "the run will be stopped when it reaches the budget" in told, told  # not "stopped"
+    assert "run budgeted: budget reached at $" in told and "stopping the run" in told, told
 
     evs = run.run_events()
     notice = next(e for e in evs if e.reason == BUDGET_NOTICE)
@@ -53,6 +55,7 @@ def test_budget_notice_at_80_percent_then_stopped_with_a_sealed_checkpoint(
     assert at_stop, "no checkpoint saved at the stop"
     assert at_stop[-1].data["step"] in {m.step for m in sealed}  # its marker written: sealed
     summary = run.summary()
+    assert summary["preemptions"] == 0, summary  # a budget stop is no preemption
     assert summary["budget_usd"] == budget
     assert summary["cost_usd"] is not None and summary["cost_usd"] >= budget
     assert summary["gpu_hours"] > 0
@@ -69,3 +72,17 @@ def test_a_bad_budget_is_refused_before_anything_is_recorded(session: Session, b
     with pytest.raises(ValidationError, match=r"budget_usd.*e\.g\. budget_usd=25"):
         session.launch("sft", name="bad-budget", max_steps=5, budget_usd=bad)  # type: ignore[arg-type]
     assert session.store.find("bad-budget") is None
+
+
+@pytest.mark.parametrize("which", ["preemptible", "standard"])
+def test_a_budget_priced_at_zero_is_refused_with_the_fix(session: Session, which: str) -> None:
+    """A budget at $0 per GPU-hour could never be reached: refused at launch, naming the price
+    to set, and nothing is recorded."""
+    prices = session.prices()
+    assert prices is not None
+    free = prices.override(**{which: 0.0})
+    pattern = rf"the {which} price is 0.0 .*%config Tg\.{which}_price = 2\.5"
+    with pytest.raises(ValidationError, match=pattern):
+        session.launch("sft", name="free", max_steps=5, budget_usd=1.0, prices=free,
+                       preemptible=which == "preemptible")  # fmt: skip
+    assert session.store.find("free") is None

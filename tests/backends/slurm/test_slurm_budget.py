@@ -14,10 +14,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
-from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, CHECKPOINT_SAVED, RUN_REQUEUED
+from tgnb.events import (
+    BUDGET_NOTICE,
+    BUDGET_REACHED,
+    CHECKPOINT_SAVED,
+    JOB_PLACED,
+    JOB_RELEASED,
+    RUN_REQUEUED,
+)
 from tgnb.prices import Prices
 from tgnb.runs import Run
-from tgnb.runs.node import STOPPED_DETAIL, Exit
+from tgnb.runs.node import Exit
 from tgnb.runs.spec import JobState, Resources
 from tgnb.runs.store import RunStore
 from tgnb.train.checkpoint import checkpoint_dirs, read_marker
@@ -47,7 +54,8 @@ def assert_stopped_at_the_budget(backend: Any, job: str, run_dir: Path) -> None:
     final = backend.status(job)
     log = "\n".join(backend.logs(job))
     assert final.state is JobState.CANCELLED, (final, log[-3000:])
-    assert (final.exit_code, final.detail, final.restart_count) == (Exit.STOPPED, STOPPED_DETAIL, 0)
+    assert (final.exit_code, final.restart_count) == (Exit.STOPPED, 0), final
+    assert final.detail.startswith("budget reached at $"), final
     assert "stopped at the run's budget, a sealed checkpoint; exit 77" in log, log[-3000:]
     evs = backend.events(job)
     reasons = [e.reason for e in evs]
@@ -78,7 +86,7 @@ def test_a_command_run_is_stopped_at_its_budget_by_its_node_and_run_wait_says_so
     assert status.state is JobState.CANCELLED, status
     told = capsys.readouterr().err
     assert "run command-budgeted: 80 % of the budget spent" in told, told
-    assert "stopping the run (it checkpoints)" in told, told
+    assert "stopping the run (SIGTERM" in told, told
     assert_stopped_at_the_budget(backend, job, run_dir)
     assert run.summary()["cost_usd"] >= BUDGET  # the cockpit reads the same dollars
 
@@ -93,3 +101,57 @@ def test_a_script_run_left_alone_is_stopped_at_its_budget_by_its_node(
     assert "TGNB_BUDGET" in (run_dir / "job.sbatch").read_text()
     wait_until(lambda: backend.status(job).state.finished, 300, what="the job to end", every=0.5)
     assert_stopped_at_the_budget(backend, job, run_dir)
+
+
+PLAIN = """\
+import sys, time
+
+code = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+for step in range(1, int(sys.argv[1]) + 1):
+    time.sleep(0.05)
+    print(f"step {step}", flush=True)
+sys.exit(code)
+"""
+
+
+def test_a_command_that_never_imports_tgnb_is_metered_and_stopped_at_its_budget(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """A plain ``command=`` with no hook of tgnb's: the node's own process meters it (its
+    ``JobPlaced`` / ``JobReleased``) and stops it at the budget (SIGTERM, then exit 77): the job
+    ends cancelled "budget reached at $X of $Y", its dollars at least the budget."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    backend, job, run_dir, spec = submit(
+        tmp_path, cleanup_jobs, "plain-budgeted", script,
+        {"command": ["python", "plain.py", "100000"]},
+        resources=Resources(nodes=1, gpus_per_node=GPUS, preemptible=True),
+        budget_usd=BUDGET, prices=Prices(PRICE, PRICE),
+    )  # fmt: skip
+    wait_until(lambda: backend.status(job).state.finished, 300, what="the job to end", every=0.5)
+    final = backend.status(job)
+    assert final.state is JobState.CANCELLED and final.exit_code == Exit.STOPPED, final
+    assert final.detail.startswith("budget reached at $"), final
+    reasons = [e.reason for e in backend.events(job)]
+    assert reasons.count(JOB_PLACED) == reasons.count(JOB_RELEASED) == 1, reasons
+    store = RunStore(tmp_path / "home")
+    record = store.create(spec, backend=backend.name, run_dir=str(run_dir))
+    store.add_job(record.id, job)
+    summary = Run(store.get(record.id), store, backend).summary()
+    assert summary["cost_usd"] >= BUDGET and summary["preemptions"] == 0, summary
+    assert summary["steps"] is None, summary  # the program reports none
+
+
+def test_a_programs_own_exit_77_with_no_budget_is_a_failure(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """Exit 77 is the budget's only when the node recorded a ``BudgetReached``: a ``command=``
+    that exits 77 on its own, with no budget, is a failure of its own, not a budget stop."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    backend, job, _, _ = submit(tmp_path, cleanup_jobs, "own-77", script,
+                                {"command": ["python", "plain.py", "3", "77"]})  # fmt: skip
+    wait_until(lambda: backend.status(job).state.finished, 300, what="the job to end", every=0.5)
+    final = backend.status(job)
+    assert (final.state, final.exit_code) == (JobState.FAILED, 77), final
+    assert "no budget stop was recorded" in final.detail, final

@@ -6,7 +6,9 @@ import pytest
 
 from tgnb.backends.base import JobState
 from tgnb.backends.slurm import job_status, parse_fields
-from tgnb.runs.node import STOPPED_DETAIL, Exit
+from tgnb.events import BUDGET_REACHED, Event, utcnow
+from tgnb.runs import budget
+from tgnb.runs.node import Exit
 
 RUNNING = (
     "JobId=3 JobName=t.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 Nice=0 "
@@ -59,12 +61,21 @@ def test_state_mapping(
         assert reason in st.detail
 
 
-def test_a_job_its_node_stopped_at_its_budget_is_cancelled() -> None:
-    """Exit `Exit.STOPPED` (the launcher at the run's budget, `tgnb.train.budget`): Slurm says
-    FAILED, tgnb says cancelled, as the local engine ends a run stopped at its budget."""
+def test_exit_77_is_a_budget_stop_only_when_the_node_recorded_one() -> None:
+    """Exit `Exit.STOPPED`: Slurm says FAILED. tgnb says cancelled at the budget when the run's
+    events hold the node's ``BudgetReached`` (`tgnb.train.budget`), as the local engine ends a run
+    stopped at its budget; otherwise it is the program's own exit 77, a failure."""
     line = RUNNING.replace("JobState=RUNNING Reason=None", "JobState=FAILED Reason=NonZeroExitCode")
     st = job_status(parse_fields(line.replace("ExitCode=0:0", f"ExitCode={int(Exit.STOPPED)}:0")))
-    assert (st.state, st.exit_code, st.detail) == (JobState.CANCELLED, 77, STOPPED_DETAIL)
+    assert (st.state, st.exit_code) == (JobState.FAILED, 77)
+    own = budget.settle(st, [])
+    assert own.state is JobState.FAILED and "no budget stop was recorded" in own.detail, own
+    reached = Event(utcnow(), "run", BUDGET_REACHED, "budget reached at $2.10 of $2.00: stopping")
+    stopped = budget.settle(st, [reached])
+    assert (stopped.state, stopped.detail) == (
+        JobState.CANCELLED,
+        "budget reached at $2.10 of $2.00",
+    )
 
 
 def test_completing_right_after_a_requeue_is_requeued() -> None:

@@ -33,6 +33,8 @@ from tgnb.backends.kubernetes.placer_api import PlacerApi
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
 from tgnb.errors import BackendError, NotFoundError, TgnbError
 from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, from_record, parse_record
+from tgnb.runs import budget
+from tgnb.runs.node import Exit
 
 
 class KubernetesBackend:
@@ -198,7 +200,12 @@ class KubernetesBackend:
             if job_id in self._cancelled:
                 return JobStatus(JobState.CANCELLED, detail="deleted")
             raise
-        return summarize(job, self._pods(job_id))
+        pods = self._pods(job_id)
+        found = summarize(job, pods)
+        if found.exit_code == int(Exit.STOPPED):  # its budget, or the program's own exit 77
+            own = [e for pod in pods for e in run_records(_split(self._read_log(pod)), job_id)]
+            return budget.settle(found, own)
+        return found
 
     def restart_count(self, job_id: str) -> int:
         return self.status(job_id).restart_count

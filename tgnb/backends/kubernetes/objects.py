@@ -151,6 +151,8 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
                 name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(L.TORCHRUN_SHUTDOWN_SECONDS)
             )
         )
+    gpus = str(int(spec.resources.gpus_per_node))  # the node meters itself (tgnb.runs.meter)
+    env.append(client.V1EnvVar(name=node.GPUS_ENV, value=gpus))
     if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
         env.append(client.V1EnvVar(name=node.BUDGET_ENV, value=literal(held.to_json())))
     env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]

@@ -13,7 +13,6 @@ from typing import Any
 
 from tgnb.backends.base import JobState, JobStatus
 from tgnb.backends.kubernetes import labels as L
-from tgnb.runs.node import STOPPED_DETAIL, Exit
 
 _INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -107,8 +106,6 @@ def summarize(job: Any, pods: list[Any]) -> JobStatus:
     if failed is not None:
         failed_pods = [p for p in pods if _phase(p) == "Failed"]
         code = _exit_code(failed_pods[-1]) if failed_pods else None
-        if code == int(Exit.STOPPED):  # the node stopped it at its budget, checkpointed
-            return JobStatus(JobState.CANCELLED, restarts, nodes, code, STOPPED_DETAIL)
         detail = f"{failed.reason or 'Failed'}: {failed.message or ''}".rstrip(": ")
         return JobStatus(JobState.FAILED, restarts, nodes, code, detail)
     if _condition(job, "Suspended") is not None:

@@ -75,6 +75,7 @@ from tgnb.events import (
     BUDGET_NOTICE,
     JOB_KILLED,
     JOB_PLACED,
+    JOB_RELEASED,
     RECOVERY_DECIDED,
     RUN_FAILED_RESTARTING,
     RUN_REQUEUED,
@@ -83,7 +84,9 @@ from tgnb.events import (
     read_jsonl,
     utcnow,
 )
-from tgnb.runs import budget, node, placing
+from tgnb.runs import budget, meter, node, placing
+from tgnb.runs.budget import BUDGET_STOP
+from tgnb.runs.node import Exit
 from tgnb.runs.outcome import Attempt, Verdict, classify, events_size
 from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
@@ -207,6 +210,7 @@ class Supervisor:
                 node.NODE_ENV: where.name,
                 node.RUN_ENV: self.record.name,
                 node.RESTART_ENV: str(restart),
+                node.METERED_ENV: "engine",  # this supervisor meters the run (`_held_gpus`)
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -269,9 +273,33 @@ class Supervisor:
                 )
         pids = [p.pid for p in procs]
         self.store.add_job(self.record.id, self.record.id, pid=os.getpid(), children=pids)
-        for where in nodes:
-            self.event(JOB_PLACED, f"placed on {where.name}", where.name, restart_count=restart)
-        return self._watch(procs, names, since)
+        held = {n.name: self._held_gpus(n) for n in nodes}
+        for name, count in held.items():
+            self.event(JOB_PLACED, f"placed on {name} ({count} GPU(s))", name,
+                       restart_count=restart, gpus=count, node_class=self.node_class)  # fmt: skip
+        outcome = self._watch(procs, names, since)
+        cause = self._cause(outcome)
+        for name, count in held.items():
+            self.event(JOB_RELEASED, f"released {name}: {cause} (exit {outcome.exit_code})", name,
+                       restart_count=restart, gpus=count, exit_code=outcome.exit_code,
+                       cause=cause)  # fmt: skip
+        return outcome
+
+    def _held_gpus(self, where: NodeInfo) -> int:
+        """The GPUs the run holds on `where`, as the platform bills them: what it asked for per
+        node, within the node's own (the emulator's record of it)."""
+        asked = int(self.record.spec.resources.gpus_per_node)
+        return min(asked, where.gpus) if where.gpus > 0 else asked
+
+    def _cause(self, outcome: Outcome) -> str:
+        """Why the attempt's nodes were given back (`tgnb.runs.meter.CAUSES`)."""
+        if outcome.kind == "cancelled":
+            return meter.BUDGET if self.stop_reason.startswith(BUDGET_STOP) else meter.CANCELLED
+        if outcome.kind == "succeeded":
+            return meter.DONE
+        if outcome.kind == "failed":
+            return meter.FAILED
+        return meter.MOVED if self.moving else meter.PREEMPTED
 
     def check_budget(self) -> None:
         """With a ``budget_usd``: the one rule of `tgnb.runs.budget` on the run's events, at the
@@ -291,6 +319,7 @@ class Supervisor:
             self.stop_requested = True
             self.stop_reason = found.stop_reason
             print(self.stop_reason, flush=True)
+            self.event(SIGNAL_SENT, f"SIGTERM: {self.stop_reason}", budget=True, **found.data)
 
     def _signal(self, procs: Sequence[Proc], sig: signal.Signals) -> None:
         """SIGTERM to the process groups (torchrun passes it on to its workers); SIGKILL to the
@@ -433,6 +462,8 @@ class Supervisor:
                 return 0
             if outcome.kind == "cancelled":
                 detail = self.stop_reason or "stopped"
+                if detail.startswith(BUDGET_STOP):  # one exit code for a budget stop, everywhere
+                    code = int(Exit.STOPPED)
                 self.store.set_state(rid, JobState.CANCELLED, detail, exit_code=code)
                 return 0
             if outcome.kind == "failed":  # counted; preemptions never are

@@ -32,7 +32,8 @@ from tgnb.backends.slurm.render import (
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
-from tgnb.runs import node
+from tgnb.runs import budget, node
+from tgnb.runs.node import Exit
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
 
@@ -227,9 +228,10 @@ class SlurmBackend:
 
     def status(self, job_id: str) -> JobStatus:
         fields = self.show(job_id)
-        if fields is not None:
-            return job_status(fields)
-        return self._finished_status(job_id)
+        found = job_status(fields) if fields is not None else self._finished_status(job_id)
+        if found.exit_code == int(Exit.STOPPED) and str(job_id) in self._run_dirs:
+            return budget.settle(found, self.events(job_id))  # its budget, or its own exit 77
+        return found
 
     def _finished_status(self, job_id: str) -> JobStatus:
         if self._accounting is None:

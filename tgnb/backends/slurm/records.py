@@ -7,7 +7,6 @@ import re
 from collections.abc import Mapping
 
 from tgnb.backends.base import JobState, JobStatus
-from tgnb.runs.node import STOPPED_DETAIL, Exit
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=")
 
@@ -77,6 +76,4 @@ def job_status(fields: Mapping[str, str]) -> JobStatus:
     nodes = tuple(n for n in nodelist.split(",") if n and n != "(null)")
     reason = fields.get("Reason", "")
     detail = slurm_state if reason in ("", "None") else f"{slurm_state} ({reason})"
-    if state is JobState.FAILED and exit_code == int(Exit.STOPPED):
-        state, detail = JobState.CANCELLED, STOPPED_DETAIL  # the node stopped it at its budget
     return JobStatus(state, restarts, nodes, exit_code, detail)

@@ -171,7 +171,7 @@ def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
 
 
 def _environment(spec: RunSpec) -> list[str]:
-    lines = []
+    lines = [f"export {node.GPUS_ENV}={int(spec.resources.gpus_per_node)}  # the node's meter"]
     if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
         lines.append(f"export {node.BUDGET_ENV}={shlex.quote(held.to_json())}")
     for name in sorted(spec.env):
