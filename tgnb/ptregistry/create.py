@@ -24,8 +24,8 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from tgnb.cloud.client import RetryPolicy
-from tgnb.errors import ApiError, ConfigError
+from tgnb.cloud.client import RetryPolicy, is_transient
+from tgnb.errors import ApiError, ConfigError, TgnbError
 from tgnb.events import format_time, parse_time
 from tgnb.ptregistry.store import Entry, Registry, mine, root_of
 
@@ -155,12 +155,23 @@ def create(
         claimed = {e.resource_id for e in registry.entries() if e.resource_id and e is not entry}
         return match(listed(conn), entry, claimed)
 
-    record = RetryPolicy(attempts=4).call(
-        send,
-        what=f"create a model resource for {base_model}",
-        base_url=conn.base_url,
-        read_back=read_back,
-    )
+    try:
+        record = RetryPolicy(attempts=4).call(
+            send,
+            what=f"create a model resource for {base_model}",
+            base_url=conn.base_url,
+            read_back=read_back,
+        )
+    except TgnbError as exc:
+        # the SDK's own error, as the SDK's create raised it: each caller words it its own way
+        # (`Endpoint.call`); a refusal drops its entry (nothing was created), a failure that may
+        # have been applied keeps it (the next process resolves it)
+        cause = exc.__context__
+        if cause is not None and not isinstance(cause, TgnbError):
+            if not is_transient(cause):
+                registry.forget(entry)
+            raise cause from None
+        raise
     entry.resource_id = str(record.id)
     registry.save(entry)
     tag = f"[model-resources:{entry.resource_id}]"
