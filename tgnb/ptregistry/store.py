@@ -161,6 +161,10 @@ class Registry:
             out = [e for e in out if e.root == root]
         return sorted(out, key=lambda e: e.sent_at)
 
+    def any_gone(self) -> bool:
+        """Whether an entry's holder is gone (no request made: what a leftover check needs)."""
+        return any(not e.held for e in self._read())
+
     def find(self, resource_id: str) -> Entry | None:
         found = [e for e in self.entries() if e.resource_id == resource_id]
         return found[0] if found else None

@@ -1,6 +1,8 @@
 """``%tg pt resources [--all]``: `PostTraining.resources()`, each with its GPUs, its hourly price
 and what it has cost so far (`Resource.cost()`), and their total: a Model Resource bills from
-READY until it stops, whatever runs on it, so every one left running is in sight."""
+READY until it stops, whatever runs on it, so every one left running is in sight. A resource
+tgnb created whose process is gone is marked ``(leftover)`` and the caption says how to stop
+them (`tgnb.ptregistry`: ``tgnb pt stop --leftovers``)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def run(tg: Tg, args: Any, cell: str | None) -> Table:
     tz = tg.timezone
     pt = tg.pt_state().handle()
     rows, total, currency, notes = [], 0.0, "", set()
+    left = {x.resource_id for x in pt.leftovers()}
     for r in pt.resources(all=args.all):
         c = pt.attach(r.id).cost()
         total += c.amount
@@ -34,7 +37,9 @@ def run(tg: Tg, args: Any, cell: str | None) -> Table:
             (
                 r.id,
                 r.base_model,
-                r.status + (f" (queue {r.queue_position})" if r.queue_position else ""),
+                r.status
+                + (f" (queue {r.queue_position})" if r.queue_position else "")
+                + (" (leftover)" if r.id in left else ""),
                 "LoRA" if r.lora_enabled else "full",
                 str(r.generators),
                 str(c.gpus),
@@ -59,4 +64,11 @@ def run(tg: Tg, args: Any, cell: str | None) -> Table:
     caption = f"{len(rows)} resource(s), {money(total, currency or 'USD')} so far; minutes in " + (
         ", ".join(sorted(notes))
     )
+    if left:
+        from tgnb.ptregistry import STOP_HINT
+
+        caption += (
+            f"; {len(left)} leftover(s), left running by processes that are gone: "
+            f"{STOP_HINT} stops them"
+        )
     return Table(head, rows, "no model resources: %tg pt start MODEL", caption if rows else "")
