@@ -208,7 +208,9 @@ def test_sigterm_and_sigint_stop_what_it_held(
     assert "no leftover" in tgnb_pt(env, "leftovers").stdout
 
 
-def test_exit_report_is_the_emulators_bill(slow_provisioning: EmulatorHandle, tmp_path: Path) -> None:
+def test_exit_report_is_the_emulators_bill(
+    slow_provisioning: EmulatorHandle, tmp_path: Path
+) -> None:
     """At the emulator's time scale the bill is in platform time: the report reads the bill
     (the old stopwatch said 1 % of it here)."""
     emu = slow_provisioning
@@ -254,3 +256,115 @@ def test_a_killed_scripts_resource_stops_itself(
     assert emu.rl_usage(rid)["cost"] == cost  # billing stopped with it
     assert rid not in next_script(tmp_path / "project", env)
     assert not [e for e in entries(emu) if e["resource_id"] == rid]
+
+
+def test_a_create_sent_again_with_its_key_is_the_same_resource(
+    slow_provisioning: EmulatorHandle,
+) -> None:
+    """The emulator honours a create's Idempotency-Key, as the platform does an operation's: a
+    retry after a lost answer creates nothing; the key with another body is a 422."""
+    import together
+
+    body: dict[str, Any] = {
+        "base_model": "tgnb/tiny-llama",
+        "compute_config": {"num_generator_replicas": 0},
+        "inactive_timeout": 300,
+    }
+    key = {"Idempotency-Key": "test-key-" + str(time.time())}
+    with slow_provisioning.client(max_retries=0) as client:
+        first = client.post_training.model_resources.create(**body, extra_headers=key)
+        again = client.post_training.model_resources.create(**body, extra_headers=key)
+        assert again.id == first.id
+        with pytest.raises(together.UnprocessableEntityError, match="another body"):
+            client.post_training.model_resources.create(
+                **{**body, "inactive_timeout": 600}, extra_headers=key
+            )
+        other = client.post_training.model_resources.create(**body)
+        assert other.id != first.id
+        for rid in (first.id, other.id):
+            client.post_training.model_resources.stop(rid, force=True)
+
+
+class SwallowingProxy:
+    """A loopback HTTP proxy to the emulator that forwards every request, but answers no create
+    of a model resource (it holds that connection open): the create is applied, its answer lost,
+    as when a process dies between sending and reading."""
+
+    def __init__(self, target: str) -> None:
+        import http.server
+        import threading
+
+        import httpx
+
+        self.creates = threading.Event()
+        self.release = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size) if size else b""
+                skip = {"host", "content-length", "connection", "accept-encoding"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                answer = httpx.request(
+                    self.command, target + self.path, headers=headers, content=body, timeout=60
+                )
+                if self.command == "POST" and self.path.rstrip("/") == "/v1/rl/model-resources":
+                    proxy.creates.set()
+                    proxy.release.wait(120)  # never answered while the test runs
+                    return
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("content-type", "text/plain"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_PUT = do_PATCH = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_killed_before_the_creates_answer_it_is_recorded_and_found(
+    slow_provisioning: EmulatorHandle, tmp_path: Path
+) -> None:
+    """The registry's entry is on disk before the create is sent: killed while the create's
+    answer has not come (the resource exists, its id never reached the script), the entry is
+    there without an id; the next process finds the resource by reading them back (created
+    since, same model and generators, claimed by no other entry) and names it."""
+    emu = slow_provisioning
+    proxy = SwallowingProxy(emu.base_url)
+    try:
+        env = env_of(emu, TOGETHER_BASE_URL=proxy.url)
+        before = set(resources(emu))
+        proc = start_script(tmp_path / "project", env, "training")
+        try:
+            assert proxy.creates.wait(120), "the script sent no create"
+            (entry,) = [e for e in entries(emu) if e["pid"] == proc.pid]
+            assert entry["resource_id"] is None and entry["root"] == proxy.url
+            proc.kill()
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        (rid,) = set(resources(emu)) - before  # applied, though its answer never came
+        wait_status(emu, rid, "READY")
+        said = next_script(tmp_path / "project", env)
+        assert rid in said and "no longer running" in said, said
+        assert [e["resource_id"] for e in entries(emu) if e["key"] == entry["key"]] == [rid]
+        assert tgnb_pt(env, "stop", "--leftovers").returncode == 0
+        assert resources(emu)[rid] == "STOPPED"
+    finally:
+        proxy.close()

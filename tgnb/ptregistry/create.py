@@ -3,8 +3,8 @@
 `create` writes the registry's entry first (`store.Registry.new`), then sends
 ``POST /v1/rl/model-resources`` once, with the entry's key as its ``Idempotency-Key`` and the
 SDK's own retries off: after a transient failure `tgnb.cloud.client.RetryPolicy` reads the
-resources back (`match`: one created since the entry was written, for the same model and
-generators, that no other entry claims) and adopts it rather than sending again; only when none
+resources back (`match`: one created since the entry was written, with the same generators and
+timeout, that no other entry claims) and adopts it rather than sending again; only when none
 is there is the same request (same key) sent again. The id goes into the entry as soon as the
 answer comes; then it waits for READY (the service's record read every `interval`) and notes the
 service's own time of READY. Any failure or interruption while it waits stops the resource
@@ -80,18 +80,20 @@ def _time(value: Any) -> datetime | None:
 
 def match(records: list[Any], entry: Entry, claimed: set[str]) -> Any | None:
     """The resource among `records` (the API's list) that `entry`'s create made: created since the
-    entry was written (less `CLOCK_SKEW`), same model and generators, claimed by no other entry;
-    the earliest such one."""
+    entry was written (less `CLOCK_SKEW`), with its generators and inactivity timeout, claimed by
+    no other entry; the earliest such one. (Not by model name: the service may answer another
+    name for the model asked, as the emulator answers its local directory for an alias.)"""
     since = parse_time(entry.sent_at) - CLOCK_SKEW
     found = []
     for r in records:
         created = _time(getattr(r, "created_at", None))
         compute = getattr(r, "compute_config", None)
         generators = int(getattr(compute, "num_generator_replicas", 0) or 0)
+        timeout = getattr(r, "inactive_timeout", None)
         if (
             str(r.id) not in claimed
-            and str(r.base_model) == entry.base_model
             and generators == entry.generators
+            and (entry.inactive_timeout is None or timeout in (None, entry.inactive_timeout))
             and created is not None
             and created >= since
         ):

@@ -161,7 +161,7 @@ class RLApi:
 
     async def create_resource(self, request: Request, body: Any) -> Any:
         checked = await asyncio.to_thread(checks.resource_create, body, self.p.config.extra_models)
-        r = self.p.create_resource(checked)
+        r = self.p.create_resource(checked, request.headers.get("idempotency-key") or None)
         return self._resource(r.id)
 
     async def get_resource(self, request: Request, body: Any) -> Any:

@@ -7,7 +7,9 @@ provisioning delay (``provision_delay_s`` x ``time_scale``) while the engine loa
 on a thread, then ``READY``. A resource holds 1 + ``num_generator_replicas`` GPUs from CREATING
 until STOPPED. It stops itself (sessions ``EXPIRED``) after ``inactive_timeout``
 seconds (real, see below) without an operation (never while one runs); ``extend-expiry`` pushes that later. Stop is
-refused (400) while sessions are active unless ``force``; it answers ``STOPPED`` at once.
+refused (400) while sessions are active unless ``force``; it answers ``STOPPED`` at once. A
+create's ``Idempotency-Key`` (tgnb sends one) names its resource: the same key again answers that
+resource, as an operation's does.
 GPU-seconds count from READY to STOPPED, in platform seconds (real seconds / ``time_scale``).
 
 The time scale compresses the platform, never the user: provisioning and queueing are scaled, but
@@ -270,14 +272,27 @@ class Platform:
             raise RequestError(404, NOT_FOUND, f"model resource {resource_id!r} not found")
         return r
 
-    def create_resource(self, checked: dict[str, Any]) -> ResourceRecord:
+    def create_resource(self, checked: dict[str, Any], key: str | None = None) -> ResourceRecord:
+        """A new resource; with an Idempotency-Key already used for one, that one (a retry after
+        a lost answer creates nothing), or a 422 if the key came with another body."""
         now = self.clock()
         with self.lock:
+            for old in self.resources.values() if key else ():
+                if old.idempotency_key == key and old.project_id == self.config.project_id:
+                    if any(getattr(old, k) != v for k, v in checked.items()):
+                        raise RequestError(
+                            422,
+                            3,
+                            f"Idempotency-Key {key!r} already created model resource {old.id} "
+                            "with another body: send a new key for a new resource",
+                        )
+                    return old
             r = ResourceRecord(
                 id=str(uuid.uuid4()),
                 project_id=self.config.project_id,
                 created_at=now,
                 updated_at=now,
+                idempotency_key=key,
                 **checked,
             )
             self.resources[r.id] = r

@@ -89,6 +89,7 @@ class ResourceRecord:
     billing_since: float | None = None
     billing_scale: float | None = None
     unbilled_downtime_s: float = 0.0  # real seconds the daemon was down while it held GPUs
+    idempotency_key: str | None = None  # the create's Idempotency-Key: same key, same resource
 
 
 @dataclass

@@ -20,7 +20,10 @@ def arguments(p: Parser) -> None:
         "--generators", type=at_least_zero, default=1, help="generator replicas (0: none)"
     )
     p.add_argument(
-        "--inactive-timeout", type=duration, default=None, help="stop after idling, e.g. 15m"
+        "--inactive-timeout",
+        type=duration,
+        default=None,
+        help="stop after idling this long, e.g. 30m (default 15m, $TGNB_PT_INACTIVE_TIMEOUT)",
     )
     p.add_argument("--full-weight", action="store_true", help="one full-weight session, no LoRA")
     p.add_argument(
@@ -41,5 +44,6 @@ def run(tg: Tg, args: Any, cell: str | None) -> None:
     tg.store(args.out, res)
     info = res.info()
     print(
-        f"model resource {res.id} {info.status} ({info.base_model}, {info.generators} generator(s))"
+        f"model resource {res.id} {info.status} ({info.base_model}, {info.generators} generator(s);"
+        f" stops itself after {info.inactive_timeout} s without an operation)"
     )
