@@ -22,7 +22,11 @@ def test_wait_shows_steps_eta_and_the_final_state(
     assert status.state.value == "succeeded"
     lines = [x for x in re.split(r"[\r\n]", err) if x.strip()]
     assert lines and lines[0].startswith("run bar: ")
-    assert re.search(r"^run bar: 100%.*\| 12/12 \[\d\d:\d\d<00:00.*succeeded\]$", lines[-1]), lines
+    assert re.search(r"^run bar: 100%.*\| 12/12 \[\d\d:\d\d<00:00.*succeeded\]$", lines[-2]), lines
+    # then one line of what it cost, from the engine's meter (`Run.closing_line`)
+    assert re.fullmatch(
+        r"run bar: succeeded \(.*\); [\d.e-]+ GPU-h, \$[\d.]+, 0 preemptions", lines[-1]
+    )
     assert run.wait(progress=False).state.value == "succeeded"
     assert capsys.readouterr().err == ""
 

@@ -37,6 +37,8 @@ class RunCost:
     preemptible_gpu_hours: float = 0.0
     preemptions: int = 0
     lost_gpu_hours: float = 0.0
+    #: node-seconds a preemption made the run redo (the engine's meter; 0 for older records)
+    lost_node_seconds: float = 0.0
     #: None: unknown, the program reports no steps
     lost_steps: int | None = 0
 
@@ -82,9 +84,9 @@ def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -
         saved = [c for c in ckpts if start <= c[0] <= end]
         saved_at = saved[-1][0] if saved else start
         out.preemptions += 1
-        out.lost_gpu_hours += (
-            sum(max(s.end - max(saved_at, s.start), 0.0) * s.gpus for s in mine) / 3600
-        )
+        redo = [max(s.end - max(saved_at, s.start), 0.0) for s in mine]
+        out.lost_node_seconds += sum(redo)
+        out.lost_gpu_hours += sum(r * s.gpus for r, s in zip(redo, mine, strict=True)) / 3600
         if not reported or out.lost_steps is None:
             out.lost_steps = None
             continue

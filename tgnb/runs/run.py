@@ -20,14 +20,10 @@ from tgnb.errors import BackendError, TgnbError
 from tgnb.events import (
     BUDGET_NOTICE,
     BUDGET_REACHED,
-    DRAIN_NOTICE,
     NODE_ADDED,
     PREEMPTED,
     RUN_EXITED,
-    RUN_REQUEUED,
-    RUN_RESUMED,
     RUN_STARTED,
-    SIGNAL_RECEIVED,
     Event,
     dedupe,
     from_record,
@@ -39,11 +35,10 @@ from tgnb.events import (
 from tgnb.runs import logtail
 from tgnb.runs.backend import Backend
 from tgnb.runs.cost import RunCost, run_cost
-from tgnb.runs.meter import metered
 from tgnb.runs.node import LOG as TRAIN_LOG
-from tgnb.runs.outcome import UNPROTECTED, UNSAVED
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
+from tgnb.runs.summary import closing_line, summarize
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -246,6 +241,10 @@ class Run:
                         bar = StepBar(self.name, self.max_steps(), step)
                     bar.update(step, st.state.value)
                 if st.state.finished:
+                    if bar is not None:  # the bar's last line, then what the run cost
+                        bar.close()
+                        bar = None
+                        print(self.closing_line(st), file=sys.stderr, flush=True)
                     return st
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(
@@ -256,6 +255,11 @@ class Run:
         finally:
             if bar is not None:
                 bar.close()
+
+    def closing_line(self, st: JobStatus | None = None) -> str:
+        """One line on how the run ended and what it cost (`tgnb.runs.summary.closing_line`)."""
+        st = st or self.report()
+        return closing_line(self.name, st.state.value, st.detail, self.summary())
 
     def _tell_budget(self, told: set[str]) -> None:
         """Print on stderr each budget notice of the run's events not yet in `told`."""
@@ -367,54 +371,18 @@ class Run:
         that never called protect or the Checkpointer (no ``RunStarted``) is named in `note`
         (`tgnb.runs.outcome.UNPROTECTED`): each restart lost every step it had logged; a stop with
         no checkpoint says so there too."""
-        rows = self.records("metrics")
-        evs = self.run_events()
-        max_steps = self.max_steps()
-        steps = [int(r["step"]) for r in rows if "step" in r]
-        notices = {(ev.reason, ev.data.get("step")) for ev in evs if ev.reason in _PREEMPTIONS}
-        notices -= _moves(evs)
         cost = self.cost()
-        # the engine's notices when it metered the run; the program's, for a run recorded before
-        preemptions = cost.preemptions if metered(evs) else len({step for _, step in notices})
-        lost = 0
-        starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
-        protected = bool(starts) or not (rows or self._record.restart_count)
-        if not starts:  # unprotected: each restart began again at step 0
-            lost = _lost_unprotected(evs, rows)
-        for n, i in enumerate(starts[1:], 1):  # each restart: what it did not resume is lost
-            until = starts[n + 1] if n + 1 < len(starts) else len(evs)
-            resume = next(
-                (e for e in evs[i:until] if e.reason == RUN_RESUMED and "step" in e.data), None
-            )
-            at = evs[i].time.timestamp()
-            before = max(
-                (int(r["step"]) for r in rows if "step" in r and float(r.get("time", 0)) < at),
-                default=0,
-            )
-            trained = any(float(r.get("time", 0)) >= at for r in rows if "step" in r)
-            if resume is None and not trained:
-                continue  # it trained nothing (found the run finished, or was stopped at once)
-            lost += max(0, before - (int(resume.data["step"]) if resume else 0))
-        key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
-        # rounded to 4 significant digits: a summary is read, not computed with
-        rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
-        return {
-            "run": self.name,
-            "state": self.report().state.value,
-            "steps": max(steps, default=None),  # None: unknown, the program reports no steps
-            "max_steps": max_steps,
-            "steps_lost": lost if steps or starts else None,
-            "restarts": self._record.restart_count,
-            "preemptions": preemptions,
-            "kind": self._record.spec.train.algorithm,
-            "protected": protected,
-            "note": _note(evs, protected),
-            "reward_key": key,
-            "reward_first": rewards[0] if rewards else None,
-            "reward_last": rewards[-1] if rewards else None,
-            "lost_gpu_hours": round(cost.lost_gpu_hours, 4),
-            **self.spending(prices, cost),
-        }
+        return summarize(
+            self.name,
+            self.report().state.value,
+            self.records("metrics"),
+            self.run_events(),
+            cost,
+            max_steps=self.max_steps(),
+            restarts=self._record.restart_count,
+            kind=self._record.spec.train.algorithm,
+            spending=self.spending(prices, cost),
+        )
 
     def spending(self, prices: Prices | None = None, cost: RunCost | None = None) -> dict[str, Any]:
         """``gpu_hours`` so far, their ``cost_usd`` at `prices` (default `prices`; None when
@@ -505,53 +473,6 @@ class Run:
         path = self._file(TRAIN_LOG)
         if path is not None:
             yield from logtail.tail(path, lambda: self.refresh().state.finished, poll)
-
-
-_PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)
-
-
-def _lost_unprotected(evs: list[Event], rows: list[dict[str, Any]]) -> int:
-    """Steps lost by a program with no hook: at each requeue, every step it had logged since the
-    attempt before began (it starts again from step 0)."""
-    lost, begun = 0, 0.0
-    for ev in evs:
-        if ev.reason != RUN_REQUEUED or ev.source != "tgnb":
-            continue
-        at = ev.time.timestamp()
-        logged = [int(r["step"]) for r in rows if begun <= float(r.get("time", 0)) < at]
-        lost += max(logged, default=0)
-        begun = at
-    return lost
-
-
-def _note(evs: list[Event], protected: bool) -> str | None:
-    """What the cockpit says of how the run stopped: unprotected, or the last stop without a
-    checkpoint (`tgnb.runs.outcome.unsaved_line`)."""
-    if not protected:
-        return UNPROTECTED
-    unsaved = [
-        ev
-        for ev in evs
-        if (ev.reason == RUN_REQUEUED and ev.data.get("unsaved"))
-        or (ev.reason == RUN_EXITED and ev.data.get("exit_reason") == UNSAVED)  # a node's launcher
-    ]
-    return unsaved[-1].message.partition(" (exit")[0] if unsaved else None
-
-
-def _moves(evs: list[Event]) -> set[tuple[str, Any]]:
-    """The notices of stops on purpose: the SIGTERM before a ``RunRequeued`` with ``moved`` (the
-    supervisor took the run back to preemptible nodes), no preemption."""
-    out: set[tuple[str, Any]] = set()
-    last: tuple[str, Any] | None = None
-    for ev in evs:
-        if ev.reason in _PREEMPTIONS:
-            last = (ev.reason, ev.data.get("step"))
-        elif ev.reason == RUN_REQUEUED and ev.data.get("moved") and last is not None:
-            out.add(last)
-            last = None
-        elif ev.reason == RUN_REQUEUED:
-            last = None
-    return out
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")

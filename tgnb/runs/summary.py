@@ -1,0 +1,152 @@
+"""What a run achieved and what it cost, as `tgnb.runs.Run.summary` gives it and `Run.wait`'s last
+line says it: the steps from the program's own records (None where it reports none), the
+preemptions, GPU-hours and dollars from the engine's meter (`tgnb.runs.cost`, `tgnb.runs.meter`).
+Pure functions of what was read: no I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tgnb.events import (
+    DRAIN_NOTICE,
+    RUN_EXITED,
+    RUN_REQUEUED,
+    RUN_RESUMED,
+    RUN_STARTED,
+    SIGNAL_RECEIVED,
+    Event,
+)
+from tgnb.prices import dollars
+from tgnb.runs.cost import RunCost
+from tgnb.runs.meter import metered
+from tgnb.runs.outcome import UNPROTECTED, UNSAVED
+
+
+def summarize(
+    name: str,
+    state: str,
+    rows: list[dict[str, Any]],
+    evs: list[Event],
+    cost: RunCost,
+    *,
+    max_steps: int | None,
+    restarts: int,
+    kind: str,
+    spending: dict[str, Any],
+) -> dict[str, Any]:
+    """What the run achieved: steps done against max_steps, steps lost to restarts (steps
+    done but not in the checkpoint a restart resumed from: all of them when it started again
+    from step 0, its node gone with no notice), restarts, preemptions (the notices the run
+    saw), first and last reward; its GPU-hours and their dollars (``cost_usd``, at `prices`,
+    default `Run.prices`; None when no price is known) against its ``budget_usd``. A program
+    that never called protect or the Checkpointer (no ``RunStarted``) is named in `note`
+    (`tgnb.runs.outcome.UNPROTECTED`): each restart lost every step it had logged; a stop with
+    no checkpoint says so there too."""
+    steps = [int(r["step"]) for r in rows if "step" in r]
+    notices = {(ev.reason, ev.data.get("step")) for ev in evs if ev.reason in _PREEMPTIONS}
+    notices -= _moves(evs)
+    # the engine's notices when it metered the run; the program's, for a run recorded before
+    preemptions = cost.preemptions if metered(evs) else len({step for _, step in notices})
+    lost = 0
+    starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
+    protected = bool(starts) or not (rows or restarts)
+    if not starts:  # unprotected: each restart began again at step 0
+        lost = _lost_unprotected(evs, rows)
+    for n, i in enumerate(starts[1:], 1):  # each restart: what it did not resume is lost
+        until = starts[n + 1] if n + 1 < len(starts) else len(evs)
+        resume = next(
+            (e for e in evs[i:until] if e.reason == RUN_RESUMED and "step" in e.data), None
+        )
+        at = evs[i].time.timestamp()
+        before = max(
+            (int(r["step"]) for r in rows if "step" in r and float(r.get("time", 0)) < at),
+            default=0,
+        )
+        trained = any(float(r.get("time", 0)) >= at for r in rows if "step" in r)
+        if resume is None and not trained:
+            continue  # it trained nothing (found the run finished, or was stopped at once)
+        lost += max(0, before - (int(resume.data["step"]) if resume else 0))
+    key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
+    # rounded to 4 significant digits: a summary is read, not computed with
+    rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
+    return {
+        "run": name,
+        "state": state,
+        "steps": max(steps, default=None),  # None: unknown, the program reports no steps
+        "max_steps": max_steps,
+        "steps_lost": lost if steps or starts else None,
+        "restarts": restarts,
+        "preemptions": preemptions,
+        "kind": kind,
+        "protected": protected,
+        "note": _note(evs, protected),
+        "reward_key": key,
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "lost_gpu_hours": round(cost.lost_gpu_hours, 4),
+        "lost_node_seconds": round(cost.lost_node_seconds, 1),
+        **spending,
+    }
+
+
+_PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)
+
+
+def _lost_unprotected(evs: list[Event], rows: list[dict[str, Any]]) -> int:
+    """Steps lost by a program with no hook: at each requeue, every step it had logged since the
+    attempt before began (it starts again from step 0)."""
+    lost, begun = 0, 0.0
+    for ev in evs:
+        if ev.reason != RUN_REQUEUED or ev.source != "tgnb":
+            continue
+        at = ev.time.timestamp()
+        logged = [int(r["step"]) for r in rows if begun <= float(r.get("time", 0)) < at]
+        lost += max(logged, default=0)
+        begun = at
+    return lost
+
+
+def _note(evs: list[Event], protected: bool) -> str | None:
+    """What the cockpit says of how the run stopped: unprotected, or the last stop without a
+    checkpoint (`tgnb.runs.outcome.unsaved_line`)."""
+    if not protected:
+        return UNPROTECTED
+    unsaved = [
+        ev
+        for ev in evs
+        if (ev.reason == RUN_REQUEUED and ev.data.get("unsaved"))
+        or (ev.reason == RUN_EXITED and ev.data.get("exit_reason") == UNSAVED)  # a node's launcher
+    ]
+    return unsaved[-1].message.partition(" (exit")[0] if unsaved else None
+
+
+def _moves(evs: list[Event]) -> set[tuple[str, Any]]:
+    """The notices of stops on purpose: the SIGTERM before a ``RunRequeued`` with ``moved`` (the
+    supervisor took the run back to preemptible nodes), no preemption."""
+    out: set[tuple[str, Any]] = set()
+    last: tuple[str, Any] | None = None
+    for ev in evs:
+        if ev.reason in _PREEMPTIONS:
+            last = (ev.reason, ev.data.get("step"))
+        elif ev.reason == RUN_REQUEUED and ev.data.get("moved") and last is not None:
+            out.add(last)
+            last = None
+        elif ev.reason == RUN_REQUEUED:
+            last = None
+    return out
+
+
+def closing_line(name: str, state: str, detail: str, summary: dict[str, Any]) -> str:
+    """One line on how the run ended and what it cost (``run r: cancelled (budget reached at
+    $0.02 of $0.02); 0.0056 GPU-h, $0.0213, 0 preemptions``)."""
+    why = f" ({detail})" if detail else ""
+    usd = "" if summary["cost_usd"] is None else f", {dollars(summary['cost_usd'])}"
+    n = summary["preemptions"]
+    return (
+        f"run {name}: {state}{why}; {summary['gpu_hours']:g} GPU-h{usd}, "
+        f"{n} preemption{'' if n == 1 else 's'}"
+    )
+
+
+__all__ = ["closing_line", "summarize"]
