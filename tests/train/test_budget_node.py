@@ -109,3 +109,49 @@ def test_a_built_in_run_alone_is_stopped_at_its_budget_with_a_sealed_checkpoint(
     sealed = [m.step for p in checkpoint_dirs(run_dir / "checkpoints") if (m := read_marker(p))]
     last = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == RUN_EXITED][-1]
     assert last.data["checkpoint_step"] in sealed and last.data["checkpoint_step"] < 100_000
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{", "is not a run budget as tgnb writes it (JSONDecodeError"),
+        ('{"gpus": 1}', "is not a run budget as tgnb writes it (KeyError: 'prices')"),
+        (
+            '{"budget_usd": 1, "prices": {"standard": 1, "preemptible": 1}, "gpus": "8"}',
+            "gpus must be a whole number >= 1, got '8'",
+        ),
+        (
+            '{"budget_usd": 1, "prices": {"standard": 1, "preemptible": 1}, "gpus": 0}',
+            "gpus must be a whole number >= 1, got 0",
+        ),
+        (
+            '{"budget_usd": NaN, "prices": {"standard": 1, "preemptible": 1}, "gpus": 1}',
+            "budget_usd must be a number of dollars, got nan",
+        ),
+        (
+            '{"budget_usd": Infinity, "prices": {"standard": 1, "preemptible": 1}, "gpus": 1}',
+            "budget_usd must be a number of dollars, got inf",
+        ),
+        (
+            '{"budget_usd": 1, "prices": {"standard": -1, "preemptible": 1}, "gpus": 1}',
+            "the standard price must be >= 0",
+        ),
+    ],
+)
+def test_a_bad_budget_variable_is_refused_on_the_node_in_one_line(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """The node's ``TGNB_BUDGET`` checked as strictly as the launch checks a budget: one line
+    naming what is wrong and exit 2 (a bad config), before the program starts (it would have
+    printed "started")."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    env = {**os.environ, node.BUDGET_ENV: text, node.RUN_ENV: "r"}
+    cmd = [sys.executable, "-m", "tgnb.train", "--set", "algorithm=script",
+           "--set", "command=[python, -c, 'print(\"started\")']", "--run-dir", str(run_dir)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == node.Exit.BAD_CONFIG, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tgnb: TGNB_BUDGET"), proc.stderr
+    assert said in lines[0], lines
+    assert "started" not in proc.stdout and "Traceback" not in proc.stderr

@@ -27,10 +27,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tgnb.errors import ValidationError
 from tgnb.events import BUDGET_NOTICE, BUDGET_REACHED, Event, read_jsonl
-from tgnb.prices import NOTICE_FRACTION, Prices, dollars
+from tgnb.prices import NOTICE_FRACTION, Prices, check_budget, check_price, dollars
 from tgnb.runs.cost import run_cost
-from tgnb.runs.node import EVENTS, Exit
+from tgnb.runs.node import BUDGET_ENV, EVENTS, Exit
 from tgnb.runs.spec import JobState, JobStatus, RunSpec
 
 #: How a run stopped at its budget begins its status detail (it ends cancelled, exit 77).
@@ -92,9 +93,27 @@ class Budget:
 
     @classmethod
     def from_json(cls, text: str) -> Budget:
-        data = json.loads(text)
-        prices = Prices(float(data["prices"]["standard"]), float(data["prices"]["preemptible"]))
-        return cls(float(data["budget_usd"]), prices, int(data["gpus"]))
+        """The budget `to_json` wrote, checked as strictly as a launch checks it: a
+        `ValidationError` naming what is wrong (the node refuses to start on it)."""
+        try:
+            data = json.loads(text)
+            std, pre = data["prices"]["standard"], data["prices"]["preemptible"]
+            usd, gpus = data["budget_usd"], data["gpus"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValidationError(
+                f"{BUDGET_ENV} is not a run budget as tgnb writes it ({type(exc).__name__}: "
+                f"{exc}): launch the run again through tgnb, which sets it"
+            ) from None
+        try:
+            if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+                raise ValidationError(f"gpus must be a whole number >= 1, got {gpus!r:.40}")
+            prices = Prices(check_price(std, "standard"), check_price(pre, "preemptible"))
+            budget = check_budget(usd)
+            if budget is None:
+                raise ValidationError("budget_usd is null")
+        except ValidationError as exc:
+            raise ValidationError(f"{BUDGET_ENV}: {exc}") from None
+        return cls(budget, prices, gpus)
 
 
 def check(spec: RunSpec, events: Sequence[Event]) -> BudgetCheck | None:

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from tgnb.errors import ValidationError
 from tgnb.events import JOB_PLACED, JOB_RELEASED, RUN_RESUMED, RUN_STARTED, read_jsonl, utcnow
 from tgnb.runs import meter, node
 from tgnb.runs.budget import Budget, check_events
@@ -154,7 +155,7 @@ def _budget_gpus() -> int:
     text = os.environ.get(node.BUDGET_ENV, "").strip()
     try:
         return Budget.from_json(text).gpus if text else 0
-    except (ValueError, KeyError, TypeError):
+    except ValidationError:  # said once the budget is read (`_held`)
         return 0
 
 
@@ -200,7 +201,11 @@ def held(run_dir: str | None, program: Callable[[], int]) -> int:
 
 def _held(run_dir: str | None, program: Callable[[], int]) -> int:
     since = events_size(run_dir) if run_dir else 0
-    budget = watch(run_dir)
+    try:
+        budget = watch(run_dir)
+    except ValidationError as exc:  # refused before anything runs: the engine's variable is bad
+        print(f"tgnb: {exc}", file=sys.stderr, flush=True)
+        return int(node.Exit.BAD_CONFIG)
     if budget is not None and budget.check()[0]:
         budget.close()
         print(f"tgnb: the run's budget is spent; exit {int(node.Exit.STOPPED)}", file=sys.stderr)
