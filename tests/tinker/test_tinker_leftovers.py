@@ -208,17 +208,36 @@ def test_sigterm_and_sigint_stop_what_it_held(
     assert "no leftover" in tgnb_pt(env, "leftovers").stdout
 
 
+#: The script, ending after three rounds instead of looping until stopped.
+ENDS = SCRIPT.replace("while True:", "for _ in range(3):")
+
+
+@pytest.mark.parametrize("end", ["exit", "SIGTERM"])
 def test_exit_report_is_the_emulators_bill(
-    slow_provisioning: EmulatorHandle, tmp_path: Path
+    slow_provisioning: EmulatorHandle, tmp_path: Path, end: str
 ) -> None:
-    """At the emulator's time scale the bill is in platform time: the report reads the bill
-    (the old stopwatch said 1 % of it here)."""
+    """At the emulator's time scale the bill is in platform time: the report, at a normal exit
+    or at SIGTERM, reads the bill (the old stopwatch said 1 % of it here)."""
     emu = slow_provisioning
     env = env_of(emu)
     before = set(resources(emu))
-    err = interrupt(tmp_path / "project", env, "sampling", signal.SIGTERM)
+    folder = tmp_path / "project"
+    if end == "exit":
+        folder.mkdir()
+        (folder / "train.py").write_text(ENDS, encoding="utf-8")
+        done = subprocess.run(
+            [sys.executable, "train.py", "sampling"],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        err = done.stderr
+    else:
+        err = interrupt(folder, env, "sampling", signal.SIGTERM)
     made = set(resources(emu)) - before
-    said = float(re.search(r"about \$([0-9.,]+) \(", err)[1].replace(",", ""))  # type: ignore[index]
+    said = float(re.search(r"about \$([0-9.,]+)", err)[1].replace(",", ""))  # type: ignore[index]
     billed = sum(emu.rl_usage(rid)["cost"] for rid in made)
     assert said == pytest.approx(billed, rel=0.02, abs=0.005), err
     assert "created to stop themselves after 900 s without an operation" in err
@@ -226,15 +245,25 @@ def test_exit_report_is_the_emulators_bill(
 
 def test_exit_report_from_the_services_timestamps(tmp_path: Path) -> None:
     """Where tgnb cannot read the bill (the endpoint is not the tgnb home's emulator: the
-    service), the report counts between the service's own READY and STOP times: within 2 % of
-    the bill of an emulator in real time."""
+    service), the report of a script that ends normally counts between the service's own READY
+    and stop times: within 2 % of the bill of an emulator in real time."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(ENDS, encoding="utf-8")
     with running_emulator(tmp_path / "emu", time_scale=1.0, provision_delay_s=1.0) as emu:
         env = env_of(emu, TGNB_HOME=str(tmp_path / "elsewhere"))
-        err = interrupt(tmp_path / "project", env, "sampling", signal.SIGTERM)
-        said = float(re.search(r"about \$([0-9.]+) \(", err)[1])  # type: ignore[index]
+        done = subprocess.run(
+            [sys.executable, "train.py", "sampling"],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        said = float(re.search(r"about \$([0-9.]+)", done.stderr)[1])  # type: ignore[index]
         billed = sum(emu.rl_usage(rid)["cost"] for rid in resources(emu))
-        assert "the time the service had them READY" in err
-        assert said == pytest.approx(billed, rel=0.02, abs=0.0005), err
+        assert said == pytest.approx(billed, rel=0.02, abs=0.0002), done.stderr
+        assert "the time the service had them READY" in done.stderr
 
 
 @pytest.mark.slow
@@ -368,3 +397,26 @@ def test_killed_before_the_creates_answer_it_is_recorded_and_found(
         assert resources(emu)[rid] == "STOPPED"
     finally:
         proxy.close()
+
+
+def test_stdout_closed_while_provisioning(
+    slow_provisioning: EmulatorHandle, tmp_path: Path
+) -> None:
+    """``python train.py | head -1``: stdout closes while the resource provisions; the script
+    fails on its next line out (BrokenPipeError) and its resource is stopped, not orphaned."""
+    emu = slow_provisioning
+    env = env_of(emu)
+    before = set(resources(emu))
+    proc = start_script(tmp_path / "project", env, "training")
+    try:
+        wait_for(proc, "waiting for READY")
+        assert proc.stdout is not None
+        proc.stdout.close()  # as head does after its line
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    made = set(resources(emu)) - before
+    assert made
+    assert not {rid for rid in made if resources(emu)[rid] in ACTIVE}
+    assert not [e for e in entries(emu) if e["resource_id"] in made]
