@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: This many characters of a secret's random part anywhere in a text are masked.
 PIECE_CHARS = 8
@@ -243,6 +245,34 @@ def register_env_secrets() -> None:
     """Register the values of `SECRET_ENV` set in this process's environment."""
     for name in SECRET_ENV:
         register_secret(os.environ.get(name))
+
+
+#: Set by every engine on a node: the names of the run's declared ``secrets`` (comma-separated),
+#: whose values the node masks in what it writes (`register_node_secrets`). Names only, no value.
+MASK_VARS_ENV = "TGNB_MASK_VARS"
+
+
+def register_node_secrets(environ: Mapping[str, str] | None = None) -> None:
+    """Register, on a node, the values of the run's declared secrets (`MASK_VARS_ENV`), of
+    `SECRET_ENV` and of every variable whose name looks like a secret's (`looks_secret`:
+    ``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY``), so that what the node writes (events, metrics,
+    tracebacks) is masked where it is written (`tgnb.train.record.Recorder`)."""
+    env = os.environ if environ is None else environ
+    declared = {n.strip() for n in env.get(MASK_VARS_ENV, "").split(",") if n.strip()}
+    for name, value in env.items():
+        if name != MASK_VARS_ENV and (name in declared or name in SECRET_ENV or looks_secret(name)):
+            register_secret(value)
+
+
+def scrub_record(value: Any) -> Any:
+    """`value` (a record: mappings, lists and strings) with every string `scrub`bed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {k: scrub_record(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_record(v) for v in value]
+    return value
 
 
 class Secret:

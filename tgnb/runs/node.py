@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from tgnb.config import MASK_VARS_ENV
+
 
 class Exit(enum.IntEnum):
     """The exit codes of a node's training process, the same on every engine."""
@@ -111,7 +113,7 @@ METERED_ENV = "TGNB_METERED"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(
     {RUN_DIR_ENV, RUN_ENV, CHECKPOINT_ENV, RESTART_ENV, NODE_ENV, NOTICE_ENV, BUDGET_ENV}
-    | {GPUS_ENV, METERED_ENV}
+    | {GPUS_ENV, METERED_ENV, MASK_VARS_ENV}
     | {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     | {"SLURM_RESTART_COUNT", "SLURM_JOB_ID", "PYTHONUNBUFFERED"}
 )

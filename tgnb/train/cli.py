@@ -101,6 +101,14 @@ def _train_or_done(cfg: TrainConfig) -> int:
         return 0
 
 
+def _say(text: str) -> None:
+    """`text` on stderr (the node's log) with the node's secrets masked (`tgnb.config.scrub`)."""
+    from tgnb.config import register_node_secrets, scrub
+
+    register_node_secrets()
+    print(scrub(text), file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from tgnb.tasks import config
@@ -122,15 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tgnb train: {exc}", flush=True)
         return 0
     except TrainConfigError as exc:
-        print(f"tgnb train: {exc}", file=sys.stderr)
+        _say(f"tgnb train: {exc}")
         return EXIT_BAD_CONFIG
     except TgnbError as exc:
-        print(f"tgnb train: {exc}", file=sys.stderr)
+        _say(f"tgnb train: {exc}")
         return EXIT_FAILED
     except Exception:  # a real failure: keep the traceback for the log
         import traceback
 
-        traceback.print_exc()
+        _say(traceback.format_exc().rstrip("\n"))
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("tgnb train: interrupted", file=sys.stderr)

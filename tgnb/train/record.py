@@ -1,6 +1,8 @@
 """What a run leaves: ``events.jsonl`` and ``metrics.jsonl`` in its run directory, and the same
 records on stdout as JSON lines prefixed with `tgnb.events.STDOUT_PREFIX` so a backend can follow a
-run through its logs. Only rank 0 writes. Light (no torch, no transformers): a plain loop
+run through its logs. Only rank 0 writes. Secrets are masked here, where the records are written
+(`tgnb.config.scrub`, the node's secrets registered by `tgnb.config.register_node_secrets`): an
+error line holding a token is stored as ``***``, on shared storage too. Light (no torch, no transformers): a plain loop
 (`tgnb.train.Checkpointer`) records through it without importing transformers.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from tgnb.config import register_node_secrets, scrub_record
 from tgnb.events import RUN_EXITED, RUN_STARTED, STDOUT_PREFIX, Event, utcnow
 
 #: The columns of every ``metrics.jsonl`` row that tgnb writes itself (the step, the time).
@@ -52,11 +55,13 @@ class Recorder:
         #: Called with (file name, record) after each record is written (`tgnb.train.tracker`).
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         if self.enabled:
+            register_node_secrets()  # the run's declared secrets and the look-alikes, masked
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        record = scrub_record(record)
         line = json.dumps(record, sort_keys=True)  # the stdout line: the same, kind first
         out = f'{STDOUT_PREFIX}{{"kind": "{name[:-6]}", {line[1:]}\n' if record else ""
         with self._lock:

@@ -34,7 +34,7 @@ from kubernetes import client
 from tgnb.backends.base import RunSpec
 from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import PlacerObjects, build_placer, standard_affinity
-from tgnb.config import scrub
+from tgnb.config import MASK_VARS_ENV, scrub
 from tgnb.errors import ValidationError
 from tgnb.runs import budget, node, placing, workdir
 from tgnb.runs.recovery import FINAL_CODES
@@ -156,6 +156,8 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
     if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
         env.append(client.V1EnvVar(name=node.BUDGET_ENV, value=literal(held.to_json())))
     env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]
+    if spec.secrets:  # their names, for the node to mask their values in what it writes
+        env.append(client.V1EnvVar(name=MASK_VARS_ENV, value=",".join(sorted(spec.secrets))))
     for name, ref in sorted(spec.secrets.items()):
         selector = client.V1SecretKeySelector(name=ref.name, key=ref.key or name)
         env.append(

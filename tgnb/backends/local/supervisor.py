@@ -71,6 +71,7 @@ from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
 from tgnb.backends.local.placement import Placement, placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.cloud import ClusterState, rates
+from tgnb.config import MASK_VARS_ENV, SECRET_ENV, looks_secret
 from tgnb.events import (
     BUDGET_NOTICE,
     JOB_KILLED,
@@ -199,12 +200,19 @@ class Supervisor:
     # -- one attempt ---------------------------------------------------------------------------
 
     def _env(self, where: NodeInfo, restart: int) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "TOGETHER_API_KEY"}
+        """The node's environment: this process's, less every secret the run did not declare
+        (`tgnb.config.SECRET_ENV` and the names that look like one: the kernel's HF, W&B and AWS
+        keys), as Slurm and Kubernetes pass only the declared ones; the run's ``env``; its
+        ``secrets``, and their names for the node to mask (`tgnb.config.MASK_VARS_ENV`)."""
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV and not looks_secret(k)}
         env.update({k: str(v) for k, v in self.record.spec.env.items()})
         for var, ref in self.record.spec.secrets.items():
             value = os.environ.get(ref.env or var)
             if value is not None:
                 env[var] = value
+        env.pop(MASK_VARS_ENV, None)
+        if self.record.spec.secrets:
+            env[MASK_VARS_ENV] = ",".join(sorted(self.record.spec.secrets))
         env.update(
             {
                 node.NODE_ENV: where.name,

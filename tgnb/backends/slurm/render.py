@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from tgnb import events as ev
 from tgnb.backends.base import RunSpec
+from tgnb.config import MASK_VARS_ENV
 from tgnb.errors import ValidationError
 from tgnb.runs import budget, node, placing
 from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
@@ -177,6 +178,8 @@ def _environment(spec: RunSpec) -> list[str]:
     for name in sorted(spec.env):
         _check_name("environment variable", name)
         lines.append(f"export {name}={shlex.quote(str(spec.env[name]))}")
+    if spec.secrets:  # their names, for the node to mask their values in what it writes
+        lines.append(f"export {MASK_VARS_ENV}={','.join(sorted(spec.secrets))}")
     for name in sorted(spec.secrets):
         _check_name("secret", name)
         source = spec.secrets[name].env or name
