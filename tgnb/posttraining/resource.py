@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 class PostTraining:
     """The Post-Training API of one endpoint: ``tgnb.post_training()``. `seen_ready`: when this
-    client saw each resource become READY (the real API does not report it)."""
+    client's `start` saw each resource READY (the real API does not report it; the registry keeps
+    the service's own time of it, `tgnb.ptregistry`)."""
 
     def __init__(self, conn: Endpoint) -> None:
         self.conn = conn
@@ -396,8 +397,7 @@ class Resource:
         ready = as_time(usage.get("ready_at"))
         estimated = ready is None
         if ready is None:  # the service's READY time, as its creator read it; else created_at
-            entry = ptregistry.Registry(self.conn.home).find(self.id)
-            ready = as_time(entry.ready_at if entry else None) or info.created_at
+            ready = self._ready_seen() or info.created_at
         stopped = as_time(usage.get("stopped_at"))
         if stopped is None and not info.active:
             stopped = info.updated_at
@@ -430,7 +430,13 @@ class Resource:
         """The resource's and its sessions' lifecycle events (created, queued, ready, session
         started/stopped/expired/error, checkpoints), for ``tgnb.timeline``."""
         info = self.info()
-        return all_events(info, self.sessions(), self.usage(), self.seen_ready.get(self.id))
+        return all_events(info, self.sessions(), self.usage(), self._ready_seen())
+
+    def _ready_seen(self) -> datetime | None:
+        """The service's READY time as the process that created it read it (the registry), else
+        when this process's `start` returned; None if neither knows."""
+        entry = ptregistry.Registry(self.conn.home).find(self.id)
+        return as_time(entry.ready_at if entry else None) or self.seen_ready.get(self.id)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stop(self, force: bool = False) -> ResourceInfo:

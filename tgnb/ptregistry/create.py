@@ -69,7 +69,8 @@ def default_inactive_timeout() -> int:
     return value
 
 
-def _time(value: Any) -> datetime | None:
+def as_time(value: Any) -> datetime | None:
+    """A timestamp of the service's records (ISO text or a datetime); None if unreadable."""
     if value is None or value == "":
         return None
     try:
@@ -86,7 +87,7 @@ def match(records: list[Any], entry: Entry, claimed: set[str]) -> Any | None:
     since = parse_time(entry.sent_at) - CLOCK_SKEW
     found = []
     for r in records:
-        created = _time(getattr(r, "created_at", None))
+        created = as_time(getattr(r, "created_at", None))
         compute = getattr(r, "compute_config", None)
         generators = int(getattr(compute, "num_generator_replicas", 0) or 0)
         timeout = getattr(r, "inactive_timeout", None)
@@ -180,7 +181,7 @@ def create(
     say(f"{tag} created (inactive_timeout {timeout} s), waiting for READY status...")
     try:
         ready = _wait_ready(conn, entry.resource_id, ready_timeout, interval)
-        entry.ready_at = format_time(_time(ready.updated_at) or parse_time(entry.sent_at))
+        entry.ready_at = format_time(as_time(ready.updated_at) or parse_time(entry.sent_at))
         registry.save(entry)
         client = ModelResourcesClient.attach(model_resources_id=entry.resource_id, **conn.native())
     except BaseException as exc:
@@ -232,6 +233,7 @@ def _wait_ready(conn: Endpoint, resource_id: str, timeout: float | None, interva
 __all__ = [
     "DEFAULT_INACTIVE_TIMEOUT",
     "TIMEOUT_ENV",
+    "as_time",
     "create",
     "default_inactive_timeout",
     "listed",

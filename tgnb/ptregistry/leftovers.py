@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tgnb.events import format_time, parse_time, utcnow
 from tgnb.prices import money
-from tgnb.ptregistry.create import ENDED, READY, _time, listed, match
+from tgnb.ptregistry.create import ENDED, READY, as_time, listed, match
 from tgnb.ptregistry.store import Entry, Registry, root_of
 
 if TYPE_CHECKING:
@@ -90,21 +90,21 @@ def billed(
                 float(usage["cost"]),
                 str(usage.get("currency") or "USD"),
                 hourly,
-                _time(usage.get("ready_at")),
+                as_time(usage.get("ready_at")),
                 "the emulator's bill",
             )
     price = _price(conn, record, {} if cache is None else cache)
     status = str(record.status)
-    since = _time(ready_at)
+    since = as_time(ready_at)
     source = "the service's READY time"
     if since is None:
-        since, source = _time(getattr(record, "created_at", None)), "its created_at (upper bound)"
+        since, source = as_time(getattr(record, "created_at", None)), "its created_at (upper bound)"
     if status != READY and status not in ENDED:
         since = None  # queued or provisioning: not billing yet
     if price is None:
         return Billed(None, "USD", None, since, source)
     hourly, currency = float(price.price_per_hour), str(price.currency)
-    end = _time(getattr(record, "updated_at", None)) if status in ENDED else utcnow()
+    end = as_time(getattr(record, "updated_at", None)) if status in ENDED else utcnow()
     hours = 0.0 if since is None or end is None else max((end - since).total_seconds(), 0) / 3600
     return Billed(hourly * hours, currency, hourly, since, source)
 
