@@ -102,7 +102,11 @@ def test_tiny_grpo_run_completes(slurm: str, tmp_path: Path, cleanup_jobs: list[
     assert final.exit_code == 0 and final.restart_count == 0
     run_dir = Path(backend.run_dir(job))
     assert metric_steps(run_dir) == list(range(1, 7))
-    events = backend.events(job)
+    every = backend.events(job)
+    # the node's own meter brackets the program's records (tgnb.runs.meter)
+    assert [e.reason for e in every if e.source == "tgnb"] == ["JobPlaced", "JobReleased"]
+    assert every[0].reason == "JobPlaced" and every[-1].data["cause"] == "done", every
+    events = [e for e in every if e.source == "run"]
     assert events[0].reason == "RunStarted" and events[0].node == slurm
     assert events[-1].reason == "RunExited" and events[-1].data["exit_code"] == 0
     assert (run_dir / "checkpoints" / "checkpoint-6").is_dir()
@@ -156,7 +160,8 @@ def test_preempted_by_high_partition_requeues_and_resumes(
     # The SIGTERM checkpoint is the one resumed from: no step done before the signal is lost.
     assert resumed.data["step"] == signal_ev.data["step"] >= 6, (signal_ev, resumed)
     assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
-    assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
+    ran = [e for e in events if e.source == "run"]
+    assert ran[-1].reason == "RunExited" and ran[-1].data["step"] == max_steps
 
 
 def test_drain_notice_checkpoints_requeues_and_resumes(
@@ -207,7 +212,8 @@ def test_drain_notice_checkpoints_requeues_and_resumes(
     assert saved and saved[0].time <= requeued.time, (saved, requeued)
     assert resumed.data["step"] == saved[0].data["step"] == drain.data["step"]
     assert_steps_continue(run_dir, int(resumed.data["step"]), max_steps)
-    assert events[-1].reason == "RunExited" and events[-1].data["step"] == max_steps
+    ran = [e for e in events if e.source == "run"]
+    assert ran[-1].reason == "RunExited" and ran[-1].data["step"] == max_steps
 
 
 def test_drained_with_no_preemptible_capacity_resumes_on_a_standard_node(

@@ -12,7 +12,6 @@ from tgnb.notebook.commands.grammar import Parser
 from tgnb.notebook.tables import scope_words
 
 if TYPE_CHECKING:
-    from tgnb.events import Event
     from tgnb.notebook.cost import CostReport
     from tgnb.notebook.magics import Tg
 
@@ -27,14 +26,12 @@ def arguments(p: Parser) -> None:
 
 
 def run(tg: Tg, args: Any, cell: str | None) -> CostReport:
-    from tgnb.notebook.cost import session_cost
+    from tgnb.notebook.cost import CostReport
 
     _say_leftovers(tg)  # first: they bill whether or not a cluster is attached
-    by_name: dict[str, tuple[list[Event], int]] = {}
-    for r in tg.notebook_runs(args.all):
-        res = r.record.spec.resources
-        by_name[r.name] = (r.run_events(), int(res.gpus_per_node) * int(res.nodes))
-    report = session_cost(by_name, tg.prices())
+    # each run's own figures (`Run.cost`: the engine's meter, up to the run's end), as its
+    # summary, panel and the sidebar give them
+    report = CostReport([r.cost() for r in tg.notebook_runs(args.all)], tg.prices())
     report.scope = scope_words(args.all, tg.others(args.all))
     return report
 
