@@ -103,3 +103,26 @@ def test_magics_name_and_stop_leftovers(
         assert client.post_training.model_resources.retrieve(rid).status.endswith("STOPPED")
     ip.run_line_magic("tg", "pt stop --leftovers")
     assert "no leftover model resources" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    """``tgnb pt stop`` without what to stop, and an inactivity timeout out of the API's range,
+    are refused with one line that names the fix (nothing sent: no endpoint answers here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOGETHER_", "TGNB_"))}
+    env.update(TGNB_HOME=str(tmp_path), TOGETHER_BASE_URL="http://127.0.0.1:9")
+    stop = subprocess.run(
+        [sys.executable, "-m", "tgnb.cli", "pt", "stop"], env=env, capture_output=True, text=True
+    )
+    assert stop.returncode == 2
+    assert stop.stderr.strip().splitlines() == [
+        "tgnb pt stop: say what to stop: --leftovers (every resource left running by a process "
+        "that is gone; 'tgnb pt leftovers' lists them first)"
+    ]
+    env.update(TOGETHER_API_KEY="k", TGNB_PT_INACTIVE_TIMEOUT="10")
+    script = "import tgnb.tinker as tinker\ntinker.ServiceClient()\n"
+    bad = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "tgnb.errors.ConfigError: TGNB_PT_INACTIVE_TIMEOUT='10': give whole seconds from 300 to "
+        "86400, e.g. TGNB_PT_INACTIVE_TIMEOUT=900 (or unset it for the default, 900)"
+    )
