@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tgnb.config import scrub
 from tgnb.errors import BackendError, TgnbError
@@ -435,9 +435,20 @@ class Run:
                     evs.append(ev)
         return dedupe(evs)
 
-    def logs(self, raw: bool = False) -> list[str]:
+    @overload
+    def logs(self, raw: bool = False, follow: Literal[False] = False) -> list[str]: ...
+    @overload
+    def logs(self, raw: bool = False, *, follow: Literal[True]) -> None: ...
+    def logs(self, raw: bool = False, follow: bool = False) -> list[str] | None:
         """The program's output so far; tgnb's ``@tgnb`` protocol lines (metrics and events,
-        read by `records`) are left out unless `raw`."""
+        read by `records`) are left out unless `raw`. With `follow`, print it as it is written
+        across the run's attempts, each after a header line (node, start, how the one before
+        ended), until the run has ended (`tgnb.runs.livelog`); Ctrl-C stops following only."""
+        if follow:
+            from tgnb.runs import livelog
+
+            livelog.show(self, raw=raw)
+            return None
         path = self._file(TRAIN_LOG)
         lines: list[str] = []
         if path is not None and path.exists():

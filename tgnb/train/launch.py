@@ -79,10 +79,12 @@ def after_signal(run_dir: str | None, code: int, since: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tgnb.train.attempt import mark
     from tgnb.train.budget import held
 
     words = list(sys.argv[1:] if argv is None else argv)
     run_dir = run_dir_of(words)
+    mark()  # the attempt's first line in the log; torchrun's workers print none
     return held(run_dir, lambda: torchrun(words, run_dir))
 
 

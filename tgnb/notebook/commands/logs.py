@@ -1,29 +1,39 @@
-"""``%tg logs RUN [-f]``: `Run.logs()`, or `Run.follow()` until the run ends or an interrupt."""
+"""``%tg logs RUN [-f] [--raw]``: `Run.logs()`, or with ``-f`` `Run.logs(follow=True)`: the run's
+output across its attempts, each after a header line, until the run ends or an interrupt."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
 
 from tgnb.notebook.commands.grammar import Parser, name_arg
 
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Print a run's log."
+HELP = "Print a run's log (-f: follow it across attempts until the run ends)."
+USAGE = "%(prog)s RUN [-f] [--raw]"
 
 
 def arguments(p: Parser) -> None:
-    p.add_argument("run", type=name_arg, help="run name or id")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    p.add_argument("run", nargs="?", type=name_arg, help="run name or id")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing until the run ends, each attempt after a header (Ctrl-C: stop)",
+    )
+    p.add_argument("--raw", action="store_true", help="tgnb's @tgnb record lines too")
 
 
 def run(tg: Tg, args: Any, cell: str | None) -> None:
+    if args.run is None:
+        raise UsageError(
+            "name the run: %tg logs RUN (-f to follow it until it ends); %tg runs lists them"
+        )
     target = tg.find_run(args.run)
-    if not args.follow:
-        print("\n".join(target.logs()))
+    if args.follow:
+        target.logs(raw=args.raw, follow=True)
         return
-    try:
-        for line in target.follow(poll=min(tg.poll_interval, 0.5)):
-            print(line, flush=True)
-    except KeyboardInterrupt:
-        print("(stopped following; the run goes on)")
+    print("\n".join(target.logs(raw=args.raw)))

@@ -1,0 +1,120 @@
+"""A run's output followed live across its attempts: ``run.logs(follow=True)`` and ``%tg logs RUN
+-f``.
+
+Each attempt's output begins with the marker its node's top tgnb process prints (an ``@tgnb``
+record of kind `ATTEMPT`: `tgnb.train.attempt`); where one is read, a header line says which
+attempt starts, on which node(s), when, and how the one before it ended, from the engine's own
+records of each attempt (``JobPlaced`` / ``JobReleased`` and its ``cause``: `tgnb.runs.meter`),
+the marker's own node and time standing in until the engine's record is read. The program's lines
+follow as written, each once; a last line says how the run ended. Ctrl-C (KeyboardInterrupt)
+stops following and leaves the run alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any, Protocol, TextIO
+
+from tgnb.events import Event, parse_record, parse_time, program_text
+from tgnb.runs import meter
+
+#: The ``kind`` of the ``@tgnb`` record that starts each attempt's output (`tgnb.train.attempt`).
+ATTEMPT = "attempt"
+#: Set by a node's top tgnb process once it printed its attempt's marker: the processes it
+#: starts print none.
+MARKED_ENV = "TGNB_ATTEMPT_MARKED"
+#: What a header line starts with (``── attempt 2 on node-3, started 12:00:05Z; ...``).
+HEADER = "── attempt "
+#: How long a header waits for the engine's record of its attempt (the marker may be read first).
+PLACED_WAIT_S = 2.0
+#: How an attempt ended (`tgnb.runs.meter.CAUSES`), in words.
+ENDED = {
+    meter.DONE: "done",
+    meter.FAILED: "failed",
+    meter.PREEMPTED: "preempted",
+    meter.SIGNALLED: "stopped by a signal",
+    meter.BUDGET: "stopped at the budget",
+    meter.CANCELLED: "cancelled",
+    meter.MOVED: "moved back to preemptible nodes",
+    meter.LOST: "its node was lost",
+}
+
+
+class Followed(Protocol):
+    """What is read of a `tgnb.runs.run.Run` here (it imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    def follow(self, records: bool = ..., poll: float = ..., raw: bool = ...) -> Iterator[Any]: ...
+    def run_events(self) -> list[Event]: ...
+    def refresh(self) -> Any: ...
+    def closing_line(self) -> str: ...
+
+
+def _utc(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%H:%M:%SZ")
+
+
+def header(run: Followed, marker: dict[str, Any], live: bool = True) -> str:
+    """The header line of the attempt `marker` starts (its ``restart_count``: attempt n + 1)."""
+    count = marker.get("restart_count")
+    count = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    deadline = time.monotonic() + (PLACED_WAIT_S if live else 0.0)
+    while True:
+        stretches = meter.stretches(run.run_events())
+        mine = [s for s in stretches if s.attempt == count]
+        if mine or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    nodes = sorted({s.node for s in mine}) or [str(marker.get("node") or "?")]
+    if mine:
+        started = _utc(datetime.fromtimestamp(min(s.start for s in mine), timezone.utc))
+    else:
+        try:
+            started = _utc(parse_time(str(marker.get("time"))))
+        except ValueError:
+            started = "?"
+    line = f"{HEADER}{count + 1} on {', '.join(nodes)}, started {started}"
+    before = [s for s in stretches if s.attempt < count]
+    if count > 0:
+        last = max((s.attempt for s in before), default=None)
+        causes = sorted({s.cause for s in before if s.attempt == last})
+        ended = ", ".join(ENDED.get(c, c) for c in causes) or "ended"
+        line += f"; attempt {count}: {ended}"
+    return f"{line} ──"
+
+
+def lines(run: Followed, poll: float = 0.2, raw: bool = False) -> Iterator[str]:
+    """The run's output from its start, as it is written, until the run has ended: a header line
+    before each attempt's output (`header`), the program's lines (tgnb's ``@tgnb`` records left
+    out unless `raw`), and a last line with the run's end (`Run.closing_line`)."""
+    seen: set[int] = set()
+    for line in run.follow(raw=True, poll=poll):
+        record = parse_record(line)
+        if record is not None and record.get("kind") == ATTEMPT:
+            count = record.get("restart_count")
+            if isinstance(count, int) and count not in seen:
+                seen.add(count)
+                yield header(run, record, live=not run.refresh().state.finished)
+        if raw:
+            yield line
+        elif (text := program_text(line)) is not None:
+            yield text
+    yield f"── {run.closing_line()} ──"
+
+
+def show(run: Followed, poll: float = 0.2, raw: bool = False, out: TextIO | None = None) -> None:
+    """Print `lines` as they come (to `out`, default stdout) until the run has ended; Ctrl-C
+    stops following and leaves the run alone."""
+    out = out or sys.stdout
+    try:
+        for line in lines(run, poll, raw):
+            print(line, file=out, flush=True)
+    except KeyboardInterrupt:
+        print(f"(stopped following {run.name}; the run goes on)", file=out, flush=True)
+
+
+__all__ = ["ATTEMPT", "ENDED", "HEADER", "MARKED_ENV", "header", "lines", "show"]
