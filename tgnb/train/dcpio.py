@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -398,6 +399,20 @@ class _CachedStager(AsyncStager):
         self._copy = None
 
 
+@contextlib.contextmanager
+def dcp_errors() -> Iterator[None]:
+    """DCP's `CheckpointException` (a `BaseException`, which ``except Exception`` lets through: a
+    full disk in a synchronous save was a bare traceback and exit 1) as a `CheckpointError` with
+    the first rank's error line, the DCP exception its cause (`tgnb.train.saving.no_space` reads
+    a full disk through it)."""
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = list(exc.failures.items())
+        line = f"rank {failures[0][0]}: {failures[0][1][0]!r}" if failures else str(exc)
+        raise CheckpointError(f"DCP could not write the checkpoint ({line[:300]})") from exc
+
+
 class Writer:
     """Writes DCP states, synchronously or with ``dcp.async_save`` (at most one in flight).
 
@@ -443,7 +458,7 @@ class Writer:
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
         self._join()
-        with _quiet():
+        with _quiet(), dcp_errors():
             dcp.save(state, storage_writer=self._storage(path), process_group=self.group)
 
     def close(self) -> None:
@@ -462,7 +477,7 @@ class Writer:
         """Stage `state` to CPU memory now (the stall), write it in a background thread."""
         assert self.inflight is None or self.inflight.done(), "one asynchronous save at a time"
         self._join()
-        with _quiet():
+        with _quiet(), dcp_errors():
             fut = dcp.async_save(
                 state,
                 storage_writer=self._storage(path),

@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tgnb.train import checkpoint as ck
 from tgnb.train.saving import EXIT_NO_SPACE
+
+from .conftest import read_jsonl
 
 
 @pytest.mark.timeout(600)
@@ -33,3 +36,38 @@ def test_a_run_on_a_full_disk_exits_74_and_keeps_its_last_checkpoint(
     again = launcher.start(roomy, f"max_steps={latest.step + 2}", *common)
     assert again.wait(300) == 0, again.tail()
     assert [e["data"]["step"] for e in again.events("RunResumed")] == [latest.step]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("save", ["final", "preemption"])
+def test_a_full_disk_in_a_synchronous_save_is_disk_full_and_exit_74(
+    launcher: Any, small_disk: Path, tmp_path: Path, save: str
+) -> None:
+    """A synchronous save (the final one; a preemption's, on SIGTERM) on a full disk: DCP's
+    `CheckpointException` is a `BaseException`, which was a bare traceback and exit 1. Now "disk
+    full" and 74, the checkpoint resumed from kept."""
+    common = (
+        "algorithm=dpo",
+        "model=tiny",
+        "checkpoint.watch_drain=false",
+        "checkpoint.auto=false",
+    )
+    roomy = tmp_path / "roomy"
+    first = launcher.start(roomy, "max_steps=2", *common)
+    assert first.wait(300) == 0, first.tail()
+    run_dir = small_disk / "run"
+    shutil.copytree(roomy, run_dir)  # 1.7 MB of the 2 MB
+    room = shutil.disk_usage(small_disk).free
+    (small_disk / "filler").write_bytes(b"\0" * max(0, room - 256 * 1024))  # a save needs 1.2 MB
+    again = launcher.start(run_dir, f"max_steps={4 if save == 'final' else 10_000}", *common)
+    if save == "preemption":
+        wait_until(lambda: any(r["step"] > 2 for r in read_jsonl(run_dir / "metrics.jsonl")), 120)
+        again.signal()
+    code = again.wait(300)
+    log = again.tail(20_000)
+    assert code == EXIT_NO_SPACE, log
+    assert "disk full" in log and "Traceback" not in log, log
+    latest = ck.latest_complete(run_dir / "checkpoints")
+    assert latest is not None and latest.step == 2, log
+    assert [e["data"]["step"] for e in again.events("RunResumed")] == [2]
