@@ -286,6 +286,12 @@ def _check_shipped(train: TrainConfig, snapshot: wd.Snapshot) -> None:
     """The script is in the snapshot, not only in the folder (an ignore pattern took it out)."""
     script = train.script
     shipped = not isinstance(script, str) or script in snapshot.files
+    if not shipped and (Path(str(script)).is_absolute() or ".." in Path(str(script)).parts):
+        raise ValidationError(
+            f"script {script!r} is outside the workdir {str(snapshot.folder)!r}, which is what "
+            "the node gets: move it into the workdir, or make its folder the workdir "
+            "(workdir=..., --workdir)"
+        )
     if not shipped and (snapshot.folder / str(script)).is_file():
         raise ValidationError(
             f"script {script!r} is in {str(snapshot.folder)!r} but left out of the snapshot "

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.session.test_user_code import _workdir as user_workdir
+from tgnb.backends.base import RunSpec
 from tgnb.certify import Certificate, report
 from tgnb.certify.chaos import Fired
 from tgnb.certify.cli import main
+from tgnb.certify.core import run_stem
 from tgnb.certify.state import StateMatch
 from tgnb.errors import ValidationError
 from tgnb.events import CHECKPOINT_INTERVAL, Event
@@ -81,6 +83,20 @@ def test_a_broken_checkpointer_loop_is_refused_with_its_defect_named(
     bad = certify(session, "loop.py", *LOOP, "--defect", defect)
     assert not bad.safe and bad.exit_code == 1, (defect, str(bad))
     assert bad.findings and bad.findings[0].defect.startswith(named), (defect, str(bad))
+    if defect == "rng":
+        assert "DataLoader" not in str(bad), str(bad)
+
+
+@pytest.mark.slow
+def test_a_dataloader_with_no_generator_is_named_as_the_cause(session: Session) -> None:
+    """A DataLoader whose shuffle seed is drawn from the global RNG (no ``generator=``): the
+    loop draws from the global RNG already, so the fix is the DataLoader's generator, not that."""
+    bad = certify(session, "loader.py", *LOOP)
+    assert not bad.safe and bad.exit_code == 1, str(bad)
+    (found,) = bad.findings
+    assert found.defect.startswith("RNG not restored: the DataLoader has no generator="), str(bad)
+    assert "generator=torch.Generator().manual_seed(seed)" in found.fix, str(bad)
+    assert "global RNG (tgnb restores it)" not in str(bad), str(bad)
 
 
 @pytest.mark.slow
@@ -160,7 +176,7 @@ def test_a_command_is_certified_from_the_cli(capsys: pytest.CaptureFixture[str])
 
 
 def test_certify_refuses_bad_input(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ValidationError, match="budget_s must be above 0"):
+    with pytest.raises(ValidationError, match="budget_s must be a number of seconds above 0"):
         session.certify("loop.py", workdir=WORKDIR, budget_s=0)
     with pytest.raises(ValidationError, match="is not in the workdir"):
         session.certify("nosuch.py", workdir=WORKDIR)
@@ -170,8 +186,32 @@ def test_certify_refuses_bad_input(session: Session, capsys: pytest.CaptureFixtu
         session.certify("loop.py", workdir=WORKDIR, nodes=2, min_nodes=3)
     with pytest.raises(ValidationError, match="save_every must be a whole number of steps"):
         session.certify("loop.py", workdir=WORKDIR, save_every=0)
+    with pytest.raises(ValidationError, match="budget_s must be a number of seconds above 0"):
+        session.certify("loop.py", workdir=WORKDIR, budget_s=float("nan"))  # it never ran out
+    with pytest.raises(ValidationError, match=r"is outside the workdir .*: move it into the"):
+        session.certify("../conftest.py", workdir=WORKDIR)  # it exists, outside
     assert session.runs() == []  # nothing launched
     assert main([]) == 2 and "give a script or --command" in capsys.readouterr().err
+    for argv, said in [
+        (["--command", "python 'ok.py"], "cannot be split as a shell would: No closing quotation"),
+        (["--budget-s", "nan", "loop.py"], "--budget-s must be a number of seconds above 0"),
+        (["--budget-s", "-5", "loop.py"], "--budget-s must be a number of seconds above 0"),
+    ]:
+        assert main(argv) == 2, argv  # the usage exit, before any emulator is started
+        err = capsys.readouterr().err
+        assert err.startswith("tgnb certify: ") and said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("script", "stem"),
+    [("train.v2.py", "train-v2"), ("my train.py", "my-train"), ("Über_Lauf!.py", "ber-lauf")],
+)
+def test_certify_names_its_runs_validly_whatever_the_script_is_called(
+    script: str, stem: str
+) -> None:
+    assert run_stem(script, None) == stem
+    for name in (f"certify-{stem}-ref-0a1b2c", f"certify-{stem}-chaos-0a1b2c"):
+        assert RunSpec(name=name, train={"algorithm": "grpo"}).name == name  # valid: built
 
 
 def test_the_certificate_states_the_interval_a_launch_risks_and_refuses_a_kill_past_it() -> None:

@@ -5,6 +5,7 @@ certificate, and exit 0 when it is safe, 1 when it is not (so it gates CI), 2 on
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import tempfile
@@ -43,11 +44,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _bad_input(ns: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line naming the fix; None when nothing."""
+    if bool(ns.script) == bool(ns.command):
+        return "give a script or --command, not both or neither"
+    if not (math.isfinite(ns.budget_s) and ns.budget_s > 0):
+        return f"--budget-s must be a number of seconds above 0, not {ns.budget_s}: e.g. 600"
+    if ns.command:
+        try:
+            words = shlex.split(ns.command)
+        except ValueError as exc:  # "No closing quotation", "No escaped character"
+            return (
+                f"--command {ns.command!r:.80} cannot be split as a shell would: {exc} "
+                "(close the quote, e.g. --command \"python 'ok.py'\")"
+            )
+        if not words:
+            return "--command is empty: give the command, e.g. --command 'accelerate launch t.py'"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(argv)
-    if bool(ns.script) == bool(ns.command):
-        print("tgnb certify: give a script or --command, not both or neither", file=sys.stderr)
+    bad = _bad_input(ns)
+    if bad:  # before an emulator is started: bad input is the usage exit, one line
+        print(f"tgnb certify: {bad}", file=sys.stderr)
         return 2
+    command = shlex.split(ns.command) if ns.command else None
     from tgnb.certify import certify
     from tgnb.session import attach, shutdown_local
 
@@ -59,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 session,
                 ns.script,
                 args=ns.args or None,
-                command=shlex.split(ns.command) if ns.command else None,
+                command=command,
                 workdir=Path(ns.workdir),
                 seed=ns.seed,
                 budget_s=ns.budget_s,

@@ -15,8 +15,11 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import ast
+import math
 import os
 import random
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -66,17 +69,47 @@ def _raise_target(session: Any, nodes: int) -> int | None:
     return before
 
 
-def _shape(what: Any, command: Sequence[str] | None, workdir: Path) -> str:
-    """The program's kind, from its source, for naming the fix: lightning, trainer or loop."""
+def run_stem(what: Any, command: Sequence[str] | None) -> str:
+    """The program's name as a piece of a valid run name (``train.v2.py``, ``my train.py`` ->
+    ``train-v2``, ``my-train``): lowercase letters and digits, one '-' between."""
+    name = Path(str(what or (command or ["command"])[0])).stem.lower()
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-")[:20].strip("-") or "program"
+
+
+def _source(what: Any, command: Sequence[str] | None, workdir: Path) -> str:
     script = workdir / str(what) if what and not command else None
-    text = (
-        script.read_text(encoding="utf-8", errors="replace") if script and script.is_file() else ""
-    )
+    if script is None or not script.is_file():
+        return ""
+    return script.read_text(encoding="utf-8", errors="replace")
+
+
+def unseeded_loader(text: str) -> bool:
+    """Whether the program's source makes a ``DataLoader(...)`` with no ``generator=`` (read, not
+    run: `ast`)."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call):
+            f = call.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            if name == "DataLoader" and not any(k.arg == "generator" for k in call.keywords):
+                return True
+    return False
+
+
+def _shape(what: Any, command: Sequence[str] | None, workdir: Path) -> str:
+    """The program's kind, from its source, for naming the fix: lightning, trainer or loop (a
+    loop with a ``DataLoader`` and no ``generator=``: ``loader``)."""
+    text = _source(what, command, workdir)
     if "lightning" in text:
         return "lightning"
     if "Trainer" in text and ("transformers" in text or "trl" in text):
         return "trainer"
-    return "loop"
+    return "loader" if unseeded_loader(text) else "loop"
 
 
 HOOK_FIX = {
@@ -85,6 +118,7 @@ HOOK_FIX = {
     "loop": "drive the loop with tgnb.train.Checkpointer(model, optimizer, scheduler, "
     "max_steps=...) and `for step in ckpt.steps():`",
 }
+HOOK_FIX["loader"] = HOOK_FIX["loop"]
 
 
 def _first_difference(ref: list[dict[str, Any]], got: list[dict[str, Any]], key: str) -> int | None:
@@ -138,6 +172,13 @@ def diagnose(cert: Certificate, ref_run: Any, run: Any, shape: str) -> list[Find
         found.append(Finding(f"data position not saved: the resumed run trains on other "
                              f"batches{where}", "add the sampler or the data position to the "
                              "checkpoint: ckpt.add_state('data', sampler)"))  # fmt: skip
+    elif shape == "loader":  # its shuffle's seed: drawn from the global RNG at iter(loader)
+        found.append(Finding(f"RNG not restored: the DataLoader has no generator=, so its shuffle "
+                             f"seed is drawn from the global RNG when its iterator is made, at "
+                             f"another point after the resume{where}", "give the DataLoader a "
+                             "generator of its own: DataLoader(..., shuffle=True, generator="
+                             "torch.Generator().manual_seed(seed)), and save the data position "
+                             "with ckpt.add_state('data', ...)"))  # fmt: skip
     else:
         found.append(Finding(f"RNG not restored: a generator of the program's own is not in the "
                              f"checkpoint{where}", "draw from the global RNG (tgnb restores it) or save the "
@@ -199,8 +240,14 @@ def certify(
     as a launch runs it)."""
     if session.emulator is None:
         raise ValidationError("certify runs on the local emulator: tgnb.attach(local=True)")
-    if budget_s <= 0:
-        raise ValidationError(f"budget_s must be above 0, not {budget_s!r}: e.g. budget_s=600")
+    if (
+        isinstance(budget_s, bool)
+        or not isinstance(budget_s, int | float)
+        or not (math.isfinite(budget_s) and budget_s > 0)
+    ):  # NaN compares false with everything: it never ran out (a hang)
+        raise ValidationError(
+            f"budget_s must be a number of seconds above 0, not {budget_s!r}: e.g. budget_s=600"
+        )
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise ValidationError(f"nodes must be a whole number from 1, not {nodes!r}: e.g. nodes=2")
     if min_nodes is not None and (not isinstance(min_nodes, int) or not 1 <= min_nodes <= nodes):
@@ -218,7 +265,7 @@ def certify(
     wd = Path(workdir) if workdir is not None else Path.cwd()  # for naming the fix only
     seed = secrets.randbelow(10_000) if seed is None else seed
     tag = secrets.token_hex(3)
-    stem = Path(str(what or (command or ["command"])[0])).stem.replace("_", "-").lower()[:20]
+    stem = run_stem(what, command)
     common: dict[str, Any] = {
         "args": list(args) if args else None,
         "command": list(command) if command else None,

@@ -34,10 +34,17 @@ def arguments(p: Parser) -> None:
 def run(tg: Tg, args: Any, cell: str | None) -> Any:
     session = tg.attached()
     try:
+        command = shlex.split(args.command) if args.command else None
+    except ValueError as exc:  # "No closing quotation"
+        raise UsageError(
+            f"--command {args.command!r:.80} cannot be split as a shell would: {exc} "
+            "(close the quote, e.g. --command \"python 'ok.py'\")"
+        ) from None
+    try:
         return session.certify(
             None if args.command else args.script,
             args=list(args.args) or None,
-            command=shlex.split(args.command) if args.command else None,
+            command=command,
             workdir=args.workdir,
             seed=args.seed,
             budget_s=args.budget.total_seconds(),
