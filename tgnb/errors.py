@@ -71,3 +71,14 @@ class CheckpointError(TgnbError):
 
 class BackendError(TgnbError):
     """A workload backend (local, Slurm, Kubernetes) failed."""
+
+
+class NotPicklableError(ValidationError):
+    """A function given to `Session.submit` or `Session.map`, or one of its arguments, cannot be
+    sent to a node (it cannot be pickled, or it is a live object of this process: a lock, an open
+    file, a socket); nothing was launched. The message names it and the fix."""
+
+
+class CallError(TgnbError):
+    """A submitted function's run ended without its value or its own exception (cancelled, its
+    node's process killed, an exception that cannot be read back here); the message says how."""

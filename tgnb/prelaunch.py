@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import TrainConfigError, ValidationError
+from tgnb.runs import call
 from tgnb.runs import workdir as wd
 from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.spec import RunSpec
@@ -206,14 +207,16 @@ def plan(
     name: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     state: Callable[[], ClusterState] | None = None,
+    files: Mapping[str, bytes] | None = None,
     **spec_fields: Any,
 ) -> LaunchPlan:
     """The `LaunchPlan` of a launch (see the module docstring): the training config from `what`
     (or `command`) with `overrides` merged, the workdir snapshotted once, the spec built (it
     checks itself) from `spec_fields` (`RunSpec`'s: resources, env, secrets, recovery...), every
     check run on the snapshot, then the estimate made on preemptible nodes from the cluster's
-    `state` (called only then: bad input sends no request), the spec then weighing it. On
-    bad input a `ValidationError` (or `TrainConfigError`) and nothing left behind."""
+    `state` (called only then: bad input sends no request), the spec then weighing it. `files`
+    are written into the snapshot beside the workdir's (`Snapshot.with_files`). On bad input a
+    `ValidationError` (or `TrainConfigError`) and nothing left behind."""
     base, root = train_config(what, command=command, args=args, workdir=workdir)
     train = merge(base, overrides or {})
     _check_script_keys(train)
@@ -227,6 +230,8 @@ def plan(
     train["name"] = name
     snapshot = None if root is None else wd.take(root)
     try:
+        if files and snapshot is not None:
+            snapshot = snapshot.with_files(files)
         spec = RunSpec(
             name=name,
             train=from_dict(train),
@@ -264,13 +269,17 @@ def unprotected(train: TrainConfig, snapshot: wd.Snapshot | None) -> str | None:
     if train.algorithm != SCRIPT:
         return None
     what = train.script or " ".join(train.command or ())
+    if call.is_call(train):
+        what = "the submitted function"
     if snapshot is not None:
         read = 0
         for rel in snapshot.files:
-            if not rel.endswith(".py") or read > _SCAN_BYTES:
+            if not rel.endswith(".py") and not rel.startswith(call.FILE_PREFIX):
+                continue  # a submitted function's pickle holds the names its code uses
+            if read > _SCAN_BYTES:
                 continue
             try:
-                text = (snapshot.root / rel).read_text(encoding="utf-8", errors="replace")
+                text = (snapshot.root / rel).read_text(encoding="latin-1")
             except OSError:
                 continue
             read += len(text)

@@ -14,7 +14,7 @@ Bad input is refused before anything is sent or recorded (`tgnb.errors.Validatio
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +33,7 @@ from tgnb.runs.store import RunStore
 
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, Cluster, ClusterState, WaitResult
+    from tgnb.runs.call import Executor
 
 #: The cluster `attach()` creates on the local emulator when none is named.
 DEMO_CLUSTER = "tgnb-demo"
@@ -256,6 +257,7 @@ class Session:
         budget_usd: float | None = None,
         prices: Prices | None = None,
         dry_run: bool = False,
+        files: Mapping[str, bytes] | None = None,
         **train_overrides: Any,
     ) -> Any:
         """Launch a training run and return its `Run` (with `dry_run`: check everything and
@@ -268,7 +270,8 @@ class Session:
         `tgnb.runs.recovery.RecoveryPolicy`, a mapping of its fields or a `when_short` name
         (``"shrink"``); default: wait for preemptible capacity. `budget_usd`: stop the run (it
         checkpoints) once its GPU-hours cost that many dollars, with a notice at 80 %, at
-        `prices` (default: the cluster's, `prices`). `train_overrides` set
+        `prices` (default: the cluster's, `prices`). `files` (name: bytes) go into the
+        workdir snapshot beside its own files (how `submit` ships its call). `train_overrides` set
         config keys (``max_steps=60``, ``trl={...}``, ``checkpoint={...}`` merge). Everything is
         checked first (`tgnb.prelaunch`: the config, the script, datasets and rewards in the
         workdir, TRL's options; the name; what the cluster can hold); on bad input nothing is
@@ -306,6 +309,7 @@ class Session:
             recovery=RecoveryPolicy.coerce(recovery),
             budget_usd=budget_usd,
             prices=prices,
+            files=files,
         )
         if plan.snapshot is not None and plan.snapshot.notice():
             print(plan.snapshot.notice())  # the credential files left out
@@ -316,6 +320,30 @@ class Session:
             return self._submit(plan, dry_run)
         finally:
             plan.discard()  # the engine wrote the snapshot where the run reads it
+
+    # -- functions, submitit-style (tgnb.runs.call) ----------------------------------------
+
+    def executor(self, **options: Any) -> Executor:
+        """submitit's executor on this session: ``.submit(fn, *args, **kwargs)`` and
+        ``.map(fn, items)`` launch with `options` (`launch`'s: ``name``, ``gpus_per_node``,
+        ``nodes``, ``preemptible``, ``recovery``, ``env``, ``secrets``, ``workdir``...)."""
+        from tgnb.runs.call import Executor
+
+        return Executor(self.launch, options)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Run:
+        """Run ``fn(*args, **kwargs)`` on a node, as submitit's ``executor.submit``: the function
+        (a notebook cell's too) and its arguments pickled by value, shipped in the workdir
+        snapshot; its `Run`, whose ``result()`` waits and returns the value or raises the
+        function's exception with the node's traceback. Something that cannot be sent (a lock, an
+        open file, a socket, anything pickle refuses) is a `tgnb.errors.NotPicklableError` and
+        nothing is launched. Launch options: `executor`."""
+        return self.executor().submit(fn, *args, **kwargs)
+
+    def map(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[Run]:
+        """One run per item, ``fn(item)`` (``fn(a, b)`` over ``zip`` of several iterables), as
+        submitit's ``executor.map_array``: the runs, in order (`submit`)."""
+        return self.executor().map(fn, *iterables)
 
     def certify(self, what: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
         """Certify a script (or ``command=``) on this local emulator: run it beside an

@@ -292,6 +292,15 @@ class Run:
         """The highest optimizer step in the run's metrics so far (0 before the first)."""
         return max((int(r["step"]) for r in self.records("metrics") if "step" in r), default=0)
 
+    def result(self, timeout: float | None = None) -> Any:
+        """A submitted function's value (`tgnb.Session.submit`), once its run has ended: the
+        function's exception raised again with the node's traceback in a note, a
+        `tgnb.errors.CallError` when the run ended without either (`tgnb.runs.call.result`).
+        Raises `TimeoutError` after `timeout` seconds with the run still going."""
+        from tgnb.runs import call
+
+        return call.result(self, timeout)
+
     def stop(self) -> None:
         """Stop the run: its processes get SIGTERM (they checkpoint), then it is cancelled. The
         engine says so in its status once it has stopped (`sync` records it; `wait` waits)."""

@@ -35,7 +35,8 @@ import stat
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tgnb.errors import ValidationError
@@ -124,6 +125,26 @@ class Snapshot:
             f"tgnb: left credential files out of the workdir snapshot: {names} (to ship one, "
             f"add !{first} to {self.folder / IGNORE_FILE})"
         )
+
+    def with_files(self, files: Mapping[str, bytes]) -> Snapshot:
+        """This staged snapshot with `files` (a plain name each: bytes) written into it beside
+        the workdir's (`Session.submit` ships its pickled call so); a name the workdir has, a
+        file holding a secret, or going over `MAX_BYTES` is refused."""
+        assert self.source is not None, "only a staged snapshot (take) is written into"
+        size = self.size
+        for rel, data in files.items():
+            if "/" in rel or rel in self.files or rel.startswith("."):
+                raise ValidationError(f"{rel!r} cannot be added to the snapshot: name it otherwise")
+            _secret_in(data, rel)
+            size += len(data)
+            if size > MAX_BYTES:
+                raise ValidationError(
+                    f"the workdir with {rel!r} ({len(data) / 2**20:.1f} MiB) is over "
+                    f"{MAX_BYTES / 2**20:.0f} MiB: send less (read large data on the node)"
+                )
+            (self.root / rel).write_bytes(data)
+            os.chmod(self.root / rel, 0o600)
+        return replace(self, files=(*self.files, *files), size=size)
 
     def tar(self) -> bytes:
         """The snapshot as a gzipped tar (plain files, mode kept, owner and times reset)."""
