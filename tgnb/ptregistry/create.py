@@ -80,11 +80,13 @@ def as_time(value: Any) -> datetime | None:
 
 
 def match(records: list[Any], entry: Entry, claimed: set[str]) -> Any | None:
-    """The resource among `records` (the API's list) that `entry`'s create made: created since the
-    entry was written (less `CLOCK_SKEW`), with its generators and inactivity timeout, claimed by
-    no other entry; the earliest such one. (Not by model name: the service may answer another
-    name for the model asked, as the emulator answers its local directory for an alias.)"""
-    since = parse_time(entry.sent_at) - CLOCK_SKEW
+    """The resource among `records` (the API's list) that `entry`'s create made: with its
+    generators and inactivity timeout, claimed by no other entry, created since the entry was
+    written: the first after it (one up to `CLOCK_SKEW` before it only if none is after: the two
+    clocks may differ). Not by model name: the service may answer another name for the model
+    asked, as the emulator answers its local directory for an alias."""
+    sent = parse_time(entry.sent_at)
+    since = sent - CLOCK_SKEW
     found = []
     for r in records:
         created = as_time(getattr(r, "created_at", None))
@@ -98,7 +100,7 @@ def match(records: list[Any], entry: Entry, claimed: set[str]) -> Any | None:
             and created is not None
             and created >= since
         ):
-            found.append((created, r))
+            found.append(((created < sent, abs((created - sent).total_seconds())), r))
     found.sort(key=lambda pair: pair[0])
     return found[0][1] if found else None
 
@@ -196,23 +198,24 @@ def create(
     return client, entry
 
 
-def stop_mine(conn: Endpoint) -> list[str]:
-    """Stop (force) every resource this process created and still holds, on `conn`'s endpoint,
-    and drop their entries: the ids stopped. An entry whose create has no answer yet stays (the
-    next process resolves it). For a signal's handler, after its sessions were given back."""
+def stop_mine(conn: Endpoint) -> list[tuple[str, Any]]:
+    """Stop (force: their sessions too) every resource this process created and still holds on
+    `conn`'s endpoint, and drop their entries: ``(id, the record the stop answered)`` each. An
+    entry whose create has no answer yet stays (the next process resolves it). Takes no lock of
+    tgnb's: for a signal's handler, which may run in a thread that holds one."""
     registry = Registry(conn.home)
     stopped = []
     for entry in mine():
         if entry.resource_id is None or entry.root != root_of(conn.base_url):
             continue
         try:
-            conn.sdk().post_training.model_resources.stop(entry.resource_id, force=True)
+            record = conn.sdk().post_training.model_resources.stop(entry.resource_id, force=True)
         except Exception as exc:  # its entry stays: the next process names it
             with contextlib.suppress(OSError, ValueError):
                 print(f"stopping {entry.resource_id} failed: {exc!r}", file=sys.stderr)
             continue
         registry.forget(entry)
-        stopped.append(entry.resource_id)
+        stopped.append((entry.resource_id, record))
     return stopped
 
 

@@ -15,8 +15,8 @@ exit, a line says what they cost, and one per resource left running (`_report`).
 Each resource it provisions is recorded in the registry of the tgnb home before its create is
 sent (`tgnb.ptregistry`), with an inactivity timeout (`tgnb.ptregistry.default_inactive_timeout`),
 so a script killed at any point leaves it named to the next one and stopping itself; its entry is
-dropped once it is stopped. `stop_everything` gives back what every pool of the process holds
-(SIGTERM and SIGINT do, `_signals`).
+dropped once it is stopped. `stop_everything` stops every resource the process created (SIGTERM
+and SIGINT do, `_signals`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from together.post_training import ModelResourcesClient
 from tgnb import ptregistry
 from tgnb.connection import Endpoint
 from tgnb.tinker._report import Seen, price_of, print_report, service_time
-from tgnb.tinker._support import POLL_INTERVAL, Release, log, wait_for_releases
+from tgnb.tinker._support import POLL_INTERVAL, Release, wait_for_releases
 
 #: LoRA sessions one Model Resource takes (Together's documented cap; over it the API answers 429).
 MAX_SESSIONS = 5
@@ -63,19 +63,11 @@ class ResourcePool:
         self._borrowed = model_resources_id
         self._held: list[_Held] = []
         self._seen: list[Seen] = []  # every resource it held, for the exit report
-        self._lock = threading.RLock()  # a signal's handler may take it in the thread holding it
+        self._lock = threading.Lock()
         self.inactive_timeout = ptregistry.default_inactive_timeout()
-        self._releases: weakref.WeakSet[Release] = weakref.WeakSet()
         self._reported = False
         _POOLS.add(self)
         threading._register_atexit(self._report)  # type: ignore[attr-defined]  # after the clients'
-
-    def report_now(self) -> None:
-        """The exit report, now and once (a signal ends the process without exit hooks)."""
-        self._reported = True
-        with self._lock:
-            seen = list(self._seen)
-        print_report(self._conn, seen, self.inactive_timeout)
 
     def _report(self) -> None:
         if self._reported:
@@ -101,7 +93,6 @@ class ResourcePool:
         resource with a generator when `sampling`, else on any (a new one gets none)."""
         held = self._lease(base_model, sampling)
         release = Release()
-        self._releases.add(release)
         release.add(held.label, functools.partial(self._give_back, held))
         try:
             session = held.client.create_session(
@@ -165,19 +156,15 @@ class ResourcePool:
             )
         return _Held(mr, base_model, False, self._seen_now(mr, base_model, owned=False))
 
-    def stop_everything(self) -> None:
-        """Give back every session its clients opened, then stop what it still holds (force)."""
-        for release in list(self._releases):
-            release.close(automatic=True)
-        with self._lock:
-            left, self._held = [h for h in self._held if h.owned], []
-        for held in left:
-            try:
-                held.seen.stopped(held.client.stop(force=True))
-                if held.entry is not None:
-                    ptregistry.Registry(self._conn.home).forget(held.entry)
-            except Exception as exc:  # the next process names it (its entry stays)
-                log.error("stopping %s failed: %r", held.label, exc)
+    def note_stopped(self, stopped: dict[str, Any], report: bool) -> None:
+        """Note the stops a signal's handler made (`stop_everything`), taking no lock; print the
+        exit report now when `report` (the process ends with no exit hooks)."""
+        for seen in list(self._seen):
+            if seen.resource_id in stopped:
+                seen.stopped(stopped[seen.resource_id])
+        if report:
+            self._reported = True
+            print_report(self._conn, list(self._seen), self.inactive_timeout)
 
     def _seen_now(self, mr: ModelResourcesClient, base_model: str, *, owned: bool) -> Seen:
         record = mr.retrieve()
@@ -205,11 +192,12 @@ _POOLS: weakref.WeakSet[ResourcePool] = weakref.WeakSet()
 
 
 def stop_everything(report: bool = False) -> None:
-    """What every pool of this process holds, given back (a signal's handler, `_signals`); the
-    exit report printed now when `report` (the process is about to end with no exit hooks)."""
-    for pool in list(_POOLS):
-        pool.stop_everything()
-        # a create still waiting for READY when the signal came: not in the pool yet
-        ptregistry.stop_mine(pool._conn)
-        if report:
-            pool.report_now()
+    """Stop (force: their sessions too) every resource this process created, as a signal's
+    handler must (`_signals`): with no lock of tgnb's (the thread it interrupts may hold a pool's
+    while it provisions); what the clients' releases do later finds them stopped."""
+    pools = list(_POOLS)
+    stopped: dict[str, Any] = {}
+    for endpoint in {pool._conn for pool in pools}:
+        stopped.update(ptregistry.stop_mine(endpoint))
+    for pool in pools:
+        pool.note_stopped(stopped, report)

@@ -108,6 +108,14 @@ def _status(conn: Endpoint, resource_id: str) -> str | None:
         return None
 
 
+def _precise(amount: float, currency: str) -> str:
+    """Dollars to the hundredth of a cent under $10 (a short script's $0.0190, not $0.02: the
+    figure agrees with the bill to 2 %), else as every amount of tgnb is written."""
+    if currency.upper() == "USD" and 0 < amount < 10:
+        return f"${amount:.4f}"
+    return money(amount, currency)
+
+
 def lines(conn: Endpoint, seen: Iterable[Seen], inactive_timeout: int | None = None) -> list[str]:
     """The exit report of `seen` (empty when nothing was held)."""
     seen = list(seen)
@@ -129,7 +137,7 @@ def lines(conn: Endpoint, seen: Iterable[Seen], inactive_timeout: int | None = N
             running.append((s, price))
     gpus = sum(s.gpus for s in seen)
     cost_text = (
-        f"about {money(amount, currency)}" if priced else "price unknown (estimate-cost failed)"
+        f"about {_precise(amount, currency)}" if priced else "price unknown (estimate-cost failed)"
     )
     source = (
         "the emulator's bill"

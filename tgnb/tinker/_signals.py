@@ -4,8 +4,10 @@ A script stopped by ``kill``, ``timeout`` or a scheduler (SIGTERM) never runs it
 Ctrl-C (SIGINT) may land while a resource is provisioning. `install` (called when a
 `ServiceClient` is made) sets a handler for each of the two signals, in the main thread only and
 only where the program has not set its own (SIGTERM's default, SIGINT's `default_int_handler`).
-The handler gives back every session and resource of the process's pools
-(`_pool.stop_everything`), puts the previous handler back and passes the signal on to it: SIGINT
+The handler stops every resource the process created (force: their sessions too;
+`_pool.stop_everything`, which takes no lock, so it cannot wait on the thread it interrupted),
+prints the exit report when the signal will end the process, puts the previous handler back and
+passes the signal on to it: SIGINT
 still raises `KeyboardInterrupt`, SIGTERM still ends the process as it did (by the signal, exit
 status -15). A second signal while the first is handled goes straight to the previous handler.
 SIGKILL cannot be caught: the registry and the inactivity timeout cover it (`tgnb.ptregistry`).

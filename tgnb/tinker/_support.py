@@ -58,7 +58,7 @@ class Release:
 
     def __init__(self) -> None:
         self._pending: list[tuple[str, Callable[[], Any]]] = []
-        self._lock = threading.RLock()  # a signal's handler may close it in the thread adding
+        self._lock = threading.Lock()
         threading._register_atexit(functools.partial(self.close, automatic=True))  # type: ignore[attr-defined]
 
     @property
