@@ -85,6 +85,32 @@ def test_bad_config_name_and_duplicates(idle: Any, emu: EmulatorHandle, tmp_path
     _nothing_submitted(emu, tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"lora": {"r": -1}}, "lora.r must be at least 1, not -1"),
+        ({"lora": {"r": 0}}, "lora.r must be at least 1, not 0"),
+        ({"lora": {"r": 8, "lora_dropout": 5}}, "lora.lora_dropout must be a number in [0, 1)"),
+        ({"lora": {"r": 8, "lora_alpha": -16}}, "lora.lora_alpha must be a number above 0"),
+        ({"model": "/etc"}, "model path '/etc' is a directory with no model in it"),
+        (
+            {"trl": {"model_init_kwargs": {"scale": [1.0, float("inf")]}}},
+            "trl.model_init_kwargs.scale[1] must be a finite number, not inf",
+        ),
+        ({"checkpoint": {"every_seconds": 1e-9}}, "checkpoint.every_seconds must be a number"),
+    ],
+)
+def test_values_the_node_would_refuse_are_refused_at_launch(
+    idle: Any, emu: EmulatorHandle, tmp_path: Path, settings: dict[str, Any], said: str
+) -> None:
+    """Each failed on the node (peft, ``nn.Dropout``, ``from_pretrained``), at every restart;
+    now one line at launch, nothing recorded."""
+    with pytest.raises(TrainConfigError) as exc:
+        idle.launch("dpo", preemptible=False, max_steps=5, **settings)
+    assert said in _one_line(exc)
+    _nothing_submitted(emu, tmp_path)
+
+
 def test_unknown_cluster(emu: EmulatorHandle, tmp_path: Path) -> None:
     make_session(tmp_path, target=0)
     emu.clear_requests()

@@ -22,7 +22,8 @@ RANGES: dict[str, tuple[float, float, bool, float]] = {
     "backoff_max_s": (0.0, DAY, True, 300),
     "wait_s": (0.0, 30 * DAY, True, 600),
     # tgnb.runs.policy.CheckpointPolicy (the ``checkpoint:`` section)
-    "checkpoint.every_seconds": (0.0, 30 * DAY, False, 1800),
+    # under 10 ms is a unit slip (``1e-9``: nanoseconds?), not an interval: a save every step
+    "checkpoint.every_seconds": (0.01, 30 * DAY, True, 1800),
     "checkpoint.drain_poll_seconds": (0.0, MINUTE, False, 2),
 }
 #: How far ahead a deadline may be (past it, a POSIX time is in milliseconds, or a typo).

@@ -167,6 +167,10 @@ def load(
 
 
 # -- checks that need neither torch nor TRL ------------------------------------------------------
+#: A model directory holds one of these (a model's ``save_pretrained``, or a PEFT adapter's).
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
 def check_model(model: str) -> None:
     """``tiny``, an existing local directory, or something shaped like a Hugging Face id."""
     if model == "tiny":
@@ -178,6 +182,11 @@ def check_model(model: str) -> None:
                 f"model path '{model}' does not exist; give an existing model directory, "
                 "a Hugging Face id, or 'tiny'."
             )
+        if not any((p / name).is_file() for name in MODEL_FILES):
+            raise TrainConfigError(
+                f"model path '{model}' is a directory with no model in it (no config.json): give "
+                "a model directory (one save_pretrained wrote), a Hugging Face id, or 'tiny'."
+            )
         return
     if not _HF_ID.fullmatch(model):
         raise TrainConfigError(
@@ -186,7 +195,7 @@ def check_model(model: str) -> None:
 
 
 #: Upper bounds of the integer settings (a step count past them is a typo, not a plan).
-MAX_SEED, MAX_DATASET_SIZE = 2**32 - 1, 100_000_000
+MAX_SEED, MAX_DATASET_SIZE, MAX_LORA_RANK = 2**32 - 1, 100_000_000, 4096
 _REWARD_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -306,15 +315,50 @@ def check_light(cfg: TrainConfig, workdir: Path | None = None) -> None:
             raise TrainConfigError("GRPO needs at least one reward; set rewards: [correctness].")
         for reward in cfg.rewards:
             _check_reward(reward, workdir)
-    if cfg.lora is not None and not isinstance(cfg.lora, Mapping):
-        raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")
+    if cfg.lora is not None:
+        check_lora(cfg.lora)
     for key in ("max_steps", "seed"):
         if key in cfg.trl:
             raise TrainConfigError(f"set {key} at the top level of the config, not under trl.")
-    for key, value in cfg.trl.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise TrainConfigError(f"trl.{key} must be a finite number, not {value}.")
+    _check_finite("trl", cfg.trl)
     check_ranges(cfg.trl)
+
+
+def _check_finite(where: str, value: Any) -> None:
+    """Every number in `value` (mappings and lists walked, ``trl.a.b[0]``) is finite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TrainConfigError(f"{where} must be a finite number, not {value}.")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_finite(f"{where}.{key}", item)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_finite(f"{where}[{i}]", item)
+
+
+def check_lora(lora: Any) -> None:
+    """A LoRA config peft and torch take: ``r`` a whole number from 1, ``lora_alpha`` above 0,
+    ``lora_dropout`` in [0, 1) (peft and ``nn.Dropout`` refuse the others on the node, at every
+    restart)."""
+    if not isinstance(lora, Mapping):
+        raise TrainConfigError("'lora' must be a mapping such as {r: 8, lora_alpha: 16}.")
+    _check_finite("lora", dict(lora))
+    if "r" in lora:
+        bounded("lora.r", lora["r"], 1, MAX_LORA_RANK)
+    alpha = lora.get("lora_alpha")
+    if alpha is not None and not (_real(alpha) and alpha > 0):
+        raise TrainConfigError(
+            f"lora.lora_alpha must be a number above 0, not {alpha!r:.40}: e.g. 16."
+        )
+    drop = lora.get("lora_dropout")
+    if drop is not None and not (_real(drop) and 0 <= drop < 1):
+        raise TrainConfigError(
+            f"lora.lora_dropout must be a number in [0, 1), not {drop!r:.40}: e.g. 0.05."
+        )
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 #: Sensible ranges of common TRL/transformers options: (low, high, low allowed, high allowed).
