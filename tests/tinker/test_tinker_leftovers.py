@@ -420,3 +420,51 @@ def test_stdout_closed_while_provisioning(
     assert made
     assert not {rid for rid in made if resources(emu)[rid] in ACTIVE}
     assert not [e for e in entries(emu) if e["resource_id"] in made]
+
+
+FORKS = """\
+import os, signal, time
+import tgnb.tinker as tinker
+from tinker import types
+
+service_client = tinker.ServiceClient()
+training_client = service_client.create_lora_training_client(base_model="tgnb/tiny-llama", rank=4)
+datum = types.Datum(
+    model_input=types.ModelInput.from_ints([1, 5, 6, 7]),
+    loss_fn_inputs={"target_tokens": [5, 6, 7, 8], "weights": [1.0] * 4},
+)
+ready_r, ready_w = os.pipe()
+child = os.fork()
+if child == 0:  # as a DataLoader worker: it inherits the handlers, then is terminated
+    os.write(ready_w, b"x")
+    time.sleep(60)
+    os._exit(0)
+os.read(ready_r, 1)  # a signal in the instant after fork is dropped by CPython itself
+time.sleep(0.2)
+os.kill(child, signal.SIGTERM)
+_, status = os.waitpid(child, 0)
+print("CHILD", os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, flush=True)
+training_client.forward_backward([datum], "cross_entropy").result()
+print("TRAINED", flush=True)
+"""
+
+
+def test_a_forked_childs_sigterm_leaves_the_parents_resources(
+    slow_provisioning: EmulatorHandle, tmp_path: Path
+) -> None:
+    """A forked child (a DataLoader worker) inherits the handler; its SIGTERM ends it as SIGTERM
+    does and stops nothing of its parent's, which trains on."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(FORKS, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=folder,
+        env=env_of(slow_provisioning),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "CHILD True" in done.stdout and "TRAINED" in done.stdout, done.stdout
+    assert "stopping this script's" not in done.stderr

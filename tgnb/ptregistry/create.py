@@ -206,8 +206,8 @@ def stop_mine(conn: Endpoint) -> list[tuple[str, Any]]:
     registry = Registry(conn.home)
     stopped = []
     for entry in mine():
-        if entry.resource_id is None or entry.root != root_of(conn.base_url):
-            continue
+        if entry.resource_id is None or entry.root != root_of(conn.base_url) or not entry.mine:
+            continue  # (not mine: a forked child's copy of its parent's entries)
         try:
             record = conn.sdk().post_training.model_resources.stop(entry.resource_id, force=True)
         except Exception as exc:  # its entry stays: the next process names it

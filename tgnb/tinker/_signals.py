@@ -9,7 +9,9 @@ The handler stops every resource the process created (force: their sessions too;
 prints the exit report when the signal will end the process, puts the previous handler back and
 passes the signal on to it: SIGINT
 still raises `KeyboardInterrupt`, SIGTERM still ends the process as it did (by the signal, exit
-status -15). A second signal while the first is handled goes straight to the previous handler.
+status -15). A second signal while the first is handled goes straight to the previous handler,
+and so does one in a forked child of the script (a DataLoader worker inherits the handler, and
+its SIGTERM must not stop its parent's resources).
 SIGKILL cannot be caught: the registry and the inactivity timeout cover it (`tgnb.ptregistry`).
 """
 
@@ -26,6 +28,7 @@ from typing import Any
 from tgnb.tinker._pool import stop_everything
 
 _previous: dict[int, Any] = {}
+_installed_by: int | None = None  # the pid that set them (a forked child inherits them)
 
 
 def _defaults(signum: int) -> tuple[Any, ...]:
@@ -37,8 +40,10 @@ def _defaults(signum: int) -> tuple[Any, ...]:
 def install() -> None:
     """Set the handlers (see the module docstring); nothing outside the main thread, nothing
     where the program set its own handler, nothing twice."""
+    global _installed_by
     if threading.current_thread() is not threading.main_thread():
         return
+    _installed_by = os.getpid()
     for signum in (signal.SIGTERM, signal.SIGINT):
         if signum in _previous:
             continue
@@ -52,6 +57,9 @@ def install() -> None:
 def _handle(signum: int, frame: FrameType | None) -> None:
     previous = _previous.pop(signum, signal.SIG_DFL)
     signal.signal(signum, previous)  # a second signal goes straight to it
+    if os.getpid() != _installed_by:  # a forked child (a DataLoader worker): not its resources
+        _pass_on(previous, signum, frame)
+        return
     with contextlib.suppress(OSError, ValueError):
         name = signal.Signals(signum).name
         print(
@@ -62,10 +70,14 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     try:
         stop_everything(report=previous == signal.SIG_DFL)
     finally:
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signum)
+        _pass_on(previous, signum, frame)
+
+
+def _pass_on(previous: Any, signum: int, frame: FrameType | None) -> None:
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
 
 
 __all__ = ["install"]
