@@ -48,6 +48,10 @@ class Exit(enum.IntEnum):
     #: stopped by tgnb's launcher at the run's ``budget_usd``, checkpointed: final, never
     #: restarted (`tgnb.train.budget`; BSD EX_NOPERM: not permitted to go on)
     STOPPED = 77
+    #: a failure a restart would repeat, the same way: a module not installed, CUDA absent
+    #: (`tgnb.runs.outcome.repeats`): final at its first attempt, with its line (BSD EX_CONFIG:
+    #: the node lacks what the program needs)
+    REPEATS = 78
 
     @property
     def resume(self) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -164,6 +165,26 @@ def classify(
         return Verdict("preempted", code if code in resume_codes else preempted, f"exit {code}")
     line = attempt.line if attempt.exit_reason == "failed" else ""
     return Verdict("failed", code, line or f"exit code {code}")
+
+
+#: Error lines a restart repeats the same way (the node lacks what the program needs): a module
+#: not installed (a lazy ``import``), CUDA absent (``.cuda()`` on a node with no GPU or driver).
+#: Not CUDA's out-of-memory or a lost device: those may pass at the next attempt.
+REPEATING = re.compile(
+    r"^ModuleNotFoundError: No module named "
+    r"|^AssertionError: Torch not compiled with CUDA enabled"
+    r"|^RuntimeError: (?:Found no NVIDIA driver on your system|No CUDA GPUs are available)"
+)
+
+
+def repeats(error: BaseException | str) -> bool:
+    """Whether a failure (an exception, or its line ``ModuleNotFoundError: No module named
+    'x'``) would repeat at every restart (`REPEATING`): the node then exits `Exit.REPEATS`, final
+    on every engine (`tgnb.runs.recovery.FINAL_CODES`)."""
+    if isinstance(error, BaseException):
+        first = str(error).splitlines()[0] if str(error) else ""
+        error = f"{type(error).__name__}: {first}"
+    return bool(REPEATING.match(error.strip()))
 
 
 def node_unsaved(run_dir: str | os.PathLike[str] | None, code: int, since: int) -> Verdict | None:

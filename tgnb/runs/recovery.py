@@ -8,8 +8,10 @@ When an attempt ends
     checkpointed on a preemption notice) or the loss of a node is a *preemption*: the run starts
     again from its newest checkpoint, and preemptions never count against the budget. Any other
     code is a *failure*: counted, and restarted after `backoff(failures)` seconds while the count
-    is at most `max_restarts`. `Exit.BAD_CONFIG` (refused before training) and `Exit.NO_SPACE`
-    (the disk is full) are final: a restart cannot fix them (`is_final`).
+    is at most `max_restarts`. `Exit.BAD_CONFIG` (refused before training), `Exit.NO_SPACE`
+    (the disk is full) and `Exit.REPEATS` (a failure a restart would repeat: a module not
+    installed, CUDA absent; the node's tgnb process exits with it, `tgnb.runs.outcome.repeats`)
+    are final: a restart cannot fix them (`is_final`).
 
 When capacity to restart is short (`when_short`)
     ``"wait"`` (the default, and what every engine did before this policy): wait until `nodes`
@@ -49,7 +51,9 @@ WHEN_SHORT: tuple[str, ...] = ("wait", "shrink", "standard")
 NodeClass = Literal["preemptible", "standard"]
 #: Exit codes a restart cannot fix: the run fails at once, whatever the budget; and the node's
 #: stop at the run's ``budget_usd`` (`Exit.STOPPED`): never restarted, it ends cancelled.
-FINAL_CODES = frozenset({int(Exit.BAD_CONFIG), int(Exit.NO_SPACE), int(Exit.STOPPED)})
+FINAL_CODES = frozenset(
+    {int(Exit.BAD_CONFIG), int(Exit.NO_SPACE), int(Exit.STOPPED), int(Exit.REPEATS)}
+)
 MAX_RESTARTS_LIMIT = 10_000
 
 

@@ -1,7 +1,9 @@
 """``python -m tgnb.train CONFIG.yaml [--set key=value ...] [--run-dir DIR]`` (also ``tgnb train``).
 
 Exit codes: 0 the run finished; `EXIT_PREEMPTED` (75) it was preempted and checkpointed and wants to
-be restarted; 2 the config is bad (one line on stderr, no traceback); 1 any other failure.
+be restarted; 2 the config is bad (one line on stderr, no traceback); 78 (`Exit.REPEATS`) a failure
+every start would repeat (a module not installed, CUDA absent: `tgnb.runs.outcome.repeats`), final;
+1 any other failure.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tgnb.tasks.config import SCRIPT, TrainConfig
 
 EXIT_BAD_CONFIG = int(Exit.BAD_CONFIG)
 EXIT_FAILED = int(Exit.FAILED)
+EXIT_REPEATS = int(Exit.REPEATS)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run a TRL GRPO, DPO or SFT job, or your own script, that checkpoints on "
         "preemption and resumes.",
         epilog="Exit codes: 0 finished, 75 preempted and checkpointed (restart me), "
-        "2 bad config, 1 other failure.",
+        "2 bad config, 78 a failure every start would repeat, 1 other failure.",
     )
     p.add_argument("config", nargs="?", help="YAML config file (omit to use only --set values)")
     p.add_argument(
@@ -101,6 +104,24 @@ def _train_or_done(cfg: TrainConfig) -> int:
         return 0
 
 
+def _line(exc: BaseException) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"[:400]
+
+
+def _fix_of(exc: BaseException) -> str:
+    """The fix of a failure that repeats (`tgnb.runs.outcome.repeats`), in words."""
+    if isinstance(exc, ModuleNotFoundError):
+        return (
+            f"install {exc.name or 'the module'} where the run runs (its image or environment), "
+            "or ship it in the workdir; not restarted"
+        )
+    return (
+        "run it on GPU nodes, or fall back to the CPU where torch.cuda.is_available() is False; "
+        "not restarted"
+    )
+
+
 def _say(text: str) -> None:
     """`text` on stderr (the node's log) with the node's secrets masked (`tgnb.config.scrub`)."""
     from tgnb.config import register_node_secrets, scrub
@@ -135,10 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TgnbError as exc:
         _say(f"tgnb train: {exc}")
         return EXIT_FAILED
-    except Exception:  # a real failure: keep the traceback for the log
+    except Exception as exc:  # a real failure: keep the traceback for the log
         import traceback
 
+        from tgnb.runs.outcome import repeats
+
         _say(traceback.format_exc().rstrip("\n"))
+        if repeats(exc):  # a module not installed, CUDA absent: final on every engine
+            _say(f"tgnb train: {_line(exc)}: it fails the same way at every start: {_fix_of(exc)}")
+            return EXIT_REPEATS
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("tgnb train: interrupted", file=sys.stderr)

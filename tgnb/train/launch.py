@@ -5,7 +5,8 @@ torchrun reports any worker's non-zero exit as its own failure (exit 1), so a pr
 run would look failed to Slurm and Kubernetes. This runs torchrun's own ``torch.distributed.run``
 in-process and maps its ``ChildFailedError``: when every worker that failed exited with the same
 tgnb code -- `Exit.PREEMPTED` (75, preempted and checkpointed), `Exit.NO_SPACE` (74, disk full) or
-`Exit.BAD_CONFIG` (2, refused before training: final for every engine's recovery policy) -- or was killed by the agent after one did (a negative code), the launcher exits with that code;
+`Exit.BAD_CONFIG` (2, refused before training) or `Exit.REPEATS` (78, a failure every start would
+repeat), both final for every engine's recovery policy -- or was killed by the agent after one did (a negative code), the launcher exits with that code;
 anything else stays a failure (1). The options are torchrun's, unchanged. When the attempt recorded
 a sealed preemption checkpoint, the launcher exits 75 whatever torchrun said (its agent stopped by
 the SIGTERM passed on to the workers: `tgnb.runs.outcome.node_exit`). When that SIGTERM stopped a
@@ -29,7 +30,7 @@ from typing import Any
 from tgnb.runs.node import Exit
 from tgnb.runs.outcome import UNSAVED, Verdict, events_size, node_exit, node_unsaved
 
-KEPT = (int(Exit.PREEMPTED), int(Exit.NO_SPACE), int(Exit.BAD_CONFIG))
+KEPT = (int(Exit.PREEMPTED), int(Exit.NO_SPACE), int(Exit.BAD_CONFIG), int(Exit.REPEATS))
 
 
 def exit_code(failures: Mapping[int, Any]) -> int:

@@ -87,12 +87,14 @@ def _record_failure(cfg: TrainConfig, exc: BaseException) -> None:
     recorder = Recorder(cfg.run_dir, cfg.name)
     first = str(exc).splitlines()[0] if str(exc) else ""
     from tgnb.events import RUN_EXITED
+    from tgnb.runs.outcome import repeats
 
+    code = node.Exit.REPEATS if repeats(exc) else node.Exit.FAILED  # as `tgnb.train.cli` exits
     recorder.event(
         RUN_EXITED,
         f"failed: {type(exc).__name__}: {first}"[:500],
         exit_reason="failed",
-        exit_code=int(node.Exit.FAILED),
+        exit_code=int(code),
         step=None,
     )
     recorder.close()

@@ -118,12 +118,16 @@ def run_started(recorder: Recorder, **data: Any) -> None:
 
 
 def run_failed(recorder: Recorder, error: BaseException, step: int | None) -> None:
-    """Record ``RunExited`` for a run that ended with an exception (exit code 1)."""
+    """Record ``RunExited`` for a run that ended with an exception (exit code 1, or 78 for one
+    every start would repeat: `tgnb.runs.outcome.repeats`)."""
+    from tgnb.runs.node import Exit
+    from tgnb.runs.outcome import repeats
+
     first = str(error).splitlines()[0] if str(error) else ""
     recorder.event(
         RUN_EXITED,
         f"failed: {type(error).__name__}: {first}"[:500],
         exit_reason="failed",
-        exit_code=1,
+        exit_code=int(Exit.REPEATS if repeats(error) else Exit.FAILED),  # as the CLI exits
         step=step,
     )

@@ -40,7 +40,7 @@ def test_the_budgets_come_from_the_policy() -> None:
     by_action = {
         r["action"]: r.get("onExitCodes", {}).get("values") for r in rules if "onExitCodes" in r
     }
-    assert by_action == {"Ignore": [75, 76], "FailJob": [2, 74, 77]}
+    assert by_action == {"Ignore": [75, 76], "FailJob": [2, 74, 77, 78]}
 
 
 def test_wait_keeps_all_nodes_and_the_default_is_three() -> None:

@@ -48,7 +48,7 @@ def test_resume_codes_and_failure_budget_are_rendered_once() -> None:
     script = render_script(dataclasses.replace(spec(), recovery=policy), RUN_DIR)
     assert script.count("--requeue") == 1
     assert 'case "$rc" in 75|76) resume=1 ;; *) resume=0 ;; esac' in script
-    assert 'case "$rc" in 2|74|77) final=1 ;; *) final=0 ;; esac' in script
+    assert 'case "$rc" in 2|74|77|78) final=1 ;; *) final=0 ;; esac' in script
     assert "-lt 5 ]; then" in script
     (line,) = [x.strip() for x in script.splitlines() if 'case "$failures"' in x]
     assert (

@@ -104,3 +104,22 @@ def test_a_command_exiting_0_on_sigterm_with_nothing_sealed_is_restarted_uncount
     assert [e.data["exit_code"] for e in requeued] == [75], requeued
     assert not [e for e in events if e.reason == "RunFailedRestarting"]
     assert rows() == 60 + lost  # the second attempt ran all 60 steps
+
+
+def test_a_failure_every_start_would_repeat_is_not_requeued(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """A lazy import of a module that is not installed: the node exits 78 (`Exit.REPEATS`), which
+    the sbatch script holds final (`FINAL_CODES`), with three restarts left; the line is in the
+    log. It failed the same way four times before."""
+    script = tmp_path / "lazy.py"
+    script.write_text("def load():\n    import tgnb_no_such_module  # noqa\n\n\nload()\n")
+    policy = RecoveryPolicy(max_restarts=3, backoff_s=1.0)
+    backend, job, _, _ = submit(tmp_path, cleanup_jobs, "repeats", script, {"script": "lazy.py"},
+                                recovery=policy)  # fmt: skip
+    final = backend.wait(job, timeout=300)
+    log = "\n".join(backend.logs(job))
+    assert final.state is JobState.FAILED and final.exit_code == 78, (final, log[-3000:])
+    assert final.restart_count == 0, final
+    assert "No module named 'tgnb_no_such_module': it fails the same way at every start" in log
+    assert not [e for e in backend.events(job) if e.reason == "RunFailedRestarting"]

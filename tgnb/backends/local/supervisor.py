@@ -477,7 +477,11 @@ class Supervisor:
             if outcome.kind == "failed":  # counted; preemptions never are
                 failures += 1
                 if not self.policy.restart_after_failure(failures, code):
-                    self.store.set_state(rid, JobState.FAILED, f"exit code {code}", exit_code=code)
+                    detail = f"exit code {code}"
+                    if code == int(Exit.REPEATS) and outcome.verdict is not None:  # with its line
+                        why = "it fails the same way at every start"
+                        detail = f"{outcome.verdict.line} (exit code {code}: {why})"
+                    self.store.set_state(rid, JobState.FAILED, detail, exit_code=code)
                     return 1
                 wait_s = self.policy.backoff(failures)
                 budget = self.policy.max_restarts

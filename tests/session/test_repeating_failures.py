@@ -1,0 +1,71 @@
+"""A failure every start would repeat fails the run at its first attempt, with its line, on the
+local engine: real emulator over HTTP, the real supervisor, the user's script in its own process.
+A lazy ``import`` of a module that is not installed and ``.cuda()`` on a node with no GPU each
+failed the same way four times (three restarts, 111-245 s of node time) before. The node's tgnb
+process exits `Exit.REPEATS` (78), final for every engine's recovery policy (the sbatch script and
+the pod failure policy read the same `FINAL_CODES`); a failure that may pass is still restarted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tgnb.events import RUN_EXITED, RUN_FAILED_RESTARTING
+from tgnb.runs.node import Exit
+from tgnb.runs.outcome import repeats
+from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
+from tgnb.runs.spec import JobState
+from tgnb.session import Session
+
+SCRIPTS = {
+    "lazy-import": (
+        "def load():\n    import tgnb_no_such_module  # noqa\n\nprint('step 1', flush=True)\nload()\n",
+        "ModuleNotFoundError: No module named 'tgnb_no_such_module'",
+    ),
+    "cuda": (
+        "import torch\nprint('step 1', flush=True)\ntorch.zeros(1).cuda()\n",
+        "CUDA",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SCRIPTS))
+def test_a_failure_every_start_would_repeat_is_final_at_its_first_attempt(
+    session: Session, tmp_path: Path, case: str
+) -> None:
+    source, line = SCRIPTS[case]
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "fails.py").write_text(source)
+    run = session.launch(
+        "fails.py", workdir=wd, name=f"repeats-{case}", recovery=RecoveryPolicy(backoff_s=0.5)
+    )
+    status = run.wait(timeout=180, progress=False)
+    assert status.state is JobState.FAILED, run.logs()[-20:]
+    assert status.exit_code == int(Exit.REPEATS), status
+    assert not [e for e in run.run_events() if e.reason == RUN_FAILED_RESTARTING]
+    assert run.logs().count("step 1") == 1  # one attempt
+    (exited,) = [e for e in run.run_events() if e.reason == RUN_EXITED]
+    assert line in exited.message and exited.data["exit_code"] == int(Exit.REPEATS)
+    error = run.error() or ""
+    assert line in error and "fails the same way at every start" in error, error
+    assert line in status.detail, status.detail
+
+
+def test_which_failures_repeat() -> None:
+    """The one rule (`repeats`) on the lines a failure leaves; its code is final everywhere."""
+    assert int(Exit.REPEATS) in FINAL_CODES
+    assert repeats(ModuleNotFoundError("No module named 'wandb'", name="wandb"))
+    assert repeats("AssertionError: Torch not compiled with CUDA enabled")
+    assert repeats("RuntimeError: Found no NVIDIA driver on your system. Please check ...")
+    assert repeats("RuntimeError: No CUDA GPUs are available")
+    for passing in (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "ImportError: cannot import name 'x' from partially initialized module 'y'",
+        "ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443)",
+        "ValueError: No module named in this text is not at the start",
+    ):
+        assert not repeats(passing), passing
