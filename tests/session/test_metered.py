@@ -29,7 +29,7 @@ PLAIN = """\
     steps = int(sys.argv[1])
     for step in range(1, steps + 1):
         time.sleep(0.05)
-        print(f"step {step}", flush=True)
+        print(f"step {step} {time.time():.3f}", flush=True)
     print("done", flush=True)
 """
 
@@ -63,6 +63,10 @@ def _workdir(tmp_path: Path, name: str, text: str) -> Path:
 
 def _printed_steps(run: Run) -> list[int]:
     return [int(line.split()[1]) for line in run.logs() if line.startswith("step ")]
+
+
+def _printed_times(run: Run) -> list[float]:
+    return [float(line.split()[2]) for line in run.logs() if line.startswith("step ")]
 
 
 def _engine_dollars(run: Run) -> float:
@@ -105,6 +109,12 @@ def test_budget_stops_every_program_and_reads_as_a_budget_stop(
     assert summary["cost_usd"] == pytest.approx(_engine_dollars(run), rel=0.02), summary
     if program == "plain":
         assert summary["steps"] is None and summary["steps_lost"] is None, summary
+        # what it was billed for against what it ran, by its own clock: the node's stretch holds
+        # every line it printed, and is longer by no more than the start and stop of a process
+        (held,) = meter.stretches(run.run_events())
+        times = _printed_times(run)
+        assert held.start <= times[0] and times[-1] <= held.end, (held, times[0], times[-1])
+        assert (held.end - held.start) - (times[-1] - times[0]) < 3.0, (held, times[0], times[-1])
     else:
         assert summary["steps"] == max(printed), (summary, printed[-3:])
 

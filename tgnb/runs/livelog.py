@@ -19,13 +19,13 @@ from datetime import datetime, timezone
 from typing import Any, Protocol, TextIO
 
 from tgnb.events import Event, parse_record, parse_time, program_text
-from tgnb.runs import meter
+from tgnb.runs import meter, node
 
 #: The ``kind`` of the ``@tgnb`` record that starts each attempt's output (`tgnb.train.attempt`).
 ATTEMPT = "attempt"
-#: Set by a node's top tgnb process once it printed its attempt's marker: the processes it
-#: starts print none.
-MARKED_ENV = "TGNB_ATTEMPT_MARKED"
+#: Set by a node's top tgnb process once it printed its attempt's marker (reserved: a run's
+#: ``env`` may not set it).
+MARKED_ENV = node.ATTEMPT_MARKED_ENV
 #: What a header line starts with (``── attempt 2 on node-3, started 12:00:05Z; ...``).
 HEADER = "── attempt "
 #: How long a header waits for the engine's record of its attempt (the marker may be read first).

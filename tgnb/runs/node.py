@@ -114,10 +114,13 @@ GPUS_ENV = "TGNB_NODE_GPUS"
 #: Set (to who meters) where the node must not meter itself: the local engine's supervisor meters
 #: from outside, and a node's top tgnb process sets it for the processes it starts.
 METERED_ENV = "TGNB_METERED"
+#: Set by a node's top tgnb process once it printed its attempt's marker (`tgnb.runs.livelog`):
+#: the processes it starts print none.
+ATTEMPT_MARKED_ENV = "TGNB_ATTEMPT_MARKED"
 #: Set by the engines and the runtime: a run's ``env`` may not set them (refused at launch).
 RESERVED_ENV = frozenset(
     {RUN_DIR_ENV, RUN_ENV, CHECKPOINT_ENV, RESTART_ENV, NODE_ENV, NOTICE_ENV, BUDGET_ENV}
-    | {GPUS_ENV, METERED_ENV, MASK_VARS_ENV}
+    | {GPUS_ENV, METERED_ENV, MASK_VARS_ENV, ATTEMPT_MARKED_ENV}
     | {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     | {"SLURM_RESTART_COUNT", "SLURM_JOB_ID", "PYTHONUNBUFFERED"}
 )
