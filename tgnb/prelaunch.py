@@ -125,6 +125,8 @@ def train_config(
         train = _config_file(str(what))
     if args is not None:
         raise ValidationError("args= go with a script: launch('train.py', args=[...])")
+    if "algorithm" not in train and (train.get("script") or train.get("command")):
+        train["algorithm"] = "script"  # ``script: train.py`` alone, as docs/own-code.md shows it
     if train.get("algorithm") == "script":
         return train, given or wd.default_workdir()
     return train, given

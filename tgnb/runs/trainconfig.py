@@ -118,6 +118,8 @@ def from_dict(raw: Mapping[str, Any]) -> TrainConfig:
         if key not in known:
             raise unknown("config key", str(key), known)
     values = dict(raw)
+    if "algorithm" not in values and (values.get("script") or values.get("command")):
+        values["algorithm"] = "script"  # ``script: train.py`` alone says what it is
     policy = values.pop("checkpoint", None) or {}
     if not isinstance(policy, CheckpointPolicy):
         policy = CheckpointPolicy.parse(policy)

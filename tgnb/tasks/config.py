@@ -91,19 +91,49 @@ class _PlainLoader(_Loader):
         return super().compose_node(parent, index)
 
 
-def load_yaml(text: str) -> Any:
+#: Keys whose lists reach a program as its command line: their items are read as the text written
+#: (``args: [--tag, 007, --lr, 3.0e-4]`` gives ``"007"`` and ``"3.0e-4"``, not 7 and 0.0003).
+ARGV_KEYS = ("args", "command")
+
+
+def _as_written(node: yaml.Node, argv: bool) -> None:
+    """The plain scalars of the argument lists in `node` (the document's `ARGV_KEYS`, or, with
+    `argv`, the document itself when it is a list) tagged as strings: read as written."""
+    lists: list[yaml.Node] = []
+    if argv and isinstance(node, yaml.SequenceNode):
+        lists.append(node)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value in ARGV_KEYS:
+                lists.append(value)
+    for found in lists:
+        for item in found.value if isinstance(found, yaml.SequenceNode) else ():
+            if isinstance(item, yaml.ScalarNode) and item.style is None and item.value:
+                item.tag = "tag:yaml.org,2002:str"
+
+
+def load_yaml(text: str, *, argv: bool = False) -> Any:
     """The one reader of YAML that tgnb takes from users (config files, ``--set`` values, the
     ``%%tg launch`` body, papermill parameters): safe tags only, ``1e-3`` a float, no anchors or
     aliases, at most `MAX_YAML_CHARS` characters and no deeper than Python's recursion allows.
+    The items of an ``args`` or ``command`` list are the text written (`ARGV_KEYS`); with `argv`,
+    so are those of a document that is itself a list (``--set args=[--tag, 007]``).
     Raises `yaml.YAMLError` (`YAMLAliasError` for an alias) for what it refuses."""
     if len(text) > MAX_YAML_CHARS:
         raise yaml.YAMLError(
             f"the YAML is {len(text):,} characters; at most {MAX_YAML_CHARS:,} are read"
         )
+    loader = _PlainLoader(text)  # a SafeLoader subclass
     try:
-        return yaml.load(text, Loader=_PlainLoader)  # a SafeLoader subclass
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _as_written(node, argv)
+        return loader.construct_document(node)
     except RecursionError:
         raise yaml.YAMLError("the YAML is nested too deeply: flatten it") from None
+    finally:
+        loader.dispose()
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -113,8 +143,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise TrainConfigError(
             f"override '{item}' is not key=value; write e.g. --set max_steps=50."
         )
+    argv = key.strip().rpartition(".")[2] in ARGV_KEYS  # ``args=[--tag, 007]``: as written
     try:
-        value = load_yaml(text) if text.strip() else ""
+        value = load_yaml(text, argv=argv) if text.strip() else ""
     except YAMLAliasError:
         raise TrainConfigError(
             f"override '{key.strip()}': YAML anchors and aliases (&name, *name) are not "
