@@ -293,6 +293,17 @@ def unprotected(train: TrainConfig, snapshot: wd.Snapshot | None) -> str | None:
     )
 
 
+def _nearest(script: str, files: Sequence[str]) -> str:
+    """The fix for a script name not found: the closest ``.py`` file of the workdir, if any."""
+    import difflib
+
+    scripts = {f.removesuffix(".py"): f for f in files if f.endswith(".py")}  # ".py" alike
+    close = difflib.get_close_matches(script.removesuffix(".py"), scripts, n=1, cutoff=0.7)
+    if close:
+        return f"did you mean {scripts[close[0]]!r}?"
+    return "give the path of a script inside it (relative to it), or pass workdir= its folder"
+
+
 def _check_shipped(train: TrainConfig, snapshot: wd.Snapshot) -> None:
     """The script is in the snapshot, not only in the folder (an ignore pattern took it out)."""
     script = train.script
@@ -303,6 +314,9 @@ def _check_shipped(train: TrainConfig, snapshot: wd.Snapshot) -> None:
             "the node gets: move it into the workdir, or make its folder the workdir "
             "(workdir=..., --workdir)"
         )
+    if not shipped and not (snapshot.folder / str(script)).exists():
+        raise TrainConfigError(f"script {script!r} is not in the workdir {str(snapshot.folder)!r}"
+                               f": {_nearest(str(script), snapshot.files)}")  # fmt: skip
     if not shipped and (snapshot.folder / str(script)).is_file():
         raise ValidationError(
             f"script {script!r} is in {str(snapshot.folder)!r} but left out of the snapshot "

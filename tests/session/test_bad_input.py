@@ -111,6 +111,27 @@ def test_values_the_node_would_refuse_are_refused_at_launch(
     _nothing_submitted(emu, tmp_path)
 
 
+def test_a_misspelt_script_is_named_against_the_users_folder_with_a_guess(
+    idle: Any, emu: EmulatorHandle, tmp_path: Path
+) -> None:
+    """Not against the private snapshot folder (``/tmp/tgnb-workdir-xxxx``) it was checked in."""
+    wd = tmp_path / "project"
+    (wd / "sub").mkdir(parents=True)
+    (wd / "train.py").write_text("print('hi')\n")
+    (wd / "sub" / "eval.py").write_text("print('hi')\n")
+    for script, fix in [
+        ("trian.py", "did you mean 'train.py'?"),
+        ("sub/evl.py", "did you mean 'sub/eval.py'?"),
+        ("other.py", "give the path of a script inside it"),
+    ]:
+        with pytest.raises(TrainConfigError) as exc:
+            idle.launch(script, workdir=wd, preemptible=False)
+        line = _one_line(exc)
+        assert f"script {script!r} is not in the workdir {str(wd)!r}: {fix}" in line, line
+        assert "tgnb-workdir-" not in line
+    _nothing_submitted(emu, tmp_path)
+
+
 def test_unknown_cluster(emu: EmulatorHandle, tmp_path: Path) -> None:
     make_session(tmp_path, target=0)
     emu.clear_requests()
