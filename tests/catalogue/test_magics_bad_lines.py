@@ -79,7 +79,7 @@ LINES = [
     "pt start tgnb/tiny-llama -o __builtins__",
     "pt open -o None",
     # issue 48: a --command a shell could not split (an unclosed quote): no traceback
-    "certify loop.py --command \"python 'ok.py\"",
+    'certify loop.py --command "python \'ok.py"',
     # item 13: an alias bomb in --set
     f"launch grpo --set 'trl.x={BOMB_FLOW}'",
     "launch grpo --set 'trl.x=[*a]'",

@@ -150,3 +150,20 @@ def test_a_preempted_program_with_no_hook_is_metered_and_counted(
     assert summary["cost_usd"] == pytest.approx(_engine_dollars(run), rel=0.02), summary
     causes = [e.data["cause"] for e in run.run_events() if e.reason == JOB_RELEASED]
     assert causes == ["preempted", "done"], causes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_programs_own_exit_77_is_a_failure_not_a_budget_stop(
+    session: Session, tmp_path: Path
+) -> None:
+    """Exit 77 is the budget's only when tgnb stopped the run at its budget: a program that
+    exits 77 on its own, with no budget, fails with its code, not restarted, never "budget"."""
+    wd = _workdir(tmp_path, "own-77", PLAIN.replace('print("done", flush=True)', "sys.exit(77)"))
+    # a command keeps its own exit code (torchrun, which runs a script, would make it 1)
+    run = session.launch(command=["python", "train.py", "3"], workdir=wd, name="own-77")
+    status = run.wait(timeout=200, progress=False)
+    assert (status.state, status.exit_code) == (JobState.FAILED, 77), status
+    assert "budget" not in status.detail, status
+    causes = [e.data["cause"] for e in run.run_events() if e.reason == JOB_RELEASED]
+    assert causes == ["failed"], causes
