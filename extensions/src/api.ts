@@ -52,12 +52,28 @@ export interface IRun {
   exit_code: number | null;
   detail: string;
   created_at?: string | null;
-  step: number;
+  /** null: unknown, the program reports no steps (never 0) */
+  step: number | null;
   max_steps: number | null;
   progress: number | null;
   gpu_hours?: number;
   cost_usd?: number | null;
   budget_usd?: number | null;
+}
+
+/** A Post-Training model resource tgnb created that still bills while the process that created
+ * it is gone (`tgnb.ptregistry`), with what it has cost from the platform's own numbers. */
+export interface ILeftover {
+  id: string;
+  base_model: string;
+  gpus: number;
+  status: string;
+  since: string | null;
+  cost: number | null;
+  currency: string;
+  per_hour: number | null;
+  source: string;
+  line: string;
 }
 
 export interface IEvent {
@@ -120,6 +136,10 @@ export function scale(preemptible: number): Promise<ICluster> {
 
 export async function getRuns(): Promise<IRun[]> {
   return (await request<{ runs: IRun[] }>('runs')).runs;
+}
+
+export function getLeftovers(): Promise<{ leftovers: ILeftover[]; stop: string }> {
+  return request('posttraining/leftovers');
 }
 
 export function getTimeline(run: string): Promise<string> {

@@ -41,6 +41,8 @@ function errorText(error: unknown): string {
 
 /** How often a live sidebar with no cluster reads it again (milliseconds). */
 const REATTACH_MS = 2000;
+/** How often the sidebar looks for Post-Training resources left billing (ms). */
+const LEFTOVERS_MS = 15000;
 
 const SEEN_KEY = 'tgnb:toasted';
 const SEEN_MAX = 500;
@@ -122,6 +124,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
         sidebar.setError('');
       } catch (error) {
         sidebar.setError(errorText(error));
+      }
+      await readLeftovers();
+    };
+    // Post-Training resources left billing by a process that is gone: read at each refresh and
+    // every LEFTOVERS_MS (the server asks the service only when its registry holds one)
+    const readLeftovers = async (): Promise<void> => {
+      try {
+        const found = await api.getLeftovers();
+        sidebar.setLeftovers(found.leftovers, found.stop);
+      } catch {
+        // the Post-Training service did not answer: the cluster's view stands without it
       }
     };
 
@@ -207,6 +220,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         stream.start();
         void refresh();
         window.setInterval(() => void retry(), REATTACH_MS);
+        window.setInterval(() => void readLeftovers(), LEFTOVERS_MS);
       }
     };
 

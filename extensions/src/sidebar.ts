@@ -6,7 +6,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { ICluster, IEvent, IRun } from './api';
+import { ICluster, IEvent, ILeftover, IRun } from './api';
 
 export const GPUS_PER_NODE = 8;
 const MAX_EVENTS = 200;
@@ -100,6 +100,9 @@ export class TogetherSidebar extends Widget {
     this.runsNode = el('ul', 'tgnb-runs');
     this.runsNode.dataset.testid = 'tgnb-runs';
     root.appendChild(this.runsNode);
+    this.leftoversNode = el('div', 'tgnb-leftovers');
+    this.leftoversNode.dataset.testid = 'tgnb-leftovers';
+    root.appendChild(this.leftoversNode);
     root.appendChild(el('h3', 'tgnb-heading', 'Events'));
     this.eventsNode = el('ul', 'tgnb-events');
     this.eventsNode.dataset.testid = 'tgnb-events';
@@ -181,6 +184,31 @@ export class TogetherSidebar extends Widget {
   setRuns(runs: IRun[]): void {
     this._runs = runs;
     this.renderRuns();
+  }
+
+  /** Post-Training resources left billing by processes that are gone, with what they cost and
+   * the command that stops them; nothing shown when there are none. */
+  setLeftovers(leftovers: ILeftover[], stop: string): void {
+    this.leftoversNode.replaceChildren();
+    if (leftovers.length === 0) {
+      return;
+    }
+    const head = `Left running: ${leftovers.length} Post-Training resource(s)`;
+    this.leftoversNode.appendChild(el('h3', 'tgnb-heading tgnb-warning', head));
+    const list = el('ul', 'tgnb-leftover-list');
+    for (const left of leftovers) {
+      const item = el('li', 'tgnb-leftover');
+      item.dataset.resource = left.id;
+      const cost =
+        left.cost === null ? 'price unknown' : `${money(left.cost, left.currency)} so far`;
+      item.append(
+        el('div', 'tgnb-run-head', `${left.id} · ${left.base_model} · ${left.gpus} GPU(s)`),
+        el('div', 'tgnb-muted', `${left.status} · ${cost} (${left.source})`)
+      );
+      item.title = left.line;
+      list.appendChild(item);
+    }
+    this.leftoversNode.append(list, el('div', 'tgnb-muted', `stop them: ${stop}`));
   }
 
   addEvent(event: IEvent): void {
@@ -276,7 +304,12 @@ export class TogetherSidebar extends Widget {
       const open = el('button', 'jp-Button tgnb-link', 'timeline');
       open.onclick = () => this.actions.openTimeline(run.name);
       head.appendChild(open);
-      const steps = run.max_steps ? `${run.step}/${run.max_steps} steps` : `${run.step} steps`;
+      const steps =
+        run.step === null
+          ? 'steps unknown'
+          : run.max_steps
+            ? `${run.step}/${run.max_steps} steps`
+            : `${run.step} steps`;
       const spent = spending(run);
       const info = [steps, `restarts ${run.restart_count}`, spent, run.nodes.join(',')].filter(
         Boolean
@@ -301,6 +334,7 @@ export class TogetherSidebar extends Widget {
   private runsNode: HTMLElement;
   private filterNode: HTMLInputElement;
   private eventsNode: HTMLElement;
+  private leftoversNode: HTMLElement;
 }
 
 /** `$1.23` (`$0.0042` under a cent), as tgnb writes amounts (`tgnb.prices.money`). */

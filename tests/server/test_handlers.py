@@ -222,3 +222,16 @@ async def test_a_run_that_fails_is_pushed_as_a_state_change(
     assert changes[-1]["from"] in (None, "pending", "running")
     runs = body(await jp_fetch("tgnb", "runs"))["runs"]
     assert [(r["name"], r["state"], r["finished"]) for r in runs] == [("doomed", "failed", True)]
+
+
+async def test_leftovers_with_none_left_sends_no_request(
+    jp_fetch: Any, emu: EmulatorHandle, tgnb_home: Any, monkeypatch: pytest.MonkeyPatch
+):
+    """The sidebar's look for Post-Training leftovers (`serialize.leftovers_json`): with no
+    registry entry whose process is gone it answers from the tgnb home alone, attaching nothing
+    (the browser test tests/lab/test_sidebar_leftovers.py lists a real leftover)."""
+    monkeypatch.setenv("TGNB_HOME", str(tgnb_home))
+    r = await jp_fetch("tgnb", "posttraining", "leftovers")
+    assert body(r) == {"leftovers": [], "stop": "tgnb pt stop --leftovers"}
+    status = body(await jp_fetch("tgnb", "status"))
+    assert status["attached"] is False  # the look attached no session

@@ -21,6 +21,7 @@ from tgnb.events import JOB_PLACED, JOB_RELEASED, RUN_EXITED, SIGNAL_SENT
 from tgnb.runs import meter
 from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
+from tgnb.server.serialize import run_json
 from tgnb.session import Session
 
 PLAIN = """\
@@ -107,6 +108,8 @@ def test_budget_stops_every_program_and_reads_as_a_budget_stop(
     assert summary["preemptions"] == 0, summary
     assert summary["gpu_hours"] > 0 and summary["cost_usd"] >= budget, summary
     assert summary["cost_usd"] == pytest.approx(_engine_dollars(run), rel=0.02), summary
+    shown = run_json(run)  # what the sidebar shows: unknown steps, never 0
+    assert shown["step"] == summary["steps"] and shown["cost_usd"] == summary["cost_usd"], shown
     if program == "plain":
         assert summary["steps"] is None and summary["steps_lost"] is None, summary
         # what it was billed for against what it ran, by its own clock: the node's stretch holds

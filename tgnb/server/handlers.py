@@ -44,7 +44,7 @@ from tgnb.errors import (
     TransientApiError,
     ValidationError,
 )
-from tgnb.server.serialize import cluster_json, run_json
+from tgnb.server.serialize import cluster_json, leftovers_json, run_json
 from tgnb.server.service import LOST, Cockpit
 
 #: A comment line sent on an idle event stream so proxies keep it open (seconds).
@@ -251,6 +251,19 @@ class RunHandler(TgnbHandler):
             self.send(result)
 
 
+class LeftoversHandler(TgnbHandler):
+    """Post-Training resources left billing by processes that are gone (`serialize.leftovers_json`):
+    read from the tgnb home's registry; the service is asked only when it holds such an entry."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        from tgnb.config import default_home
+
+        result = await self.call(lambda: leftovers_json(default_home()))
+        if result is not None:
+            self.send(result)
+
+
 class TimelineHandler(TgnbHandler):
     @web.authenticated
     async def get(self, name: str) -> None:
@@ -334,5 +347,6 @@ def routes() -> list[tuple[str, type[TgnbHandler]]]:
         (f"runs/{name}", RunHandler),
         (f"runs/{name}/timeline", TimelineHandler),
         ("events", EventsHandler),
+        ("posttraining/leftovers", LeftoversHandler),
     ]
     return [(url_path_join("/tgnb", path), cls) for path, cls in paths]

@@ -8,10 +8,12 @@ renders them as text).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgnb.events import Event, format_time
+from tgnb.events import RUN_STARTED, Event, format_time
 from tgnb.markup import plain_json
+from tgnb.runs.trainconfig import SCRIPT
 
 if TYPE_CHECKING:
     from tgnb.cloud import ClusterState, NodeState
@@ -67,9 +69,14 @@ def _prices_json(prices: Prices | None) -> dict[str, Any] | None:
     }
 
 
-def _step(run: Run) -> int:
+def _step(run: Run) -> int | None:
+    """The run's last step; None when its program reports no steps (no metrics, no hook of
+    tgnb's: a script that never imports tgnb, a command), never 0."""
     steps = [int(r["step"]) for r in run.records("metrics") if isinstance(r.get("step"), int)]
-    return max(steps, default=0)
+    if steps:
+        return max(steps)
+    hooked = any(e.reason == RUN_STARTED and e.source == "run" for e in run.run_events())
+    return 0 if hooked or run.record.spec.train.algorithm != SCRIPT else None
 
 
 def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
@@ -92,7 +99,7 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
         "created_at": rec.created_at,
         "step": step,
         "max_steps": total,
-        "progress": min(1.0, step / total) if total else None,
+        "progress": min(1.0, step / total) if total and step is not None else None,
         **run.spending(),  # gpu_hours, cost_usd (None: no price known), budget_usd
     }
     if detail:
@@ -106,3 +113,34 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
 
 def event_json(event: Event) -> dict[str, Any]:
     return plain_json(event.to_dict())
+
+
+def leftovers_json(home: Path) -> dict[str, Any]:
+    """The Post-Training model resources tgnb created that still bill while the process that
+    created them is gone (`tgnb.ptregistry`), each with what it has cost from the platform's own
+    numbers, and the command that stops them. No request is sent unless the registry holds an
+    entry whose process is gone."""
+    from tgnb.ptregistry import STOP_HINT, Registry, describe
+
+    out: dict[str, Any] = {"leftovers": [], "stop": STOP_HINT}
+    if not Registry(home).any_gone():
+        return out
+    from tgnb.posttraining import post_training
+
+    for left in post_training().leftovers():
+        b = left.billed
+        out["leftovers"].append(
+            {
+                "id": left.resource_id,
+                "base_model": left.base_model,
+                "gpus": left.gpus,
+                "status": left.status,
+                "since": None if b.since is None else b.since.isoformat(),
+                "cost": b.amount,
+                "currency": b.currency,
+                "per_hour": b.price_per_hour,
+                "source": b.source,
+                "line": describe(left),
+            }
+        )
+    return plain_json(out)
