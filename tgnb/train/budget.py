@@ -8,16 +8,19 @@ itself, with the notebook closed as well as open (`held`). The engine gives the 
 `tgnb.runs.node.BUDGET_ENV`; the node's process takes it out of its environment, so its children
 (torchrun's workers, a command) do not hold it again. Every `POLL_SECONDS` a thread prices the run
 from its ``events.jsonl`` in the run directory on shared storage, which survives requeues and
-holds every earlier attempt's starts and exits: the one rule of `tgnb.runs.budget`, measured as the
-local supervisor and the cockpit measure it. Node 0 records the events now due (a
-``BudgetNotice`` at 80 %, a ``BudgetReached`` at the budget). At the budget the launcher sends
-itself SIGTERM, as a preemption does: torchrun's agent (or the runtime's command) passes it on to
-the program, which seals a checkpoint and exits; the node then exits
-`tgnb.runs.node.Exit.STOPPED`, which no engine restarts (`tgnb.runs.recovery.FINAL_CODES`).
+holds every earlier attempt's placements and releases (`NodeMeter`, `tgnb.runs.meter`): the one
+rule of `tgnb.runs.budget`, measured as the local supervisor and the cockpit measure it, for every
+program. Node 0 records the events now due (a ``BudgetNotice`` at 80 %, a ``BudgetReached`` at
+the budget). At the budget the launcher sends itself SIGTERM, as a preemption does: torchrun's
+agent (or the runtime's command) passes it on to the program, which seals a checkpoint (if it
+uses protect or the Checkpointer) and exits; what is still running `GRACE_SECONDS` later is
+killed. The node then exits `tgnb.runs.node.Exit.STOPPED`, which no engine restarts
+(`tgnb.runs.recovery.FINAL_CODES`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -34,10 +37,36 @@ from tgnb.runs.outcome import events_size, node_exit
 
 #: How often the node prices its run (real seconds).
 POLL_SECONDS = 1.0
+#: After the budget's SIGTERM, the program's grace (seconds) before what it started is killed,
+#: as the local supervisor kills a run that outlives its stop.
+GRACE_SECONDS = 30.0
 #: At the budget, the stop waits this long for the program to start (its ``RunStarted``: torchrun
 #: passes a SIGTERM on to its workers once they run); a program that records no start is
 #: stopped once this has passed.
 STARTUP_GRACE_SECONDS = 10.0
+
+
+def kill_descendants(root: int) -> int:
+    """SIGKILL every live descendant of process `root` (by parent pid, from ``/proc``; Linux);
+    how many were signalled."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        kids = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += kids
+        todo += kids
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(found)
 
 
 class BudgetWatch:
@@ -53,9 +82,10 @@ class BudgetWatch:
         *,
         record: bool = True,
         poll: float = POLL_SECONDS,
+        grace: float = GRACE_SECONDS,
     ) -> None:
         self.run_dir, self.name, self.budget = Path(run_dir), name, budget
-        self.record, self.poll = record, poll
+        self.record, self.poll, self.grace = record, poll, grace
         self.reached = threading.Event()
         self.since = utcnow()  # this attempt's records are the later ones
         self._done = threading.Event()
@@ -96,6 +126,11 @@ class BudgetWatch:
             if reached and started:
                 self.reached.set()
                 self.stop()
+                if not self._done.wait(self.grace):  # the program outlived its grace: killed
+                    killed = kill_descendants(os.getpid())
+                    print(f"tgnb: the program did not stop within {self.grace:g} s of the "
+                          f"budget's SIGTERM: killed {killed} process(es)",
+                          file=sys.stderr, flush=True)  # fmt: skip
                 return
 
 
@@ -228,4 +263,13 @@ def _held(run_dir: str | None, program: Callable[[], int]) -> int:
     return int(node.Exit.STOPPED)
 
 
-__all__ = ["POLL_SECONDS", "BudgetWatch", "NodeMeter", "cause_of", "held", "watch"]
+__all__ = [
+    "GRACE_SECONDS",
+    "POLL_SECONDS",
+    "BudgetWatch",
+    "NodeMeter",
+    "cause_of",
+    "held",
+    "kill_descendants",
+    "watch",
+]
