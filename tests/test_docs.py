@@ -111,3 +111,22 @@ def test_the_readme_is_short_and_says_where_the_sidebar_is() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 100
     assert "left sidebar" in text and "Together GPUs" in text
+
+
+def test_the_readme_names_what_an_install_from_a_checkout_needs() -> None:
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "Node.js >= 18" in text and "npm" in text
+
+
+def test_the_user_guide_lists_the_extras_that_all_includes() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    included = re.fullmatch(r"tgnb\[(.*)\]", extras["all"][0])
+    assert included is not None
+    guide = " ".join((DOCS / "user-guide.md").read_text().split())
+    assert "all but" not in guide
+    for name in included.group(1).split(","):
+        assert f"`{name}`" in guide, name
