@@ -246,6 +246,7 @@ def plan(
             _check_shipped(cfg, snapshot)
         paths = [p for p in spec.env.get("PYTHONPATH", "").split(os.pathsep) if p]
         check(cfg, None if snapshot is None else snapshot.root, paths)
+        check_mlflow_store(cfg, spec.env)
         res = spec.resources
         estimate = None
         if state is not None and res.preemptible:  # auto weighs what this cluster's nodes saw
@@ -257,6 +258,37 @@ def plan(
             snapshot.discard()
         raise
     return LaunchPlan(spec, snapshot, estimate, unprotected(cfg, snapshot))
+
+
+#: MLflow tracking URIs that are not its file store (which MLflow 3 refuses to open).
+_MLFLOW_NOT_FILES = re.compile(r"^(sqlite|postgresql|mysql|mssql|https?|databricks|uc)[:+]", re.I)
+
+
+def _reports_to_mlflow(cfg: TrainConfig) -> bool:
+    report_to = cfg.trl.get("report_to")
+    names = [report_to] if isinstance(report_to, str) else list(report_to or ())
+    return any(str(n).strip().lower() in ("mlflow", "all") for n in names)
+
+
+def check_mlflow_store(cfg: TrainConfig, env: Mapping[str, str]) -> None:
+    """Refuse, in one line naming the fix, a run whose MLflow tracking URI is MLflow's file store
+    (``file:...`` or a plain path): MLflow 3 refuses to open it unless ``MLFLOW_ALLOW_FILE_STORE``
+    is true, so the node would fail at every start. Checked for a built-in run whose
+    ``trl.report_to`` names ``mlflow`` (or ``all``), with the URI of the run's `env` or else of
+    this process (which the node inherits), and for any run whose own `env` sets the URI."""
+    given = "MLFLOW_TRACKING_URI" in env
+    if not given and not _reports_to_mlflow(cfg):
+        return
+    uri = env.get("MLFLOW_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    allow = env.get("MLFLOW_ALLOW_FILE_STORE", os.environ.get("MLFLOW_ALLOW_FILE_STORE", ""))
+    if not uri or _MLFLOW_NOT_FILES.match(uri) or allow.strip().lower() in ("1", "true"):
+        return  # unset: MLflow's default, sqlite:///mlflow.db in the working directory
+    path = uri.removeprefix("file://").removeprefix("file:")
+    raise ValidationError(
+        f"MLFLOW_TRACKING_URI={uri!r:.120} is MLflow's file store, which MLflow refuses to open: "
+        f"use a database, MLFLOW_TRACKING_URI='sqlite:///{os.path.abspath(path or '.')}/mlflow.db' "
+        "(or set MLFLOW_ALLOW_FILE_STORE=true)"
+    )
 
 
 #: What a program with a hook names: `tgnb.train.protect` or the `Checkpointer`.

@@ -216,7 +216,16 @@ def _open_mlflow(state: dict[str, Any], name: str, metrics: bool) -> Tracker:
         mlflow.end_run()
         active = None
     if active is None:
-        active = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=name)
+        try:
+            active = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=name)
+        except mlflow.MlflowException as exc:
+            if "MLFLOW_ALLOW_FILE_STORE" not in str(exc):
+                raise  # a server away: the attempt fails and is restarted
+            raise TrainConfigError(  # a store MLflow will never open: final, in one line
+                f"MLflow refused the tracking URI {mlflow.get_tracking_uri()!r:.120}: "
+                f"{str(exc).splitlines()[0][:200]} (a file store: set MLFLOW_TRACKING_URI to "
+                "sqlite:////abs/path/mlflow.db)"
+            ) from None
     mine.update(run_id=active.info.run_id, experiment_id=active.info.experiment_id)
     mlflow.set_tags({"tgnb.run": name})
     return Tracker(
