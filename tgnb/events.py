@@ -148,6 +148,17 @@ def parse_time(value: str | float | int | datetime) -> datetime:
     return dt.astimezone(timezone.utc)
 
 
+def maybe_time(value: Any) -> datetime | None:
+    """`parse_time` of a timestamp a service record may hold (ISO text, a datetime); None when
+    it is missing or unreadable."""
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(value)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Longest duration tgnb reads (an age, a timeout): ten years.

@@ -11,7 +11,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from tgnb.events import parse_time
+from tgnb.events import maybe_time
 from tgnb.posttraining._connect import status_label
 from tgnb.prices import money
 
@@ -27,13 +27,7 @@ def _int(value: Any, default: int = 0) -> int:
         return default
 
 
-def as_time(value: Any) -> datetime | None:
-    if value is None or value == "":
-        return None
-    try:
-        return parse_time(value)
-    except (TypeError, ValueError):
-        return None
+as_time = maybe_time  # a service record's timestamp, None when missing or unreadable
 
 
 @dataclass(frozen=True)

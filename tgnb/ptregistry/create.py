@@ -21,12 +21,12 @@ import contextlib
 import os
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from tgnb.cloud.client import RetryPolicy, is_transient
 from tgnb.errors import ApiError, ConfigError, TgnbError
-from tgnb.events import format_time, parse_time
+from tgnb.events import format_time, maybe_time, parse_time
 from tgnb.ptregistry.store import Entry, Registry, mine, root_of
 
 if TYPE_CHECKING:
@@ -69,14 +69,8 @@ def default_inactive_timeout() -> int:
     return value
 
 
-def as_time(value: Any) -> datetime | None:
-    """A timestamp of the service's records (ISO text or a datetime); None if unreadable."""
-    if value is None or value == "":
-        return None
-    try:
-        return parse_time(value)
-    except (TypeError, ValueError):
-        return None
+#: A timestamp of the service's records (ISO text or a datetime); None if unreadable.
+as_time = maybe_time
 
 
 def match(records: list[Any], entry: Entry, claimed: set[str]) -> Any | None:

@@ -372,14 +372,8 @@ class Run:
         return run_cost(self.name, self.run_events(), gpus, until)
 
     def summary(self, prices: Prices | None = None) -> dict[str, Any]:
-        """What the run achieved: steps done against max_steps, steps lost to restarts (steps
-        done but not in the checkpoint a restart resumed from: all of them when it started again
-        from step 0, its node gone with no notice), restarts, preemptions (the notices the run
-        saw), first and last reward; its GPU-hours and their dollars (``cost_usd``, at `prices`,
-        default `Run.prices`; None when no price is known) against its ``budget_usd``. A program
-        that never called protect or the Checkpointer (no ``RunStarted``) is named in `note`
-        (`tgnb.runs.outcome.UNPROTECTED`): each restart lost every step it had logged; a stop with
-        no checkpoint says so there too."""
+        """What the run achieved and what it cost (`tgnb.runs.summary.summarize`, whose docstring
+        lists the keys), its dollars at `prices` (default `Run.prices`)."""
         cost = self.cost()
         return summarize(
             self.name,

@@ -35,11 +35,14 @@ def summarize(
     kind: str,
     spending: dict[str, Any],
 ) -> dict[str, Any]:
-    """What the run achieved: steps done against max_steps, steps lost to restarts (steps
-    done but not in the checkpoint a restart resumed from: all of them when it started again
-    from step 0, its node gone with no notice), restarts, preemptions (the notices the run
-    saw), first and last reward; its GPU-hours and their dollars (``cost_usd``, at `prices`,
-    default `Run.prices`; None when no price is known) against its ``budget_usd``. A program
+    """What the run achieved: steps done against max_steps (None: the program reports no
+    steps), steps lost to restarts (steps done but not in the checkpoint a restart resumed from:
+    all of them when it started again from step 0, its node gone with no notice; None when
+    unknown), restarts, preemptions (the engine's notices, `cost`; the program's for a run
+    recorded before the engine metered it), first and last reward; the node-time preemptions
+    made it redo (``lost_gpu_hours``, ``lost_node_seconds``); its GPU-hours and their dollars
+    (`spending`: ``gpu_hours``, ``cost_usd``, None when no price is known) against its
+    ``budget_usd``. A program
     that never called protect or the Checkpointer (no ``RunStarted``) is named in `note`
     (`tgnb.runs.outcome.UNPROTECTED`): each restart lost every step it had logged; a stop with
     no checkpoint says so there too."""

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from tgnb.connection import Endpoint, with_home_emulator
-from tgnb.events import parse_time, utcnow
+from tgnb.events import maybe_time, utcnow
 from tgnb.prices import money
 from tgnb.tinker._support import log
 
@@ -34,14 +34,7 @@ ACTIVE = {
 }
 
 
-def service_time(value: Any) -> datetime | None:
-    """A timestamp of the service's records (an ISO string or a datetime); None if unreadable."""
-    if value is None or value == "":
-        return None
-    try:
-        return parse_time(value)
-    except (TypeError, ValueError):
-        return None
+service_time = maybe_time  # a service record's timestamp, None when missing or unreadable
 
 
 @dataclass
