@@ -18,7 +18,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import * as api from './api';
-import { confirmScale, GPUS_PER_NODE, TogetherSidebar } from './sidebar';
+import { confirmScale, GPUS_PER_NODE, localTime, localTimes, TogetherSidebar } from './sidebar';
 
 const ICON_SVG =
   '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">' +
@@ -43,6 +43,19 @@ function errorText(error: unknown): string {
 const REATTACH_MS = 2000;
 /** How often the sidebar looks for Post-Training resources left billing (ms). */
 const LEFTOVERS_MS = 15000;
+
+/** A notice older than this when it arrives is not toasted (ms): a page that opens or reconnects
+ * is sent the recent past, which the sidebar's feed shows; a toast is for what happens now. */
+export const STALE_MS = 60000;
+
+/** Whether `message` is about an event older than `STALE_MS` (by this browser's clock). */
+export function stale(message: api.Message, now: number = Date.now()): boolean {
+  if (message.type !== 'event') {
+    return false;
+  }
+  const at = Date.parse(message.event.time);
+  return !Number.isNaN(at) && now - at > STALE_MS;
+}
 
 const SEEN_KEY = 'tgnb:toasted';
 const SEEN_MAX = 500;
@@ -90,20 +103,23 @@ export function notify(message: api.Message): void {
       message.live &&
       ['TogetherPreemptionNotified', 'RunResumed'].includes(message.event.reason)) ||
     (message.type === 'run_state' && message.to === 'failed');
-  const key = wanted ? toastKey(message) : null;
+  const key = wanted && !stale(message) ? toastKey(message) : null;
   if (key === null || !firstTime(key)) {
     return;
   }
   if (message.type === 'event' && message.live) {
     const e = message.event;
     if (e.reason === 'TogetherPreemptionNotified') {
-      Notification.warning(`Preemption notice: ${e.message || `node ${e.node ?? '?'}`}`, {
+      const what = e.message ? localTimes(e.message) : `node ${e.node ?? '?'}`;
+      Notification.warning(`${localTime(e.time)} Preemption notice: ${what}`, {
         autoClose: 15000
       });
     } else if (e.reason === 'RunResumed') {
       const step = e.data?.step;
       const from = step !== undefined ? ` from step ${step}` : '';
-      Notification.info(`Run ${e.run ?? '?'} resumed${from}`, { autoClose: 10000 });
+      Notification.info(`${localTime(e.time)} Run ${e.run ?? '?'} resumed${from}`, {
+        autoClose: 10000
+      });
     }
   } else if (message.type === 'run_state' && message.to === 'failed') {
     Notification.error(`Run ${message.run} failed`, { autoClose: false });

@@ -213,17 +213,16 @@ export class TogetherSidebar extends Widget {
 
   addEvent(event: IEvent): void {
     const item = el('li', `tgnb-event tgnb-reason-${event.reason}`);
-    const when = new Date(event.time);
-    item.appendChild(el('span', 'tgnb-time', when.toLocaleTimeString([], { hour12: false })));
+    item.appendChild(el('span', 'tgnb-time', localTime(event.time)));
     item.appendChild(el('span', 'tgnb-reason', event.reason));
     const where = [event.node, event.run].filter(Boolean).join(' · ');
     if (where) {
       item.appendChild(el('span', 'tgnb-where', where));
     }
     if (event.message) {
-      item.appendChild(el('span', 'tgnb-message', event.message));
+      item.appendChild(el('span', 'tgnb-message', localTimes(event.message)));
     }
-    item.title = event.message;
+    item.title = localTimes(event.message);
     this.eventsNode.insertBefore(item, this.eventsNode.firstChild);
     while (this.eventsNode.childElementCount > MAX_EVENTS) {
       this.eventsNode.lastElementChild?.remove();
@@ -338,6 +337,22 @@ export class TogetherSidebar extends Widget {
 }
 
 /** `$1.23` (`$0.0042` under a cent), as tgnb writes amounts (`tgnb.prices.money`). */
+/** A time as the sidebar shows it: the browser's local time of day, 24-hour. */
+export function localTime(when: string | Date): string {
+  const date = when instanceof Date ? when : new Date(when);
+  if (Number.isNaN(date.getTime())) {
+    return String(when);
+  }
+  return date.toLocaleTimeString([], { hour12: false });
+}
+
+const ISO_TIME = /\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?/g;
+
+/** `text` with every ISO 8601 timestamp in it (a drain window's end...) as `localTime` writes it. */
+export function localTimes(text: string): string {
+  return text.replace(ISO_TIME, iso => localTime(iso));
+}
+
 export function money(amount: number, currency = 'USD'): string {
   const digits = amount !== 0 && Math.abs(amount) < 0.01 ? 4 : 2;
   const text = amount.toLocaleString('en-US', {

@@ -8,6 +8,7 @@ stand-in trainer instead of TRL."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from tests.conftest import wait_until
 from .conftest import REPO, Lab
 
 STANDIN_DIR = REPO / "tests" / "backends" / "local"
+#: A raw ISO 8601 timestamp, which no toast or feed line should show.
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d")
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +86,10 @@ def test_runs_order_filter_and_toast_once(
         toast = page.locator(".Toastify__toast", has_text="Preemption notice")
         toast.first.wait_for(timeout=30_000)
         assert toast.count() == 1
+        # times as the sidebar shows them (local, 24-hour), no raw ISO timestamp
+        said = toast.first.inner_text()
+        assert not ISO.search(said), said
+        assert re.search(r"^\d\d:\d\d:\d\d Preemption notice: .*ends at \d\d:\d\d:\d\d", said), said
         sidebar.locator(".tgnb-reason-TogetherPreemptionNotified").first.wait_for()
         # every label whole: no text cut off at the sidebar's edge
         cut = sidebar.locator(".tgnb-event span").evaluate_all(
@@ -100,6 +107,20 @@ def test_runs_order_filter_and_toast_once(
         again = page.locator(".Toastify__toast", has_text="Preemption notice")
         assert again.count() == 0, again.all_inner_texts()
         shot("03-reloaded")
+        feed = sidebar.locator(".tgnb-reason-TogetherPreemptionNotified").first.inner_text()
+        assert not ISO.search(feed), feed
+
+        # a page whose toasts were never shown (another browser) opened two minutes after the
+        # notice: the notice is in the feed, not toasted (it was, with every stale notice at once)
+        page.evaluate("() => window.localStorage.removeItem('tgnb:toasted')")
+        page.add_init_script("{ const now = Date.now; Date.now = () => now() + 120000; }")
+        page.reload()
+        page.locator('.jp-SideBar [data-id="tgnb-sidebar"]').click()
+        sidebar.locator(".tgnb-reason-TogetherPreemptionNotified").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(4000)
+        stale = page.locator(".Toastify__toast", has_text="Preemption notice")
+        assert stale.count() == 0, stale.all_inner_texts()
+        shot("04-stale-not-toasted")
     except Exception:
         shot("failure")
         log = lab.log.read_text(errors="replace")[-3000:]
