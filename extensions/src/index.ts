@@ -139,7 +139,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         sidebar.setRuns(await api.getRuns());
         sidebar.setError('');
       } catch (error) {
-        sidebar.setError(errorText(error));
+        if (sidebar.cluster === null) {
+          sidebar.setUnattached(errorText(error)); // a state with its fix, not an error
+        } else {
+          sidebar.setError(errorText(error));
+        }
       }
       await readLeftovers();
     };
@@ -211,7 +215,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
           sidebar.addEvent(message.event);
           break;
         case 'error':
-          sidebar.setError(message.message);
+          if (sidebar.cluster === null) {
+            sidebar.setUnattached(message.message);
+          } else {
+            sidebar.setError(message.message);
+          }
           break;
       }
       notify(message);

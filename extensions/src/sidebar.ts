@@ -145,7 +145,19 @@ export class TogetherSidebar extends Widget {
     };
     box.append(el('span', 'tgnb-label', 'target'), minus, value, plus, el('span', '', 'GPUs'), apply);
     this.pendingNode = value;
+    this.scaleButtons = [minus, plus, apply];
+    for (const button of this.scaleButtons) {
+      button.dataset.title = button.title;
+    }
     return box;
+  }
+
+  /** The scale control works on an attached cluster only. */
+  private enableScale(on: boolean): void {
+    for (const button of this.scaleButtons) {
+      button.disabled = !on;
+      button.title = on ? (button.dataset.title ?? '') : 'attach to a cluster first';
+    }
   }
 
   private setPending(target: number): void {
@@ -155,6 +167,23 @@ export class TogetherSidebar extends Widget {
 
   setError(message: string): void {
     this.errorNode.textContent = message;
+  }
+
+  /** No cluster could be read (`reason`: why, with the fix): the normal state before anything
+   * is attached, or after the platform stopped answering. Shown beside the Attach button, in the
+   * muted colour of a state, not as an error; it replaces the reason shown before (one cause,
+   * one message). */
+  setUnattached(reason: string): void {
+    this.errorNode.textContent = '';
+    if (this._cluster !== null || (this.detachedReason || this.unattachedReason) === reason) {
+      return;
+    }
+    if (this.detachedReason) {
+      this.detachedReason = reason; // still disconnected: the newest word on why
+    } else {
+      this.unattachedReason = reason;
+    }
+    this.renderCluster();
   }
 
   /** The platform stopped answering (the emulator stopped or moved): no cluster until the next
@@ -242,12 +271,16 @@ export class TogetherSidebar extends Widget {
       const status = el('div', 'tgnb-muted', state);
       status.dataset.testid = 'tgnb-detached';
       this.clusterNode.append(status);
-      if (this.detachedReason) {
-        this.clusterNode.append(el('div', 'tgnb-muted tgnb-reason-text', this.detachedReason));
+      const reason = this.detachedReason || this.unattachedReason;
+      if (reason) {
+        this.clusterNode.append(el('div', 'tgnb-muted tgnb-reason-text', reason));
       }
       this.clusterNode.append(link);
+      this.enableScale(false);
       return;
     }
+    this.unattachedReason = '';
+    this.enableScale(true);
     const name = el('div', 'tgnb-cluster-name', c.name);
     name.title = c.id;
     const where = [c.type, c.phase ?? c.status, c.gpu_type, c.region, c.backend]
@@ -324,6 +357,8 @@ export class TogetherSidebar extends Widget {
 
   private _cluster: ICluster | null = null;
   private detachedReason = '';
+  private unattachedReason = '';
+  private scaleButtons: HTMLButtonElement[] = [];
   private _runs: IRun[] = [];
   private pending = 0;
   private pendingNode!: HTMLElement;
