@@ -287,3 +287,60 @@ def test_each_checkpoint_interval_announced_is_drawn_and_named() -> None:
     assert said[1] in tips[1] and "step 148" in tips[1], tips
     legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend-marker"]
     assert "checkpoint interval" in legend, legend
+
+
+def test_every_marker_drawn_has_a_legend_entry_and_the_notice_is_not_the_signal() -> None:
+    """Every symbol a marker is drawn with is in the legend (the backend's job events, budget and
+    Post-Training markers were left out, three of them in the tour), and the preemption notice and
+    the program's signal are told apart (both were red down-triangles)."""
+    from tgnb.events import (
+        BUDGET_NOTICE,
+        JOB_PLACED,
+        JOB_RELEASED,
+        PREEMPTION_NOTIFIED,
+        SIGNAL_RECEIVED,
+        SIGNAL_SENT,
+    )
+    from tgnb.notebook._lanes import MARKER_STYLE
+
+    node = "gpu-preemptible-dp-1"
+    events = [
+        Event(at(0), "run", "RunStarted", run="grpo-l", node=node),
+        Event(at(5), "backend", JOB_PLACED, run="grpo-l", node=node),
+        Event(at(100), "cluster", PREEMPTION_NOTIFIED, node=node),
+        Event(at(130), "backend", SIGNAL_SENT, run="grpo-l", node=node),
+        Event(at(160), "run", SIGNAL_RECEIVED, run="grpo-l", node=node),
+        Event(at(200), "run", "CheckpointSaved", run="grpo-l", data={"step": 4}),
+        Event(at(260), "run", BUDGET_NOTICE, run="grpo-l"),
+        Event(at(300), "run", "SomethingNewOfTheProgram", run="grpo-l"),
+        Event(at(400), "run", "RunExited", run="grpo-l", node=node),
+        Event(at(420), "backend", JOB_RELEASED, run="grpo-l", node=node),
+    ]
+    root = ET.fromstring(EventTimeline(events, now=at(500)).to_svg())
+    href = "{http://www.w3.org/1999/xlink}href"
+    uses = list(root.iter(f"{SVG}use"))
+    drawn = {u.get(href) for u in uses if (u.get("class") or "").startswith("marker ")}
+    legend = {u.get(href) for u in uses if u.get("class") == "legend-symbol"}
+    assert len(drawn) >= 10, drawn
+
+    def style(ref: str | None) -> object:
+        symbol = (ref or "").removeprefix("#tgnb-m-")
+        return MARKER_STYLE.get(symbol, symbol)  # kinds drawn alike share one entry
+
+    assert {style(r) for r in drawn} <= {style(r) for r in legend}, (drawn, legend)
+    labels = [t.text or "" for t in root.iter(f"{SVG}text") if t.get("class") == "legend-marker"]
+    for word in (
+        "preemption notice",
+        "signal",
+        "job placed",
+        "SIGTERM sent",
+        "80 % of budget",
+        "job released",
+        "other event",
+    ):
+        assert any(word in label for label in labels), (word, labels)
+    assert MARKER_STYLE[PREEMPTION_NOTIFIED] != MARKER_STYLE[SIGNAL_RECEIVED]
+    assert not any("preemption notice" in x and "signal" in x for x in labels), labels
+    # the one a program's own reason is drawn with is not a checkpoint's (it was)
+    other = next(u for u in uses if u.get("class") == "marker SomethingNewOfTheProgram")
+    assert other.get(href) != "#tgnb-m-CheckpointSaved"

@@ -27,7 +27,7 @@ MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.RUN_RESUMED: ("up", "#1b9e77"),
     ev.CHECKPOINT_SAVED: ("circle", "#3366cc"),
     ev.CHECKPOINT_INTERVAL: ("diamond", "#3366cc"),
-    ev.SIGNAL_RECEIVED: ("down", "#d62728"),
+    ev.SIGNAL_RECEIVED: ("cross", "#d62728"),  # the program's SIGTERM: not the notice's shape
     ev.DRAIN_NOTICE: ("down", "#ff7f0e"),
     ev.RUN_REQUEUED: ("square", "#ff7f0e"),
     ev.RUN_EXITED: ("bar", "#222222"),
@@ -57,6 +57,11 @@ MARKER_STYLE: dict[str, tuple[str, str]] = {
     ev.SESSION_CHECKPOINT: ("circle", "#3366cc"),
     ev.SESSION_ROLLED_BACK: ("down", "#ff7f0e"),
 }
+#: The marker of an event with no style of its own (a reason added later, a program's own).
+OTHER = "other"
+OTHER_STYLE = ("ring", "#555555")
+OTHER_LABEL = "other event (hover for its name)"
+
 LABEL = {
     ev.RUN_STARTED: "started",
     ev.RUN_RESUMED: "resumed",

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 
 from tgnb import events as ev
 from tgnb.markup import escape
-from tgnb.notebook._lanes import LABEL, MARKER_STYLE, SPAN_STYLE, Marker, Span
+from tgnb.notebook._lanes import (
+    LABEL,
+    MARKER_STYLE,
+    OTHER,
+    OTHER_LABEL,
+    OTHER_STYLE,
+    SPAN_STYLE,
+    Marker,
+    Span,
+)
 
 if TYPE_CHECKING:
     from tgnb.notebook.timeline import EventTimeline
@@ -158,7 +167,7 @@ def _group_svg(group: list[tuple[float, Marker]], mid: float, when: Callable[[fl
         return f"{escape(m.label)}{count} at {escape(when(m.time))}"
 
     def use(x: float, m: Marker, tip: str) -> str:
-        ref = m.reason if m.reason in MARKER_STYLE else ev.CHECKPOINT_SAVED
+        ref = _symbol_of(m.reason)
         return (
             f'<use class="marker {escape(m.reason)}" xlink:href="#tgnb-m-{ref}" x="{x:.1f}" '
             f'y="{mid:.1f}"><title>{tip}</title></use>'
@@ -190,6 +199,17 @@ def _shape(kind: str, x: float, y: float, color: str, r: float = 4.5) -> str:
         return f'<rect x="{x - r + 1:.1f}" y="{y - r + 1:.1f}" width="{2 * r - 2:.1f}" height="{2 * r - 2:.1f}" fill="{color}"/>'
     if kind == "bar":
         return f'<rect x="{x - 1:.1f}" y="{y - r - 2:.1f}" width="2.5" height="{2 * r + 4:.1f}" fill="{color}"/>'
+    if kind == "cross":
+        d = r - 0.5
+        return (
+            f'<path d="M{x - d:.1f},{y - d:.1f}L{x + d:.1f},{y + d:.1f}M{x - d:.1f},{y + d:.1f}'
+            f'L{x + d:.1f},{y - d:.1f}" stroke="{color}" stroke-width="2.5" fill="none"/>'
+        )
+    if kind == "ring":
+        return (
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r - 1.5:.1f}" fill="white" '
+            f'stroke="{color}" stroke-width="1.5"/>'
+        )
     if kind == "diamond":
         pts = f"{x:.1f},{y - r:.1f} {x + r:.1f},{y:.1f} {x:.1f},{y + r:.1f} {x - r:.1f},{y:.1f}"
         return f'<polygon points="{pts}" fill="{color}"/>'
@@ -217,11 +237,29 @@ _LEGEND = (
 COUNT_LABEL = "×N: N events at one moment (hover for each)"
 
 
+def _symbol_of(reason: str) -> str:
+    """The symbol (``tgnb-m-<this>``) a marker of `reason` is drawn with."""
+    return reason if reason in MARKER_STYLE else OTHER
+
+
+def _style_of(symbol: str) -> tuple[str, str]:
+    return MARKER_STYLE.get(symbol, OTHER_STYLE)
+
+
 def _marker_legend(tl: EventTimeline, grouped: bool) -> list[tuple[str, str]]:
-    """What the legend explains, as (marker reason, label): the markers the timeline draws, in
-    the usual order, and the ``×N`` count when some markers were drawn as one (`grouped`)."""
-    shown = {m.reason for ln in tl.lanes for m in ln.markers}
-    out = [(r, LABEL[r]) for r in (*_LEGEND, *_RECOVERY) if r in shown]
+    """What the legend explains, as (symbol, label): one entry per symbol the timeline draws
+    (every marker drawn has one; kinds drawn alike share it, their labels joined), the usual ones
+    first, and the ``×N`` count when some markers were drawn as one (`grouped`)."""
+    shown = {_symbol_of(m.reason) for ln in tl.lanes for m in ln.markers}
+    order = [*_LEGEND, *_RECOVERY, *(r for r in MARKER_STYLE if r not in _LEGEND), OTHER]
+    labels: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    for symbol in dict.fromkeys(order):
+        if symbol in shown:
+            label = LABEL.get(symbol, OTHER_LABEL)
+            _, names = labels.setdefault(_style_of(symbol), (symbol, []))
+            if label not in names:
+                names.append(label)
+    out = [(symbol, " / ".join(names)) for symbol, names in labels.values()]
     return [*out, ("count", COUNT_LABEL)] if grouped else out
 
 
@@ -239,7 +277,7 @@ def _symbols() -> str:
     """One ``<g id="tgnb-m-REASON">`` per marker kind, drawn at the origin and placed by ``<use>``."""
     return "".join(
         f'<g id="tgnb-m-{reason}">{_shape(shape, 0, 0, color)}</g>'
-        for reason, (shape, color) in MARKER_STYLE.items()
+        for reason, (shape, color) in [*MARKER_STYLE.items(), (OTHER, OTHER_STYLE)]
     )
 
 
@@ -370,9 +408,11 @@ def render(tl: EventTimeline) -> str:
         width = 22 + 6.5 * len(label)
         if x + width > tl.width and x > 8.0:  # wrap: the next line of the legend
             x, y = 8.0, y + 18
-        if reason in MARKER_STYLE:
-            shape, color = MARKER_STYLE[reason]
-            out.append(_shape(shape, x + 5, y - 4, color))
+        if reason != "count":
+            out.append(
+                f'<use class="legend-symbol" xlink:href="#tgnb-m-{reason}" '
+                f'x="{x + 5:.0f}" y="{y - 4}"/>'
+            )
         out.append(f'<text class="legend-marker" x="{x + 14:.0f}" y="{y}">{escape(label)}</text>')
         x += width
     out.append("</svg>")
