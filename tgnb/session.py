@@ -509,7 +509,24 @@ class Preemption:
             f"removed at {clock(self.deadline)}{span}>"
         )
 
+    def __str__(self) -> str:
+        """A sentence: ``node X (8 GPUs) preempted: notice at 12:00:01 UTC, removed at ...``."""
+
+        def clock(t: datetime | None) -> str:
+            return t.strftime("%H:%M:%S UTC") if t is not None else "not known yet"
+
+        gpus = f" ({self.gpus} GPUs)" if self.gpus else ""
+        window = self.drain_window
+        span = f" (a {window.total_seconds():g} s drain window)" if window is not None else ""
+        return (
+            f"node {self.node}{gpus} preempted: notice at {clock(self.notified_at)}, "
+            f"removed at {clock(self.deadline)}{span}"
+        )
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
     def _repr_html_(self) -> str:
         from tgnb.markup import escape
 
-        return f"<code>{escape(repr(self))}</code>"
+        return f"<div class='tgnb-preemption'>{escape(str(self))}</div>"

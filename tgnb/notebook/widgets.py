@@ -10,6 +10,7 @@ outputs show where no widget state is saved.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 import weakref
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
+from IPython.display import HTML
 
 from tgnb import events as ev
 from tgnb.markup import escape, plain
@@ -26,6 +28,44 @@ if TYPE_CHECKING:
     from tgnb.cloud import Cluster, ClusterState
     from tgnb.runs import Run
     from tgnb.session import Session
+
+
+def _text_of(html: str, limit: int = 400) -> str:
+    """The words an HTML fragment shows (no chart's SVG, style or script), on one line."""
+    from html.parser import HTMLParser
+
+    class _Words(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.words: list[str] = []
+            self.hidden = 0
+
+        def handle_starttag(self, tag: str, attrs: Any) -> None:
+            self.hidden += tag in ("svg", "style", "script")
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag in ("svg", "style", "script") and self.hidden > 0:
+                self.hidden -= 1
+
+        def handle_data(self, data: str) -> None:
+            if not self.hidden:
+                self.words += data.split()
+
+    parser = _Words()
+    parser.feed(html)
+    text = re.sub(r"·(\s*·)+", "·", " ".join(parser.words)).strip(" ·")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Snapshot(HTML):
+    """A panel as it was (`Panel.snapshot`): its HTML for notebooks and exports; in text, the
+    words it shows."""
+
+    def __repr__(self) -> str:
+        return _text_of(self.data or "")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
 
 
 class Poller:
@@ -129,10 +169,9 @@ class Panel(W.VBox):
         raise NotImplementedError
 
     def snapshot(self) -> Any:
-        """The panel as it is now, as a plain HTML display object (for papermill outputs)."""
-        from IPython.display import HTML
-
-        return HTML(self.to_html())
+        """The panel as it is now, as a plain HTML display object (for papermill outputs), whose
+        text form is the panel's text (not ``<IPython.core.display.HTML object>``)."""
+        return Snapshot(self.to_html())
 
     def _repr_html_(self) -> str:
         return self.to_html()

@@ -12,7 +12,7 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import ValidationError
 from tgnb.prices import Prices, check_budget
@@ -68,6 +68,24 @@ class JobStatus:
     nodes: tuple[str, ...] = ()
     exit_code: int | None = None
     detail: str = ""
+
+    def __str__(self) -> str:
+        """A sentence: ``succeeded after 1 restart, on gpu-preemptible-dp-2, exit 0``."""
+        restarts = self.restart_count
+        parts = [self.state.value]
+        if restarts:
+            parts[0] += f" after {restarts} restart{'s' if restarts != 1 else ''}"
+        if self.nodes:
+            parts.append(f"on {', '.join(self.nodes)}")
+        if self.exit_code is not None:
+            parts.append(f"exit {self.exit_code}")
+        if self.detail:
+            parts.append(self.detail)
+        return ", ".join(parts)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """What a notebook cell shows for a status (``run.wait()``): the sentence, not the repr."""
+        p.text(f"run {self}")
 
 
 @dataclass(frozen=True)
