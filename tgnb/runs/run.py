@@ -241,10 +241,10 @@ class Run:
                         bar = StepBar(self.name, self.max_steps(), step)
                     bar.update(step, st.state.value)
                 if st.state.finished:
-                    if bar is not None:  # the bar's last line, then what the run cost
-                        bar.close()
+                    if bar is not None:  # the bar's last line, then what the run cost: a
+                        bar.close()  # result, on stdout (a notebook shows no error block)
                         bar = None
-                        print(self.closing_line(st), file=sys.stderr, flush=True)
+                        print(self.closing_line(st), flush=True)
                     return st
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(
