@@ -110,8 +110,11 @@ def test_budget_stops_every_program_and_reads_as_a_budget_stop(
     assert summary["cost_usd"] == pytest.approx(_engine_dollars(run), rel=0.02), summary
     shown = run_json(run)  # what the sidebar shows: unknown steps, never 0
     assert shown["step"] == summary["steps"] and shown["cost_usd"] == summary["cost_usd"], shown
+    assert summary["protected"] is (program == "protected"), summary
+    assert (run.cost().lost_steps is None) is (program == "plain")  # %tg cost: "unknown"
     if program == "plain":
         assert summary["steps"] is None and summary["steps_lost"] is None, summary
+        assert summary["note"] and summary["note"].startswith("unprotected"), summary
         # what it was billed for against what it ran, by its own clock: the node's stretch holds
         # every line it printed, and is longer by no more than the start and stop of a process
         (held,) = meter.stretches(run.run_events())

@@ -77,7 +77,8 @@ def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -
             out.standard_gpu_hours += s.gpu_hours
     ckpts = [(e.time.timestamp(), _step(e)) for e in evs if e.reason == ev.CHECKPOINT_SAVED]
     steps = [(e.time.timestamp(), st) for e in evs if (st := _step(e)) is not None]
-    reported = bool(steps)
+    # the program reports steps: some of its records carry one, or it runs under a hook of tgnb's
+    reported = bool(steps) or any(e.reason == ev.RUN_STARTED and e.source == "run" for e in evs)
     for att in meter.preempted_attempts(runs):
         mine = [s for s in runs if s.attempt == att]
         start, end = min(s.start for s in mine), max(s.end for s in mine)
@@ -94,6 +95,8 @@ def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -
         base = saved[-1][1] if saved and saved[-1][1] is not None else None
         if last is not None:
             out.lost_steps += max(last - (base if base is not None else _resumed(evs, start)), 0)
+    if not reported:  # the program reports no steps: what it lost in steps is unknown
+        out.lost_steps = None
     return out
 
 

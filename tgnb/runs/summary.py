@@ -10,6 +10,7 @@ from typing import Any
 
 from tgnb.events import (
     DRAIN_NOTICE,
+    JOB_RELEASED,
     RUN_EXITED,
     RUN_REQUEUED,
     RUN_RESUMED,
@@ -53,7 +54,10 @@ def summarize(
     preemptions = cost.preemptions if metered(evs) else len({step for _, step in notices})
     lost = 0
     starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
-    protected = bool(starts) or not (rows or restarts)
+    # no hook of tgnb's seen: unknown while nothing ran yet, unprotected once the engine
+    # released a node it ran on (or it restarted, or it logged rows) with no start of its own
+    released = any(e.reason == JOB_RELEASED for e in evs)
+    protected = bool(starts) or not (rows or restarts or released)
     if not starts:  # unprotected: each restart began again at step 0
         lost = _lost_unprotected(evs, rows)
     for n, i in enumerate(starts[1:], 1):  # each restart: what it did not resume is lost
