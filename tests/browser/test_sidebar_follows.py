@@ -71,7 +71,13 @@ def test_sidebar_follows_start_stop_and_restart_on_another_port(
         # opened with no emulator: it says so, names the fix, offers Attach, starts nothing
         wait_until(lambda: _detached(page), SEES, what="the sidebar's not-attached state")
         assert _text(page, "tgnb-detached") == "not attached yet"
-        wait_until(lambda: "tgnb emulator start" in _text(page, "tgnb-error"), SEES, what="the fix")
+        wait_until(
+            lambda: (
+                "tgnb emulator start" in (_text(page, "tgnb-cluster") + _text(page, "tgnb-error"))
+            ),
+            SEES,
+            what="the fix",
+        )
         page.screenshot(path=str(artifacts / "sidebar-1-no-emulator.png"))
         assert not daemon.status(lab.home).running
 
@@ -81,7 +87,11 @@ def test_sidebar_follows_start_stop_and_restart_on_another_port(
         wait_until(lambda: _attached(page), SEES, what="the sidebar to find the emulator")
         # the panel's parts are redrawn one after another: wait for each (a loaded CI machine
         # saw the cluster's name before the old error line was cleared)
-        wait_until(lambda: _text(page, "tgnb-error") == "", SEES, what="the old error line to go")
+        wait_until(
+            lambda: (_text(page, "tgnb-cluster") + _text(page, "tgnb-error")) == "",
+            SEES,
+            what="the old error line to go",
+        )
         wait_until(
             lambda: "allocated 0 / desired 0" in _text(page, "tgnb-capacity"),
             SEES,
