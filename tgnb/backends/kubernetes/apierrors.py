@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tgnb.errors import AuthenticationError, BackendError, NotFoundError, TgnbError
+from tgnb.errors import ApiNotFoundError, AuthenticationError, BackendError, TgnbError
 from tgnb.events import parse_time
 
 
@@ -36,7 +36,7 @@ def api_error(exc: BaseException, doing: str) -> TgnbError:
                 exc.status,
             )
         if exc.status == 404:
-            return NotFoundError(f"could not {doing}: {detail} (404)", 404)
+            return ApiNotFoundError(f"could not {doing}: {detail} (404)", 404)
         return BackendError(
             f"could not {doing}: the Kubernetes API answered {exc.status}: {detail}"
         )

@@ -9,8 +9,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg, number
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Attach this notebook to a cluster (by name or id), or to the local emulator."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument(

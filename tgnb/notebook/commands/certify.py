@@ -15,7 +15,6 @@ from tgnb.notebook.commands.grammar import Parser, duration
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Certify a script resumes correctly: preempt and kill it beside an uninterrupted run."
 USAGE = "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [--nodes 2 --min-nodes 1] [-- ARGS...]"
 
 

@@ -11,8 +11,6 @@ if TYPE_CHECKING:
     from tgnb.cloud import Cloud
     from tgnb.notebook.magics import Tg
 
-HELP = "List the clusters of the project."
-
 
 def arguments(p: Parser) -> None:
     pass

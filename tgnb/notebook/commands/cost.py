@@ -15,11 +15,6 @@ if TYPE_CHECKING:
     from tgnb.notebook.cost import CostReport
     from tgnb.notebook.magics import Tg
 
-HELP = (
-    "GPU-hours on standard and preemptible nodes, work lost, and dollars, of the runs this "
-    "notebook launched or opened (--all: the cluster's)."
-)
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--all", action="store_true", help="every run of the attached cluster")

@@ -14,8 +14,6 @@ from tgnb.notebook.tables import EventsTable, events_text
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Cluster and run events (node added, preemption notices, checkpoints, ...)."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--since", type=duration, default=None, help="e.g. 30m, 2h, 1d")

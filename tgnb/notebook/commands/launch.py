@@ -19,10 +19,6 @@ from tgnb.tasks.config import ALGORITHMS
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = (
-    "Launch a GRPO, DPO or SFT run, or your own script (train.py -- its args). As "
-    "%%tg launch, the cell body is the run's YAML (script: and args: for a script)."
-)
 USAGE = "%(prog)s grpo|dpo|sft|SCRIPT.py [options] [-o NAME] [-- SCRIPT ARGS]"
 CELL = True  # a %%tg launch cell body (the YAML), and a script's own arguments after --
 STORES = True

@@ -12,7 +12,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Print a run's log (-f: follow it across attempts until the run ends)."
 USAGE = "%(prog)s RUN [-f] [--raw]"
 
 

@@ -14,8 +14,6 @@ from tgnb.notebook.commands.grammar import Parser, duration, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Preempt a node now (local emulator only)."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument(

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
     from tgnb.runs import Run
 
-HELP = "List the runs this notebook launched or opened (--all: the cluster's)."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--all", action="store_true", help="every run of the attached cluster")

@@ -10,8 +10,6 @@ from tgnb.notebook.commands.grammar import Parser, duration, gpus
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Set the preemptible GPU target (a multiple of 8)."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--preemptible", type=gpus, required=True, metavar="N", help="GPUs, e.g. 16")

@@ -9,8 +9,6 @@ from tgnb.notebook.commands.grammar import Parser
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Show the attached cluster: target against allocated, and its nodes."
-
 
 def arguments(p: Parser) -> None:
     pass

@@ -9,8 +9,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Stop a run."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("run", type=name_arg, help="run name or id")

@@ -12,8 +12,6 @@ from tgnb.notebook.commands.grammar import Parser, duration, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Show a live RunPanel (--wait: until the run has finished)."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("run", type=name_arg, help="run name or id")

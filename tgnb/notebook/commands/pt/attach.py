@@ -9,7 +9,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg, out_name
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Make an existing model resource the current one."
 STORES = True
 
 

@@ -11,8 +11,6 @@ from tgnb.notebook.tables import Table
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Checkpoints of the current resource's sessions."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--resource", type=name_arg, help="another resource id")

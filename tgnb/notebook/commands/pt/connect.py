@@ -9,11 +9,6 @@ from tgnb.notebook.commands.grammar import Parser
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = (
-    "Use the real service when TOGETHER_API_KEY is set, else the local emulator "
-    "(--local, --remote: say which)."
-)
-
 
 def arguments(p: Parser) -> None:
     where = p.add_mutually_exclusive_group()

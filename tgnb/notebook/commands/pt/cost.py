@@ -10,8 +10,6 @@ from tgnb.notebook.tables import Table
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "GPU-minutes READY and their dollars so far, in all and per session."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--resource", type=name_arg, help="another resource id")

@@ -10,8 +10,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Download a checkpoint's files (adapter: LoRA weights; merged)."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("checkpoint", type=name_arg, help="checkpoint id (see %%tg pt checkpoints)")

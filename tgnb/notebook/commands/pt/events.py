@@ -10,8 +10,6 @@ from tgnb.notebook.tables import EventsTable
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Lifecycle events of the current resource and its sessions."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--resource", type=name_arg, help="another resource id")

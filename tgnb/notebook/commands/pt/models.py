@@ -10,8 +10,6 @@ from tgnb.notebook.tables import Table
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Base models the service can host (LoRA max rank, sequence length)."
-
 
 def arguments(p: Parser) -> None:
     pass

@@ -18,7 +18,6 @@ from tgnb.notebook.commands.grammar import (
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Open a training session (a LoRA adapter) on the current resource."
 STORES = True
 
 

@@ -9,8 +9,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "A live panel of the current resource: sessions, curves, cost."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--resource", type=name_arg, help="another resource id")

@@ -16,8 +16,6 @@ from tgnb.prices import money
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "This project's model resources (active ones unless --all), with their cost so far."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--all", action="store_true", help="also stopped ones")

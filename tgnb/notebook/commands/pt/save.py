@@ -9,8 +9,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Save a checkpoint of a session."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("session", type=name_arg, metavar="ID_OR_NAME", help="the session")

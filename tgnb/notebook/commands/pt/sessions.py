@@ -11,8 +11,6 @@ from tgnb.notebook.tables import Table
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "The training sessions of the current resource."
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--resource", type=name_arg, help="another resource id")

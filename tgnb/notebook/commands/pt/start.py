@@ -10,7 +10,6 @@ from tgnb.notebook.commands.grammar import Parser, at_least_zero, duration, out_
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = "Start a model resource for a base model and wait until it is READY."
 STORES = True
 
 

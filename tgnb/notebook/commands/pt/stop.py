@@ -13,11 +13,6 @@ from tgnb.notebook.commands.grammar import Parser, name_arg
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-HELP = (
-    "Stop a session (--session) or the current resource (--force: its sessions too); "
-    "--leftovers: every resource left running by a process that is gone."
-)
-
 
 def arguments(p: Parser) -> None:
     p.add_argument("--session", type=name_arg, metavar="ID_OR_NAME", help="stop this session only")
