@@ -2,7 +2,7 @@
 Together Post-Training, or on tgnb's local emulator, with one line changed: the import.
 
     # on Tinker:                       import tinker
-    # on Together (this file):         import together.post_training.tinker as tinker
+    # on Together (this file):         import tgnb.tinker as tinker
 
 Everything else is the stock Tinker API: ``ServiceClient().create_lora_training_client``,
 ``save_weights_and_get_sampling_client`` / ``sample``, ``forward_backward`` with the
@@ -30,8 +30,9 @@ import json
 import random
 import re
 
-import together.post_training.tinker as tinker  # the one line that differs from a Tinker script
 from transformers import AutoTokenizer
+
+import tgnb.tinker as tinker  # the one line that differs from a Tinker script
 
 T = tinker.types
 

@@ -1,5 +1,5 @@
 """The Tinker example (examples/tinker_rl.py) run unchanged against the real local emulator:
-``tinker==0.23.1`` and the SDK's ``together.post_training.tinker`` layer in a subprocess, with only
+``tinker==0.23.1`` and tgnb's Tinker layer (``tgnb.tinker``, as docs/tinker.md says) in a subprocess, with only
 ``TOGETHER_BASE_URL`` and ``TOGETHER_API_KEY`` pointing at a daemon started under the test's
 tmp_path. Nothing is faked; needs the ``tinker`` extra (``pip install '.[tinker]'``)."""
 
@@ -24,8 +24,7 @@ def test_example_differs_from_a_tinker_script_only_by_its_import() -> None:
     code = source.split('"""', 2)[2]  # past the module docstring
     lines = [ln for ln in code.splitlines() if re.match(r"\s*(import|from)\s+(together|tgnb)", ln)]
     assert lines == [
-        "import together.post_training.tinker as tinker  # the one line that differs from a "
-        "Tinker script"
+        "import tgnb.tinker as tinker  # the one line that differs from a Tinker script"
     ]
     compile(code.replace(lines[0], "import tinker"), str(EXAMPLE), "exec")
 
