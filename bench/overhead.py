@@ -56,7 +56,7 @@ def one_side(algorithm: str, steps: int, tgnb: bool, root: Path, index: int) -> 
 
     from tgnb.tasks import config
     from tgnb.train import runner
-    from tgnb.train.callback import training_args
+    from tgnb.train.callback import GuardCallback, training_args
     from tgnb.train.metrics import MetricsCallback
     from tgnb.train.preemption import CheckpointGuard
     from tgnb.train.record import Recorder
@@ -70,7 +70,7 @@ def one_side(algorithm: str, steps: int, tgnb: bool, root: Path, index: int) -> 
         recorder = Recorder(run_dir, cfg.name)
         guard = CheckpointGuard(cfg.checkpoint, run_dir, recorder)
         args = runner._args(cfg, training_args(kwargs, guard.ckpt_dir))
-        callbacks = [timer, *guard.callbacks(), MetricsCallback(recorder)]
+        callbacks = [timer, GuardCallback(guard), MetricsCallback(recorder)]
     else:
         kwargs.update(output_dir=str(run_dir / "out"), save_strategy="no")
         args = runner._args(cfg, kwargs)

@@ -13,7 +13,8 @@ import units of lower planes, and itself; never a unit of its own plane or of a 
 - ``tgnb`` (the package root: ``%load_ext tgnb``, ``tgnb.attach``) and ``server`` (the Jupyter
   server extension, which renders the notebook layer's views).
 - ``notebook``: magics, widgets, timeline; typed on `Session` and `Run`.
-- ``batch`` (papermill sweeps) and ``demo``: scripts over a `Session`.
+- ``batch`` (papermill sweeps), ``demo`` and ``certify_cli`` (``tgnb certify``): scripts over a
+  `Session`.
 - ``session``: the attached cluster, its backend and the run store.
 - ``backends`` (workload plane) and ``posttraining`` (managed plane).
 - ``connection``: where the platform answers, Together or the local emulator (its peer), and the
@@ -53,7 +54,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"tgnb", "server"},
     {"notebook"},
-    {"batch", "demo", "sweep"},  # sweep: a sweep's budget over its runs
+    {"batch", "demo", "sweep", "certify_cli"},  # sweep: a sweep's budget over its runs
     {"session"},
     {"certify"},  # a program beside an uninterrupted copy of itself, on the session's emulator
     {"prelaunch"},  # what Session.launch makes of its arguments, and the launch-time checks
@@ -72,10 +73,7 @@ LAYERS: list[set[str]] = [
 ]
 
 #: (file relative to the package, imported module) -> why this import may go against the planes.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("certify/cli.py", "tgnb.session"): "the `tgnb certify` command attaches a session of its own "
-    "(a fresh emulator) for `certify`, which takes the session it is given",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 #: The only product code outside the emulator that imports it: the connection module, and the
 #: local backend (a package), which runs processes on the emulator's nodes (issue 25).
@@ -283,6 +281,42 @@ def test_no_module_imports_back() -> None:
     cycles = [c for c in _cycles(edges) if frozenset(c) not in ALLOWED_CYCLES]
     assert not cycles, "modules that import each other: " + "; ".join(
         " <-> ".join(c) for c in cycles
+    )
+
+
+def unit_cycles() -> list[list[str]]:
+    """Circles between units (``tgnb.certify`` -> ``tgnb.session`` -> ``tgnb.certify``) through
+    imports that run, whatever `ALLOWED` excuses against the planes."""
+    edges: dict[str, set[str]] = {}
+    for module in MODULES:
+        for target, _, runs in imports(module):
+            if runs and unit(target) != unit(module):
+                edges.setdefault(unit(module), set()).add(unit(target))
+    return _cycles(edges)
+
+
+def test_no_package_imports_back() -> None:
+    """No two units import each other, even lazily: a package is one layer, whole."""
+    assert unit_cycles() == [], "packages that import each other (move the code to one side)"
+
+
+#: The training runtime's framework adapters (they import transformers or Lightning), and the
+#: entry points that pick one; the guard's own modules (`preemption`, `checkpoint`, `dcpio`, ...)
+#: are below them and never reach up to one.
+TRAIN_ADAPTERS = {"tgnb.train.callback", "tgnb.train.metrics", "tgnb.train.lightning"}
+TRAIN_ENTRIES = {"tgnb.train.protect", "tgnb.train.runner", "tgnb.train.validate"}
+
+
+def test_the_guard_does_not_import_its_framework_adapters() -> None:
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module in MODULES
+        if module.startswith("tgnb.train.") and module not in TRAIN_ADAPTERS | TRAIN_ENTRIES
+        for target, line, _ in imports(module)
+        if target in TRAIN_ADAPTERS
+    ]
+    assert wrong == [], "the guard reaches up to an adapter (the entry point builds it):\n" + (
+        "\n".join(wrong)
     )
 
 

@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tgnb.train.cli", "run a GRPO or DPO training job from a YAML config"),
     "demo": ("tgnb.demo", "the main job on the local emulator: preempt a run, watch it resume"),
     "certify": (
-        "tgnb.certify.cli",
+        "tgnb.certify_cli",
         "run a training script under preemptions beside an uninterrupted run; exit 1 if unsafe",
     ),
     "pt": (

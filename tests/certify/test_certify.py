@@ -19,9 +19,9 @@ from tests.session.test_user_code import _workdir as user_workdir
 from tgnb.backends.base import RunSpec
 from tgnb.certify import Certificate, report
 from tgnb.certify.chaos import Fired
-from tgnb.certify.cli import main
 from tgnb.certify.core import run_stem
 from tgnb.certify.state import StateMatch
+from tgnb.certify_cli import main
 from tgnb.errors import ValidationError
 from tgnb.events import CHECKPOINT_INTERVAL, Event
 from tgnb.notebook.timeline import timeline

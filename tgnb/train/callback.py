@@ -10,7 +10,7 @@ trainer)::
     guard = CheckpointGuard(policy, run_dir, recorder)     # installs the SIGTERM flag handler
     kwargs = batch_args(guard.ckpt_dir, kwargs, world)      # global batch kept at another world size
     args = GRPOConfig(**training_args(kwargs, guard.ckpt_dir))
-    trainer = resumable(GRPOTrainer)(..., args=args, callbacks=guard.callbacks())
+    trainer = resumable(GRPOTrainer)(..., args=args, callbacks=[GuardCallback(guard)])
     guard.attach(trainer)
     trainer.train(resume_from_checkpoint=guard.resume_from())
     sys.exit(guard.finish(trainer))                         # 0 finished, 75 preempted, 74 disk full

@@ -93,12 +93,6 @@ class CheckpointGuard:
         return f"tgnb: stopped at step {step}, checkpointed{where}: {again}"
 
     # -- what the runner calls ---------------------------------------------------------------------
-    def callbacks(self) -> list[Any]:
-        """The trainer callbacks that implement the guard (`tgnb.train.callback.GuardCallback`)."""
-        from tgnb.train.callback import GuardCallback
-
-        return [GuardCallback(self)]
-
     def attach(self, trainer: Any) -> None:
         """Bind the trainer (every rank, at the same point: it makes the save process group)."""
         self.trainer = trainer

@@ -181,7 +181,7 @@ def protect_with(
 ) -> Any:
     """`protect` with the run directory, policy and ``RunStarted`` details given (the built-in
     runner's entry: its config holds them)."""
-    from tgnb.train.callback import resumable
+    from tgnb.train.callback import GuardCallback, resumable
     from tgnb.train.metrics import MetricsCallback
     from tgnb.train.ownership import identity
     from tgnb.train.preemption import CheckpointGuard
@@ -201,7 +201,7 @@ def protect_with(
     except BaseException:
         guard.close()
         raise
-    for callback in (*guard.callbacks(), MetricsCallback(recorder)):
+    for callback in (GuardCallback(guard), MetricsCallback(recorder)):
         trainer.add_callback(callback)
     trainer.__class__ = resumable(type(trainer))
     guard.attach(trainer)

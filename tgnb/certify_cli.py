@@ -1,6 +1,9 @@
 """``tgnb certify [options] train.py [ARGS...]`` (or ``--command CMD...``): certify a program on a
 fresh local emulator of its own (started in a temporary tgnb home, stopped at the end), print the
-certificate, and exit 0 when it is safe, 1 when it is not (so it gates CI), 2 on bad input."""
+certificate, and exit 0 when it is safe, 1 when it is not (so it gates CI), 2 on bad input.
+
+A script over a `tgnb.session.Session` (the plane of `tgnb.demo`): `tgnb.certify` itself takes the
+session it is given, so the session can offer `Session.certify` without a circle."""
 
 from __future__ import annotations
 
