@@ -17,10 +17,6 @@ from tgnb.errors import TgnbError, TrainConfigError
 from tgnb.runs.node import Exit
 from tgnb.tasks.config import SCRIPT, TrainConfig
 
-EXIT_BAD_CONFIG = int(Exit.BAD_CONFIG)
-EXIT_FAILED = int(Exit.FAILED)
-EXIT_REPEATS = int(Exit.REPEATS)
-
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -152,10 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except TrainConfigError as exc:
         _say(f"tgnb train: {exc}")
-        return EXIT_BAD_CONFIG
+        return int(Exit.BAD_CONFIG)
     except TgnbError as exc:
         _say(f"tgnb train: {exc}")
-        return EXIT_FAILED
+        return int(Exit.FAILED)
     except Exception as exc:  # a real failure: keep the traceback for the log
         import traceback
 
@@ -164,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(traceback.format_exc().rstrip("\n"))
         if repeats(exc):  # a module not installed, CUDA absent: final on every engine
             _say(f"tgnb train: {_line(exc)}: it fails the same way at every start: {_fix_of(exc)}")
-            return EXIT_REPEATS
-        return EXIT_FAILED
+            return int(Exit.REPEATS)
+        return int(Exit.FAILED)
     except KeyboardInterrupt:
         print("tgnb train: interrupted", file=sys.stderr)
-        return EXIT_FAILED
+        return int(Exit.FAILED)

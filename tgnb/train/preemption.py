@@ -45,11 +45,11 @@ from tgnb.runs.spec import EXIT_PREEMPTED
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio, ownership, rates
 from tgnb.train.record import Recorder
-from tgnb.train.saving import EXIT_NO_SPACE, Saver
+from tgnb.train.saving import Saver
 from tgnb.train.schedule import CheckpointSchedule
 from tgnb.train.stops import StopSignals
 
-__all__ = ["EXIT_NO_SPACE", "EXIT_PREEMPTED", "CheckpointGuard"]
+__all__ = ["EXIT_PREEMPTED", "CheckpointGuard"]
 
 
 class CheckpointGuard:
@@ -169,7 +169,7 @@ class CheckpointGuard:
         return 1 + sum(1 for ev in events if ev.reason == RUN_RESUMED)
 
     def finish(self, trainer: Any) -> int:
-        """0 finished, `EXIT_PREEMPTED` stopped for a signal or drain notice, `EXIT_NO_SPACE`
+        """0 finished, `EXIT_PREEMPTED` stopped for a signal or drain notice, `Exit.NO_SPACE` (74)
         stopped by a full disk. Records ``RunExited``. Every rank calls it."""
         return self.finish_at(int(trainer.state.global_step), int(trainer.state.max_steps))
 
@@ -191,7 +191,7 @@ class CheckpointGuard:
         if done:
             code, reason = 0, "finished"
         elif failure is not None:
-            code, reason = EXIT_NO_SPACE, "disk full"
+            code, reason = int(node.Exit.NO_SPACE), "disk full"
         else:
             code, reason = (EXIT_PREEMPTED, "preempted") if self.stop_reason else (0, "finished")
         if code == EXIT_PREEMPTED and self.stop_reason == "signal" and self._budget_stop():

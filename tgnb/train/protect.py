@@ -242,7 +242,7 @@ def _train(
     trainer: Any, guard: Any, recorder: Any, ctx: RunContext, details: dict[str, Any], call: Any
 ) -> Any:
     from tgnb.train.metrics import run_failed, run_started
-    from tgnb.train.saving import EXIT_NO_SPACE, no_space
+    from tgnb.train.saving import no_space
 
     model = getattr(getattr(trainer.model, "config", None), "_name_or_path", "") or ""
     run_started(
@@ -261,9 +261,10 @@ def _train(
             run_failed(recorder, exc, int(trainer.state.global_step))
             raise
         print(
-            f"tgnb: disk full under {ctx.run_dir}: {exc}; exiting {EXIT_NO_SPACE}", file=sys.stderr
+            f"tgnb: disk full under {ctx.run_dir}: {exc}; exiting {int(node.Exit.NO_SPACE)}",
+            file=sys.stderr,
         )
-        raise SystemExit(EXIT_NO_SPACE) from None
+        raise SystemExit(int(node.Exit.NO_SPACE)) from None
     except BaseException as exc:
         guard.close()
         if not isinstance(exc, SystemExit | KeyboardInterrupt):

@@ -15,7 +15,7 @@ processes (``torchrun``, ``accelerate launch``) are handled by transformers/acce
 here is rank-specific except that rank 0 writes ``run.yaml`` (the Recorder writes on rank 0 only).
 A run resumed at another world size keeps its global batch (gradient accumulation adapts).
 
-Exit codes: 0 finished, 75 preempted (`EXIT_PREEMPTED`), 74 the disk is full (`EXIT_NO_SPACE`; the
+Exit codes: 0 finished, 75 preempted (`EXIT_PREEMPTED`), 74 the disk is full (`Exit.NO_SPACE`; the
 last complete checkpoint is intact), else an exception (the CLI exits 1 or 2).
 """
 

@@ -14,9 +14,9 @@ At most one is in flight: the next save waits for it first.
 
 A failed save (``ENOSPC`` and the like) is reported (``CheckpointFailed`` and a log line naming the
 directory and the cause); its directory, never complete, is removed; the last complete checkpoint is
-untouched. ``Saver.failure`` then holds the cause, and the guard stops the run with `EXIT_NO_SPACE`
-(disk full) or raises -- on every rank: a failure only rank 0 saw (its marker) reaches the others
-at the next step boundary or at `finish` (`failed_elsewhere`).
+untouched. ``Saver.failure`` then holds the cause, and the guard stops the run with
+`tgnb.runs.node.Exit.NO_SPACE` (74, disk full) or raises -- on every rank: a failure only rank 0
+saw (its marker) reaches the others at the next step boundary or at `finish` (`failed_elsewhere`).
 """
 
 from __future__ import annotations
@@ -32,14 +32,9 @@ from typing import Any
 
 from tgnb.errors import CheckpointError
 from tgnb.events import CHECKPOINT_FAILED, CHECKPOINT_SAVED
-from tgnb.runs.node import Exit
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.record import Recorder
-
-#: Exit code of a run stopped because its disk is full (`tgnb.runs.node.Exit.NO_SPACE`): the last
-#: complete checkpoint is intact; free space, then restart.
-EXIT_NO_SPACE = int(Exit.NO_SPACE)
 
 
 def no_space(exc: BaseException | None, disk: Path | None = None, need: int = 0) -> bool:

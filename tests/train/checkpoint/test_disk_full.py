@@ -1,7 +1,7 @@
 """A run whose directory is on a small tmpfs (2 MiB: the tiny DPO model's checkpoint is about
 1.3 MB) through the real ``python -m tgnb.train``: the disk fills up while checkpointing; the run
 reports it (``CheckpointFailed`` naming the disk, a log line), keeps its last complete checkpoint,
-and exits 74 (`EXIT_NO_SPACE`), not 1; a later resume from it works once there is room."""
+and exits 74 (`Exit.NO_SPACE`), not 1; a later resume from it works once there is room."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
+from tgnb.runs.node import Exit
 from tgnb.train import checkpoint as ck
-from tgnb.train.saving import EXIT_NO_SPACE
 
 from .conftest import read_jsonl
 
@@ -25,7 +25,7 @@ def test_a_run_on_a_full_disk_exits_74_and_keeps_its_last_checkpoint(
     run_dir = small_disk / "run"
     common = ("algorithm=dpo", "model=tiny", "checkpoint.watch_drain=false")
     run = launcher.start(run_dir, "max_steps=50", "checkpoint.every_steps=1", *common)
-    assert run.wait(300) == EXIT_NO_SPACE, run.tail()
+    assert run.wait(300) == Exit.NO_SPACE, run.tail()
     log = run.tail(20_000)  # the checkpoint's or the metrics' write hit it first: either names it
     assert "disk full" in log and str(run_dir) in log, log
     latest = ck.latest_complete(run_dir / "checkpoints")
@@ -66,7 +66,7 @@ def test_a_full_disk_in_a_synchronous_save_is_disk_full_and_exit_74(
         again.signal()
     code = again.wait(300)
     log = again.tail(20_000)
-    assert code == EXIT_NO_SPACE, log
+    assert code == Exit.NO_SPACE, log
     assert "disk full" in log and "Traceback" not in log, log
     latest = ck.latest_complete(run_dir / "checkpoints")
     assert latest is not None and latest.step == 2, log

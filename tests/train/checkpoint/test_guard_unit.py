@@ -20,13 +20,13 @@ from transformers import TrainerState
 from tests.conftest import wait_until
 from tgnb.backends.base import EXIT_PREEMPTED
 from tgnb.errors import CheckpointError
+from tgnb.runs.node import Exit
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio
 from tgnb.train.callback import GuardCallback, batch_args, training_args
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder
-from tgnb.train.saving import EXIT_NO_SPACE
 
 ARGS = SimpleNamespace(device="cpu", per_device_train_batch_size=2, gradient_accumulation_steps=1)
 
@@ -343,7 +343,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_names_the_disk(
             stopped_at = s
             break
     assert stopped_at is not None, "the small disk never filled up"
-    assert guard.finish(trainer) == EXIT_NO_SPACE
+    assert guard.finish(trainer) == Exit.NO_SPACE
     latest = ck.latest_complete(small_disk / "checkpoints")
     assert latest is not None and latest.step >= 1
     err = capfd.readouterr().err
