@@ -11,6 +11,7 @@ Command line::
     tgnb notebooks list
     tgnb notebooks run quickstart --out tgnb-out          # tgnb-out/01-quickstart.ipynb and .html
     tgnb notebooks run all -p max_steps 10 --stop         # every notebook, then stop the emulator
+    tgnb notebooks run grpo-sweep -p seed 1 --sweep seeds # its runs recorded as sweep "seeds"
 
 papermill, nbconvert and ipykernel come with the ``batch`` extra (``pip install 'tgnb[batch]'``).
 """
@@ -158,14 +159,53 @@ def run_notebook(
     html: bool = True,
     cell_timeout: float | None = 1800,
     progress: bool = False,
+    sweep: str | None = None,
 ) -> NotebookResult:
     """Execute one notebook with papermill into `out_dir` (same file name) and export it as HTML.
 
     `parameters` are injected after the cell tagged ``parameters``; `home` sets the notebook's
     ``home`` parameter (the tgnb home of its emulator and run store). `progress` shows a text
-    progress bar on stderr (cell i of N, elapsed). Raises `NotebookError` when a cell fails: the
+    progress bar on stderr (cell i of N, elapsed). `sweep`: every run the notebook's kernel
+    launches joins that sweep of the run store (``session.sweep(name)`` shows them as one; the
+    kernel reads it as ``$TGNB_SWEEP``). Raises `NotebookError` when a cell fails: the
     executed notebook (and its HTML) are still written, up to that cell.
     """
+    if sweep is not None and (not isinstance(sweep, str) or not sweep.strip()):
+        raise ValidationError(f"sweep must be a sweep's name, got {sweep!r:.40}: e.g. 'lr-grid'")
+    from tgnb.session import SWEEP_ENV
+
+    with _environ(SWEEP_ENV, sweep):
+        return _run_notebook(
+            notebook, out_dir, parameters, home, kernel, html, cell_timeout, progress
+        )
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """``$name`` set to `value` (None: left as it is) for the kernels started inside."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+
+def _run_notebook(
+    notebook: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    parameters: Mapping[str, Any] | None,
+    home: str | os.PathLike[str] | None,
+    kernel: str | None,
+    html: bool,
+    cell_timeout: float | None,
+    progress: bool,
+) -> NotebookResult:
     import papermill as pm
 
     source = resolve(os.fspath(notebook))
@@ -261,6 +301,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's)")
     r.add_argument("--no-html", action="store_true", help="skip the HTML export")
     r.add_argument("--stop", action="store_true", help="stop the emulator daemon at the end")
+    r.add_argument(
+        "--sweep", default=None, metavar="NAME", help="record every run launched as sweep NAME"
+    )
     return p
 
 
@@ -289,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             kernel=args.kernel,
                             html=not args.no_html,
                             progress=True,
+                            sweep=args.sweep,
                         )
                     except NotebookError as exc:
                         failed += 1

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tgnb.config import Settings
 from tgnb.connection import REMOTE_POLL, Emulator
@@ -34,7 +34,10 @@ from tgnb.runs.store import RunStore
 if TYPE_CHECKING:
     from tgnb.cloud import Cloud, Cluster, ClusterState, WaitResult
     from tgnb.runs.call import Executor
+    from tgnb.runs.sweeps import Sweep
 
+#: The sweep every run launched joins (`tgnb.batch`: papermill notebooks run as one sweep).
+SWEEP_ENV = "TGNB_SWEEP"
 #: The cluster `attach()` creates on the local emulator when none is named.
 DEMO_CLUSTER = "tgnb-demo"
 
@@ -329,7 +332,7 @@ class Session:
         ``nodes``, ``preemptible``, ``recovery``, ``env``, ``secrets``, ``workdir``...)."""
         from tgnb.runs.call import Executor
 
-        return Executor(self.launch, options)
+        return Executor(self.launch, options, lambda name, runs: self.sweep(name, runs, "map"))
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Run:
         """Run ``fn(*args, **kwargs)`` on a node, as submitit's ``executor.submit``: the function
@@ -340,10 +343,34 @@ class Session:
         nothing is launched. Launch options: `executor`."""
         return self.executor().submit(fn, *args, **kwargs)
 
-    def map(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[Run]:
+    def map(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> Sweep:
         """One run per item, ``fn(item)`` (``fn(a, b)`` over ``zip`` of several iterables), as
-        submitit's ``executor.map_array``: the runs, in order (`submit`)."""
-        return self.executor().map(fn, *iterables)
+        submitit's ``executor.map_array``: the runs, in order, as one sweep (`sweep`)."""
+        return cast("Sweep", self.executor().map(fn, *iterables))
+
+    def sweep(
+        self, name: str, runs: Iterable[Run] | None = None, source: str = "grid", **how: Any
+    ) -> Sweep:
+        """Sweep `name` of the run store (`tgnb.runs.sweeps.Sweep`: one table, chart and stop),
+        with `runs` added (created on first use; a grid of launches). ``metric=`` (and
+        ``mode="min"``) name what its best value is read from."""
+        from tgnb.runs.sweeps import Sweep
+
+        ids = [r.id for r in runs or ()]
+        if runs is None and not how:
+            record = self.store.sweep(name)
+        else:
+            record = self.store.record_sweep(
+                name, ids, cluster_id=self.cluster.id, source=source, **how
+            )
+        return Sweep(record, self.store, self.run)
+
+    def sweeps(self, all_clusters: bool = False) -> list[Sweep]:
+        """The sweeps of this cluster (every one in the store with `all_clusters`), oldest first."""
+        from tgnb.runs.sweeps import Sweep
+
+        cid = None if all_clusters else self.cluster.id
+        return [Sweep(r, self.store, self.run) for r in self.store.sweeps(cluster_id=cid)]
 
     def certify(self, what: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
         """Certify a script (or ``command=``) on this local emulator: run it beside an
@@ -377,6 +404,10 @@ class Session:
             self.store.set_state(record.id, JobState.FAILED, f"submit failed: {exc}")
             raise
         self.store.add_job(record.id, job_id)  # the one record of the run's job
+        if joined := os.environ.get(SWEEP_ENV, "").strip():  # `tgnb notebooks run --sweep`
+            self.store.record_sweep(
+                joined, [record.id], cluster_id=self.cluster.id, source="notebooks"
+            )
         return self._run(self.store.get(record.id))
 
 

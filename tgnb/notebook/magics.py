@@ -295,6 +295,15 @@ def load_ipython_extension(ipython: Any) -> None:
         ipython.configurables.append(magics)
     if _refresh_panels not in ipython.events.callbacks["post_run_cell"]:
         ipython.events.register("post_run_cell", _refresh_panels)
+    html = ipython.display_formatter.formatters["text/html"]  # by name: nothing imported now
+    html.for_type_by_name("tgnb.runs.sweeps", "Sweep", _sweep_html)
+
+
+def _sweep_html(sweep: Any) -> str:
+    """A sweep shown in a cell: its table over its chart (`tgnb.notebook.sweep_view`)."""
+    from tgnb.notebook.sweep_view import sweep_html
+
+    return sweep_html(sweep)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -235,9 +235,15 @@ class Executor:
     gpus_per_node, nodes, preemptible, recovery, env, secrets, workdir, budget_usd...):
     ``submit(fn, *args, **kwargs)`` launches one run, ``map(fn, *iterables)`` one run per item."""
 
-    def __init__(self, launch: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        launch: Callable[..., Any],
+        options: Mapping[str, Any],
+        group: Callable[[str, list[Any]], Any] | None = None,
+    ) -> None:
         self._launch = launch
         self.options = dict(options)
+        self._group = group  # map's runs as one sweep (`Session.sweep`): group(name, runs)
 
     def _workdir(self) -> Path:
         from tgnb.runs.workdir import default_workdir
@@ -250,16 +256,24 @@ class Executor:
         data = pack(fn, args, kwargs, self._workdir())
         return self._start(fn, data, self.options.get("name"))
 
-    def map(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[Any]:
+    def map(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> Any:
         """One run per item: ``fn(a, b)`` for each ``(a, b)`` of ``zip(*iterables)`` (submitit's
         ``map_array``); every call is pickled first, so a refusal launches nothing. Their runs,
-        in order, named ``NAME-0``, ``NAME-1``..."""
+        in order, named ``NAME-0``, ``NAME-1``..., as one sweep named ``NAME`` when the
+        executor groups them (a session's: `tgnb.runs.sweeps.Sweep`; the runs launched before a
+        launch that failed are recorded in it too), else as a list."""
         if not iterables:
             raise ValidationError("map takes a function and one iterable or more: map(fn, items)")
         workdir = self._workdir()
         calls = [pack(fn, tuple(items), {}, workdir) for items in zip(*iterables, strict=False)]
         base = self.options.get("name") or f"{_valid_name(_fn_name(fn))}-{uuid.uuid4().hex[:4]}"
-        return [self._start(fn, data, f"{base}-{i}") for i, data in enumerate(calls)]
+        runs: list[Any] = []
+        try:
+            for i, data in enumerate(calls):
+                runs.append(self._start(fn, data, f"{base}-{i}"))
+        finally:
+            grouped = self._group(base, runs) if self._group is not None and runs else runs
+        return grouped
 
     def _start(self, fn: Callable[..., Any], data: bytes, name: str | None) -> Any:
         file = f"{FILE_PREFIX}{uuid.uuid4().hex[:12]}.pkl"
