@@ -8,6 +8,10 @@ records of each attempt (``JobPlaced`` / ``JobReleased`` and its ``cause``: `tgn
 the marker's own node and time standing in until the engine's record is read. The program's lines
 follow as written, each once; a last line says how the run ended. Ctrl-C (KeyboardInterrupt)
 stops following and leaves the run alone.
+
+`page` is the same view read a page at a time after a cursor, for a reader that polls (the
+JupyterLab sidebar's live log, ``GET /tgnb/runs/<name>/logs``): each line marked as an attempt's
+header, the program's output or the run's end.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, TextIO
 
@@ -117,4 +122,89 @@ def show(run: Followed, poll: float = 0.2, raw: bool = False, out: TextIO | None
         print(f"(stopped following {run.name}; the run goes on)", file=out, flush=True)
 
 
-__all__ = ["ATTEMPT", "ENDED", "HEADER", "MARKED_ENV", "header", "lines", "show"]
+#: Most bytes of a log one `page` reads (a longer log takes more pages), unless its first line
+#: is longer: that line is read whole, up to `LINE_BYTES`.
+PAGE_BYTES = 256 * 1024
+LINE_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class Page:
+    """What a run's log holds after a cursor: `lines` as ``(kind, text)`` with kind ``attempt``
+    (a `header`), ``output`` (the program's line) or ``end`` (the run's closing line, once, on the
+    last page); `cursor` and `attempt` to pass to the next `page`; `done` once the run has ended
+    and every line was read (nothing will follow)."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    cursor: int = 0
+    attempt: int = -1
+    done: bool = False
+
+
+def _raw_after(run: Any, cursor: int, finished: bool) -> tuple[list[str], int, bool]:
+    """The raw lines after `cursor`, the cursor after them, and whether the log was read to its
+    end. The run directory's log (on this machine) is read from byte `cursor`, whole lines only
+    until the run has finished, at most `PAGE_BYTES` (or one longer line); a log only its
+    backend reads (a pod's, a remote job's) is read whole and `cursor` counts its lines."""
+    d = run.run_dir
+    path = None if d is None else d / node.LOG
+    if path is None or not path.parent.is_dir():
+        if run.backend is None or not run.record.job_id:
+            return [], cursor, True
+        every = list(run.backend.logs(run.record.job_id, follow=False))
+        return every[cursor:], len(every), True
+    if not path.exists():
+        return [], cursor, True
+    with open(path, "rb") as fh:
+        fh.seek(cursor)
+        data = fh.read(PAGE_BYTES)
+        while b"\n" not in data and len(data) < LINE_BYTES and (more := fh.read(PAGE_BYTES)):
+            data += more  # a first line longer than a page is read whole
+        at_end = not fh.read(1)
+    cut = data.rfind(b"\n") + 1
+    if (finished and at_end) or (cut == 0 and len(data) >= LINE_BYTES):
+        cut = len(data)  # the last line, written without a newline; or a line too long, in pieces
+    text = data[:cut].decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines, cursor + cut, at_end and cut == len(data)
+
+
+def page(run: Any, cursor: int = 0, attempt: int = -1, raw: bool = False) -> Page:
+    """The run's log after `cursor` as `lines` shows it (a header before each attempt after
+    `attempt`, the last attempt already headed; the program's lines; the closing line once the
+    run has ended), without waiting: a header is written from what is recorded when it is read.
+    Start with ``page(run)`` and pass the returned `Page`'s `cursor` and `attempt` back."""
+    finished = run.refresh().state.finished  # read before the log: no line written after it
+    raws, cursor, at_end = _raw_after(run, max(0, cursor), finished)
+    out: list[tuple[str, str]] = []
+    for line in raws:
+        record = parse_record(line)
+        if record is not None and record.get("kind") == ATTEMPT:
+            count = record.get("restart_count")
+            if isinstance(count, int) and not isinstance(count, bool) and count > attempt:
+                attempt = count
+                out.append(("attempt", header(run, record, live=False)))
+        if raw:
+            out.append(("output", line))
+        elif (text := program_text(line)) is not None:
+            out.append(("output", text))
+    done = finished and at_end
+    if done:
+        out.append(("end", f"── {run.closing_line()} ──"))
+    return Page(out, cursor, attempt, done)
+
+
+__all__ = [
+    "ATTEMPT",
+    "ENDED",
+    "HEADER",
+    "MARKED_ENV",
+    "PAGE_BYTES",
+    "Page",
+    "header",
+    "lines",
+    "page",
+    "show",
+]

@@ -14,6 +14,10 @@ clusters API unreachable or refusing the key 502/503.
 - ``GET  /tgnb/runs``              the runs on the attached cluster
 - ``GET  /tgnb/runs/<name>``       one run, with its status history and events
 - ``GET  /tgnb/runs/<name>/timeline``  the run's timeline as SVG
+- ``GET  /tgnb/runs/<name>/logs?cursor=N&attempt=K``  the run's live log after a cursor, as
+  ``run.logs(follow=True)`` shows it (`tgnb.runs.livelog.page`): each attempt headed (node, start,
+  how the one before ended), the program's lines, the run's end; poll with the answer's ``cursor``
+  and ``attempt`` until ``done``
 - ``GET  /tgnb/events``            server-sent events: the feed of `tgnb.server.service.Cockpit`
   (it waits, sending keepalives, until something attaches the session)
 """
@@ -280,6 +284,37 @@ class TimelineHandler(TgnbHandler):
             self.finish(svg, set_content_type="image/svg+xml")
 
 
+class LogsHandler(TgnbHandler):
+    """A page of a run's live log (`tgnb.runs.livelog.page`): ``{"lines": [{"kind", "text"}],
+    "cursor", "attempt", "done"}``, each line's secrets masked."""
+
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        try:
+            cursor = int(self.get_argument("cursor", "0"))
+            attempt = int(self.get_argument("attempt", "-1"))
+        except ValueError:
+            return self.fail(400, "cursor and attempt must be integers (start with cursor=0)")
+        if not 0 <= cursor < 2**63 or not -1 <= attempt < 2**31:
+            return self.fail(400, "cursor must be >= 0 and attempt >= -1 (start with cursor=0)")
+        cockpit = self.cockpit
+
+        def read() -> dict[str, Any]:
+            from tgnb.runs import livelog
+
+            got = livelog.page(cockpit.session().run(name), cursor, attempt)
+            return {
+                "lines": [{"kind": kind, "text": scrub(text)} for kind, text in got.lines],
+                "cursor": got.cursor,
+                "attempt": got.attempt,
+                "done": got.done,
+            }
+
+        result = await self.call(read)
+        if result is not None:
+            self.send(result)
+
+
 class EventsHandler(TgnbHandler):
     """Server-sent events: every message of the feed numbered as its ``id``.
 
@@ -346,6 +381,7 @@ def routes() -> list[tuple[str, type[TgnbHandler]]]:
         ("runs", RunsHandler),
         (f"runs/{name}", RunHandler),
         (f"runs/{name}/timeline", TimelineHandler),
+        (f"runs/{name}/logs", LogsHandler),
         ("events", EventsHandler),
         ("posttraining/leftovers", LeftoversHandler),
     ]
