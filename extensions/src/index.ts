@@ -18,6 +18,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import * as api from './api';
+import { RunLogView } from './logview';
 import { confirmScale, GPUS_PER_NODE, localTime, localTimes, TogetherSidebar } from './sidebar';
 
 const ICON_SVG =
@@ -199,6 +200,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
       shell.activateById(widget.id);
     };
 
+    const openLogs = (run: string): void => {
+      const id = `tgnb-logs-${run}`;
+      const open = Array.from(shell.widgets('main')).find(w => w.id === id);
+      if (open) {
+        shell.activateById(id);
+        return;
+      }
+      const widget = new MainAreaWidget({ content: new RunLogView(run) });
+      widget.id = id;
+      widget.title.label = `Log: ${run}`;
+      widget.title.icon = togetherIcon;
+      widget.title.closable = true;
+      shell.add(widget, 'main');
+      shell.activateById(widget.id);
+    };
+
     const stream = new api.EventStream(message => {
       switch (message.type) {
         case 'cluster':
@@ -252,6 +269,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       shown: goLive,
       scale: scaleTo,
       openTimeline: run => void openTimeline(run),
+      openLogs,
       attach: () => void app.commands.execute(CommandIDs.attach)
     });
     sidebar.title.icon = togetherIcon;

@@ -70,6 +70,8 @@ export interface ISidebarActions {
   shown(): void;
   scale(target: number): Promise<void>;
   openTimeline(run: string): void;
+  /** Open the run's live log (each attempt headed, followed until the run ends). */
+  openLogs(run: string): void;
   attach(): void;
 }
 
@@ -336,6 +338,11 @@ export class TogetherSidebar extends Widget {
       const open = el('button', 'jp-Button tgnb-link', 'timeline');
       open.onclick = () => this.actions.openTimeline(run.name);
       head.appendChild(open);
+      const logs = el('button', 'jp-Button tgnb-link', 'logs');
+      logs.title = "the run's output, live, each attempt marked";
+      logs.dataset.testid = 'tgnb-run-logs';
+      logs.onclick = () => this.actions.openLogs(run.name);
+      head.appendChild(logs);
       const steps =
         run.step === null
           ? 'steps unknown'
