@@ -13,6 +13,8 @@ export interface INode {
   gpus: number;
   status: string;
   phase: string | null;
+  /** when the node entered its phase (ISO 8601), if known */
+  since: string | null;
 }
 
 export interface ICluster {
@@ -28,6 +30,8 @@ export interface ICluster {
   allocated_preemptible_gpus: number;
   capacity_reached: boolean;
   nodes: INode[];
+  /** when the server read it (ISO 8601); the event stream's `cluster` messages leave it out */
+  fetched_at?: string;
   backend?: string;
   local?: boolean;
   prices?: IPrices | null;
@@ -46,6 +50,7 @@ export interface IRun {
   name: string;
   state: string;
   finished: boolean;
+  backend: string;
   algorithm: string;
   restart_count: number;
   nodes: string[];
@@ -59,6 +64,18 @@ export interface IRun {
   gpu_hours?: number;
   cost_usd?: number | null;
   budget_usd?: number | null;
+  /** GET /tgnb/runs/NAME only: the run's state changes and its own events */
+  history?: IRunChange[];
+  events?: IEvent[];
+}
+
+/** One state change of a run (`Run.history`). */
+export interface IRunChange {
+  /** seconds since the epoch */
+  time: number;
+  state: string;
+  detail: string;
+  node: string | null;
 }
 
 /** A Post-Training model resource tgnb created that still bills while the process that created
@@ -90,7 +107,7 @@ export type Message =
   | { type: 'cluster'; cluster: ICluster }
   | { type: 'runs'; runs: IRun[] }
   | { type: 'event'; event: IEvent; live: boolean }
-  | { type: 'run_state'; run: string; from: string; to: string }
+  | { type: 'run_state'; run: string; from: string | null; to: string }
   | { type: 'detached'; message: string }
   | { type: 'error'; message: string };
 
@@ -166,7 +183,7 @@ export class EventStream {
     while (!this.disposed) {
       try {
         await this.readOnce();
-      } catch (error) {
+      } catch {
         if (this.disposed) {
           return;
         }
