@@ -95,6 +95,13 @@ _ROWS: list[tuple[str, str, str]] = [
         "GPU-hours on standard and preemptible nodes, work lost, and dollars, of the runs this "
         "notebook launched or opened (--all: the cluster's).",
     ),
+    ("sweeps", "sweeps", "List the sweeps of the cluster (--all: of the run store)."),
+    (
+        "sweep",
+        "sweep",
+        "Show a sweep: one table of its runs (state, steps, lost, cost, best metric) and one "
+        "chart of their curves with their preemptions (--stop: stop every run).",
+    ),
     (
         "pt connect",
         "pt.connect",
