@@ -33,7 +33,7 @@ from typing import Any
 from tgnb.errors import CheckpointError
 from tgnb.events import CHECKPOINT_FAILED, CHECKPOINT_SAVED
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio
+from tgnb.train import dcpio, dcpwriter
 from tgnb.train.record import Recorder
 
 
@@ -61,7 +61,7 @@ class Saver:
         self.ckpt_dir = ckpt_dir
         self.recorder = recorder
         self.keep_last = keep_last
-        self.writer = dcpio.Writer()
+        self.writer = dcpwriter.Writer()
         self.last: ck.Checkpoint | None = None
         self.last_step = 0  # the step of the newest save begun (complete or in flight)
         self.stall_s: float | None = None  # mean training stall of a save (Young/Daly's C)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from tgnb.runs.policy import CheckpointPolicy
-from tgnb.train import dcpio
+from tgnb.train import dcpio, dcpwriter
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder
 
@@ -265,11 +265,11 @@ def fault_rank(rank: int, store: str, root: Path, out: Path) -> None:
             (run_dir / "checkpoints" / "checkpoint-2" / blocker).mkdir(parents=True)
         dist.barrier()
         trainer.state.global_step = 2
-        copy = dcpio._CachedStager._stage  # the CPU copy, before the ranks agree
+        copy = dcpwriter.CachedStager._stage  # the CPU copy, before the ranks agree
         if rank == victim and blocker is None:
-            dcpio._CachedStager._stage = _out_of_memory  # type: ignore[method-assign]
+            dcpwriter.CachedStager._stage = _out_of_memory  # type: ignore[method-assign]
         saver.save(trainer, 2, "periodic", meta, sync=case in ("sync", "marker"))
-        dcpio._CachedStager._stage = copy  # type: ignore[method-assign]
+        dcpwriter.CachedStager._stage = copy  # type: ignore[method-assign]
         saver.wait()
         got: dict[str, Any] = {"after_save": str(saver.failure or "")}
         try:

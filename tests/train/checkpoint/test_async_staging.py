@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import staging
 
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio
+from tgnb.train import dcpio, dcpwriter
 from tgnb.train.record import Recorder
 from tgnb.train.saving import Saver
 
@@ -84,7 +84,7 @@ def test_asynchronous_saves_one_after_another_all_seal_into_one_staging_copy(
 
 
 def test_a_state_of_another_layout_is_staged_into_a_new_copy() -> None:
-    stager = dcpio._CachedStager(pinned=False, group=None)
+    stager = dcpwriter.CachedStager(pinned=False, group=None)
     first = stager.stage({"model": {"w": torch.ones(4, 4)}})
     again = stager.stage({"model": {"w": torch.full((4, 4), 2.0)}})
     assert again["model"]["w"].data_ptr() == first["model"]["w"].data_ptr()

@@ -23,7 +23,7 @@ from tgnb.errors import CheckpointError
 from tgnb.runs.node import Exit
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio
+from tgnb.train import dcpio, dcpwriter
 from tgnb.train.callback import GuardCallback, batch_args, training_args
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder
@@ -226,7 +226,7 @@ def test_an_interval_of_the_runs_own_is_announced_once_in_steps_and_seconds(
     assert "checkpoint.every_steps, set for this run" in said[0]["message"]
 
 
-class BlockedWriter(dcpio.HashingWriter):
+class BlockedWriter(dcpwriter.HashingWriter):
     """tgnb's DCP file writer, held at its first write until `gate` opens (a slow disk, made slow on
     purpose so the test can see training go on while the save is in flight)."""
 
@@ -240,7 +240,7 @@ class BlockedWriter(dcpio.HashingWriter):
 def test_async_save_is_staged_then_written_while_training_goes_on_and_sigterm_waits_for_it(
     make_guard: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dcpio, "HashingWriter", BlockedWriter)
+    monkeypatch.setattr(dcpwriter, "HashingWriter", BlockedWriter)
     BlockedWriter.gate.clear()
     guard, trainer = make_guard(every_steps=2)
     boundary(guard, trainer, 1)
