@@ -291,12 +291,12 @@ class ResourceHost:
         Gradients accumulate into the session's trainable weights until `optim_step`."""
         import torch
 
-        body = _body(body)
+        body = inputs.body_object(body)
         with self.lock:
             sess = self.session(sid)
             spec = losses.parse_loss(body.get("loss"))
-            forward_only = _flag(body, "forward_only")
-            want_outputs = _flag(body, "return_loss_fn_outputs")
+            forward_only = inputs.flag(body, "forward_only")
+            want_outputs = inputs.flag(body, "return_loss_fn_outputs")
             batch = self._batch(body.get("samples"), spec.required, spec.optional)
             model = self._activate(sess, publish=False)
             dev = {k: v.to(self.device) for k, v in batch.inputs.items()}
@@ -313,14 +313,16 @@ class ResourceHost:
                         f"the {spec.type} loss is {float(loss.detach())}; no gradient applied"
                     )
                 try:
-                    _accumulate(sess.params, loss)
+                    losses.accumulate(sess.params, loss)
                 finally:
                     model.eval()
             if not bool(torch.isfinite(loss)):
                 raise NonFiniteLoss(f"the {spec.type} loss is {float(loss.detach())}")
             out: dict[str, Any] = {"loss": float(loss.detach()), "metrics": metrics}
             if want_outputs:
-                out["loss_fn_outputs"] = _logprob_outputs(logp.detach() * counted, batch.lengths)
+                out["loss_fn_outputs"] = inputs.logprob_outputs(
+                    logp.detach() * counted, batch.lengths
+                )
             return out
 
     def custom_forward_backward(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -328,7 +330,7 @@ class ResourceHost:
         (not masked by weights: tinker sends zero weights here)."""
         import torch
 
-        body = _body(body)
+        body = inputs.body_object(body)
         with self.lock:
             sess = self.session(sid)
             # the gradients define the loss: any other known input rides along unused
@@ -345,7 +347,7 @@ class ResourceHost:
                         "sum(gradients x logprobs) overflows float32; no gradient applied "
                         "(scale the gradients down)"
                     )
-                _accumulate(sess.params, surrogate)
+                losses.accumulate(sess.params, surrogate)
             finally:
                 model.eval()
             return {}
@@ -409,7 +411,7 @@ class ResourceHost:
         -> ``{"results": [SampleResult, ...]}`` from the session's published weights."""
         from tgnb.emulator.rl import sampling
 
-        body = _body(body)
+        body = inputs.body_object(body)
         with self.lock:
             sess = self.session(sid)
             request = sampling.parse(
@@ -480,56 +482,3 @@ def export_checkpoint(directory: Path, variant: str, out: Path) -> list[Path]:
     from tgnb.emulator.rl import checkpoints
 
     return checkpoints.export(Path(directory), variant, Path(out))
-
-
-def _accumulate(params: list[Any], loss: torch.Tensor) -> None:
-    """Backpropagate `loss` and add its gradients to what `params` hold, only when every sum is
-    finite: else NonFiniteLoss and the accumulated gradients stay as they were (the weights can
-    never be stepped to NaN)."""
-    import torch
-
-    saved = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    try:
-        loss.backward()
-        total = [
-            new if old is None or new is None else old + new
-            for old, new in zip(saved, (p.grad for p in params), strict=True)
-        ]
-        finite = all(t is None or bool(torch.isfinite(t).all()) for t in total)
-    except BaseException:
-        for p, old in zip(params, saved, strict=True):
-            p.grad = old
-        raise
-    if not finite:
-        for p, old in zip(params, saved, strict=True):
-            p.grad = old
-        raise NonFiniteLoss("the gradients are not finite in float32; no gradient applied")
-    for p, t in zip(params, total, strict=True):
-        p.grad = t
-
-
-def _body(body: Any) -> dict[str, Any]:
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise RLInputError("body", "must be a JSON object")
-    return body
-
-
-def _flag(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise RLInputError(key, "must be true or false")
-    return value
-
-
-def _logprob_outputs(logp: torch.Tensor, lengths: list[int]) -> list[dict[str, Any]]:
-    rows = logp.cpu().tolist()
-    return [
-        {"tensors": {"logprobs": {"data": row[:n], "dtype": "float32", "shape": [n]}}}
-        for row, n in zip(rows, lengths, strict=False)
-    ]

@@ -261,3 +261,31 @@ def lora_config(config: Any, max_rank: int) -> dict[str, Any]:
             raise RLInputError("lora_config.seed", f"must be in [0, 2**63), got {seed}")
     return {"rank": rank, "alpha": alpha, "dropout": float(dropout), "seed": seed,
             "train_unembed": unembed}  # fmt: skip
+
+
+def body_object(body: Any) -> dict[str, Any]:
+    """An operation's JSON body as a dict (none: empty); anything else is refused."""
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise RLInputError("body", "must be a JSON object")
+    return body
+
+
+def flag(body: dict[str, Any], key: str) -> bool:
+    """A boolean option of a body (absent or null: False)."""
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RLInputError(key, "must be true or false")
+    return value
+
+
+def logprob_outputs(logp: torch.Tensor, lengths: list[int]) -> list[dict[str, Any]]:
+    """Each row's first `lengths[i]` log-probabilities as TensorData (``loss_fn_outputs``)."""
+    rows = logp.cpu().tolist()
+    return [
+        {"tensors": {"logprobs": {"data": row[:n], "dtype": "float32", "shape": [n]}}}
+        for row, n in zip(rows, lengths, strict=False)
+    ]

@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tgnb.emulator.rl.inputs import RLInputError
+from tgnb.emulator.rl.inputs import NonFiniteLoss, RLInputError
 
 if TYPE_CHECKING:
     import torch
@@ -270,3 +270,31 @@ def _aggregate(terms: torch.Tensor, m: torch.Tensor, agg: str) -> torch.Tensor:
 
 def _metrics(loss: torch.Tensor, counted: torch.Tensor) -> dict[str, float]:
     return {"loss:sum": float(loss.detach()), "num_tokens": float(counted.sum())}
+
+
+def accumulate(params: list[Any], loss: torch.Tensor) -> None:
+    """Backpropagate `loss` and add its gradients to what `params` hold, only when every sum is
+    finite: else NonFiniteLoss and the accumulated gradients stay as they were (the weights can
+    never be stepped to NaN)."""
+    import torch
+
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        loss.backward()
+        total = [
+            new if old is None or new is None else old + new
+            for old, new in zip(saved, (p.grad for p in params), strict=True)
+        ]
+        finite = all(t is None or bool(torch.isfinite(t).all()) for t in total)
+    except BaseException:
+        for p, old in zip(params, saved, strict=True):
+            p.grad = old
+        raise
+    if not finite:
+        for p, old in zip(params, saved, strict=True):
+            p.grad = old
+        raise NonFiniteLoss("the gradients are not finite in float32; no gradient applied")
+    for p, t in zip(params, total, strict=True):
+        p.grad = t
