@@ -103,6 +103,39 @@ export interface IEvent {
   data?: { [key: string]: unknown };
 }
 
+/** A sweep: a named group of runs (`tgnb.runs.sweeps.Sweep`, GET /tgnb/sweeps). */
+export interface ISweep {
+  name: string;
+  source: string;
+  created_at: number;
+  runs: string[];
+  /** how many runs are in each state */
+  states: Record<string, number>;
+  finished: boolean;
+  cost_usd: number | null;
+  best: string | null;
+  best_metric: string | null;
+  best_value: number | null;
+  /** GET /tgnb/sweeps/NAME only: a row per run */
+  rows?: ISweepRow[];
+}
+
+/** One run of a sweep as its table shows it (null: not known). */
+export interface ISweepRow {
+  run: string;
+  state: string;
+  steps: number | null;
+  max_steps: number | null;
+  lost: number | null;
+  preemptions: number;
+  restarts: number;
+  cost_usd: number | null;
+  metric: string | null;
+  best: number | null;
+  best_step: number | null;
+  note: string | null;
+}
+
 export type Message =
   | { type: 'cluster'; cluster: ICluster }
   | { type: 'runs'; runs: IRun[] }
@@ -161,6 +194,23 @@ export function getLeftovers(): Promise<{ leftovers: ILeftover[]; stop: string }
 
 export function getTimeline(run: string): Promise<string> {
   return request<string>(`runs/${encodeURIComponent(run)}/timeline`);
+}
+
+export async function getSweeps(): Promise<ISweep[]> {
+  return (await request<{ sweeps: ISweep[] }>('sweeps')).sweeps;
+}
+
+export function getSweep(name: string): Promise<ISweep> {
+  return request<ISweep>(`sweeps/${encodeURIComponent(name)}`);
+}
+
+export function getSweepChart(name: string): Promise<string> {
+  return request<string>(`sweeps/${encodeURIComponent(name)}/chart`);
+}
+
+export async function stopSweep(name: string): Promise<string[]> {
+  const path = `sweeps/${encodeURIComponent(name)}/stop`;
+  return (await request<{ stopped: string[] }>(path, { method: 'POST', body: '{}' })).stopped;
 }
 
 /**

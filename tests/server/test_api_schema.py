@@ -34,6 +34,8 @@ PAIRS: dict[str, tuple[str, str]] = {
     "IEvent": ("event_json", "return"),
     "ILeftover": ("leftovers_json", "append"),
     "IRunChange": ("run_json", "history"),
+    "ISweep": ("sweep_json", "return"),
+    "ISweepRow": ("sweep_json", "rows"),
 }
 
 #: Serializers whose output is no interface of its own (why).

@@ -18,6 +18,10 @@ clusters API unreachable or refusing the key 502/503.
   ``run.logs(follow=True)`` shows it (`tgnb.runs.livelog.page`): each attempt headed (node, start,
   how the one before ended), the program's lines, the run's end; poll with the answer's ``cursor``
   and ``attempt`` until ``done``
+- ``GET  /tgnb/sweeps``            the sweeps of the attached cluster (`tgnb.runs.sweeps.Sweep`)
+- ``GET  /tgnb/sweeps/<name>``     one sweep with its table (a row per run)
+- ``GET  /tgnb/sweeps/<name>/chart``  the sweep's chart as SVG: its runs' curves, their preemptions
+- ``POST /tgnb/sweeps/<name>/stop``   stop every unfinished run of the sweep (each checkpoints)
 - ``GET  /tgnb/events``            server-sent events: the feed of `tgnb.server.service.Cockpit`
   (it waits, sending keepalives, until something attaches the session)
 """
@@ -48,7 +52,7 @@ from tgnb.errors import (
     TransientApiError,
     ValidationError,
 )
-from tgnb.server.serialize import cluster_json, leftovers_json, run_json
+from tgnb.server.serialize import cluster_json, leftovers_json, run_json, sweep_json
 from tgnb.server.service import LOST, Cockpit
 
 #: A comment line sent on an idle event stream so proxies keep it open (seconds).
@@ -370,6 +374,50 @@ class EventsHandler(TgnbHandler):
         self.finish(set_content_type="text/event-stream")
 
 
+class SweepsHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        cockpit = self.cockpit
+        result = await self.call(lambda: [sweep_json(s) for s in cockpit.session().sweeps()])
+        if result is not None:
+            self.send({"sweeps": result})
+
+
+class SweepHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        cockpit = self.cockpit
+        result = await self.call(lambda: sweep_json(cockpit.session().sweep(name), detail=True))
+        if result is not None:
+            self.send(result)
+
+
+class SweepChartHandler(TgnbHandler):
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        cockpit = self.cockpit
+
+        def draw() -> str:
+            from tgnb.notebook.sweep_view import chart_svg
+
+            return chart_svg(cockpit.session().sweep(name).curves(), width=300, height=180)
+
+        svg = await self.call(draw)
+        if svg is not None:
+            self.finish(svg, set_content_type="image/svg+xml")
+
+
+class SweepStopHandler(TgnbHandler):
+    """Stop every unfinished run of a sweep: ``{"stopped": [names]}`` (none: all had finished)."""
+
+    @web.authenticated
+    async def post(self, name: str) -> None:
+        cockpit = self.cockpit
+        result = await self.call(lambda: cockpit.session().sweep(name).stop())
+        if result is not None:
+            self.send({"stopped": result})
+
+
 def routes() -> list[tuple[str, type[TgnbHandler]]]:
     """Every route of the extension, relative to the server's base URL."""
     name = r"(?P<name>[^/]+)"
@@ -382,6 +430,10 @@ def routes() -> list[tuple[str, type[TgnbHandler]]]:
         (f"runs/{name}", RunHandler),
         (f"runs/{name}/timeline", TimelineHandler),
         (f"runs/{name}/logs", LogsHandler),
+        ("sweeps", SweepsHandler),
+        (f"sweeps/{name}", SweepHandler),
+        (f"sweeps/{name}/chart", SweepChartHandler),
+        (f"sweeps/{name}/stop", SweepStopHandler),
         ("events", EventsHandler),
         ("posttraining/leftovers", LeftoversHandler),
     ]

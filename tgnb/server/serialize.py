@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tgnb.cloud import ClusterState, NodeState
     from tgnb.prices import Prices
     from tgnb.runs.run import Run
+    from tgnb.runs.sweeps import Sweep
     from tgnb.session import Session
 
 
@@ -108,6 +109,52 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
             for h in run.history()
         ]
         out["events"] = [e.to_dict() for e in run.run_events()]
+    return plain_json(out)
+
+
+def sweep_json(sweep: Sweep, detail: bool = False) -> dict[str, Any]:
+    """One sweep: its runs by state, its dollars so far, its best run; with `detail`, its table
+    (a row per run: `tgnb.runs.sweeps.SweepRow`)."""
+    from tgnb.runs.spec import JobState
+    from tgnb.runs.sweeps import best_run
+
+    rows = sweep.rows()
+    states: dict[str, int] = {}
+    for r in rows:
+        states[r.state] = states.get(r.state, 0) + 1
+    best = best_run(rows, sweep.mode)
+    top = next((r for r in rows if r.run == best), None)
+    known = [r.cost_usd for r in rows if r.cost_usd is not None]
+    out: dict[str, Any] = {
+        "name": sweep.name,
+        "source": sweep.record.source,
+        "created_at": sweep.record.created_at,
+        "runs": [r.run for r in rows],
+        "states": states,
+        "finished": all(JobState(r.state).finished for r in rows),
+        "cost_usd": round(sum(known), 4) if known else None,
+        "best": best,
+        "best_metric": None if top is None else top.metric,
+        "best_value": None if top is None else top.best,
+    }
+    if detail:
+        out["rows"] = [
+            {
+                "run": r.run,
+                "state": r.state,
+                "steps": r.steps,
+                "max_steps": r.max_steps,
+                "lost": r.lost,
+                "preemptions": r.preemptions,
+                "restarts": r.restarts,
+                "cost_usd": r.cost_usd,
+                "metric": r.metric,
+                "best": r.best,
+                "best_step": r.best_step,
+                "note": r.note,
+            }
+            for r in rows
+        ]
     return plain_json(out)
 
 
