@@ -348,40 +348,13 @@ class Platform:
             return r
 
     def usage(self, resource_id: str) -> dict[str, Any]:
-        """GPU-seconds (platform time) from READY to STOPPED (or now), their price, the times."""
+        """GPU-seconds (platform time) from READY to STOPPED (or now), their price, the times
+        (`views.usage`)."""
         with self.lock:
             r = self.resource(resource_id)
-            end = r.stopped_at if r.stopped_at is not None else self.clock()
-            platform_s = 0.0
-            if r.ready_at is not None:
-                since = r.billing_since if r.billing_since is not None else r.ready_at
-                scale = r.billing_scale or self.config.time_scale or 1.0
-                platform_s = r.billed_s + max(0.0, end - since) / scale
-            gpu_seconds = r.gpus * platform_s
-            price = self.config.price_per_gpu_hour
-            granted = r.creating_at if r.creating_at is not None else (r.stopped_at or self.clock())
-            return {
-                "model_resources_id": r.id,
-                "resource_id": r.id,
-                "status": r.status,
-                "created_at": views.ts(r.created_at),
-                "queued_s": max(0.0, granted - r.created_at),  # real seconds spent PENDING
-                "gpus": r.gpus,
-                "gpu_type": r.gpu_type,
-                "clock": "platform",  # GPU-seconds/minutes and cost: platform time
-                "time_scale": self.config.time_scale,
-                "gpu_seconds": gpu_seconds,
-                "gpu_minutes": gpu_seconds / 60.0,
-                "unbilled_downtime_s": r.unbilled_downtime_s,  # real seconds, daemon down
-                # since when this daemon's life bills (READY, or its restart); before: billed_s
-                "billing_since": views.ts(r.billing_since),
-                "billed_before_s": r.billed_s * r.gpus,  # GPU-seconds of earlier lives
-                "price_per_gpu_hour": price,
-                "cost": gpu_seconds / 3600.0 * price,
-                "currency": "USD",
-                "ready_at": views.ts(r.ready_at),
-                "stopped_at": views.ts(r.stopped_at),
-            }
+            return views.usage(
+                r, self.clock(), self.config.time_scale, self.config.price_per_gpu_hour
+            )
 
     # ---- sessions ----------------------------------------------------------------------------
     def session(self, session_id: str) -> SessionRecord:

@@ -24,7 +24,7 @@ DEFAULT_POLICY_STATE = {
     "pending_publish": False,
 }
 
-__all__ = ["checkpoint", "checkpoint_ref", "page", "resource", "session", "ts"]
+__all__ = ["checkpoint", "checkpoint_ref", "page", "resource", "session", "ts", "usage"]
 
 
 def resource(r: ResourceRecord, queue_position: int | None, expires_at: float | None) -> dict:
@@ -140,4 +140,39 @@ def page(
             "limit": limit,
             "next_cursor": getattr(shown[-1], "id", None) if more and shown else None,
         },
+    }
+
+
+def usage(r: ResourceRecord, now: float, time_scale: float, price: float) -> dict[str, Any]:
+    """A resource's usage report at `now`: GPU-seconds (platform time, at `time_scale`) from
+    READY to STOPPED (or now), their cost at `price` dollars per GPU-hour, and the times."""
+    end = r.stopped_at if r.stopped_at is not None else now
+    platform_s = 0.0
+    if r.ready_at is not None:
+        since = r.billing_since if r.billing_since is not None else r.ready_at
+        scale = r.billing_scale or time_scale or 1.0
+        platform_s = r.billed_s + max(0.0, end - since) / scale
+    gpu_seconds = r.gpus * platform_s
+    granted = r.creating_at if r.creating_at is not None else (r.stopped_at or now)
+    return {
+        "model_resources_id": r.id,
+        "resource_id": r.id,
+        "status": r.status,
+        "created_at": ts(r.created_at),
+        "queued_s": max(0.0, granted - r.created_at),  # real seconds spent PENDING
+        "gpus": r.gpus,
+        "gpu_type": r.gpu_type,
+        "clock": "platform",  # GPU-seconds/minutes and cost: platform time
+        "time_scale": time_scale,
+        "gpu_seconds": gpu_seconds,
+        "gpu_minutes": gpu_seconds / 60.0,
+        "unbilled_downtime_s": r.unbilled_downtime_s,  # real seconds, daemon down
+        # since when this daemon's life bills (READY, or its restart); before: billed_s
+        "billing_since": ts(r.billing_since),
+        "billed_before_s": r.billed_s * r.gpus,  # GPU-seconds of earlier lives
+        "price_per_gpu_hour": price,
+        "cost": gpu_seconds / 3600.0 * price,
+        "currency": "USD",
+        "ready_at": ts(r.ready_at),
+        "stopped_at": ts(r.stopped_at),
     }
