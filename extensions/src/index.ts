@@ -19,6 +19,7 @@ import { Widget } from '@lumino/widgets';
 
 import * as api from './api';
 import { RunLogView } from './logview';
+import { confirmStopSweep, SweepView } from './sweepview';
 import { confirmScale, GPUS_PER_NODE, localTime, localTimes, TogetherSidebar } from './sidebar';
 
 const ICON_SVG =
@@ -147,6 +148,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       }
       await readLeftovers();
+      await readSweeps();
+    };
+    // The cluster's sweeps: read at each refresh and when the runs change (one read at a time)
+    let readingSweeps = false;
+    const readSweeps = async (): Promise<void> => {
+      if (readingSweeps) {
+        return;
+      }
+      readingSweeps = true;
+      try {
+        sidebar.setSweeps(await api.getSweeps());
+      } catch {
+        // no cluster attached yet: the runs' error line says why
+      } finally {
+        readingSweeps = false;
+      }
     };
     // Post-Training resources left billing by a process that is gone: read at each refresh and
     // every LEFTOVERS_MS (the server asks the service only when its registry holds one)
@@ -216,6 +233,39 @@ const plugin: JupyterFrontEndPlugin<void> = {
       shell.activateById(widget.id);
     };
 
+    const openSweep = (sweep: string): void => {
+      const id = `tgnb-sweep-${sweep}`;
+      if (Array.from(shell.widgets('main')).some(w => w.id === id)) {
+        shell.activateById(id);
+        return;
+      }
+      const widget = new MainAreaWidget({ content: new SweepView(sweep) });
+      widget.id = id;
+      widget.title.label = `Sweep: ${sweep}`;
+      widget.title.icon = togetherIcon;
+      widget.title.closable = true;
+      shell.add(widget, 'main');
+      shell.activateById(widget.id);
+    };
+
+    const stopSweep = async (sweep: string): Promise<void> => {
+      const shown = sidebar.sweeps.find(s => s.name === sweep);
+      const running = shown ? shown.runs.length - ended(shown.states) : 0;
+      if (!(await confirmStopSweep(sweep, running))) {
+        return;
+      }
+      try {
+        const stopped = await api.stopSweep(sweep);
+        const said = stopped.length
+          ? `Stop requested for ${stopped.length} run(s) of sweep ${sweep}`
+          : `Every run of sweep ${sweep} had already ended`;
+        Notification.info(said, { autoClose: 5000 });
+      } catch (error) {
+        Notification.error(errorText(error), { autoClose: 10000 });
+      }
+      await readSweeps();
+    };
+
     const stream = new api.EventStream(message => {
       switch (message.type) {
         case 'cluster':
@@ -227,6 +277,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           break;
         case 'runs':
           sidebar.setRuns(message.runs);
+          void readSweeps();
           break;
         case 'event':
           sidebar.addEvent(message.event);
@@ -270,6 +321,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       scale: scaleTo,
       openTimeline: run => void openTimeline(run),
       openLogs,
+      openSweep,
+      stopSweep: sweep => stopSweep(sweep),
       attach: () => void app.commands.execute(CommandIDs.attach)
     });
     sidebar.title.icon = togetherIcon;
@@ -360,3 +413,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 };
 
 export default plugin;
+
+/** How many runs of a sweep have ended, from its runs by state. */
+function ended(states: Record<string, number>): number {
+  return ['succeeded', 'failed', 'cancelled'].reduce((n, s) => n + (states[s] ?? 0), 0);
+}

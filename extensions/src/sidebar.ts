@@ -6,7 +6,8 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { ICluster, IEvent, ILeftover, IRun } from './api';
+import { ICluster, IEvent, ILeftover, IRun, ISweep } from './api';
+import { sweepLine } from './sweepview';
 
 export const GPUS_PER_NODE = 8;
 const MAX_EVENTS = 200;
@@ -72,6 +73,9 @@ export interface ISidebarActions {
   openTimeline(run: string): void;
   /** Open the run's live log (each attempt headed, followed until the run ends). */
   openLogs(run: string): void;
+  /** Open a sweep's table and chart; stop every unfinished run of it (after a confirmation). */
+  openSweep(sweep: string): void;
+  stopSweep(sweep: string): Promise<void>;
   attach(): void;
 }
 
@@ -102,6 +106,10 @@ export class TogetherSidebar extends Widget {
     this.runsNode = el('ul', 'tgnb-runs');
     this.runsNode.dataset.testid = 'tgnb-runs';
     root.appendChild(this.runsNode);
+    root.appendChild(el('h3', 'tgnb-heading', 'Sweeps'));
+    this.sweepsNode = el('ul', 'tgnb-sweeps');
+    this.sweepsNode.dataset.testid = 'tgnb-sweeps';
+    root.appendChild(this.sweepsNode);
     this.leftoversNode = el('div', 'tgnb-leftovers');
     this.leftoversNode.dataset.testid = 'tgnb-leftovers';
     root.appendChild(this.leftoversNode);
@@ -111,6 +119,7 @@ export class TogetherSidebar extends Widget {
     root.appendChild(this.eventsNode);
     this.renderCluster();
     this.renderRuns();
+    this.setSweeps([]);
   }
 
   protected onAfterShow(msg: Message): void {
@@ -215,6 +224,41 @@ export class TogetherSidebar extends Widget {
   setRuns(runs: IRun[]): void {
     this._runs = runs;
     this.renderRuns();
+  }
+
+  /** The sweeps of the cluster, newest first: each in a line (its runs by state, dollars, best
+   * run) with buttons to open its table and chart, and to stop every run of it. */
+  setSweeps(sweeps: ISweep[]): void {
+    this._sweeps = sweeps;
+    this.sweepsNode.replaceChildren();
+    if (sweeps.length === 0) {
+      const none = 'no sweeps yet: session.map(fn, items) or session.sweep(name, runs)';
+      this.sweepsNode.appendChild(el('li', 'tgnb-muted', none));
+      return;
+    }
+    for (const sweep of [...sweeps].sort((a, b) => b.created_at - a.created_at)) {
+      const item = el('li', `tgnb-sweep${sweep.finished ? ' tgnb-sweep-finished' : ''}`);
+      item.dataset.sweep = sweep.name;
+      const head = el('div', 'tgnb-run-head');
+      const state = sweep.finished ? 'finished' : 'running';
+      head.append(el('span', 'tgnb-run-name', sweep.name), el('span', 'tgnb-badge', state));
+      const open = el('button', 'jp-Button tgnb-link', 'open');
+      open.title = 'its table and the chart of its runs, with their preemptions';
+      open.dataset.testid = 'tgnb-sweep-open';
+      open.onclick = () => this.actions.openSweep(sweep.name);
+      const stop = el('button', 'jp-Button tgnb-link', 'stop');
+      stop.title = sweep.finished ? 'every run has ended' : 'stop every unfinished run';
+      stop.dataset.testid = 'tgnb-sweep-stop';
+      stop.disabled = sweep.finished;
+      stop.onclick = () => void this.actions.stopSweep(sweep.name);
+      head.append(open, stop);
+      item.append(head, el('div', 'tgnb-muted', sweepLine(sweep)));
+      this.sweepsNode.appendChild(item);
+    }
+  }
+
+  get sweeps(): ISweep[] {
+    return this._sweeps;
   }
 
   /** Post-Training resources left billing by processes that are gone, with what they cost and
@@ -376,6 +420,8 @@ export class TogetherSidebar extends Widget {
   private filterNode: HTMLInputElement;
   private eventsNode: HTMLElement;
   private leftoversNode: HTMLElement;
+  private sweepsNode: HTMLElement;
+  private _sweeps: ISweep[] = [];
 }
 
 /** `$1.23` (`$0.0042` under a cent), as tgnb writes amounts (`tgnb.prices.money`). */
