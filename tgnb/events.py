@@ -362,14 +362,20 @@ def read_lines(lines: Iterable[str], run: str | None = None, source: str = "") -
         if run is not None and ev.run is None:
             ev = Event(ev.time, ev.source, ev.reason, ev.message, ev.node, run, ev.data)
         out.append(ev)
-    if out.skipped and (source, out.skipped) not in _REPORTED:
-        _REPORTED.add((source, out.skipped))
+    report_skipped(source, out.skipped)
+    return out
+
+
+def report_skipped(source: str, skipped: int) -> None:
+    """One warning on the ``tgnb.events`` logger that `skipped` lines of `source` are not
+    events, once per (source, count): a file read on every poll is reported once per change."""
+    if skipped and (source, skipped) not in _REPORTED:
+        _REPORTED.add((source, skipped))
         _log.warning(
             "skipped %d malformed line(s) of %s (not an event: no time or reason, or a bad value)",
-            out.skipped,
+            skipped,
             source or "events",
         )
-    return out
 
 
 def read_jsonl(path: Any, run: str | None = None) -> EventLines:

@@ -6,7 +6,6 @@ any time (a fresh kernel does exactly that) and it shows the same run.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -30,9 +29,8 @@ from tgnb.events import (
     metrics_row,
     parse_record,
     program_text,
-    read_jsonl,
 )
-from tgnb.runs import logtail
+from tgnb.runs import cursor, logtail
 from tgnb.runs.backend import Backend
 from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
@@ -324,20 +322,15 @@ class Run:
         (`tgnb.events.metrics_row`: a step that is not a whole number...) is passed over: one bad
         record never breaks a reader."""
         path = self._file(f"{kind}.jsonl")
+        if path is not None and path.parent.is_dir():  # read only what was appended since
+            if kind == "metrics":
+                return cursor.rows(path)
+            return [dict(r) for r in cursor.records(path) if isinstance(r, dict)]
         found: list[dict[str, Any]] = []
-        if path is not None and path.parent.is_dir():
-            if path.exists():
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    for line in fh:
-                        try:
-                            found.append(json.loads(line))
-                        except ValueError:
-                            continue  # a torn last line
-        else:
-            for line in self.logs(raw=True):
-                rec = parse_record(line)
-                if rec is not None and rec.pop("kind", None) == kind:
-                    found.append(rec)
+        for line in self.logs(raw=True):
+            rec = parse_record(line)
+            if rec is not None and rec.pop("kind", None) == kind:
+                found.append(rec)
         if kind == "metrics":
             return [row for r in found if (row := metrics_row(r)) is not None]
         return [r for r in found if isinstance(r, dict)]
@@ -403,7 +396,7 @@ class Run:
         """The run's own events (runtime and supervisor), oldest first."""
         path = self._file("events.jsonl")
         if path is not None and path.exists():
-            return dedupe(read_jsonl(path, run=self.name))
+            return cursor.events(path, run=self.name)
         evs = (from_record(r) for r in self.records("events"))
         return dedupe(e for e in evs if e is not None)
 
