@@ -116,11 +116,17 @@ def test_budget_stops_every_program_and_reads_as_a_budget_stop(
         assert summary["steps"] is None and summary["steps_lost"] is None, summary
         assert summary["note"] and summary["note"].startswith("unprotected"), summary
         # what it was billed for against what it ran, by its own clock: the node's stretch holds
-        # every line it printed, and is longer by no more than the start and stop of a process
+        # every line it printed, and lies inside the run's life (from its submission to its
+        # cancelled state). How much longer than the printing it is depends on the machine's load
+        # (the process's start and stop): no wall-clock bound is asserted.
         (held,) = meter.stretches(run.run_events())
         times = _printed_times(run)
         assert held.start <= times[0] and times[-1] <= held.end, (held, times[0], times[-1])
-        assert (held.end - held.start) - (times[-1] - times[0]) < 3.0, (held, times[0], times[-1])
+        changes = run.history()
+        assert changes[0].time <= held.start and held.end <= changes[-1].time + 1e-3, (
+            held,
+            changes,
+        )
     else:
         assert summary["steps"] == max(printed), (summary, printed[-3:])
 
