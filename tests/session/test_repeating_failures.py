@@ -13,7 +13,7 @@ import pytest
 
 from tgnb.events import RUN_EXITED, RUN_FAILED_RESTARTING
 from tgnb.runs.node import Exit
-from tgnb.runs.outcome import repeats
+from tgnb.runs.outcome import failure_line, repeats
 from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
@@ -54,6 +54,56 @@ def test_a_failure_every_start_would_repeat_is_final_at_its_first_attempt(
     assert line in status.detail, status.detail
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "launcher"),
+    [("lazy-import", "python"), ("cuda", "python"), ("lazy-import", "torchrun")],
+)
+def test_a_command_whose_failure_would_repeat_is_final_at_its_first_attempt(
+    session: Session, tmp_path: Path, case: str, launcher: str
+) -> None:
+    """The same programs as a ``command=`` (a child process of the node's tgnb, which sees only
+    its exit code 1 and its stderr): final at the first attempt, the line from its traceback; under
+    torchrun too (whose own ChildFailedError traceback comes last). A command failing otherwise is
+    still restarted."""
+    source, line = SCRIPTS[case]
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "fails.py").write_text(source)
+    argv = ["python", "fails.py"]
+    if launcher == "torchrun":
+        argv = ["torchrun", "--standalone", "--nproc_per_node=1", "fails.py"]
+    run = session.launch(command=argv, workdir=wd, name=f"repeats-cmd-{case}-{launcher}",
+                         recovery=RecoveryPolicy(backoff_s=0.5))  # fmt: skip
+    status = run.wait(timeout=180, progress=False)
+    assert status.state is JobState.FAILED, run.logs()[-20:]
+    assert status.exit_code == int(Exit.REPEATS), (status, run.logs()[-20:])
+    assert not [e for e in run.run_events() if e.reason == RUN_FAILED_RESTARTING]
+    assert run.logs().count("step 1") == 1  # one attempt
+    (exited,) = [e for e in run.run_events() if e.reason == RUN_EXITED]
+    assert line in exited.message and exited.data["exit_code"] == int(Exit.REPEATS)
+    error = run.error() or ""
+    assert line in error and "fails the same way at every start" in error, error
+    assert line in status.detail, status.detail
+
+
+@pytest.mark.slow
+def test_a_command_failing_otherwise_is_restarted(session: Session, tmp_path: Path) -> None:
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "fails.py").write_text(
+        "import logging\ntry:\n    import tgnb_no_such_module  # noqa\nexcept ImportError:\n"
+        "    logging.exception('optional module')\nprint('step 1', flush=True)\n"
+        "raise RuntimeError('flaky network')\n"
+    )
+    run = session.launch(command=["python", "fails.py"], workdir=wd, name="fails-cmd",
+                         recovery=RecoveryPolicy(max_restarts=1, backoff_s=0.5))  # fmt: skip
+    status = run.wait(timeout=180, progress=False)
+    assert status.state is JobState.FAILED and status.exit_code == 1, status
+    assert run.logs().count("step 1") == 2  # restarted once
+    assert len([e for e in run.run_events() if e.reason == RUN_FAILED_RESTARTING]) == 1
+
+
 def test_which_failures_repeat() -> None:
     """The one rule (`repeats`) on the lines a failure leaves; its code is final everywhere."""
     assert int(Exit.REPEATS) in FINAL_CODES
@@ -69,3 +119,21 @@ def test_which_failures_repeat() -> None:
         "ValueError: No module named in this text is not at the start",
     ):
         assert not repeats(passing), passing
+
+
+def test_the_failure_line_of_a_commands_stderr() -> None:
+    """A command's stderr: the last traceback's exception line, a launcher's own passed over."""
+    lazy = (
+        'step 1\nTraceback (most recent call last):\n  File "fails.py", line 5, in <module>\n'
+        "    load()\n    ^^^^^^\nModuleNotFoundError: No module named 'x'\n"
+    )
+    assert failure_line(lazy) == "ModuleNotFoundError: No module named 'x'"
+    torchrun = lazy.replace("\n", "\n[rank0]: ") + (
+        'E1206 agent failed\nTraceback (most recent call last):\n  File "torchrun", line 8\n'
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\nfails.py "
+        "FAILED\n"
+    )
+    assert failure_line(torchrun) == "ModuleNotFoundError: No module named 'x'"
+    caught_then_other = lazy + "Traceback (most recent call last):\n  x\nRuntimeError: flaky\n"
+    assert failure_line(caught_then_other) == "RuntimeError: flaky"
+    assert failure_line("ModuleNotFoundError: No module named 'x' (printed, not raised)\n") is None

@@ -187,6 +187,44 @@ def repeats(error: BaseException | str) -> bool:
     return bool(REPEATING.match(error.strip()))
 
 
+#: Exceptions a launcher raises for its child's failure (torchrun, ``accelerate launch``): the
+#: child's own traceback, printed before, says what failed.
+LAUNCHER_ERRORS = ("ChildFailedError", "CalledProcessError")
+_RANK_PREFIX = re.compile(r"^\[(?:default)?(?:rank)?\d+\]:\s?")
+
+
+def failure_line(stderr: str) -> str | None:
+    """The exception line (``ModuleNotFoundError: No module named 'x'``) of the last traceback a
+    program printed in `stderr` (its tail), passing over a launcher's own for its child's failure
+    (`LAUNCHER_ERRORS`); None when it printed no traceback."""
+    lines = [_RANK_PREFIX.sub("", line) for line in stderr.splitlines()]
+    found: list[str] = []
+    inside = False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last):"):
+            inside = True
+        elif inside and line.strip() and not line[:1].isspace():
+            found.append(line.strip())
+            inside = False
+    while found and found[-1].split(":")[0].rsplit(".", 1)[-1] in LAUNCHER_ERRORS:
+        found.pop()
+    return found[-1] if found else None
+
+
+def repeat_fix(line: str) -> str:
+    """The fix of a failure line that repeats (`repeats`), in words."""
+    if line.startswith("ModuleNotFoundError"):
+        named = re.search(r"No module named '([^']+)'", line)
+        return (
+            f"install {named.group(1) if named else 'the module'} where the run runs (its image or "
+            "environment), or ship it in the workdir; not restarted"
+        )
+    return (
+        "run it on GPU nodes, or fall back to the CPU where torch.cuda.is_available() is False; "
+        "not restarted"
+    )
+
+
 def node_unsaved(run_dir: str | os.PathLike[str] | None, code: int, since: int) -> Verdict | None:
     """For a node's launcher that tgnb's SIGTERM reached (torchrun's agent): the verdict when the
     attempt that began at byte `since` stopped with nothing sealed (rule 2), else None. The

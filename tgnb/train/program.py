@@ -13,7 +13,9 @@ per node (it is its own launcher), with SIGTERM and SIGUSR1 passed on; its exit 
 except after tgnb's SIGTERM when the command sealed no checkpoint (it exited 0 on the signal, or
 died of it having trained steps not saved): the attempt is recorded as unsaved and the exit is 75,
 so Slurm and Kubernetes, which read exit codes only, restart the run uncounted and the cockpit
-says "stopped without a checkpoint at step N: K steps lost" (`tgnb.runs.outcome`).
+says "stopped without a checkpoint at step N: K steps lost" (`tgnb.runs.outcome`). The command's
+stderr passes through this process; an exit 1 whose last traceback is a failure every start would
+repeat (`tgnb.runs.outcome.repeats`) is `node.Exit.REPEATS` (78), recorded with its line, final.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tgnb.errors import TrainConfigError
 from tgnb.runs import node
@@ -109,9 +112,11 @@ def _command(argv: list[str], workdir: Path, run_dir: str) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), env.get("PYTHONPATH")) if p)
     try:
-        proc = subprocess.Popen(argv, cwd=workdir, env=env)
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stderr=subprocess.PIPE)
     except OSError as exc:
         raise TrainConfigError(f"command {argv[0]!r} could not start ({exc.strerror})") from None
+    assert proc.stderr is not None
+    tail = _Tail(proc.stderr)
 
     signalled: list[int] = []
 
@@ -125,8 +130,58 @@ def _command(argv: list[str], workdir: Path, run_dir: str) -> int:
         signal.signal(sig, forward)
     code = proc.wait()
     code = code if code >= 0 else 128 - code
+    tail.join(timeout=5)  # a child of the command may still hold its stderr open
     if not signalled:
-        return code
+        return _repeating(code, tail.text(), run_dir, since) if code == 1 else code  # a traceback's
     from tgnb.train.launch import after_signal
 
     return after_signal(run_dir, code, since)
+
+
+class _Tail(threading.Thread):
+    """Copies a command's stderr to this process's as it comes (chunks, so a progress bar's
+    ``\\r`` is not held back) and keeps its last `keep` bytes, where a Python traceback ends."""
+
+    def __init__(self, pipe: IO[bytes], keep: int = 64 * 1024) -> None:
+        super().__init__(name="tgnb-command-stderr", daemon=True)
+        self.pipe, self.keep, self.data = pipe, keep, b""
+        self.start()
+
+    def run(self) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        while chunk := self.pipe.read1(65536):  # type: ignore[attr-defined]
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                sys.stderr.write(chunk.decode("utf-8", "replace"))
+                sys.stderr.flush()
+            self.data = (self.data + chunk)[-self.keep :]
+        self.pipe.close()
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+def _repeating(code: int, stderr: str, run_dir: str, since: int) -> int:
+    """A command's exit `code`, or `node.Exit.REPEATS` (final on every engine) when the last
+    traceback it printed is a failure every start would repeat (`tgnb.runs.outcome.repeats`: a
+    module not installed, CUDA absent), with its line recorded and printed as a script's is."""
+    from tgnb.events import RUN_EXITED
+    from tgnb.runs.outcome import Attempt, failure_line, repeat_fix, repeats
+    from tgnb.train.record import Recorder
+
+    line = failure_line(stderr)
+    if line is None or not repeats(line):
+        return code
+    if Attempt.read(run_dir, since).exit_reason is None:  # its own Checkpointer recorded none
+        recorder = Recorder(run_dir, os.environ.get(node.RUN_ENV) or Path(run_dir).name)
+        recorder.event(RUN_EXITED, f"failed: {line}"[:500], exit_reason="failed",
+                       exit_code=int(node.Exit.REPEATS), step=None)  # fmt: skip
+        recorder.close()
+    from tgnb.config import register_node_secrets, scrub
+
+    register_node_secrets()
+    why = f"tgnb train: {line[:400]}: it fails the same way at every start: {repeat_fix(line)}"
+    print(scrub(why), file=sys.stderr, flush=True)
+    return int(node.Exit.REPEATS)
