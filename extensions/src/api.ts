@@ -56,7 +56,8 @@ export interface IRun {
   nodes: string[];
   exit_code: number | null;
   detail: string;
-  created_at?: string | null;
+  /** seconds since the epoch */
+  created_at?: number | null;
   /** null: unknown, the program reports no steps (never 0) */
   step: number | null;
   max_steps: number | null;

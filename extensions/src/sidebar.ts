@@ -48,7 +48,7 @@ export async function confirmScale(cluster: ICluster, target: number): Promise<b
 
 /** Runs to list: the unfinished ones first, then newest first (by creation, else by name). */
 export function orderRuns(runs: IRun[]): IRun[] {
-  const created = (r: IRun): number => (r.created_at ? Date.parse(r.created_at) || 0 : 0);
+  const created = (r: IRun): number => r.created_at ?? 0;
   return [...runs].sort(
     (a, b) =>
       Number(a.finished) - Number(b.finished) ||

@@ -6,14 +6,18 @@ what a ``**call()`` it spreads returns) and each message of the event stream (a 
 a ``"type"`` in `tgnb.server`). They are compared with api.ts's interfaces and its `Message` union,
 parsed: a field one side has and the other lacks, a key sent only sometimes that TypeScript calls
 required, or a nested serializer's output typed as another interface, fails with the line to fix.
-A new interface or serializer fails until it is paired in `PAIRS`.
+A new interface or serializer fails until it is paired in `PAIRS`. The values are checked too:
+the serializers' JSON of real records (a cluster with nodes and prices, a run in a real store with
+its metrics, events and history, events) must have the types api.ts declares.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -313,3 +317,149 @@ def test_the_checks_can_fail() -> None:
         "a": {"type": ("'a'", False), "x": ("number", False)},
         "b": {"type": ("'b'", False), "y": ("{ z: string }", False)},
     }
+
+
+# -- the values: real records through the serializers, checked against api.ts's types ------------
+def conforms(
+    value: Any, kind: str, interfaces: dict[str, dict[str, tuple[str, bool]]]
+) -> list[str]:
+    """Where `value` is not of the TypeScript type `kind` (``[]`` when it is)."""
+    kind = kind.strip()
+    alternatives = _top_level_split(kind, "|")
+    if len(alternatives) > 1:
+        errors = [conforms(value, alt, interfaces) for alt in alternatives]
+        return [] if any(not e for e in errors) else [f"{value!r:.60} is not {kind}"]
+    if kind.startswith("(") and kind.endswith(")"):
+        return conforms(value, kind[1:-1], interfaces)
+    record = re.fullmatch(r"Record<string,\s*(.+)>", kind)
+    if record:
+        if not isinstance(value, dict):
+            return [f"{value!r:.60} is not {kind}"]
+        return [e for item in value.values() for e in conforms(item, record.group(1), interfaces)]
+    if kind.endswith("[]"):
+        if not isinstance(value, list):
+            return [f"{value!r:.60} is not {kind}"]
+        return [e for item in value for e in conforms(item, kind[:-2], interfaces)]
+    if kind in interfaces:
+        return object_conforms(value, interfaces[kind], interfaces, kind)
+    simple = {
+        "null": value is None,
+        "string": isinstance(value, str),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "unknown": True,
+    }
+    if kind in simple:
+        return [] if simple[kind] else [f"{value!r:.60} is not {kind}"]
+    if re.fullmatch(r"'[^']*'", kind):
+        return [] if value == kind[1:-1] else [f"{value!r:.60} is not {kind}"]
+    if kind.startswith("{") and kind.endswith("}"):
+        if re.fullmatch(r"\{\s*\[\w+: string\]: unknown\s*\}", kind):
+            return [] if isinstance(value, dict) else [f"{value!r:.60} is not {kind}"]
+        return object_conforms(value, ts_fields(kind[1:-1]), interfaces, kind)
+    raise AssertionError(f"api.ts: a type this check does not read: {kind}")
+
+
+def object_conforms(
+    value: Any, fields: dict[str, tuple[str, bool]], interfaces: Any, name: str
+) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{value!r:.60} is not {name}"]
+    wrong = [f"{name}.{k}: sent, not declared" for k in value if k not in fields]
+    wrong += [
+        f"{name}.{k}: required, not sent"
+        for k, (_, opt) in fields.items()
+        if not opt and k not in value
+    ]
+    for key, (kind, _) in fields.items():
+        if key in value:
+            wrong += [f"{name}.{key}: {e}" for e in conforms(value[key], kind, interfaces)]
+    return wrong
+
+
+def _cluster_state() -> Any:
+    from tgnb.cloud.models import ClusterState, NodeState
+
+    t = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    nodes = (
+        NodeState("gpu-standard-1", 8, "ready", False, "n-1", (("NODE_PHASE_READY", t),)),
+        NodeState("gpu-preemptible-dp-1", 8, "ready", True),
+    )
+    pricing = {"standard_per_gpu_hour": 3.0, "preemptible_per_gpu_hour": 1.5, "currency": "USD"}
+    return ClusterState(
+        "c-1", "demo", "kubernetes", "ready", "us-east", "H100", 8, 8, 8,
+        standard_nodes=nodes[:1], preemptible_nodes=nodes[1:],
+        phases=(("CLUSTER_PHASE_READY", t),), pricing=pricing,
+    )  # fmt: skip
+
+
+def _recorded_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A run in a real store whose run directory holds a program's events and metrics."""
+    from tgnb.events import CHECKPOINT_SAVED, RUN_RESUMED, RUN_STARTED, SIGNAL_RECEIVED
+    from tgnb.runs import Run
+    from tgnb.runs.spec import RunSpec
+    from tgnb.runs.store import RunStore
+    from tgnb.train.record import Recorder
+
+    store = RunStore(tmp_path / "home")
+    spec = RunSpec(name="grpo-a", train={"algorithm": "grpo", "max_steps": 10})
+    run_dir = tmp_path / "runs" / "grpo-a"
+    rec = store.create(spec, backend="local", run_dir=run_dir)
+    monkeypatch.setenv("TGNB_NODE", "gpu-preemptible-dp-1")
+    r = Recorder(run_dir, run="grpo-a")
+    r.event(RUN_STARTED)
+    for step in range(1, 5):
+        r.metric(step, reward=0.1 * step, loss=1.0 / step)
+    r.event(CHECKPOINT_SAVED, step=4)
+    r.event(SIGNAL_RECEIVED, "SIGTERM")
+    r.event(RUN_RESUMED, step=4)
+    return Run(store.get(rec.id), store)
+
+
+def test_the_values_have_the_types_api_ts_declares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tgnb.events import Event
+    from tgnb.server.serialize import cluster_json, event_json, run_json
+
+    interfaces = ts_interfaces(API_TS.read_text(encoding="utf-8"))
+    t = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    run = _recorded_run(tmp_path, monkeypatch)
+    samples = [
+        ("ICluster", cluster_json(_cluster_state())),
+        (
+            "IEvent",
+            event_json(Event(t, "run", "CheckpointSaved", "saved", "n-1", "a", {"step": 4})),
+        ),
+        ("IEvent", event_json(Event(t, "cluster", "NodeAdded"))),
+        ("IRun", run_json(run)),
+        ("IRun", run_json(run, detail=True)),
+    ]
+    assert run_json(run, detail=True)["history"], "the sample run has no history to check"
+    wrong = [e for name, value in samples for e in conforms(value, name, interfaces)]
+    assert wrong == []
+
+
+def test_the_type_check_can_fail() -> None:
+    interfaces = ts_interfaces(API_TS.read_text(encoding="utf-8"))
+    from tgnb.server.serialize import cluster_json
+
+    cluster = cluster_json(_cluster_state())
+    assert conforms(cluster, "ICluster", interfaces) == []
+    assert conforms({**cluster, "standard_gpus": "8"}, "ICluster", interfaces) == [
+        "ICluster.standard_gpus: '8' is not number"
+    ]
+    nodes = [{**cluster["nodes"][0], "since": 5}]
+    assert conforms({**cluster, "nodes": nodes}, "ICluster", interfaces) == [
+        "ICluster.nodes: INode.since: 5 is not string | null"
+    ]
+    assert (
+        conforms(
+            {"time": 1.0, "state": "running", "detail": "", "node": None}, "IRunChange", interfaces
+        )
+        == []
+    )
+    assert (
+        conforms({"time": "x"}, "IRunChange", interfaces)[0]
+        == "IRunChange.state: required, not sent"
+    )
