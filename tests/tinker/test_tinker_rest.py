@@ -71,6 +71,32 @@ def test_tinker_paths_round_trip_and_the_rest_client_downloads(
         listed = rest_client.list_checkpoints(run_id).result().checkpoints
         assert {state_path, sampler_path} <= {c.tinker_path for c in listed}
         assert {c.checkpoint_type for c in listed} == {"training", "sampler"}
+        everyone = rest_client.list_user_checkpoints().result().checkpoints
+        assert [c.time for c in everyone] == sorted((c.time for c in everyone), reverse=True)
+        second = rest_client.list_user_checkpoints(limit=1, offset=1).result().checkpoints
+        assert [c.tinker_path for c in second] == [everyone[1].tinker_path]
+        with pytest.raises(together.NotFoundError):  # an unknown run is not an empty list
+            rest_client.list_checkpoints(str(uuid.uuid4()))
+
+        # tinker 0.38's training-run calls, over the session that is the run
+        training_run = rest_client.get_training_run(run_id).result()
+        assert (training_run.training_run_id, training_run.base_model) == (run_id, MODEL)
+        assert training_run.is_lora and training_run.lora_rank == 4
+        newest = {
+            k: next(c for c in listed if c.checkpoint_type == k) for k in ("training", "sampler")
+        }
+        assert training_run.last_checkpoint == newest["training"]  # the run's newest of each kind
+        assert training_run.last_sampler_checkpoint == newest["sampler"]
+        by_path = rest_client.get_training_run_by_tinker_path(sampler_path).result()
+        assert by_path.training_run_id == run_id
+        runs = rest_client.list_training_runs(limit=100).result()
+        assert run_id in {r.training_run_id for r in runs.training_runs}
+        assert runs.cursor.total_count >= len(runs.training_runs) >= 1
+        info = rest_client.get_weights_info_by_tinker_path(sampler_path).result()
+        assert (info.base_model, info.is_lora, info.lora_rank) == (MODEL, True, 4)
+        capabilities = rest_client.get_server_capabilities().result()
+        assert capabilities == service_client.get_server_capabilities()
+        assert capabilities.supported_models
         external = training_client.save_weights_external("step-1").result().path  # Tinker 0.38
         parsed = tinker.ParsedCheckpointTinkerPath.from_tinker_path(external)
         assert parsed.checkpoint_type == "external"
