@@ -71,3 +71,81 @@ def test_the_script_runs_from_a_folder_of_its_own(
     assert rl_emulator.api_key not in proc.stdout + proc.stderr
     # its samplers, dropped unclosed, gave their sessions back before the exit report was made
     assert "held 2 model resource(s)" in proc.stderr and "still running" not in proc.stderr
+
+
+BAD_OPTIONS = [
+    (["--steps", "0"], "--steps must be 1 or more, not 0"),
+    (["--steps", "two"], "argument --steps: invalid int value: 'two'"),
+    (["--group", "0"], "--group must be 1 or more, not 0"),
+    (["--max-off-policy", "-1"], "--max-off-policy must be 0 (synchronous) or more"),
+    (["--lr", "-0.1"], "--lr must be a finite number above 0"),
+    (["--loss", "gspo"], "argument --loss: invalid choice: 'gspo'"),
+    (["--model", "no/such-model"], "--model 'no/such-model' is not a model the service lists"),
+    (["--rank", "100000"], "--rank 100000 is above"),
+    (["--prompts", "64", "--group", "64"], "--prompts x --group is 4096 datums a step"),
+    (["--max-tokens", "1000000"], "leaves no room for the prompt"),
+    (["--out", "no-such-folder/async.json"], "is not a folder this process can write in"),
+]
+
+
+def test_bad_options_are_one_line_and_exit_2_with_nothing_provisioned(
+    rl_emulator: EmulatorHandle, tmp_path: Path
+) -> None:
+    import together
+
+    def resources() -> set[str]:
+        return {r.id for r in together.Together().post_training.model_resources.list().data}
+
+    before = resources()
+    for args, says in BAD_OPTIONS:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tgnb.tinker.async_rl", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert proc.stdout == "" and proc.stderr.count("\n") == 1, (args, proc.stderr)
+        assert proc.stderr.startswith("python -m tgnb.tinker.async_rl: ") and says in proc.stderr
+    assert resources() == before  # nothing was provisioned
+
+
+def test_bad_settings_are_refused_before_the_service_is_touched() -> None:
+    for bad, says in [
+        ({"steps": 0}, "steps must be 1 or more"),
+        ({"prompts_per_step": 2.5}, "prompts_per_step must be an integer"),
+        ({"learning_rate": float("inf")}, "learning_rate must be a finite number"),
+        ({"loss": "cross_entropy"}, "loss must be one of importance_sampling, ppo"),
+    ]:
+        with pytest.raises(async_rl.SettingError, match=says):
+            async_rl.run(tinker, object(), "any", **bad)  # object(): any use would fail
+
+
+def test_the_model_schedules_the_loop_on_two_gpus() -> None:
+    """Each step: a batch samples 2 s on the sampler's GPU, training 1 s, saving and opening the
+    sampler 0.5 s each. Synchronous: 4 s a step. One version ahead: the trainer's 2 s a step run
+    beside the next batch's 2 s, so a step takes 2 s once the pipeline is full."""
+    pieces = async_rl.PieceSeconds(
+        sampling=[2.0] * 4, rewards=[0.0] * 4, training=[1.0] * 4, saving=[0.5] * 4,
+        opening=[0.5] * 4,
+    )  # fmt: skip
+    assert async_rl.modelled_seconds(pieces, 0) == [4.0, 8.0, 12.0, 16.0]
+    assert async_rl.modelled_seconds(pieces, 1) == [4.0, 6.0, 8.0, 10.0]
+    assert async_rl.modelled_steps_per_minute(pieces, 0) == 15.0
+    assert async_rl.modelled_steps_per_minute(pieces, 1) == 30.0
+    # a sampler slower than the trainer bounds the pace: 3 s a batch, however far ahead; each
+    # sampler is ready once the batch in flight is done
+    slow = async_rl.PieceSeconds(**{**vars(pieces), "sampling": [3.0] * 4})
+    assert async_rl.modelled_seconds(slow, 2) == [6.0, 9.0, 12.0, 14.0]
+
+
+def test_the_model_replays_a_synchronous_run(rl_emulator: EmulatorHandle) -> None:
+    with tinker.ServiceClient() as service:
+        sync = async_rl.run(tinker, service, base_model(service), max_off_policy=0, **SMALL)
+    pieces = async_rl.PieceSeconds.of(sync)
+    assert len(pieces.sampling) == len(pieces.opening) == 4
+    assert min(min(v) for v in vars(pieces).values()) >= 0.0
+    modelled = async_rl.modelled_steps_per_minute(pieces, 0)
+    assert modelled == pytest.approx(sync.steps_per_minute, rel=0.05)  # the same run, replayed
+    assert async_rl.modelled_steps_per_minute(pieces, 1) > modelled

@@ -20,7 +20,18 @@ at it: ``tgnb emulator start`` prints both); ``--model`` defaults to the first m
 lists. `run` returns the per-step history (reward, loss, the lag trained at) and a timeline of
 when the trainer and the generator were busy (from the client: a request in flight), which
 notebook ``07-async-rl`` draws beside the synchronous loop's and ``bench/async_rl.py`` turns into
-steps per minute, async / sync.
+steps per minute, async / sync. Every setting is checked before anything is provisioned
+(`check_settings`; the script: one line and exit status 2).
+
+`modelled_seconds` is the service's regime, modelled: each resource its own GPU. On the emulator
+the trainer's and the sampler's resources share this machine's CPU, so running ahead there gains
+only the cores they leave idle. The model takes what each piece of a run cost when it ran alone
+(a synchronous run: the generator's batches, the client's rewards, the trainer's
+forward_backward + optim_step, saving each version's sampler weights, opening its sampler; each
+measured from the client) as that piece's GPU time, and schedules the loop's pieces with
+`max_off_policy` versions of lag on two GPUs: the trainer's resource (training, saving) and the
+sampler's (sampling, one batch at a time), each piece waiting for what the loop makes it wait
+for. Fed a run's own pieces, the model replays that run's measured pace, synchronous or not.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,7 +49,62 @@ from typing import Any
 
 from tgnb.tasks import data, rewards
 
-__all__ = ["Rollouts", "RunResult", "run"]
+__all__ = ["Rollouts", "RunResult", "SettingError", "check_settings", "modelled_seconds", "run"]
+
+
+class SettingError(ValueError):
+    """A setting of the loop that cannot run; the message names the fix (and starts with the
+    setting's name, `setting`)."""
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def check_settings(
+    *,
+    steps: int,
+    max_off_policy: int,
+    prompts_per_step: int,
+    group_size: int,
+    max_tokens: int,
+    learning_rate: float,
+    rank: int,
+    loss: str,
+    seed: int,
+) -> None:
+    """Raise `SettingError` (one line naming the fix) for a setting `run` cannot honour; called
+    before anything is opened on the service."""
+    counts = {
+        "steps": (steps, 1),
+        "max_off_policy": (max_off_policy, 0),
+        "prompts_per_step": (prompts_per_step, 1),
+        "group_size": (group_size, 1),
+        "max_tokens": (max_tokens, 1),
+        "rank": (rank, 1),
+        "seed": (seed, 0),
+    }
+    for name, (value, least) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SettingError(f"{name} must be an integer, not {value!r}", name)
+        if value < least:
+            what = "0 (synchronous) or more" if name == "max_off_policy" else f"{least} or more"
+            raise SettingError(f"{name} must be {what}, not {value}", name)
+    if (
+        isinstance(learning_rate, bool)
+        or not isinstance(learning_rate, int | float)
+        or not math.isfinite(learning_rate)
+        or learning_rate <= 0
+    ):
+        raise SettingError(
+            f"learning_rate must be a finite number above 0, not {learning_rate!r}", "learning_rate"
+        )
+    if loss not in LOSSES:
+        raise SettingError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}", "loss")
+
+
+#: The losses the loop's data carries inputs for (the sampler's logprobs and the advantages).
+LOSSES = ("importance_sampling", "ppo")
 
 
 @dataclass
@@ -64,6 +132,9 @@ class RunResult:
     trainer: list[tuple[float, float]] = field(default_factory=list)
     publishing: list[tuple[float, float]] = field(default_factory=list)
     generator: list[tuple[float, float]] = field(default_factory=list)
+    opening: list[tuple[float, float]] = field(default_factory=list)  # the part of publishing
+    #: per step: when its batch's rollouts were in hand (the rewards and data start there)
+    arrived: list[float] = field(default_factory=list)
     seconds: float = 0.0
     checkpoint: str = ""
 
@@ -98,8 +169,68 @@ class RunResult:
             "trainer": self.trainer,
             "publishing": self.publishing,
             "generator": self.generator,
+            "opening": self.opening,
+            "arrived": self.arrived,
             "checkpoint": self.checkpoint,
         }
+
+
+@dataclass(frozen=True)
+class PieceSeconds:
+    """What each piece of one run's steps cost (seconds, measured from the client): step k's
+    batch of rollouts, the rewards and data made from it, its training, saving version k+1's
+    sampler weights and opening the sampler on them."""
+
+    sampling: list[float]
+    rewards: list[float]
+    training: list[float]
+    saving: list[float]
+    opening: list[float]
+
+    @classmethod
+    def of(cls, r: RunResult) -> PieceSeconds:
+        n = len(r.history)
+        if n < 2 or len(r.opening) != n or len(r.arrived) != n:
+            raise ValueError("the run has no timeline of two steps or more to model from")
+        return cls(
+            sampling=[b - a for a, b in r.generator[:n]],
+            rewards=[t0 - a for (t0, _), a in zip(r.trainer, r.arrived, strict=True)],
+            training=[t1 - t0 for t0, t1 in r.trainer],
+            saving=[o0 - p0 for (p0, _), (o0, _) in zip(r.publishing, r.opening, strict=True)],
+            opening=[o1 - o0 for o0, o1 in r.opening],
+        )
+
+
+def modelled_seconds(pieces: PieceSeconds, max_off_policy: int) -> list[float]:
+    """When each step ends (seconds from the first batch's submission) with each resource on its
+    own GPU: the loop of `run` with `max_off_policy` versions of lag, each piece taking its
+    measured seconds. Sampling holds the sampler's GPU, one batch at a time; training and saving
+    are the trainer's; the rewards are the client's. A batch is submitted when the loop submits
+    it (once the version it samples is published), a step trains once its batch arrived, and a
+    version is published after its step: its sampler is opened alongside the batch in flight (the
+    opening is the service creating a session) and is ready no sooner than that batch is done
+    (the sampler's resource computes one thing at a time). Fed a run's own pieces, it replays
+    that run (`RunResult.steps_per_minute`), asynchronous runs included."""
+    n = len(pieces.training)
+    clock, sampler_free = 0.0, 0.0
+    batches: list[tuple[float, float]] = []  # each batch's (start, end) on the sampler's GPU
+    ends: list[float] = []
+    for step in range(n):
+        while len(batches) < n and len(batches) <= step + max_off_policy:
+            start = max(clock, sampler_free)
+            sampler_free = start + pieces.sampling[len(batches)]
+            batches.append((start, sampler_free))
+        clock = max(clock, batches[step][1]) + pieces.rewards[step] + pieces.training[step]
+        clock += pieces.saving[step] + pieces.opening[step]
+        clock = next((b for a, b in batches if a < clock < b), clock)  # the batch in flight
+        ends.append(clock)
+    return ends
+
+
+def modelled_steps_per_minute(pieces: PieceSeconds, max_off_policy: int) -> float:
+    """`RunResult.steps_per_minute` of `modelled_seconds` (after the first step, likewise)."""
+    ends = modelled_seconds(pieces, max_off_policy)
+    return 60.0 * (len(ends) - 1) / (ends[-1] - ends[0])
 
 
 def _advantages(values: list[float]) -> list[float]:
@@ -126,9 +257,19 @@ def run(
 ) -> RunResult:
     """Train `steps` steps of RL on the built-in arithmetic task through `service` (a Tinker
     ``ServiceClient``; `tinker` the module it came from), with at most `max_off_policy` versions
-    of lag between the policy that sampled a batch and the one that trains on it."""
-    if max_off_policy < 0:
-        raise ValueError(f"max_off_policy must be 0 (synchronous) or more, not {max_off_policy}")
+    of lag between the policy that sampled a batch and the one that trains on it. Settings it
+    cannot honour raise `SettingError` before anything is opened."""
+    check_settings(
+        steps=steps,
+        max_off_policy=max_off_policy,
+        prompts_per_step=prompts_per_step,
+        group_size=group_size,
+        max_tokens=max_tokens,
+        learning_rate=learning_rate,
+        rank=rank,
+        loss=loss,
+        seed=seed,
+    )
     types = tinker.types
     rows = data.arithmetic_rows(steps * prompts_per_step, seed=seed)
     training = service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed)
@@ -141,7 +282,11 @@ def run(
 
     def publish(version: int) -> Any:
         path = training.save_weights_for_sampler(f"v{version}").result().path
-        return service.create_sampling_client(model_path=path)
+        started = now()
+        sampler = service.create_sampling_client(model_path=path)
+        if version:
+            out.opening.append((started, now()))
+        return sampler
 
     def submit(index: int, sampler: Any, version: int) -> Rollouts:
         batch = rows[index * prompts_per_step : (index + 1) * prompts_per_step]
@@ -205,6 +350,7 @@ def run(
             batch = pending.popleft()
             results, arrived_at = batch.results.result()
             out.generator.append((batch.submitted, arrived_at))
+            out.arrived.append(now())
             made, scores = datums(batch, results)
             lag = version - batch.version
             assert 0 <= lag <= max_off_policy, (lag, max_off_policy)
@@ -236,13 +382,78 @@ def run(
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the fix, exit status 2 (argparse's usage block is for
+    ``--help``)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def check_against_service(
+    listed: list[Any], model: str, rank: int, rows: int, max_tokens: int
+) -> str:
+    """`model` (empty: the first listed), checked against the service's `listed` supported
+    models (the API's ``RlSupportedModel`` entries): it is listed, and the LoRA rank, the datums of a
+    step and the tokens sampled fit its limits. Raises `SettingError` naming the fix."""
+    names = [str(m.base_model) for m in listed]
+    if not names:
+        raise SettingError("the service lists no base model to train")
+    model = model or names[0]
+    if model not in names:
+        raise SettingError(f"--model {model!r} is not a model the service lists: one of {names}")
+    entry = listed[names.index(model)]
+    for cfg in getattr(entry, "compute_configs", None) or []:
+        lora = getattr(getattr(cfg, "trainer_config", None), "lora", None)
+        max_rank = getattr(lora, "max_rank", None)
+        max_batch = getattr(lora, "max_batch_size", None)
+        context = getattr(getattr(cfg, "generator_config", None), "context_length", None)
+        if max_rank and rank > max_rank:
+            raise SettingError(f"--rank {rank} is above {model}'s largest LoRA rank, {max_rank}")
+        if max_batch and rows > max_batch:
+            raise SettingError(
+                f"--prompts x --group is {rows} datums a step, above {model}'s batch of "
+                f"{max_batch}: lower one of them"
+            )
+        if context and max_tokens >= context:
+            raise SettingError(
+                f"--max-tokens {max_tokens} leaves no room for the prompt in {model}'s context "
+                f"of {context} tokens"
+            )
+    return model
+
+
+def _writable(path: str) -> None:
+    if not path:
+        return
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise SettingError(f"--out {path} is a folder: name a file in it")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SettingError(f"--out {path}: {folder} is not a folder this process can write in")
+
+
+#: `run`'s settings under the script's option names.
+FLAGS = {
+    "steps": "--steps",
+    "max_off_policy": "--max-off-policy",
+    "prompts_per_step": "--prompts",
+    "group_size": "--group",
+    "max_tokens": "--max-tokens",
+    "learning_rate": "--lr",
+    "rank": "--rank",
+    "loss": "--loss",
+    "seed": "--seed",
+}
+
+
 def main(argv: list[str] | None = None) -> None:
-    import tgnb.tinker as tinker
+    from tgnb.connection import of_sdk_keywords
+    from tgnb.errors import ConfigError
 
     doc = __doc__ or ""
-    p = argparse.ArgumentParser(
-        prog="python -m tgnb.tinker.async_rl", description=doc.split("\n")[0]
-    )
+    p = _Parser(prog="python -m tgnb.tinker.async_rl", description=doc.split("\n")[0])
     p.add_argument(
         "--model", default="", help="a base model the service lists (default: its first)"
     )
@@ -253,26 +464,44 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--loss", default="importance_sampling", choices=["importance_sampling", "ppo"])
+    p.add_argument("--loss", default="importance_sampling", choices=LOSSES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the history and timeline as JSON here")
     args = p.parse_args(argv)
+    settings = dict(
+        steps=args.steps,
+        max_off_policy=args.max_off_policy,
+        prompts_per_step=args.prompts,
+        group_size=args.group,
+        max_tokens=args.max_tokens,
+        learning_rate=args.lr,
+        rank=args.rank,
+        loss=args.loss,
+        seed=args.seed,
+    )
+    try:  # everything is checked before the service is asked for anything
+        check_settings(**settings)
+        _writable(args.out)
+
+        listed = of_sdk_keywords(None, None).sdk().post_training.supported_models.get().data
+        model = check_against_service(
+            list(listed or []), args.model, args.rank, args.prompts * args.group, args.max_tokens
+        )
+    except (SettingError, ConfigError) as exc:  # ConfigError: no key for the service
+        message = str(exc)
+        setting = getattr(exc, "setting", "")
+        if setting in FLAGS:  # the script's own name for the setting
+            message = FLAGS[setting] + message.removeprefix(setting)
+        p.exit(2, f"{p.prog}: {message}\n")
+    import tgnb.tinker as tinker
+
     with tinker.ServiceClient() as service:
-        model = args.model or str(service.get_server_capabilities().supported_models[0].model_name)
         result = run(
             tinker,
             service,
             model,
-            steps=args.steps,
-            max_off_policy=args.max_off_policy,
-            prompts_per_step=args.prompts,
-            group_size=args.group,
-            max_tokens=args.max_tokens,
-            learning_rate=args.lr,
-            rank=args.rank,
-            loss=args.loss,
-            seed=args.seed,
             on_step=lambda row: print(json.dumps(row), flush=True),
+            **settings,
         )
     summary = {
         "steps_per_minute": round(result.steps_per_minute, 2),
