@@ -1,6 +1,6 @@
 """A notebook's HTML export read as a newcomer would, in headless Chromium, checked by the DOM: no
 stderr output area (progress bars are not errors), the panels' static fallbacks each with its
-state as of its cell, and no word broken inside a table cell at a laptop's width.
+final state, and no word broken inside a table cell at a laptop's width.
 
 Real parts: a papermill kernel, the emulator daemon, nbconvert's lab template, Chromium. The run
 is the local engine tests' stand-in trainer (a step counter) instead of TRL: the export is under test,
@@ -122,15 +122,30 @@ def test_no_stderr_block_in_the_export(page: Any) -> None:
     assert "run export-dom: 100%" in stdout and "6/6" in stdout, stdout
 
 
-def test_panels_show_their_cells_state(page: Any) -> None:
+def test_panels_show_their_final_state(page: Any) -> None:
     """`%tg watch`'s panel and a panel that is a cell's value, both shown before the run ended,
-    read the run as it was then; `%tg watch --wait`'s, after, its last step and state."""
+    read the run's end, as `%tg watch --wait`'s does: the last step, the state, both charts (the
+    export's panel was frozen at its first step with empty charts); the text fallback too."""
     texts = page.locator(".tgnb-run-panel").all_inner_texts()
     assert len(texts) == 3, texts
-    for text in texts[:2]:
-        assert "step 6 / 6" not in text and "succeeded" not in text, text
-    assert "step 6 / 6" in texts[2] and "succeeded" in texts[2], texts[2]
+    for text in texts:
+        assert "step 6 / 6" in text and "succeeded" in text, text
+    curves = [
+        page.locator(".tgnb-run-panel").nth(i).locator("svg polyline").count() for i in (0, 1, 2)
+    ]
+    assert curves[2] >= 1 and curves == [curves[2]] * 3, curves  # the charts drawn, as at the end
     assert page.locator(".tgnb-events table tbody tr").count() >= 3
+
+
+def test_the_executed_notebooks_panel_text_is_the_final_state(export: Path) -> None:
+    """The executed notebook itself (not only its HTML): the ``%tg watch`` cell's display holds
+    the run's end in ``text/plain`` too, the panel's words (it was ``RunPanel(...)``)."""
+    nb = nbformat.read(export.with_suffix(".ipynb"), as_version=4)
+    watch = next(c for c in nb.cells if c.source == "%tg watch export-dom")
+    shown = [o for o in watch.outputs if o.get("output_type") == "display_data"]
+    assert len(shown) == 1, watch.outputs
+    text = shown[0]["data"]["text/plain"]
+    assert "step 6 / 6" in text and "succeeded" in text and "RunPanel(" not in text, text
 
 
 def test_no_word_broken_in_a_table_cell(page: Any) -> None:

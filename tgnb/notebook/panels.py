@@ -1,8 +1,10 @@
 """What every live panel shares (`tgnb.notebook.widgets`' `ClusterPanel` and `RunPanel`,
 `tgnb.notebook.pt_panel`'s `ResourcePanel`): the `Panel` base (a poller that stops on close, an
 error line, a static HTML rendering in its mime bundle, `Panel.snapshot`), the `Poller` daemon
-thread, and `refresh_displays`, the ``post_run_cell`` hook that brings the displays of the panels
-shown in a cell up to date as the cell ends.
+thread, and `refresh_displays`, the ``post_run_cell`` hook that brings the displays of the live
+panels up to date as each cell ends, until their last state (a run's end) has been sent: the
+``text/html`` and ``text/plain`` that an executed notebook's HTML keeps show each panel's final
+state, not the state of the cell that showed it.
 """
 
 from __future__ import annotations
@@ -114,11 +116,12 @@ class Panel(W.VBox):
         super().close()
 
     def show(self) -> None:
-        """Display the panel under a display id: `refresh_displays` (after the cell) re-sends
-        its bundle when its static rendering changed, so the ``text/html`` fallback that
-        papermill and nbconvert keep holds its state as of the end of its cell (a ``%tg watch``
-        above the cell that preempts shows the run before the preemption; the live widget keeps
-        moving in the browser)."""
+        """Display the panel under a display id: `refresh_displays` (after this cell and each
+        later one, while the panel polls) re-sends its bundle when its static rendering changed,
+        so the ``text/html`` and ``text/plain`` fallbacks that papermill and nbconvert keep hold
+        its last state: a ``%tg watch`` shown while the run started reads the run's end once a
+        later cell ends after it (nbclient updates every output of a display id). A run still
+        going when the notebook's last cell ends is shown as it was then."""
         from IPython.display import display
 
         self._sent = self.to_html()
@@ -169,12 +172,13 @@ class Panel(W.VBox):
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = dict(super()._repr_mimebundle_(**kwargs) or {})
-        data["text/html"] = self.to_html()
+        data["text/html"] = html = self.to_html()
+        data["text/plain"] = _text_of(html)  # the panel's words, not ``RunPanel(...)``
         return data
 
 
-#: Panels shown with `Panel.show` in the running cell, whose displays `refresh_displays` brings
-#: up to date as the cell ends.
+#: Panels shown with `Panel.show` whose displays `refresh_displays` brings up to date as each cell
+#: ends, until the panel stops polling (its run has ended, or it was closed).
 _SHOWN: weakref.WeakSet[Panel] = weakref.WeakSet()
 
 
@@ -196,17 +200,18 @@ _REFRESHED_FOR: list[Any] = [None]  # the cell result of the last refresh (two h
 
 
 def refresh_displays(*args: Any) -> None:
-    """Bring the displayed bundles of the panels shown in the cell that just ran up to date (an
-    IPython ``post_run_cell`` hook, so the update belongs to that cell and papermill records it),
-    then leave them: an export shows each cell's state as of that cell, not the state of a later
-    one. Once per cell: ``%load_ext tgnb`` and the first shown panel may both have hooked it
-    (both pass the cell's result)."""
+    """Bring the displayed bundles of the shown panels up to date (an IPython ``post_run_cell``
+    hook, so the update belongs to the cell that just ran and papermill records it, on every
+    output of the panel's display id), and leave each once it no longer polls: its last state
+    has been sent, which is what an export shows. Once per cell: ``%load_ext tgnb`` and the
+    first shown panel may both have hooked it (both pass the cell's result)."""
     if args and args[0] is not None:
         if args[0] is _REFRESHED_FOR[0]:
             return
         _REFRESHED_FOR[0] = args[0]
     for panel in list(_SHOWN):
-        _SHOWN.discard(panel)
+        if not panel._poller.running:
+            _SHOWN.discard(panel)  # this refresh sends its last state
         # a display that cannot be updated must not fail the user's cell
         with contextlib.suppress(Exception):
             panel.refresh_display()
