@@ -227,17 +227,37 @@ class Tg(Magics):
         return run
 
     def remember(self, run: Run) -> None:
-        """Count `run` among the runs of this notebook (``%tg runs``, ``%tg cost``)."""
+        """Count `run` among the runs of this notebook (``%tg runs``, ``%tg cost``), in the
+        kernel and, for a notebook the kernel knows by its path, in the tgnb home: a restarted
+        kernel lists them again (`tgnb.notebook.remembered`)."""
         self._mine[run.id] = None
+        where = self._notebook()
+        if where is not None:
+            from tgnb.notebook import remembered
+
+            remembered.save(*where, [*remembered.load(*where), *self._mine])
+
+    def _notebook(self) -> tuple[Any, str] | None:
+        """(tgnb home, notebook path) where this notebook's runs are kept, or None."""
+        from tgnb.notebook import remembered
+
+        key = remembered.notebook_key(getattr(self.shell, "user_ns", None))
+        return None if key is None or self.session is None else (self.session.home, key)
 
     def notebook_runs(self, every: bool) -> list[Run]:
-        """The runs this notebook launched or opened (in that order); with `every`, all the
-        attached cluster's runs."""
+        """The runs this notebook launched or opened (in that order, those of its earlier
+        kernels first); with `every`, all the attached cluster's runs."""
         runs = self.attached().runs()
         if every:
             return runs
         by_id = {r.id: r for r in runs}
-        return [by_id[i] for i in self._mine if i in by_id]
+        ids = list(self._mine)
+        where = self._notebook()
+        if where is not None:
+            from tgnb.notebook import remembered
+
+            ids = list(dict.fromkeys([*remembered.load(*where), *ids]))
+        return [by_id[i] for i in ids if i in by_id]
 
     def others(self, every: bool) -> int:
         """How many of the cluster's runs the default scope leaves out (0 with --all)."""
