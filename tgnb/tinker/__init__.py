@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tgnb.tinker import _compat  # noqa: F401  # isort: skip  # first: the SDK layer imports on newer tinker
 import tinker as _genuine
 from together.post_training.tinker import APIFuture, types
 
@@ -108,14 +109,18 @@ __all__ = [
 ]
 
 
+#: Names of the genuine package that talk to Tinker's own service: not answered here.
+_TINKERS_OWN = frozenset({"AdminClient"})
+
+
 def __getattr__(name: str) -> Any:
     """Tinker's types (``tinker.Datum``, ``tinker.AdamParams``, ...) and its error classes."""
     if hasattr(types, name):
         return getattr(types, name)
     if name in NEWER:
         return NEWER[name]
-    if name.endswith("Error") and hasattr(_genuine, name):
-        return getattr(_genuine, name)
+    if name not in _TINKERS_OWN and hasattr(_genuine, name):
+        return getattr(_genuine, name)  # its errors, warnings, request options, ...
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -80,3 +80,50 @@ NEWER: dict[str, Any] = {
     for cls in (PromptProvenanceSpan, SampledProvenanceSpan)
 }
 """The names ``tinker`` answers for these: Tinker's own where it has them."""
+
+
+#: Tinker 0.38's sampling client kinds (``types.SamplingClientKind``).
+SAMPLER_KINDS = ("snapshot", "inflight")
+
+
+def sampler_kind(kind: str) -> str:
+    """Check ``save_weights_and_get_sampling_client(kind=)``. Both kinds are served by the same
+    ``weights-sync``: a Post-Training session's sampler serves the weights it last published, so
+    ``"inflight"`` (updated in place by each later publish) is what it does natively, and a
+    ``"snapshot"`` client sees the same in-place updates (no sampler keeps older weights)."""
+    if kind not in SAMPLER_KINDS:
+        raise ValueError(f"kind must be one of {list(SAMPLER_KINDS)}, got {kind!r}")
+    return kind
+
+
+def console_url(conn: Any, route: str) -> str:
+    """``get_console_url``: Post-Training has no console page per run, so this answers the URL
+    of its API record (``GET`` with the API key answers it)."""
+    root = (conn.base_url or "https://api.together.ai").rstrip("/")
+    return f"{root}/v1/rl/{route}"
+
+
+def optimizer_config(optimizer: Any) -> None:
+    """Check ``create_lora_training_client(optimizer=)``: AdamW (Tinker's default and
+    Post-Training's only optimizer) is served; another is refused."""
+    kind = getattr(optimizer, "type", None)
+    if optimizer is not None and kind != "adamw":
+        raise NotImplementedError(
+            f"optimizer {kind or optimizer!r}: Post-Training trains with AdamW only; pass "
+            "types.AdamOptimizerConfig() or leave optimizer unset"
+        )
+
+
+def optimizer_params(optim_params: Any, adam_params: Any) -> Any:
+    """The ``AdamParams`` of tinker 0.38's ``optim_step(optim_params, *, adam_params=)``."""
+    if optim_params is not None and adam_params is not None:
+        raise TypeError("optim_step takes optim_params or adam_params, not both")
+    params = optim_params if optim_params is not None else adam_params
+    if params is None:
+        raise TypeError("optim_step needs the step's parameters: optim_step(types.AdamParams(...))")
+    if not isinstance(params, types.AdamParams):
+        raise NotImplementedError(
+            f"{type(params).__name__}: Post-Training's optimizer step is AdamW's; pass "
+            "types.AdamParams(...)"
+        )
+    return params

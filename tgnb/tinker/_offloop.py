@@ -20,6 +20,7 @@ name the warning gives) and loads the tokenizer on the caller's thread.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import functools
 import logging
@@ -37,6 +38,13 @@ log = logging.getLogger("tgnb.tinker")
 @functools.cache
 def _workers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=8, thread_name_prefix="tgnb-tinker-sync")
+
+
+@functools.cache
+def _waiters() -> ThreadPoolExecutor:
+    """Threads that wait on results for ``APIFuture.future()`` (apart from `_workers`, whose
+    calls may themselves wait on these)."""
+    return ThreadPoolExecutor(max_workers=16, thread_name_prefix="tgnb-tinker-future")
 
 
 def run_sync(label: str, fn: Callable[..., Any], *args: Any, warn: bool, **kwargs: Any) -> Any:
@@ -66,6 +74,7 @@ class OffLoopFuture:
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self._concurrent: concurrent.futures.Future[Any] | None = None
 
     def result(self, timeout: float | None = None) -> Any:
         return run_sync("APIFuture.result", self._inner.result, timeout=timeout, warn=True)
@@ -79,6 +88,15 @@ class OffLoopFuture:
     async def coroutine(self) -> Any:
         """Tinker 0.38's: this future as a coroutine (for ``asyncio.create_task`` and the like)."""
         return await self
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        """Tinker 0.38's: a ``concurrent.futures.Future`` of the result (for ``wait``,
+        ``as_completed``, ``add_done_callback``), answered by a waiter thread. Cancelling it
+        before the result is there stops nothing on the service: Post-Training cancels no
+        submitted operation."""
+        if self._concurrent is None:
+            self._concurrent = _waiters().submit(self._inner.result)
+        return self._concurrent
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -97,6 +115,12 @@ class ClientFuture:
 
     async def result_async(self, timeout: float | None = None) -> Any:
         return self
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        """Tinker 0.38's ``concurrent.futures.Future`` of the client: already done."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done.set_result(self)
+        return done
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self.result_async().__await__()

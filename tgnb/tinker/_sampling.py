@@ -28,6 +28,7 @@ from tgnb.tinker._mapped import Mapped
 from tgnb.tinker._newer import identified
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
+from tgnb.tinker._sample import Request, Sampled, check_last_n, submit
 from tgnb.tinker._stops import cut_at_stops, split_stops
 from tgnb.tinker._support import (
     Release,
@@ -63,20 +64,27 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         sampling_params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: Any = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
     ) -> Any:
+        """Tinker 0.38's ``sample`` (`tgnb.tinker._sample`: what is supplied on the client)."""
+        self._check_fresh()
         params, ids = split_stops(sampling_params)
-        future = super().sample(
-            prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
+        request = Request.of(
+            prompt,
+            params,
+            include_prompt_logprobs,
+            topk_prompt_logprobs,
+            topk_sample_logprobs,
+            target_prompt_logprobs,
+            prompt_alt_tokens_k,
+            prompt_logprobs_last_n,
         )
-        return self._kept(Mapped(lambda r: _as_tinker(r, ids), future))
-
-    def compute_logprobs(self, prompt: types.ModelInput) -> Any:
-        return self._kept(super().compute_logprobs(prompt))
-
-    def _kept(self, future: Any) -> Any:
-        """`future`, holding this client (and so its session) until it is read, when the client
-        owns a session that dropping it would give back."""
-        return future if self._release is None else Mapped(functools.partial(_owned, self), future)
+        first = self._session.run(self._submit(request, num_samples))
+        finish = functools.partial(_as_tinker, ids=ids)
+        return self._kept(Sampled(self._session, request, first, finish))
 
     async def sample_async(
         self,
@@ -85,12 +93,56 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         sampling_params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: Any = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
     ) -> types.SampleResponse:
+        self._check_fresh()
         params, ids = split_stops(sampling_params)
-        response = await super().sample_async(
-            prompt, num_samples, params, include_prompt_logprobs, topk_prompt_logprobs
+        request = Request.of(
+            prompt,
+            params,
+            include_prompt_logprobs,
+            topk_prompt_logprobs,
+            topk_sample_logprobs,
+            target_prompt_logprobs,
+            prompt_alt_tokens_k,
+            prompt_logprobs_last_n,
         )
-        return _as_tinker(response, ids)
+        first = await self._submit(request, num_samples)
+        finish = functools.partial(_as_tinker, ids=ids)
+        return await Sampled(self._session, request, first, finish)
+
+    def _submit(self, request: Request, num_samples: int) -> Any:
+        return submit(
+            self._session,
+            request.wire_input,
+            request.wire_params,
+            num_samples=num_samples,
+            prompt_logprobs=request.prompt_logprobs,
+            topk=request.topk_prompt,
+        )
+
+    def compute_logprobs(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> Any:
+        """The prompt's logprobs (``None`` first); with `prompt_logprobs_last_n`, ``None`` but
+        for its last n (the whole prompt is scored: the API scores no part of one)."""
+        check_last_n(prompt, prompt_logprobs_last_n, True)
+        future = super().compute_logprobs(prompt)
+        return self._kept(Mapped(functools.partial(_last, prompt_logprobs_last_n), future))
+
+    async def compute_logprobs_async(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> list[float | None]:
+        check_last_n(prompt, prompt_logprobs_last_n, True)
+        return _last(prompt_logprobs_last_n, await super().compute_logprobs_async(prompt))
+
+    def _kept(self, future: Any) -> Any:
+        """`future`, holding this client (and so its session) until it is read, when the client
+        owns a session that dropping it would give back."""
+        return future if self._release is None else Mapped(functools.partial(_owned, self), future)
 
     def get_base_model(self) -> str:
         """The base model this client samples (read from its session's record)."""
@@ -106,6 +158,33 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         """The base model's tokenizer (`tgnb.tinker._support.load_tokenizer`: no Hub retries
         for a model that is already local)."""
         return load_tokenizer(self.get_base_model())
+
+    @classmethod
+    def create(cls, holder: Any, **kwargs: Any) -> Any:
+        """Tinker's holder-based constructor: refused (see the error)."""
+        raise NotImplementedError(
+            "SamplingClient.create takes Tinker's internal client holder, which Post-Training "
+            "has no counterpart of: use ServiceClient().create_sampling_client(...)"
+        )
+
+    @staticmethod
+    def from_sampler_handle(handle: str, *, api_key: str | None = None) -> Any:
+        """Tinker 0.38's sampler handed between processes: refused (see the error)."""
+        raise NotImplementedError(
+            "from_sampler_handle: a Post-Training sampler is its training session and is not "
+            "handed to another process; open one there with create_sampling_client(model_path)"
+        )
+
+    def get_sampler_handle(self) -> str:
+        """Tinker 0.38's handle of this sampler for another process: refused (see the error)."""
+        raise NotImplementedError(
+            "get_sampler_handle: a Post-Training sampler is its training session and is not "
+            "handed to another process; save_weights_for_sampler() and pass that path instead"
+        )
+
+    def on_queue_state_change(self, queue_state: Any, queue_state_reason: str | None) -> None:
+        """Tinker's hook for its request queue's state: Post-Training reports none, so it is
+        never called here; calling it does nothing."""
 
     def get_telemetry(self) -> None:
         """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""
@@ -148,6 +227,11 @@ def open_sampler(
     client = SamplingClient(session, _base_model=base_model, _release=release)
     weakref.finalize(client, release_later, release).atexit = False  # exit: Release's hook
     return client
+
+
+def _last(n: int | None, logprobs: list[float | None]) -> list[float | None]:
+    none: list[float | None] = [None] * (len(logprobs) - n) if n is not None else []
+    return logprobs if n is None else none + logprobs[-n:]
 
 
 def _as_tinker(response: types.SampleResponse, ids: frozenset[int]) -> types.SampleResponse:

@@ -25,7 +25,7 @@ from together.post_training.tinker import types
 
 from tgnb import ptregistry
 from tgnb.connection import Endpoint, of_sdk_keywords, with_home_emulator
-from tgnb.tinker._newer import no_stability_info
+from tgnb.tinker._newer import console_url, no_stability_info, optimizer_config
 from tgnb.tinker._offloop import run_sync, serve_sync_calls
 from tgnb.tinker._pool import ResourcePool
 from tgnb.tinker._rest import RestClient
@@ -88,7 +88,13 @@ class ServiceClient(_SdkServiceClient):
         **kwargs: Any,
     ) -> None:
         """`display_name` (Tinker's name for the session in its console) has no Post-Training
-        counterpart: it is kept as ``display_name`` and sent nowhere."""
+        counterpart: it is kept as ``display_name`` and sent nowhere. `project_id` is refused:
+        Post-Training's routes take no project (the API key's is used)."""
+        if project_id is not None:
+            raise NotImplementedError(
+                f"project_id={project_id!r}: Post-Training's routes take no project, the API "
+                "key's own is used; use a key of that project (TOGETHER_API_KEY) and drop it"
+            )
         super().__init__(
             user_metadata,
             project_id,
@@ -108,7 +114,7 @@ class ServiceClient(_SdkServiceClient):
     def __enter__(self) -> ServiceClient:
         return self
 
-    def close(self, status: str = "success") -> Resolved[None]:
+    def close(self, status: str = "success", detail: str | None = None) -> Resolved[None]:
         """Tinker 0.38's end of a service client: as leaving its ``with`` block (`status`, what
         Tinker records of the run, has nowhere to go on Post-Training)."""
         self.__exit__()
@@ -132,8 +138,11 @@ class ServiceClient(_SdkServiceClient):
         train_attn: bool = True,
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
+        optimizer: Any = None,
     ) -> TrainingClient:
+        """Tinker's; `optimizer` AdamW only (`_newer.optimizer_config`)."""
         _ignored_train_options(train_mlp, train_attn)
+        optimizer_config(optimizer)
         lora: dict[str, Any] = {"rank": rank}
         if seed is not None:
             lora["seed"] = seed
@@ -148,51 +157,74 @@ class ServiceClient(_SdkServiceClient):
             self.create_lora_training_client, base_model, rank, seed, **kwargs
         )
 
-    def create_training_client_from_state(
+    def create_training_client_from_state(  # type: ignore[override]
         self,
         path: str,
+        base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
+        optimizer: Any = None,
     ) -> TrainingClient:
-        """A new client with the weights of training checkpoint `path` (fresh optimizer)."""
-        return self._from_state(path, weights_access_token, load_optimizer=False)
+        """A new client with the weights of training checkpoint `path` (fresh optimizer).
+        Tinker 0.38's `base_model`, when given, must be the checkpoint's."""
+        optimizer_config(optimizer)
+        return self._from_state(path, weights_access_token, load_optimizer=False, base=base_model)
 
     async def create_training_client_from_state_async(
         self,
         path: str,
+        base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
+        optimizer: Any = None,
     ) -> TrainingClient:
         return await asyncio.to_thread(
-            self.create_training_client_from_state, path, user_metadata, weights_access_token
+            self.create_training_client_from_state,
+            path,
+            base_model,
+            user_metadata,
+            weights_access_token,
+            optimizer,
         )
 
-    def create_training_client_from_state_with_optimizer(
+    def create_training_client_from_state_with_optimizer(  # type: ignore[override]
         self,
         path: str,
+        base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
     ) -> TrainingClient:
         """A new client with the weights and optimizer state of training checkpoint `path`."""
-        return self._from_state(path, weights_access_token, load_optimizer=True)
+        return self._from_state(path, weights_access_token, load_optimizer=True, base=base_model)
 
     async def create_training_client_from_state_with_optimizer_async(
         self,
         path: str,
+        base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
     ) -> TrainingClient:
         return await asyncio.to_thread(
             self.create_training_client_from_state_with_optimizer,
             path,
+            base_model,
             user_metadata,
             weights_access_token,
         )
 
-    def _from_state(self, path: str, token: str | None, *, load_optimizer: bool) -> TrainingClient:
+    def _from_state(
+        self, path: str, token: str | None, *, load_optimizer: bool, base: str | None = None
+    ) -> TrainingClient:
         if token is not None:
             raise NotImplementedError("Post-Training has no weights_access_token; drop it")
         state = training_state(self._conn, path)
+        if isinstance(base, dict):  # tinker 0.23 took user_metadata second
+            base = None
+        if base is not None and base != state.base_model:
+            raise ValueError(
+                f"checkpoint {path} is of {state.base_model!r}, not base_model={base!r}: drop "
+                "base_model or name the checkpoint's"
+            )
         return self._open(
             state.base_model,
             state.lora_config,
@@ -254,6 +286,34 @@ class ServiceClient(_SdkServiceClient):
     def create_rest_client(self) -> RestClient:  # type: ignore[override]
         """Tinker's checkpoint management on the same connection (`tgnb.tinker._rest`)."""
         return RestClient(**self._conn.native())
+
+    def copy_weights(
+        self, path: str, *, ttl_seconds: int | None = None, weights_access_token: str | None = None
+    ) -> Any:
+        """Tinker 0.38's copy of a checkpoint into this account: refused (see the error)."""
+        raise NotImplementedError(
+            "copy_weights: Post-Training copies no checkpoint; every call that takes a path "
+            "reads it where it is (create_training_client_from_state(path))"
+        )
+
+    def create_custom_loss(self, fn: Any, input_ranks: Any) -> Any:
+        """Tinker 0.38's server-side custom loss: refused (see the error)."""
+        raise NotImplementedError(
+            "create_custom_loss: Post-Training runs no user loss on the service; pass the "
+            "function to TrainingClient.forward_backward_custom(data, loss_fn) instead"
+        )
+
+    @property
+    def holder(self) -> Any:
+        """Tinker's internal client holder: this layer has none (see the error)."""
+        raise NotImplementedError(
+            "ServiceClient.holder is Tinker's internal connection to its own service; "
+            "tgnb.tinker talks to Post-Training through the together SDK and has none"
+        )
+
+    def get_console_url(self) -> str:
+        """Post-Training has no console page: the URL of the API's model resources list."""
+        return console_url(self._conn, "model-resources")
 
     def get_telemetry(self) -> None:
         """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""

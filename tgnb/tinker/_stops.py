@@ -17,6 +17,8 @@ from collections.abc import Collection
 
 from together.post_training.tinker import types
 
+from tgnb.tinker._compat import sampled_sequence
+
 
 def split_stops(params: types.SamplingParams) -> tuple[types.SamplingParams, frozenset[int]]:
     """`params` with only its string stops, and the token ids it stops on."""
@@ -41,7 +43,7 @@ def cut_at_stops(response: types.SampleResponse, ids: Collection[int]) -> types.
             continue
         logprobs = seq.logprobs
         sequences.append(
-            types.SampledSequence(
+            sampled_sequence(
                 stop_reason="stop",
                 _tokens_list=list(tokens[:end]),
                 _logprobs_list=None if logprobs is None else list(logprobs[:end]),

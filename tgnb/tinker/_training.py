@@ -31,8 +31,11 @@ from together.post_training.tinker import TrainingClient as _SdkTrainingClient
 from together.post_training.tinker import types
 
 from tgnb.connection import Endpoint, of_sdk_keywords
+from tgnb.tinker._losses import CLIENT_LOSSES, ClientLosses, refuse_unserved
 from tgnb.tinker._mapped import Mapped
-from tgnb.tinker._newer import no_stability_info
+from tgnb.tinker._metadata import check as check_metadata
+from tgnb.tinker._metadata import keeper
+from tgnb.tinker._newer import console_url, no_stability_info, optimizer_params, sampler_kind
 from tgnb.tinker._offloop import ClientFuture, serve_sync_calls
 from tgnb.tinker._outputs import excluded, filled, scoring_data
 from tgnb.tinker._paths import EXTERNAL, with_path
@@ -88,7 +91,7 @@ def _no_encryption(recipients: list[str] | None) -> None:
     ),
 )
 @dataclass
-class TrainingClient(ClientFuture, _SdkTrainingClient):
+class TrainingClient(ClientFuture, ClientLosses, _SdkTrainingClient):
     """One LoRA training session, driven the Tinker way (see the module docstring)."""
 
     _conn: Endpoint = field(default_factory=of_sdk_keywords, repr=False)
@@ -103,6 +106,9 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
+        if loss_fn in CLIENT_LOSSES:
+            return self._client_loss(data, loss_fn_config, backward=False)
+        refuse_unserved(loss_fn)
         holes = excluded(data) if return_loss_fn_outputs else None
         scored = super().forward(scoring_data(data), "cross_entropy") if holes else None
         future = super().forward(
@@ -121,6 +127,9 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
+        if loss_fn in CLIENT_LOSSES:
+            return await self._client_loss_async(data, loss_fn_config, backward=False)
+        refuse_unserved(loss_fn)
         holes = excluded(data) if return_loss_fn_outputs else None
         scored = await super().forward_async(scoring_data(data), "cross_entropy") if holes else None
         future = await super().forward_async(
@@ -139,6 +148,9 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
+        if loss_fn in CLIENT_LOSSES:
+            return self._client_loss(data, loss_fn_config, backward=True)
+        refuse_unserved(loss_fn)
         holes = excluded(data) if return_loss_fn_outputs else None
         scored = super().forward(scoring_data(data), "cross_entropy") if holes else None
         future = super().forward_backward(
@@ -157,6 +169,9 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         *,
         return_loss_fn_outputs: bool = True,
     ) -> Any:
+        if loss_fn in CLIENT_LOSSES:
+            return await self._client_loss_async(data, loss_fn_config, backward=True)
+        refuse_unserved(loss_fn)
         holes = excluded(data) if return_loss_fn_outputs else None
         scored = await super().forward_async(scoring_data(data), "cross_entropy") if holes else None
         future = await super().forward_backward_async(
@@ -190,6 +205,20 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
     def get_telemetry(self) -> None:
         """Tinker's client telemetry has no Post-Training counterpart: always ``None``."""
         return None
+
+    def get_console_url(self) -> str:
+        """Post-Training has no console page per run: the session's API record's URL."""
+        return console_url(self._conn, f"training-sessions/{self._session.session_id}")
+
+    def optim_step(  # type: ignore[override]
+        self, optim_params: Any = None, *, adam_params: types.AdamParams | None = None
+    ) -> Any:
+        return super().optim_step(optimizer_params(optim_params, adam_params))
+
+    async def optim_step_async(  # type: ignore[override]
+        self, optim_params: Any = None, *, adam_params: types.AdamParams | None = None
+    ) -> Any:
+        return await super().optim_step_async(optimizer_params(optim_params, adam_params))
 
     # -- loading state -------------------------------------------------------------------------
     def load_state(self, path: str, weights_access_token: str | None = None) -> Any:
@@ -252,24 +281,43 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
     def _as_path(self, kind: str, future: Any) -> Mapped[Any]:
         return Mapped(partial(with_path, self._session.session_id, kind), future)
 
-    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False) -> Any:
-        return self._as_path("weights", super().save_state(name, ttl_seconds, overwrite))
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> Any:
+        """Tinker's ``save_state``; `user_metadata` is kept on this machine (`_metadata`)."""
+        keep = keeper(self._conn, check_metadata(user_metadata))
+        future = self._as_path("weights", super().save_state(name, ttl_seconds, overwrite))
+        return Mapped(keep, future)
 
     async def save_state_async(
-        self, name: str, ttl_seconds: int | None = None, overwrite: bool = False
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
     ) -> Any:
+        keep = keeper(self._conn, check_metadata(user_metadata))
         future = await super().save_state_async(name, ttl_seconds, overwrite)
-        return self._as_path("weights", future)
+        return Mapped(keep, self._as_path("weights", future))
 
-    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None) -> Any:
-        return self._inference_checkpoint(name, ttl_seconds, "sampler_weights")
+    def save_weights_for_sampler(
+        self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
+    ) -> Any:
+        keep = keeper(self._conn, check_metadata(user_metadata))
+        return Mapped(keep, self._inference_checkpoint(name, ttl_seconds, "sampler_weights"))
 
     async def save_weights_for_sampler_async(
-        self, name: str, ttl_seconds: int | None = None
+        self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
     ) -> Any:
-        return await asyncio.to_thread(
+        keep = keeper(self._conn, check_metadata(user_metadata))
+        future = await asyncio.to_thread(
             self._inference_checkpoint, name, ttl_seconds, "sampler_weights"
         )
+        return Mapped(keep, future)
 
     def _inference_checkpoint(self, name: str, ttl_seconds: int | None, kind: str) -> Any:
         """A training and an inference checkpoint at this step; the inference one's path."""
@@ -303,10 +351,13 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         name: str | None = None,
         retry_config: Any = None,
         record_stability_info: bool = False,
+        kind: str = "snapshot",
         **kwargs: Any,
     ) -> SamplingClient:
+        """A client of the weights now trained (see `tgnb.tinker._newer.sampler_kind`)."""
         # `name` is deprecated on Tinker ("has no effect"), so it is not passed on to be warned about
         no_stability_info(record_stability_info)
+        sampler_kind(kind)
         self._onto_a_generator()
         sdk = super().save_weights_and_get_sampling_client(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
@@ -316,9 +367,11 @@ class TrainingClient(ClientFuture, _SdkTrainingClient):
         name: str | None = None,
         retry_config: Any = None,
         record_stability_info: bool = False,
+        kind: str = "snapshot",
         **kwargs: Any,
     ) -> SamplingClient:
         no_stability_info(record_stability_info)
+        sampler_kind(kind)
         await asyncio.to_thread(self._onto_a_generator)
         sdk = await super().save_weights_and_get_sampling_client_async(None, retry_config, **kwargs)
         return SamplingClient.wrap(sdk, None)
