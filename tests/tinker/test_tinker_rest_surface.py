@@ -158,3 +158,13 @@ def test_a_bad_argument_is_one_line_naming_the_fix_before_any_request(
     assert line.startswith(f"RestClient.{call}: ") and says in line and "\n" not in line, line
     with pytest.raises(error, match=says):  # the _async twin checks the same, as early
         asyncio.run(getattr(rest, f"{call}_async")(*args, **kwargs))
+
+
+def test_the_clients_own_arguments_are_checked_when_it_is_made() -> None:
+    with pytest.raises(TypeError, match="RestClient: api_key must be a string"):
+        RestClient(api_key=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="RestClient: base_url must be a string"):
+        RestClient(api_key="k", base_url=5)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="is not an http\\(s\\) URL"):
+        RestClient(api_key="k", base_url="api.together.xyz")
+    RestClient(None, api_key="k", base_url="http://127.0.0.1:9/v1")  # tinker's holder: ignored

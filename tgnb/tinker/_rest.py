@@ -181,8 +181,27 @@ class RestClient:
     ``ServiceClient.create_rest_client()`` or directly, as the cookbook does."""
 
     def __init__(
-        self, *, base_url: str | None = None, api_key: str | None = None, **_: Any
+        self,
+        _holder: Any = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        **_: Any,
     ) -> None:
+        """`_holder` (tinker's internal client holder) is ignored: the connection is the SDK's
+        ``base_url`` / ``api_key`` keywords, ``TOGETHER_BASE_URL`` / ``TOGETHER_API_KEY`` when
+        left out."""
+        for name, value in (("api_key", api_key), ("base_url", base_url)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(
+                    f"RestClient: {name} must be a string (or left out for "
+                    f"TOGETHER_{name.upper()}), not {type(value).__name__}"
+                )
+        if base_url is not None and not base_url.startswith(("http://", "https://")):
+            raise ValidationError(
+                f"RestClient: base_url {base_url!r} is not an http(s) URL: pass the API's root, "
+                "such as https://api.together.xyz/v1, or leave it out"
+            )
         self._conn = of_sdk_keywords(api_key, base_url)
 
     # ---- the API, page by page ---------------------------------------------------------------
