@@ -42,7 +42,7 @@ def chart_svg(curves: Sequence[Curve], width: int = 560, height: int = 220) -> s
     metrics = sorted({c.metric for c in curves if c.metric and c.points})
     title = " / ".join(metrics) if metrics else "metric"
     left, right, top, bottom = 46, 10, 20, 22
-    legend_h = 14 * ((len(curves) + 1) // 2)
+    legend_h = 14 * ((len(curves) + 1) // 2) + 8  # under the step labels
     total_h = height + legend_h
     w, h = width - left - right, height - top - bottom
     out = [
@@ -85,7 +85,7 @@ def chart_svg(curves: Sequence[Curve], width: int = 560, height: int = 220) -> s
                 )
     for i, c in enumerate(curves):
         lx = left + (i % 2) * (w / 2)
-        ly = height + 14 * (i // 2) + 4
+        ly = height + 14 * (i // 2) + 14
         n = len(c.preemptions)
         said = f"{_short(c.run)} · {c.state}" + (f" · {n} {PREEMPTION_MARK}" if n else "")
         out.append(

@@ -400,7 +400,7 @@ class SweepChartHandler(TgnbHandler):
         def draw() -> str:
             from tgnb.notebook.sweep_view import chart_svg
 
-            return chart_svg(cockpit.session().sweep(name).curves(), width=300, height=180)
+            return chart_svg(cockpit.session().sweep(name).curves())
 
         svg = await self.call(draw)
         if svg is not None:
