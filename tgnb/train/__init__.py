@@ -9,6 +9,8 @@ public library a user's own training code calls:
 - the two parts of their guard a program can use alone: `StopSignals` (SIGTERM / SIGUSR1 / a drain
   notice -> "stop requested", `tgnb.train.stops`) and `CheckpointSchedule` (when the next periodic
   checkpoint is due, `tgnb.train.schedule`);
+- `ElasticSampler`: a ``DistributedSampler`` whose epoch a resume at another world size continues
+  from the sample position (`tgnb.train.order`; ``Checkpointer.add_state("data", sampler)``);
 - `EXIT_PREEMPTED` (75): the exit code that means "checkpointed, start me again".
 
 This package's ``__init__`` stays light (no torch, TRL or transformers); those are imported inside
@@ -25,12 +27,14 @@ from tgnb.train.stops import StopSignals
 
 if TYPE_CHECKING:
     from tgnb.train.loop import Checkpointer
+    from tgnb.train.order import ElasticSampler
 
 __all__ = [
     "EXIT_PREEMPTED",
     "CheckpointPolicy",
     "CheckpointSchedule",
     "Checkpointer",
+    "ElasticSampler",
     "StopSignals",
     "protect",
 ]
@@ -41,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from tgnb.train.loop import Checkpointer
 
         return Checkpointer
+    if name == "ElasticSampler":  # imports torch: only when asked for
+        from tgnb.train.order import ElasticSampler
+
+        return ElasticSampler
     raise AttributeError(f"module 'tgnb.train' has no attribute {name!r}")

@@ -23,7 +23,10 @@ RNG) resumes in the same order: the callback makes each epoch's iterator from an
 (``epoch_rng`` in ``lightning.json``, taken at ``on_train_epoch_start``), and a resume midway makes
 the iterator again from that state before it skips the trained batches (a ``DistributedSampler``
 orders by seed and epoch). The order replays exactly as long as no hook of the program draws from
-the RNG between the epoch's start and its first batch.
+the RNG between the epoch's start and its first batch. At another world size than the checkpoint's
+a batch index covers other samples: the checkpoint keeps the samples of the epoch trained by all
+ranks (``epoch_samples``), and Lightning's ``DistributedSampler`` continues the epoch's order from
+there (`tgnb.train.order`), with a line stating the global batch's change.
 
 Lightning's own SIGTERM handler would end ``fit`` with a `SIGTERMException` (exit 0) before the
 guard saved; the callback hands SIGTERM back to the guard when training starts (Lightning gives
@@ -49,6 +52,7 @@ import torch.distributed as dist
 from tgnb.errors import TrainConfigError
 from tgnb.runs.node import Exit
 from tgnb.train import dcpio
+from tgnb.train.order import elastic, global_batch_line
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.record import Recorder, number, run_failed, run_started
 from tgnb.train.saving import no_space
@@ -72,6 +76,8 @@ class TgnbLightningCallback:
         self._rng: Path | None = None  # the checkpoint resumed from, until its RNG is restored
         #: the RNG state this epoch's loader iterator was made from, when a loader shuffles by it
         self._epoch_rng: torch.Tensor | None = None
+        self.epoch_samples = 0  # samples of this epoch trained by all ranks together
+        self._saved: dict[str, Any] = {}  # lightning.json of the checkpoint resumed from
 
     @property
     def state_key(self) -> str:
@@ -109,6 +115,7 @@ class TgnbLightningCallback:
         saved = json.loads((found.path / LIGHTNING_STATE).read_text(encoding="utf-8"))
         trainer.fit_loop.load_state_dict(saved["fit_loop"])  # as Lightning's own restore does
         self.step = found.step
+        self._saved = saved
         if epoch_rng := saved.get("epoch_rng"):
             self._epoch_rng = torch.frombuffer(
                 bytearray(base64.b64decode(epoch_rng)), dtype=torch.uint8
@@ -119,7 +126,7 @@ class TgnbLightningCallback:
         # Lightning registered its SIGTERM handler (ends fit with exit 0): the guard's flag instead
         self.guard.stops.own()
         if self._rng is not None:  # resumed: the loader made its iterator (setup_data) by now
-            _skip_done_batches(trainer, self._epoch_rng)
+            self.epoch_samples = _skip_done_batches(trainer, self._epoch_rng, self._saved)
             dcpio.load_rng(self._rng)  # after the iterator's own draw, as at the step it saved
             self._rng = None
         total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
@@ -129,6 +136,7 @@ class TgnbLightningCallback:
         # the state the epoch's order is drawn from: made here for the first epoch (Lightning
         # made that iterator before any hook), by Lightning right after this hook for the others
         loop = trainer.fit_loop
+        self.epoch_samples = 0  # not called for an epoch resumed midway
         if loop._combined_loader is None or not any(
             map(_shuffled, loop._combined_loader.flattened)
         ):
@@ -145,6 +153,7 @@ class TgnbLightningCallback:
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int
     ) -> None:
+        self.epoch_samples += _batch_size(batch) * dcpio.world()
         step = int(trainer.global_step)
         if step == self.step:  # accumulating: no optimizer step yet
             return
@@ -166,6 +175,8 @@ class TgnbLightningCallback:
             {
                 "step": self.step,
                 "epoch": trainer.current_epoch,
+                "world_size": dcpio.world(),
+                "epoch_samples": self.epoch_samples,
                 "fit_loop": trainer.fit_loop.state_dict(),
                 "epoch_rng": None
                 if self._epoch_rng is None
@@ -184,24 +195,36 @@ def _shuffled(loader: Any) -> bool:
     return False
 
 
-def _skip_done_batches(trainer: Any, epoch_rng: torch.Tensor | None) -> None:
-    """Move the train loader's fresh iterator past the batches the resumed epoch already trained
-    on. Lightning restores its progress counters but starts a plain ``DataLoader`` over from its
-    first batch (it only repositions loaders with ``state_dict``): the resumed epoch would train
-    on its first batches again and never reach its last ones. The samplers get the epoch first
-    (a ``DistributedSampler`` then draws the epoch's own order); with `epoch_rng`, the RNG state
-    the epoch's iterator was made from (a ``RandomSampler`` draws its order from it), the
-    iterator is made again from that state, so the epoch comes in its own order."""
+def _skip_done_batches(trainer: Any, epoch_rng: torch.Tensor | None, saved: dict[str, Any]) -> int:
+    """Move the train loader's fresh iterator past the samples the resumed epoch already trained
+    on; return their number (all ranks). Lightning restores its progress counters but starts a
+    plain ``DataLoader`` over from its first batch (it only repositions loaders with
+    ``state_dict``): the resumed epoch would train on its first batches again and never reach its
+    last ones. The samplers get the epoch first (a ``DistributedSampler`` then draws the epoch's
+    own order); with `epoch_rng`, the RNG state the epoch's iterator was made from (a
+    ``RandomSampler`` draws its order from it), the iterator is made again from that state, so
+    the epoch comes in its own order. At the world size saved the iterator skips the batches
+    trained; at another one a batch index covers other samples, so the ``DistributedSampler``
+    continues from the sample position instead (`tgnb.train.order`) and the batch counters are
+    set to the batches of the new size those samples make."""
     loop = trainer.fit_loop
-    done = int(loop.epoch_loop.batch_progress.current.processed)
+    progress = loop.epoch_loop.batch_progress.current
+    done = int(progress.processed)
     fetcher, loader = loop._data_fetcher, loop._combined_loader
+    world, saved_world = dcpio.world(), int(saved.get("world_size") or dcpio.world())
+    samples = int(saved.get("epoch_samples") or 0)
+    if world != saved_world:  # the batches saved were of another size: count in samples
+        done = int(done and 0 < samples < _epoch_size(loader))
     if fetcher is None or loader is None or not 0 < done < loop.max_batches:
-        return  # nothing trained in this epoch yet, or it ended at the step saved
+        return 0  # nothing trained in this epoch yet, or it ended at the step saved
+    epoch = int(loop.epoch_progress.current.processed)
     for dl in loader.flattened:  # as the fit loop does at each epoch's start
         batches = getattr(dl, "batch_sampler", None)
         for obj in {getattr(dl, "sampler", None), batches, getattr(batches, "sampler", None)}:
             if callable(set_epoch := getattr(obj, "set_epoch", None)):
-                set_epoch(loop.epoch_progress.current.processed)
+                set_epoch(epoch)
+    if world != saved_world and _continue_at_samples(trainer, saved_world, samples, epoch):
+        return samples
     if epoch_rng is not None:
         torch.set_rng_state(epoch_rng)
         iter(fetcher)
@@ -216,6 +239,54 @@ def _skip_done_batches(trainer: Any, epoch_rng: torch.Tensor | None) -> None:
             pending.append(next(fetcher.iterator))
     except StopIteration:
         fetcher.done = not pending
+    return samples
+
+
+def _continue_at_samples(trainer: Any, saved_world: int, samples: int, epoch: int) -> bool:
+    """`_skip_done_batches` at another world size than the checkpoint's: each train loader's
+    ``DistributedSampler`` (Lightning's own, ``use_distributed_sampler=True``) hands out the rest
+    of the epoch's global order from `samples`. False, with a line saying so, where a loader has
+    another sampler (no order shared by every world size): the batches are skipped by index."""
+    loop = trainer.fit_loop
+    world = dcpio.world()
+    loaders = list(loop._combined_loader.flattened)
+    samplers = [elastic(getattr(dl, "sampler", None)) for dl in loaders]
+    if None in samplers or not all(getattr(dl, "batch_size", None) for dl in loaders):
+        if dcpio.rank() == 0:
+            print(
+                f"tgnb: resumed mid-epoch at world size {world} (saved at {saved_world}) with a "
+                "train DataLoader whose order is not the same at every world size: the epoch "
+                "skips its trained batches by index, so some samples may be trained twice or "
+                "not at all until it ends; Lightning's DistributedSampler (Trainer(strategy="
+                "'ddp', use_distributed_sampler=True)) at every world size continues from the "
+                "sample position",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+    for sampler in samplers:
+        assert sampler is not None
+        sampler.resume_at(epoch, samples)
+    batch = int(loaders[0].batch_size)
+    progress = loop.epoch_loop.batch_progress.current
+    shift = samples // (batch * world) - progress.processed  # to the batches of the new size
+    progress.ready += shift
+    progress.started += shift
+    progress.processed += shift
+    progress.completed += shift
+    iter(loop._data_fetcher)  # the iterator again, from the sampler's new position
+    if dcpio.rank() == 0:
+        print(global_batch_line(saved_world, world, batch), file=sys.stderr, flush=True)
+    return True
+
+
+def _epoch_size(loader: Any) -> int:
+    """The samples of an epoch of `loader` (a ``CombinedLoader``), all ranks together; 0 where a
+    dataset has no length."""
+    try:
+        return sum(len(dl.dataset) for dl in loader.flattened) if loader is not None else 0
+    except (AttributeError, TypeError):
+        return 0
 
 
 def _batch_size(batch: Any) -> int:

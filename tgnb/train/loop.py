@@ -47,6 +47,7 @@ from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, RUN_ENV, Exit
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
 from tgnb.train import dcpio, ownership
+from tgnb.train.order import global_batch_line
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.protect import run_context
 from tgnb.train.record import METRIC_COLUMNS, Recorder, number, run_failed, run_started
@@ -242,6 +243,10 @@ class Checkpointer:
             obj.load_state_dict(kept[key])
         dcpio.load_rng(found.path)
         self.step, self.resumed = found.step, found
+        saved_world = int(found.meta.get("world_size") or dcpio.world())
+        if saved_world != dcpio.world() and dcpio.rank() == 0:  # the global batch changes
+            batch = int(found.meta.get("global_batch") or 0) // saved_world
+            print(global_batch_line(saved_world, dcpio.world(), batch), file=sys.stderr, flush=True)
 
     def _write(self, path: Path) -> None:  # rank 0, in every save
         states = {key: _plain(key, obj) for key, obj in self._states.items()}
