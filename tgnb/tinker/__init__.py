@@ -37,7 +37,12 @@ Tinker call                                    Post-Training routes
                                                adapter renamed into Tinker's layout)
 ``TrainingClient.create_sampling_client``      as ``ServiceClient.create_sampling_client``
 ``save_weights_and_get_sampling_client``       ``weights-sync`` (the SDK's)
-``SamplingClient.sample`` / ``compute_logprobs``  ``sample`` (the SDK's)
+``SamplingClient.sample`` / ``compute_logprobs``  ``sample`` (the SDK's submission, tinker's
+                                               types; `_sample`: top-k sampled logprobs by a
+                                               scoring pass, ``prompt_logprobs_last_n``)
+``forward[_backward](..., "gspo")``            ``forward-backward`` (scoring) then ``custom-
+                                               forward-backward``, the loss computed here
+                                               (`_losses`)
 ``SamplingClient.get_base_model`` /            ``GET training-sessions/{id}``
   ``get_tokenizer``
 =============================================  ============================================
@@ -69,7 +74,10 @@ What it still cannot serve, and why:
 - ``get_telemetry`` answers ``None``; ``SamplingClient.create`` (an internal holder-based
   constructor) and ``on_queue_state_change`` (Tinker's queue notices) have no counterpart.
 - Tinker 0.38's provenance (``Datum.with_provenance``, the ``stable_reinforce`` loss): the API
-  takes none. Sampled sequences answer ``sequence_id = None`` and the span classes exist
+  takes none; ``stable_reinforce`` is refused (it reads what Tinker's sampler records).
+  ``project_id``, ``copy_weights``, ``create_custom_loss``, sampler handles, non-AdamW
+  optimizers, ``target_prompt_logprobs`` and ``prompt_alt_tokens_k`` are refused when given.
+- tinker versions: 0.23.1 (``together[tinker]``'s pin) to 0.38 (`_compat`). Sampled sequences answer ``sequence_id = None`` and the span classes exist
   (`tgnb.tinker._newer`), so code written for 0.38 that attaches provenance only to sequences
   with an id (the cookbook 0.6) runs without it.
 - ``load_state`` runs when called (its future is already resolved): collect what was submitted
