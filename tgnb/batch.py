@@ -170,9 +170,11 @@ def run_notebook(
     kernel reads it as ``$TGNB_SWEEP``). Raises `NotebookError` when a cell fails: the
     executed notebook (and its HTML) are still written, up to that cell.
     """
-    if sweep is not None and (not isinstance(sweep, str) or not sweep.strip()):
-        raise ValidationError(f"sweep must be a sweep's name, got {sweep!r:.40}: e.g. 'lr-grid'")
+    from tgnb.runs.store import check_sweep_name
     from tgnb.session import SWEEP_ENV
+
+    if sweep is not None:
+        check_sweep_name(sweep)  # before any kernel starts: not after its runs have launched
 
     with _environ(SWEEP_ENV, sweep):
         return _run_notebook(

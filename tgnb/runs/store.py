@@ -153,6 +153,16 @@ class RunRecord:
         return self.jobs[-1].job_id if self.jobs else None
 
 
+def check_sweep_name(name: object) -> str:
+    """`name` when it is a valid sweep name; else a `ValidationError` naming the fix."""
+    if not isinstance(name, str) or not _SWEEP_NAME.fullmatch(name):
+        raise ValidationError(
+            f"sweep name {name!r:.40} is not valid: use lowercase letters, digits and '-' "
+            "(at most 64 characters), e.g. 'lr-grid'"
+        )
+    return name
+
+
 @dataclass(frozen=True)
 class SweepRecord:
     """A sweep: a named group of runs (ids, in the order they joined), where it came from
@@ -441,11 +451,7 @@ class RunStore:
     ) -> SweepRecord:
         """Record sweep `name` (created on first use) and add `runs` (ids or names) to it, after
         the runs it holds; `metric`/`mode` given replace the recorded ones."""
-        if not isinstance(name, str) or not _SWEEP_NAME.fullmatch(name):
-            raise ValidationError(
-                f"sweep name {name!r:.40} is not valid: use lowercase letters, digits and '-' "
-                "(at most 64 characters), e.g. 'lr-grid'"
-            )
+        check_sweep_name(name)
         if metric is not None and (not isinstance(metric, str) or not 0 < len(metric) <= 100):
             raise ValidationError(
                 f"metric must be a metric's name, got {metric!r:.40}: e.g. 'reward'"
