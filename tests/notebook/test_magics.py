@@ -27,6 +27,8 @@ SUBCOMMANDS = [
     "preempt",
     "certify",
     "cost",
+    "sweeps",
+    "sweep",
     "pt",
 ]
 
