@@ -7,6 +7,12 @@ the budget one notice is printed; at the budget every unfinished run is stopped 
 does (its processes checkpoint) and the preemptible target is dropped to `target_after`, so the
 sweep's nodes stop billing. Works on every engine: it runs in the process that waits (a notebook
 kernel, a papermill run), not on the cluster; a run's own ``budget_usd`` is `tgnb.runs.budget`'s.
+
+The sweep as one object, `Sweep` (``session.map``, ``session.sweep(name, runs)``: its table,
+chart and stop, kept in the run store), is `tgnb.runs.sweeps.Sweep`, re-exported here: it lives
+with the runs because `Session.map` returns one and the session sits below this module; its
+chart is `tgnb.notebook.sweep_view`'s, which ``%load_ext tgnb`` makes its HTML. A `Sweep` is a
+sequence of runs, so `wait` takes one.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from tgnb.errors import ValidationError
 from tgnb.prices import NOTICE_FRACTION, check_budget, dollars
+from tgnb.runs.sweeps import Sweep
 
 if TYPE_CHECKING:
     from tgnb.runs import Run
@@ -104,4 +111,4 @@ def wait(
         time.sleep(poll)
 
 
-__all__ = ["SweepOutcome", "spent", "wait"]
+__all__ = ["Sweep", "SweepOutcome", "spent", "wait"]
