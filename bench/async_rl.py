@@ -96,7 +96,9 @@ def main() -> int:
             fits.append(m_sync / sync.steps_per_minute)
             fits_async.append(fit_async)
             loads.append(load)
-            share = sum(pieces.sampling) / (sum(pieces.sampling) + sum(pieces.training))
+            # after the first step, whose batch waits for the sampler's resource to load the model
+            sampled, trained = sum(pieces.sampling[1:]), sum(pieces.training[1:])
+            share = sampled / (sampled + trained)
             print(
                 f"round {r + 1} (load {load:.2f}): modelled async / sync {modelled[-1]:.2f} "
                 f"({m_async:.1f} vs {m_sync:.1f} steps/min, fit {fits[-1]:.2f} / {fit_async:.2f}, sampling "
