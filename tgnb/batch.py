@@ -170,7 +170,7 @@ def run_notebook(
     kernel reads it as ``$TGNB_SWEEP``). Raises `NotebookError` when a cell fails: the
     executed notebook (and its HTML) are still written, up to that cell.
     """
-    from tgnb.runs.store import check_sweep_name
+    from tgnb.runs.sweepstore import check_sweep_name
     from tgnb.session import SWEEP_ENV
 
     if sweep is not None:

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, overload
 from tgnb.events import DRAIN_NOTICE, SIGNAL_RECEIVED, Event
 from tgnb.markup import escape
 from tgnb.prices import dollars
-from tgnb.runs.store import RunStore, SweepRecord
+from tgnb.runs.store import RunStore
+from tgnb.runs.sweepstore import SweepRecord
 
 if TYPE_CHECKING:
     from tgnb.runs.run import Run
