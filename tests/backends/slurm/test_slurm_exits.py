@@ -106,16 +106,20 @@ def test_a_command_exiting_0_on_sigterm_with_nothing_sealed_is_restarted_uncount
     assert rows() == 60 + lost  # the second attempt ran all 60 steps
 
 
+@pytest.mark.parametrize("how", ["script", "command"])
 def test_a_failure_every_start_would_repeat_is_not_requeued(
-    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str], how: str
 ) -> None:
     """A lazy import of a module that is not installed: the node exits 78 (`Exit.REPEATS`), which
     the sbatch script holds final (`FINAL_CODES`), with three restarts left; the line is in the
-    log. It failed the same way four times before."""
+    log. It failed the same way four times before; as a ``command=`` too (its stderr read)."""
     script = tmp_path / "lazy.py"
     script.write_text("def load():\n    import tgnb_no_such_module  # noqa\n\n\nload()\n")
     policy = RecoveryPolicy(max_restarts=3, backoff_s=1.0)
-    backend, job, _, _ = submit(tmp_path, cleanup_jobs, "repeats", script, {"script": "lazy.py"},
+    train: dict[str, Any] = {"script": "lazy.py"}
+    if how == "command":
+        train = {"command": ["python", "lazy.py"]}
+    backend, job, _, _ = submit(tmp_path, cleanup_jobs, f"repeats-{how}", script, train,
                                 recovery=policy)  # fmt: skip
     final = backend.wait(job, timeout=300)
     log = "\n".join(backend.logs(job))
