@@ -122,8 +122,8 @@ class SweepView:
 
     def __init__(self, sweep: Sweep) -> None:
         self.sweep = sweep
-        self.headline = sweep.headline()
         self.rows = sweep.rows()
+        self.headline = sweep.headline(self.rows)
         self.curves = sweep.curves()
         self.best = best_run(self.rows, sweep.mode)
 

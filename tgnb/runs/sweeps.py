@@ -333,9 +333,16 @@ class Sweep(Sequence["Run"]):
 
     # -- what a cell shows -----------------------------------------------------------------------
 
-    def headline(self) -> str:
-        """``sweep NAME: 4 runs (2 running, 2 succeeded)``."""
-        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
+    def headline(self, rows: Sequence[SweepRow] | None = None) -> str:
+        """``sweep NAME: 4 runs (2 running, 2 succeeded)`` (the states of `rows` when given,
+        read once already)."""
+        if rows is None:
+            states = self.counts()
+        else:
+            states = {}
+            for r in rows:
+                states[r.state] = states.get(r.state, 0) + 1
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
         n = len(self)
         return f"sweep {self.name}: {n} run{'s' * (n != 1)}" + (f" ({counts})" if counts else "")
 
@@ -346,7 +353,7 @@ class Sweep(Sequence["Run"]):
         lines = [
             "  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip() for c in cells
         ]
-        return "\n".join([self.headline(), *lines])
+        return "\n".join([self.headline(rows), *lines])
 
     def __repr__(self) -> str:
         return f"<Sweep {self.name} runs={len(self)}>"
@@ -362,7 +369,7 @@ class Sweep(Sequence["Run"]):
             "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r.cells()) + "</tr>" for r in rows
         )
         return (
-            f"<div class='tgnb-sweep'><b>{escape(self.headline())}</b><table class='tgnb-table'>"
+            f"<div class='tgnb-sweep'><b>{escape(self.headline(rows))}</b><table class='tgnb-table'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
         )
 
