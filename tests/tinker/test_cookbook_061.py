@@ -158,6 +158,9 @@ def test_cookbook_tutorial_as_script(
     text = source.read_text()
     script.write_text(text if name in UNCHANGED else tutorial_as_run_here(text))
     monkeypatch.setenv("TINKER_API_KEY", rl_emulator.api_key)  # what its gate asks for
+    # The cookbook's runs folder (~/tinker-runs): a rerun would resume, or refuse to overwrite,
+    # what an earlier run (against another emulator) left there.
+    monkeypatch.setenv("TINKER_COOKBOOK_RUNS_DIR", str(tmp_path / "tinker-runs"))
     rl_emulator.clear_requests()
     proc = run([str(script)], cwd=tmp_path)
     last = last_line(proc.stderr)
