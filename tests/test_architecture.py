@@ -66,6 +66,7 @@ LAYERS: list[set[str]] = [
     {"tasks"},
     {"runs"},
     {"prices"},  # dollars per GPU-hour of each node class, budgets
+    {"preemption"},  # what Session.preempt did, as the notebook shows it
     {"events", "errors", "progress"},  # progress: text bars (tqdm), from the first-hour branch
     {"markup"},  # the one escaping function of every rendered string (issue 24)
     {"config"},

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -23,7 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 from tgnb.config import Settings
 from tgnb.connection import REMOTE_POLL, Emulator
 from tgnb.errors import NotFoundError, TgnbError, ValidationError
-from tgnb.events import Event, dedupe, parse_since, parse_time
+from tgnb.events import Event, dedupe, parse_since
+from tgnb.preemption import Preemption
 from tgnb.prices import Prices, check_budget
 from tgnb.runs.backend import Backend
 from tgnb.runs.recovery import RecoveryPolicy
@@ -495,69 +495,3 @@ def shutdown_local(home: str | os.PathLike[str] | None = None, timeout: float = 
                 run.wait(timeout=timeout)
     finally:
         connection.stop(path)
-
-
-@dataclass(frozen=True)
-class Preemption:
-    """What `Session.preempt` did: the node, when its notice came (T+0) and the end of its drain
-    window, when the platform removes it (its workload checkpoints in between)."""
-
-    node: str
-    cluster_id: str
-    gpus: int
-    notified_at: datetime | None
-    deadline: datetime | None
-
-    @classmethod
-    def from_view(cls, view: Mapping[str, Any]) -> Preemption:
-        def when(key: str) -> datetime | None:
-            value = view.get(key)
-            return parse_time(value) if isinstance(value, str) and value else None
-
-        return cls(
-            node=str(view.get("name") or "?"),
-            cluster_id=str(view.get("cluster_id") or ""),
-            gpus=int(view.get("gpus") or 0),
-            notified_at=when("notified_at"),
-            deadline=when("deadline"),
-        )
-
-    @property
-    def drain_window(self) -> timedelta | None:
-        """Platform time between the notice and the removal (300 s, scaled on the emulator)."""
-        if self.notified_at is None or self.deadline is None:
-            return None
-        return self.deadline - self.notified_at
-
-    def __repr__(self) -> str:
-        def clock(t: datetime | None) -> str:
-            return t.strftime("%H:%M:%SZ") if t is not None else "-"
-
-        window = self.drain_window
-        span = f", a {window.total_seconds():g} s drain window" if window is not None else ""
-        return (
-            f"<Preemption {self.node}: notice at {clock(self.notified_at)}, "
-            f"removed at {clock(self.deadline)}{span}>"
-        )
-
-    def __str__(self) -> str:
-        """A sentence: ``node X (8 GPUs) preempted: notice at 12:00:01 UTC, removed at ...``."""
-
-        def clock(t: datetime | None) -> str:
-            return t.strftime("%H:%M:%S UTC") if t is not None else "not known yet"
-
-        gpus = f" ({self.gpus} GPUs)" if self.gpus else ""
-        window = self.drain_window
-        span = f" (a {window.total_seconds():g} s drain window)" if window is not None else ""
-        return (
-            f"node {self.node}{gpus} preempted: notice at {clock(self.notified_at)}, "
-            f"removed at {clock(self.deadline)}{span}"
-        )
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
-    def _repr_html_(self) -> str:
-        from tgnb.markup import escape
-
-        return f"<div class='tgnb-preemption'>{escape(str(self))}</div>"
