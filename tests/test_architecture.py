@@ -413,3 +413,16 @@ def test_the_private_name_check_can_fail() -> None:
     ]
     inside = "from tgnb.posttraining import _connect\nfrom tgnb.posttraining._connect import c\n"
     assert private_uses("tgnb.posttraining.resource", inside) == []
+
+
+#: The most lines a module of the package may have (issue 49 §4): a module read top to bottom.
+MAX_LINES = 500
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"

@@ -62,6 +62,20 @@ class Stretch:
         return max(self.end - self.start, 0.0) * self.gpus / 3600
 
 
+def release_cause(kind: str, budget_stop: bool, moving: bool) -> str:
+    """Why an engine gave back an attempt's nodes (one of `CAUSES`), from how the attempt
+    ended (``succeeded``, ``failed``, ``cancelled`` or a ``requeue``): a cancel is the budget's
+    when the budget stopped it, a requeue a move when the engine stopped it to go back to
+    preemptible nodes, else a preemption."""
+    if kind == "cancelled":
+        return BUDGET if budget_stop else CANCELLED
+    if kind == "succeeded":
+        return DONE
+    if kind == "failed":
+        return FAILED
+    return MOVED if moving else PREEMPTED
+
+
 def metered(events: Iterable[Event]) -> bool:
     """Whether the engine metered this run (it recorded a ``JobPlaced``)."""
     return any(e.reason == ev.JOB_PLACED and e.source == "tgnb" for e in events)

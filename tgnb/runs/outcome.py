@@ -244,3 +244,28 @@ def node_exit(run_dir: str | os.PathLike[str] | None, code: int, since: int) -> 
         return code
     verdict = classify(code, Attempt.read(run_dir, since))
     return verdict.code if verdict.kind == "preempted" else code
+
+
+def failed_detail(code: int, verdict: Verdict | None) -> str:
+    """A failed run's status detail: its exit code, and for a failure every start would repeat
+    (`Exit.REPEATS`) the line it fails with."""
+    if code == int(Exit.REPEATS) and verdict is not None:
+        return f"{verdict.line} (exit code {code}: it fails the same way at every start)"
+    return f"exit code {code}"
+
+
+def requeued(
+    verdict: Verdict | None, node_name: str | None, slurm: bool, moving: bool
+) -> tuple[str, dict[str, Any]]:
+    """How a start that ended with a preemption (or a move) is told: the ``RunRequeued`` line
+    and its data. Stopped by the signal with nothing sealed: the steps it lost; `moving` (the
+    engine stopped it on purpose to go back to preemptible nodes): the move; a sealed
+    checkpoint: its step, whatever a launcher exited with."""
+    what = f"{'requeued' if slurm else 'pod recreated'} after {node_name} was preempted"
+    if verdict is not None and verdict.kind == "unsaved":
+        return verdict.line, {"unsaved": True, "steps_lost": verdict.steps_lost}
+    if moving:
+        return f"moved back to preemptible nodes from {node_name}", {"moved": True}
+    if verdict is not None and verdict.sealed is not None:
+        return f"{what}: {verdict.line}", {"sealed_step": verdict.sealed}
+    return what, {}

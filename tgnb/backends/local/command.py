@@ -11,7 +11,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from tgnb.backends.local import proctree
+from tgnb.config import MASK_VARS_ENV, SECRET_ENV, looks_secret
 from tgnb.runs import node
+from tgnb.runs.store import RunRecord
 
 TRAIN_MODULE = "tgnb.train"
 #: The module a node runs (default ``tgnb.train``); tests of the supervisor alone set a stand-in.
@@ -65,3 +68,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def node_env(
+    record: RunRecord, node_name: str, restart: int, slurm: bool, notice: Path | None
+) -> dict[str, str]:
+    """A node's environment: this process's, less every secret the run did not declare
+    (`tgnb.config.SECRET_ENV` and the names that look like one: the kernel's HF, W&B and AWS
+    keys), as Slurm and Kubernetes pass only the declared ones; the run's ``env``; its
+    ``secrets``, and their names for the node to mask (`tgnb.config.MASK_VARS_ENV`). On a
+    Slurm-type cluster, the restart count as Slurm's and the notice file the runtime watches."""
+    spec = record.spec
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV and not looks_secret(k)}
+    env.update({k: str(v) for k, v in spec.env.items()})
+    for var, ref in spec.secrets.items():
+        value = os.environ.get(ref.env or var)
+        if value is not None:
+            env[var] = value
+    env.pop(MASK_VARS_ENV, None)
+    if spec.secrets:
+        env[MASK_VARS_ENV] = ",".join(sorted(spec.secrets))
+    env.update(
+        {
+            node.NODE_ENV: node_name,
+            node.RUN_ENV: record.name,
+            node.RESTART_ENV: str(restart),
+            node.METERED_ENV: "engine",  # the supervisor meters the run (its `_held_gpus`)
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env[proctree.TAG_ENV] = proctree.tag(record.id, restart)  # its whole tree carries it
+    if slurm:
+        env["SLURM_RESTART_COUNT"] = str(restart)
+        if notice is not None:
+            env[node.NOTICE_ENV] = str(notice)
+    return env

@@ -63,6 +63,7 @@ from tgnb.backends.local.command import (
     TRAIN_MODULE,
     TRAIN_MODULE_ENV,
     free_port,
+    node_env,
     node_gpus,
     train_command,
 )
@@ -71,7 +72,6 @@ from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
 from tgnb.backends.local.placement import Placement, placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.cloud import ClusterState, rates
-from tgnb.config import MASK_VARS_ENV, SECRET_ENV, looks_secret
 from tgnb.events import (
     BUDGET_NOTICE,
     JOB_KILLED,
@@ -88,7 +88,7 @@ from tgnb.events import (
 from tgnb.runs import budget, meter, node, placing
 from tgnb.runs.budget import BUDGET_STOP
 from tgnb.runs.node import Exit
-from tgnb.runs.outcome import Attempt, Verdict, classify, events_size
+from tgnb.runs.outcome import Attempt, Verdict, classify, events_size, failed_detail, requeued
 from tgnb.runs.recovery import Decision, Facts, decide
 from tgnb.runs.store import RunStore
 
@@ -200,34 +200,8 @@ class Supervisor:
     # -- one attempt ---------------------------------------------------------------------------
 
     def _env(self, where: NodeInfo, restart: int) -> dict[str, str]:
-        """The node's environment: this process's, less every secret the run did not declare
-        (`tgnb.config.SECRET_ENV` and the names that look like one: the kernel's HF, W&B and AWS
-        keys), as Slurm and Kubernetes pass only the declared ones; the run's ``env``; its
-        ``secrets``, and their names for the node to mask (`tgnb.config.MASK_VARS_ENV`)."""
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV and not looks_secret(k)}
-        env.update({k: str(v) for k, v in self.record.spec.env.items()})
-        for var, ref in self.record.spec.secrets.items():
-            value = os.environ.get(ref.env or var)
-            if value is not None:
-                env[var] = value
-        env.pop(MASK_VARS_ENV, None)
-        if self.record.spec.secrets:
-            env[MASK_VARS_ENV] = ",".join(sorted(self.record.spec.secrets))
-        env.update(
-            {
-                node.NODE_ENV: where.name,
-                node.RUN_ENV: self.record.name,
-                node.RESTART_ENV: str(restart),
-                node.METERED_ENV: "engine",  # this supervisor meters the run (`_held_gpus`)
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        env[proctree.TAG_ENV] = proctree.tag(self.record.id, restart)  # its whole tree carries it
-        if self.slurm:
-            env["SLURM_RESTART_COUNT"] = str(restart)
-            if where.notice_file is not None:
-                env[node.NOTICE_ENV] = str(where.notice_file)
-        return env
+        notice = where.notice_file if self.slurm else None
+        return node_env(self.record, where.name, restart, self.slurm, notice)
 
     def _write_config(self) -> Path:
         path = self.run_dir / node.CONFIG
@@ -286,7 +260,8 @@ class Supervisor:
             self.event(JOB_PLACED, f"placed on {name} ({count} GPU(s))", name,
                        restart_count=restart, gpus=count, node_class=self.node_class)  # fmt: skip
         outcome = self._watch(procs, names, since)
-        cause = self._cause(outcome)
+        budget_stop = outcome.kind == "cancelled" and self.stop_reason.startswith(BUDGET_STOP)
+        cause = meter.release_cause(outcome.kind, budget_stop, self.moving)
         for name, count in held.items():
             self.event(JOB_RELEASED, f"released {name}: {cause} (exit {outcome.exit_code})", name,
                        restart_count=restart, gpus=count, exit_code=outcome.exit_code,
@@ -298,16 +273,6 @@ class Supervisor:
         node, within the node's own (the emulator's record of it)."""
         asked = int(self.record.spec.resources.gpus_per_node)
         return min(asked, where.gpus) if where.gpus > 0 else asked
-
-    def _cause(self, outcome: Outcome) -> str:
-        """Why the attempt's nodes were given back (`tgnb.runs.meter.CAUSES`)."""
-        if outcome.kind == "cancelled":
-            return meter.BUDGET if self.stop_reason.startswith(BUDGET_STOP) else meter.CANCELLED
-        if outcome.kind == "succeeded":
-            return meter.DONE
-        if outcome.kind == "failed":
-            return meter.FAILED
-        return meter.MOVED if self.moving else meter.PREEMPTED
 
     def check_budget(self) -> None:
         """With a ``budget_usd``: the one rule of `tgnb.runs.budget` on the run's events, at the
@@ -477,10 +442,7 @@ class Supervisor:
             if outcome.kind == "failed":  # counted; preemptions never are
                 failures += 1
                 if not self.policy.restart_after_failure(failures, code):
-                    detail = f"exit code {code}"
-                    if code == int(Exit.REPEATS) and outcome.verdict is not None:  # with its line
-                        why = "it fails the same way at every start"
-                        detail = f"{outcome.verdict.line} (exit code {code}: {why})"
+                    detail = failed_detail(code, outcome.verdict)
                     self.store.set_state(rid, JobState.FAILED, detail, exit_code=code)
                     return 1
                 wait_s = self.policy.backoff(failures)
@@ -496,16 +458,8 @@ class Supervisor:
                 continue
             restart += 1
             node = outcome.node
-            what = "requeued" if self.slurm else "pod recreated"
-            what = f"{what} after {node} was preempted"
-            moved: dict[str, Any] = {}
-            v = outcome.verdict
-            if v is not None and v.kind == "unsaved":  # stopped by the signal, nothing sealed
-                what, moved = v.line, {"unsaved": True, "steps_lost": v.steps_lost}
-            elif self.moving:  # stopped on purpose to go back (`_back_to_preemptible`)
-                what, moved = f"moved back to preemptible nodes from {node}", {"moved": True}
-            elif v is not None and v.sealed is not None:  # whatever a launcher exited with
-                what, moved = f"{what}: {v.line}", {"sealed_step": v.sealed}
+            # moving: stopped on purpose to go back (`_back_to_preemptible`)
+            what, moved = requeued(outcome.verdict, node, self.slurm, self.moving)
             self.event(
                 RUN_REQUEUED,
                 f"{what} (exit {code})",
