@@ -62,10 +62,14 @@ class NotebookResult:
     output: Path
     html: Path | None
     seconds: float
+    #: what the notebook's cells tagged ``check`` printed: its own verdict on what it ran
+    #: (the quickstart's ``OK: 30/30 steps, 1 restart(s), 0 step(s) lost, ...``)
+    verdict: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         html = f", HTML {self.html}" if self.html else ""
-        return f"{self.source.name}: ran in {self.seconds:.0f} s; executed notebook {self.output}{html}"
+        head = f"{self.source.name}: ran in {self.seconds:.0f} s; executed notebook {self.output}{html}"
+        return "\n".join([head, *(f"  {line}" for line in self.verdict)])
 
 
 def notebooks_dir() -> Path:
@@ -238,7 +242,22 @@ def _run_notebook(
             output,
         ) from None
     seconds = time.monotonic() - t0
-    return NotebookResult(source, output, export_html(output) if html else None, seconds)
+    exported = export_html(output) if html else None
+    return NotebookResult(source, output, exported, seconds, verdict=_printed_by_checks(output))
+
+
+def _printed_by_checks(notebook: Path) -> tuple[str, ...]:
+    """The lines the cells tagged ``check`` printed on stdout, in order."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    lines: list[str] = []
+    for cell in nb.cells:
+        if "check" in cell.get("metadata", {}).get("tags", []):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                    lines += [ln for ln in out.get("text", "").splitlines() if ln.strip()]
+    return tuple(lines)
 
 
 def _stderr_of(notebook: Path, exec_count: int | None) -> str:

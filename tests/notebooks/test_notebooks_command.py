@@ -80,3 +80,22 @@ def test_stop_leaves_an_emulator_the_user_started(
         assert daemon.status(home).pid == st.pid
     finally:
         daemon.stop(home)
+
+
+def test_the_terminal_ends_with_what_the_notebooks_check_cell_printed(
+    tmp_path: Path, home: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The README's first command ends with the notebook's own verdict (the quickstart's
+    ``OK: 30/30 steps, 1 restart(s), 0 step(s) lost``), not only where the notebook was written:
+    what its cells tagged ``check`` printed, under the result line; other cells' output is not."""
+    nb = notebook(tmp_path / "checks.ipynb", "print('not this one')", "print('OK: 3/3 steps')")
+    data = nbformat.read(nb, as_version=4)
+    data.cells[1].metadata["tags"] = ["check"]
+    nbformat.write(data, nb)
+    rc = batch.main(["run", str(nb), "--out", str(tmp_path / "out"), "--no-html"])
+    out, err = capfd.readouterr()
+    assert rc == 0, err
+    lines = out.rstrip().splitlines()
+    assert lines[-2].startswith("checks.ipynb: ran in "), out
+    assert lines[-1] == "  OK: 3/3 steps", out
+    assert "not this one" not in out
