@@ -1,8 +1,8 @@
 """A notebook's static outputs hold what the panels showed when the work was done: after
 ``%tg scale --wait`` the ClusterPanel's ``text/html`` fallback reads the allocated capacity (not
-"cluster: not read yet"); each cell's panel shows its state as of that cell: ``%tg watch`` right
-after the launch the run before it finished (not its end, which a later cell shows), ``%tg watch
---wait`` the run's last step and "succeeded", in the executed notebook and in its HTML export.
+"cluster: not read yet"); a panel shown while its run was going is sent again after each later
+cell until the run ended, so ``%tg watch`` right after the launch shows the run's last step and
+"succeeded", as ``%tg watch --wait`` does, in the executed notebook and in its HTML export.
 
 A real kernel (papermill) and emulator daemon; the run is the local engine tests' stand-in trainer (a
 step counter) instead of TRL, since the panels, not the training, are under test.
@@ -40,7 +40,7 @@ def _html_of(nb: Any, index: int) -> str:
     return str(found[-1])
 
 
-def test_panels_fallbacks_show_their_cells_state(
+def test_panels_fallbacks_show_their_final_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     home = tmp_path / "home"
@@ -66,8 +66,10 @@ def test_panels_fallbacks_show_their_cells_state(
     cluster = _html_of(done, 1)
     assert "not read yet" not in cluster
     assert "allocated 8 / desired 8 GPUs" in cluster
-    early = _html_of(done, 3)  # 6 steps of 0.3 s: still going as the watch cell ended
-    assert "tgnb-run-panel" in early and "succeeded" not in early and "step 6 / 6" not in early
+    # 6 steps of 0.3 s: still going as the watch cell ended; its panel was sent again after each
+    # later cell until the run ended (`refresh_displays`), so the export shows the final state
+    early = _html_of(done, 3)
+    assert "tgnb-run-panel" in early and "succeeded" in early and "step 6 / 6" in early
     run = _html_of(done, 4)
     assert "step 6 / 6" in run and "succeeded" in run and "pending" not in run
     assert result.html is not None
