@@ -51,7 +51,7 @@ class SampledProvenanceSpan(_Span):
 class SampledSequence(types.SampledSequence):
     """Tinker's sampled sequence with Tinker 0.38's ``sequence_id``: ``None`` (see above)."""
 
-    sequence_id: str | None = None
+    sequence_id: str | None = None  # type: ignore[assignment, unused-ignore]
 
 
 def identified(response: types.SampleResponse) -> types.SampleResponse:

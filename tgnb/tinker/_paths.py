@@ -37,7 +37,7 @@ class ParsedCheckpointTinkerPath(types.ParsedCheckpointTinkerPath):
     """Tinker 0.38's parse of a checkpoint path: ``weights``, ``sampler_weights`` and
     ``external_weights`` (type ``external``); 0.23.1's refuses the third."""
 
-    checkpoint_type: Literal["training", "sampler", "external"]  # type: ignore[assignment]
+    checkpoint_type: Literal["training", "sampler", "external"]  # type: ignore[assignment, unused-ignore]
 
     @classmethod
     def from_tinker_path(cls, tinker_path: str) -> ParsedCheckpointTinkerPath:
