@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,11 +71,9 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         prompt_logprobs_last_n: int | None = None,
     ) -> Any:
         """Tinker 0.38's ``sample`` (`tgnb.tinker._sample`: what is supplied on the client)."""
-        self._check_fresh()
-        params, ids = split_stops(sampling_params)
-        request = Request.of(
+        request, finish = self._request(
             prompt,
-            params,
+            sampling_params,
             include_prompt_logprobs,
             topk_prompt_logprobs,
             topk_sample_logprobs,
@@ -83,8 +82,16 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
             prompt_logprobs_last_n,
         )
         first = self._session.run(self._submit(request, num_samples))
-        finish = functools.partial(_as_tinker, ids=ids)
         return self._kept(Sampled(self._session, request, first, finish))
+
+    def _request(
+        self, prompt: types.ModelInput, sampling_params: types.SamplingParams, *options: Any
+    ) -> tuple[Request, Callable[..., Any]]:
+        """One ``sample`` call's request (its token-id stops cut on the client) and what makes
+        Tinker's response of the service's."""
+        self._check_fresh()
+        params, ids = split_stops(sampling_params)
+        return Request.of(prompt, params, *options), functools.partial(_as_tinker, ids=ids)
 
     async def sample_async(
         self,
@@ -98,11 +105,9 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
         prompt_alt_tokens_k: int = 0,
         prompt_logprobs_last_n: int | None = None,
     ) -> types.SampleResponse:
-        self._check_fresh()
-        params, ids = split_stops(sampling_params)
-        request = Request.of(
+        request, finish = self._request(
             prompt,
-            params,
+            sampling_params,
             include_prompt_logprobs,
             topk_prompt_logprobs,
             topk_sample_logprobs,
@@ -111,7 +116,6 @@ class SamplingClient(ClientFuture, _SdkSamplingClient):
             prompt_logprobs_last_n,
         )
         first = await self._submit(request, num_samples)
-        finish = functools.partial(_as_tinker, ids=ids)
         return await Sampled(self._session, request, first, finish)
 
     def _submit(self, request: Request, num_samples: int) -> Any:
