@@ -15,7 +15,8 @@ from tgnb.events import RUN_EXITED, RUN_FAILED_RESTARTING
 from tgnb.runs.node import Exit
 from tgnb.runs.outcome import failure_line, repeats
 from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
-from tgnb.runs.spec import JobState
+from tgnb.runs.run import Run
+from tgnb.runs.spec import JobState, JobStatus
 from tgnb.session import Session
 
 SCRIPTS = {
@@ -28,6 +29,20 @@ SCRIPTS = {
         "CUDA",
     ),
 }
+
+
+def assert_final_at_first_attempt(run: Run, status: JobStatus, line: str) -> None:
+    """The run failed at its first attempt with exit 78 (never restarted), its line recorded in
+    RunExited and shown in its error and status with why it is final."""
+    assert status.state is JobState.FAILED, run.logs()[-20:]
+    assert status.exit_code == int(Exit.REPEATS), (status, run.logs()[-20:])
+    assert not [e for e in run.run_events() if e.reason == RUN_FAILED_RESTARTING]
+    assert run.logs().count("step 1") == 1  # one attempt
+    (exited,) = [e for e in run.run_events() if e.reason == RUN_EXITED]
+    assert line in exited.message and exited.data["exit_code"] == int(Exit.REPEATS)
+    error = run.error() or ""
+    assert line in error and "fails the same way at every start" in error, error
+    assert line in status.detail, status.detail
 
 
 @pytest.mark.slow
@@ -43,15 +58,7 @@ def test_a_failure_every_start_would_repeat_is_final_at_its_first_attempt(
         "fails.py", workdir=wd, name=f"repeats-{case}", recovery=RecoveryPolicy(backoff_s=0.5)
     )
     status = run.wait(timeout=180, progress=False)
-    assert status.state is JobState.FAILED, run.logs()[-20:]
-    assert status.exit_code == int(Exit.REPEATS), status
-    assert not [e for e in run.run_events() if e.reason == RUN_FAILED_RESTARTING]
-    assert run.logs().count("step 1") == 1  # one attempt
-    (exited,) = [e for e in run.run_events() if e.reason == RUN_EXITED]
-    assert line in exited.message and exited.data["exit_code"] == int(Exit.REPEATS)
-    error = run.error() or ""
-    assert line in error and "fails the same way at every start" in error, error
-    assert line in status.detail, status.detail
+    assert_final_at_first_attempt(run, status, line)
 
 
 @pytest.mark.slow
@@ -76,15 +83,7 @@ def test_a_command_whose_failure_would_repeat_is_final_at_its_first_attempt(
     run = session.launch(command=argv, workdir=wd, name=f"repeats-cmd-{case}-{launcher}",
                          recovery=RecoveryPolicy(backoff_s=0.5))  # fmt: skip
     status = run.wait(timeout=180, progress=False)
-    assert status.state is JobState.FAILED, run.logs()[-20:]
-    assert status.exit_code == int(Exit.REPEATS), (status, run.logs()[-20:])
-    assert not [e for e in run.run_events() if e.reason == RUN_FAILED_RESTARTING]
-    assert run.logs().count("step 1") == 1  # one attempt
-    (exited,) = [e for e in run.run_events() if e.reason == RUN_EXITED]
-    assert line in exited.message and exited.data["exit_code"] == int(Exit.REPEATS)
-    error = run.error() or ""
-    assert line in error and "fails the same way at every start" in error, error
-    assert line in status.detail, status.detail
+    assert_final_at_first_attempt(run, status, line)
 
 
 @pytest.mark.slow
