@@ -43,6 +43,8 @@ def assert_final_at_first_attempt(run: Run, status: JobStatus, line: str) -> Non
     error = run.error() or ""
     assert line in error and "fails the same way at every start" in error, error
     assert line in status.detail, status.detail
+    fix = [ln for ln in run.logs() if "fails the same way at every start: " in ln]
+    assert fix and fix[-1].endswith("; not restarted"), run.logs()[-20:]  # with its fix
 
 
 @pytest.mark.slow

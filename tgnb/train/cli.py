@@ -105,19 +105,6 @@ def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:400]
 
 
-def _fix_of(exc: BaseException) -> str:
-    """The fix of a failure that repeats (`tgnb.runs.outcome.repeats`), in words."""
-    if isinstance(exc, ModuleNotFoundError):
-        return (
-            f"install {exc.name or 'the module'} where the run runs (its image or environment), "
-            "or ship it in the workdir; not restarted"
-        )
-    return (
-        "run it on GPU nodes, or fall back to the CPU where torch.cuda.is_available() is False; "
-        "not restarted"
-    )
-
-
 def _say(text: str) -> None:
     """`text` on stderr (the node's log) with the node's secrets masked (`tgnb.config.scrub`)."""
     from tgnb.config import register_node_secrets, scrub
@@ -155,11 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a real failure: keep the traceback for the log
         import traceback
 
-        from tgnb.runs.outcome import repeats
+        from tgnb.runs.outcome import repeat_fix, repeats
 
         _say(traceback.format_exc().rstrip("\n"))
         if repeats(exc):  # a module not installed, CUDA absent: final on every engine
-            _say(f"tgnb train: {_line(exc)}: it fails the same way at every start: {_fix_of(exc)}")
+            line = _line(exc)
+            _say(f"tgnb train: {line}: it fails the same way at every start: {repeat_fix(line)}")
             return int(Exit.REPEATS)
         return int(Exit.FAILED)
     except KeyboardInterrupt:
