@@ -82,10 +82,9 @@ from tgnb.events import (
     RUN_REQUEUED,
     SIGNAL_SENT,
     Event,
-    read_jsonl,
     utcnow,
 )
-from tgnb.runs import budget, meter, node, placing
+from tgnb.runs import budget, cursor, meter, node, placing
 from tgnb.runs.budget import BUDGET_STOP
 from tgnb.runs.node import Exit
 from tgnb.runs.outcome import Attempt, Verdict, classify, events_size, failed_detail, requeued
@@ -280,7 +279,7 @@ class Supervisor:
         it, and at the budget a ``BudgetReached`` and the run stopped as a cancel does (SIGTERM: it checkpoints)."""
         if self.stop_requested:
             return
-        evs = read_jsonl(self.run_dir / "events.jsonl", run=self.record.name)
+        evs = cursor.events(self.run_dir / "events.jsonl", run=self.record.name)
         found = budget.check(self.record.spec, evs)
         if found is None:
             return
