@@ -155,6 +155,7 @@ def test_a_sweep_is_kept_in_the_run_store_and_reads_back_as_one_table(tmp_path: 
         "BEST",
     ]
     assert "reward 0.9 @ step 3" in text
+    assert str(sweep) == text  # print(sweep) in a script
     assert sweep.stop() == []  # every run finished: nothing to stop
 
     view = SweepView(sweep)._repr_html_()

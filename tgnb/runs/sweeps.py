@@ -358,6 +358,10 @@ class Sweep(Sequence["Run"]):
     def __repr__(self) -> str:
         return f"<Sweep {self.name} runs={len(self)}>"
 
+    def __str__(self) -> str:
+        """The table, as a script's ``print(sweep)`` shows it."""
+        return self.table_text()
+
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.headline() if cycle else self.table_text())
 
