@@ -29,6 +29,8 @@ SCRIPT = "script"
 KINDS = (*ALGORITHMS, SCRIPT)
 DEFAULT_DATASET = {"grpo": "arithmetic", "dpo": "arithmetic-preference", "sft": "arithmetic-sft"}
 DEFAULT_REWARDS = ["correctness", "format"]
+#: The ways a run's nodes survive a preemption: None (checkpoint and restart) or TorchFT's groups.
+FAULT_TOLERANCE = (None, "torchft")
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,19 @@ class TrainConfig:
     script: str | None = None  # algorithm: script; a path inside the workdir
     args: list[str] = field(default_factory=list)  # the script's command-line arguments
     command: list[str] | None = None  # algorithm: script; a program run as it is
+    #: "torchft": the run's nodes are replica groups under a TorchFT lighthouse (issue 50);
+    #: None: one job whose ranks restart together from a checkpoint
+    fault_tolerance: str | None = None
 
     def __post_init__(self) -> None:
         def default(key: str, value: Any) -> None:
             object.__setattr__(self, key, value)  # the defaults that follow from other fields
 
+        if self.fault_tolerance not in FAULT_TOLERANCE:
+            raise TrainConfigError(
+                f"fault_tolerance must be one of {', '.join(map(repr, FAULT_TOLERANCE))}, "
+                f"got {self.fault_tolerance!r:.60}: e.g. fault_tolerance='torchft'"
+            )
         if self.algorithm == SCRIPT:
             default("dataset", self.dataset or "")
         if self.dataset is None:
