@@ -61,6 +61,32 @@ def test_the_plan_ships_a_staged_snapshot_that_edits_do_not_reach(
     assert list(staging.iterdir()) == []
 
 
+def test_tgnbs_own_home_inside_the_folder_is_left_out_and_said(
+    tmp_path: Path, staging: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who keeps TGNB_HOME inside the project folder (as a demo folder does): the
+    snapshot leaves the home out (past runs, the emulator's state and key), and says so."""
+    folder = _project(tmp_path)
+    home = folder / "tgnb-home"
+    (home / "emulator").mkdir(parents=True)
+    (home / "emulator" / "api_key").write_text("tgnb-emulator-key\n", encoding="utf-8")
+    (home / "runs" / "old").mkdir(parents=True)
+    (home / "runs" / "old" / "events.jsonl").write_text("{}\n", encoding="utf-8")
+    monkeypatch.setenv("TGNB_HOME", str(home))
+    plan = _plan(folder)
+    snap = plan.snapshot
+    assert snap is not None and sorted(snap.files) == ["helper.py", "train.py"]
+    assert snap.notice() == (
+        "tgnb: left tgnb's home tgnb-home/ (its runs, emulator and keys) out of the workdir snapshot"
+    )
+    plan.discard()
+    monkeypatch.setenv("TGNB_HOME", str(tmp_path / "elsewhere"))  # not tgnb's home: shipped
+    plan = _plan(folder)
+    assert plan.snapshot is not None and plan.snapshot.notice() == ""
+    assert "tgnb-home/emulator/api_key" in plan.snapshot.files
+    plan.discard()
+
+
 def test_a_script_left_out_by_the_ignore_file_is_refused(tmp_path: Path, staging: Path) -> None:
     folder = _project(tmp_path)
     (folder / wd.IGNORE_FILE).write_text("*.py\n", encoding="utf-8")

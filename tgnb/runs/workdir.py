@@ -11,7 +11,9 @@ Rules (docs/own-code.md, "The workdir", says the same):
   files...) are left out too, and the launch says which (`Snapshot.left_out`); to ship one, negate
   it in the ignore file (``!.env``). A negation (``!pattern``) takes back what an earlier pattern
   left out: the last pattern that matches decides, as in ``.gitignore`` (a file inside a folder left
-  out stays out: negate the folder). A file that holds a registered secret
+  out stays out: negate the folder). tgnb's own home (`tgnb.config.default_home`: the runs, the
+  emulator's state and key) is never taken when it lies inside the workdir (`Snapshot.notice` says
+  so). A file that holds a registered secret
   (`tgnb.config.Scrubber.in_bytes`: whole, or its random part) is refused by name.
 - At most `MAX_BYTES` in all (`max_bytes` to change it), `MAX_FILES` files and `MAX_DEPTH` folders
   deep (a deeper tree is refused, not walked until Python's recursion limit); symbolic links and
@@ -39,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tgnb.config import default_home
 from tgnb.errors import ValidationError
 
 IGNORE_FILE = ".tgnbignore"
@@ -114,17 +117,26 @@ class Snapshot:
 
     #: credential files and folders left out by `CREDENTIALS` (the launch says so)
     left_out: tuple[str, ...] = ()
+    #: tgnb's own home (runs, emulator, its key) when it lies inside the workdir: never shipped
+    home_left_out: str | None = None
 
     def notice(self) -> str:
-        """What the launch says of the credential files left out ("" when none)."""
-        if not self.left_out:
-            return ""
-        names = ", ".join(self.left_out[:5]) + (", ..." if len(self.left_out) > 5 else "")
-        first = self.left_out[0]
-        return (
-            f"tgnb: left credential files out of the workdir snapshot: {names} (to ship one, "
-            f"add !{first} to {self.folder / IGNORE_FILE})"
-        )
+        """What the launch says of the credential files and tgnb's home left out ("" when
+        none)."""
+        lines = []
+        if self.home_left_out:
+            lines.append(
+                f"tgnb: left tgnb's home {self.home_left_out} (its runs, emulator and keys) out "
+                "of the workdir snapshot"
+            )
+        if self.left_out:
+            names = ", ".join(self.left_out[:5]) + (", ..." if len(self.left_out) > 5 else "")
+            first = self.left_out[0]
+            lines.append(
+                f"tgnb: left credential files out of the workdir snapshot: {names} (to ship one, "
+                f"add !{first} to {self.folder / IGNORE_FILE})"
+            )
+        return "\n".join(lines)
 
     def with_files(self, files: Mapping[str, bytes]) -> Snapshot:
         """This staged snapshot with `files` (a plain name each: bytes) written into it beside
@@ -222,6 +234,8 @@ def scan(
     if not base.is_dir():
         raise ValidationError(f"workdir {str(base)!r} is not a folder: pass workdir= a folder")
     base = base.resolve()
+    home = default_home().resolve()
+    home_left_out: str | None = None
     patterns = _patterns(base)
     files: list[str] = []
     left_out: list[str] = []
@@ -232,6 +246,9 @@ def scan(
         prefix = "" if rel_dir == "." else f"{rel_dir}/"
         keep = []
         for d in sorted(dirnames):
+            if here / d == home:  # the runs' own folders, the emulator's state and key
+                home_left_out = prefix + d + "/"
+                continue
             why = _ignored(prefix + d, True, patterns)
             if why in CREDENTIALS:
                 left_out.append(prefix + d + "/")
@@ -272,7 +289,7 @@ def scan(
                     f"{max_bytes / 2**20:.0f} MiB: list data, outputs and environments in "
                     f"{base / IGNORE_FILE} (one pattern a line), or pass a smaller workdir="
                 )
-    return Snapshot(base, tuple(files), size, left_out=tuple(left_out))
+    return Snapshot(base, tuple(files), size, left_out=tuple(left_out), home_left_out=home_left_out)
 
 
 def _read_plain(path: Path, rel: str) -> tuple[bytes, int]:
@@ -330,4 +347,11 @@ def take(
         with contextlib.suppress(OSError):
             shutil.rmtree(staged)
         raise
-    return Snapshot(staged, listed.files, size, source=listed.root, left_out=listed.left_out)
+    return Snapshot(
+        staged,
+        listed.files,
+        size,
+        source=listed.root,
+        left_out=listed.left_out,
+        home_left_out=listed.home_left_out,
+    )
