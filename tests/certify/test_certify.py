@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.session.test_user_code import _workdir as user_workdir
+from tests.session.projects import user_workdir
 from tgnb.backends.base import RunSpec
 from tgnb.certify import Certificate, report
 from tgnb.certify.chaos import Fired

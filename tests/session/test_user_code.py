@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
+from tests.session.projects import user_workdir
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.events import parse_record, program_text
@@ -30,18 +30,7 @@ from tgnb.runs.store import RunStore
 from tgnb.session import Session
 from tgnb.tasks import assets
 
-WORKDIR = Path(__file__).parent / "user_workdir"
 FAST_DRAIN = {"drain_poll_seconds": 0.2}
-
-
-def _workdir(tmp_path: Path, rows: int = 400) -> Path:
-    """A copy of the user's folder (script, its helper module) with a data file written in it."""
-    wd = tmp_path / "project"
-    shutil.copytree(WORKDIR, wd, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(wd / "data.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(rows):
-            fh.write(json.dumps({"a": i % 3, "b": (i // 3) % 3}) + "\n")
-    return wd
 
 
 def _steps(rows: list[dict[str, Any]]) -> list[int]:
@@ -74,7 +63,7 @@ MAX_STEPS = 240
 
 @pytest.mark.slow
 def test_a_protected_sft_script_preempted_twice_finishes(session: Session, tmp_path: Path) -> None:
-    wd = _workdir(tmp_path)
+    wd = user_workdir(tmp_path)
     model = assets.resolve_model("tiny")
     run = session.launch(
         "train.py",
@@ -107,7 +96,7 @@ def test_a_protected_sft_script_preempted_twice_finishes(session: Session, tmp_p
 
 @pytest.mark.slow
 def test_the_same_script_outside_tgnb_checkpoints_on_sigterm_and_resumes(tmp_path: Path) -> None:
-    wd = _workdir(tmp_path)
+    wd = user_workdir(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TGNB_")}
     env["TGNB_HOME"] = str(tmp_path / "home")
     cmd = [sys.executable, "train.py", "--model", assets.resolve_model("tiny"), "--max-steps", "40"]
@@ -170,7 +159,7 @@ def test_grpo_with_a_relative_dataset_and_a_reward_of_the_workdir(
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    wd = _workdir(tmp_path, rows=8)
+    wd = user_workdir(tmp_path, rows=8)
     (wd / "rewards_ok.py").write_text("def r(completions, answer, **kw):\n    return [0.0]\n")
     (wd / "rewards_bad.py").write_text("def r(completions, colour):\n    return [0.0]\n")
     (wd / "broken.py").write_text("def f(:\n")
