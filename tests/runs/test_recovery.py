@@ -9,7 +9,6 @@ from tgnb.errors import ValidationError
 from tgnb.runs.node import Exit
 from tgnb.runs.recovery import Facts, RecoveryPolicy, decide
 from tgnb.runs.spec import Resources, RunSpec
-from tgnb.runs.store import spec_from_dict, spec_to_dict
 
 
 def facts(pre: int, std: int = 1, short: float = 0.0, **kw: object) -> Facts:
@@ -114,8 +113,8 @@ def test_the_default_is_todays_behaviour_and_round_trips() -> None:
     assert (elastic.when_short, elastic.wait_s) == ("shrink", 0.0)
     spec = RunSpec("r", {}, Resources(nodes=2, min_nodes=1),
                    recovery=RecoveryPolicy(when_short="standard", resume_codes=(75, 76)))  # fmt: skip
-    assert spec_from_dict(spec_to_dict(spec)) == spec
-    assert spec_from_dict(spec_to_dict(RunSpec("r", {}))) == RunSpec("r", {})
+    assert RunSpec.from_dict(spec.to_dict()) == spec
+    assert RunSpec.from_dict(RunSpec("r", {}).to_dict()) == RunSpec("r", {})
 
 
 def test_coerce() -> None:

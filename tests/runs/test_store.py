@@ -10,7 +10,8 @@ import pytest
 
 from tgnb.backends.base import JobState, Resources, RunSpec, SecretRef
 from tgnb.errors import ApiError, NotFoundError, TrainConfigError, ValidationError
-from tgnb.runs.store import RunStore, spec_from_dict, spec_to_dict
+from tgnb.runs.spec import SCHEMA
+from tgnb.runs.store import STORE_FILE, RunStore
 from tgnb.runs.trainconfig import TrainConfig, from_dict
 
 
@@ -28,12 +29,45 @@ def _spec(name: str = "grpo-a") -> RunSpec:
 def test_spec_round_trip_keeps_every_field(tmp_path: Path) -> None:
     spec = _spec()
     assert isinstance(spec.train, TrainConfig) and spec.train.name == "grpo-a"
-    assert spec_from_dict(spec_to_dict(spec)) == spec
+    assert spec.to_dict()["schema"] == SCHEMA
+    assert RunSpec.from_dict(spec.to_dict()) == spec
     store = RunStore(tmp_path)
     store.create(spec, backend="local", run_dir=tmp_path / "runs/grpo-a")
     assert RunStore(tmp_path).get("grpo-a").spec.train == spec.train  # from the sqlite file
-    old = {**spec_to_dict(spec), "train": {"algorithm": "grpo", "max_steps": 7}}  # as stored before
-    assert spec_from_dict(old).train == from_dict({"name": "grpo-a", "max_steps": 7})
+    old = {**spec.to_dict(), "train": {"algorithm": "grpo", "max_steps": 7}}  # as stored before
+    assert RunSpec.from_dict(old).train == from_dict({"name": "grpo-a", "max_steps": 7})
+
+
+#: A record as the store wrote it before the schema field (and before ``fault_tolerance``).
+OLD_RECORD = (
+    '{"account": null, "budget_usd": null, "env": {"A": "1"}, "image": null, "name": "grpo-a", '
+    '"partition": "low", "prices": null, "recovery": null, "resources": {"cpus_per_task": null, '
+    '"gpus_per_node": 8, "memory_gib": null, "min_nodes": 1, "nodes": 2, "preemptible": true}, '
+    '"run_dir": "/data/runs/grpo-a", "secrets": {"HF_TOKEN": {"env": "HF_TOKEN", "key": "token", '
+    '"name": "hf"}}, "time_limit": null, "train": {"algorithm": "grpo", "args": [], "checkpoint": '
+    '{"keep_last": 3}, "command": null, "dataset": "arithmetic", "dataset_size": 2000, "lora": '
+    'null, "max_steps": 7, "model": "tiny", "name": "grpo-a", "rewards": ["correctness", '
+    '"format"], "seed": 0, "trl": {"learning_rate": 0.005}}, "workdir": null}'
+)
+
+
+def test_a_record_written_before_the_schema_field_still_loads(tmp_path: Path) -> None:
+    import sqlite3
+
+    RunStore(tmp_path).create(_spec(), backend="local")
+    with sqlite3.connect(tmp_path / STORE_FILE) as db:
+        db.execute("UPDATE runs SET spec = ? WHERE name = 'grpo-a'", (OLD_RECORD,))
+    spec = RunStore(tmp_path).get("grpo-a").spec
+    assert spec.train.checkpoint.keep_last == 3 and spec.train.trl == {"learning_rate": 0.005}
+    assert spec.train.fault_tolerance is None and spec.resources.min_nodes == 1
+    assert spec.secrets["HF_TOKEN"] == SecretRef(name="hf", key="token", env="HF_TOKEN")
+    assert RunSpec.from_dict(spec.to_dict()) == spec  # written again, with its schema
+
+
+def test_a_record_of_a_newer_schema_is_refused_naming_the_fix() -> None:
+    newer = {**_spec().to_dict(), "schema": SCHEMA + 1}
+    with pytest.raises(ValidationError, match=r"newer than this tgnb reads.*upgrade tgnb"):
+        RunSpec.from_dict(newer)
 
 
 def test_a_mapping_with_an_unknown_key_is_refused_when_the_spec_is_built() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import ValidationError
@@ -22,6 +22,11 @@ from tgnb.runs.trainconfig import TrainConfig, from_dict
 
 if TYPE_CHECKING:
     from tgnb.runs.workdir import Snapshot
+
+#: The version of a run's contract as plain data (`RunSpec.to_dict`): the store's records and the
+#: run file (`tgnb.runs.runfile`) carry it as ``schema``. A record without it was written before
+#: the field (version 0, read the same way); a newer one is refused, naming the fix.
+SCHEMA = 1
 
 #: GPUs on one node of a Together GPU cluster: targets and counts come in whole nodes. Defined here
 #: once; the emulator, the control plane, the backends and `Session` read it from here.
@@ -166,6 +171,38 @@ class RunSpec:
             train = from_dict({"name": self.name, **self.train})
             object.__setattr__(self, "train", train)
         self.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain JSON-able data, with its ``schema`` (secrets stay references; the
+        launch's `snapshot` is shipped by the engine, never written)."""
+        out = asdict(self)
+        out.pop("snapshot", None)
+        out["train"] = self.train.to_dict()
+        out["env"] = dict(self.env)
+        out["secrets"] = {k: asdict(v) for k, v in self.secrets.items()}
+        out["recovery"] = None if self.recovery is None else self.recovery.to_dict()
+        return {"schema": SCHEMA, **out}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSpec:
+        """The spec `to_dict` wrote, of this version or an older one (a record without
+        ``schema``, its ``train`` in few keys, reads the same); validated as a new one is."""
+        d = dict(data)
+        schema = d.pop("schema", 0)
+        if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA:
+            raise ValidationError(
+                f"run record schema {schema!r:.20} is newer than this tgnb reads ({SCHEMA}): "
+                "upgrade tgnb (pip install -U tgnb) where this record is read"
+            )
+        d["resources"] = Resources(**dict(d.get("resources") or {}))
+        d["secrets"] = {k: SecretRef(**dict(v)) for k, v in dict(d.get("secrets") or {}).items()}
+        d["train"] = dict(d.get("train") or {})  # read by __post_init__ (`from_dict`)
+        d["env"] = dict(d.get("env") or {})
+        if d.get("recovery") is not None:
+            d["recovery"] = RecoveryPolicy.from_dict(d["recovery"])
+        if d.get("prices") is not None:
+            d["prices"] = Prices(**dict(d["prices"]))
+        return cls(**d)
 
     def workdir_snapshot(self) -> Snapshot | None:
         """The snapshot the engines ship: the launch's, or (a spec built by hand) one taken now."""

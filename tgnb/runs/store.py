@@ -1,7 +1,7 @@
 """The durable run store: one sqlite file (WAL) under the tgnb home.
 
-It holds, per run: id, name (unique), cluster id, backend, the `RunSpec` as JSON, the engine's job
-ids, the status history (time, state, detail, node) and the run directory. A notebook kernel, the
+It holds, per run: id, name (unique), cluster id, backend, the `RunSpec` as JSON (`RunSpec.to_dict`,
+with its schema version), the engine's job ids, the status history (time, state, detail, node) and the run directory. A notebook kernel, the
 local backend's detached supervisors and a later kernel all open the same file, so runs outlive a
 kernel restart: a new `tgnb.Session` lists them and reattaches.
 
@@ -20,14 +20,12 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tgnb.errors import NotFoundError, ValidationError
-from tgnb.prices import Prices
-from tgnb.runs.recovery import RecoveryPolicy
-from tgnb.runs.spec import JobState, Resources, RunSpec, SecretRef
+from tgnb.runs.spec import JobState, RunSpec
 from tgnb.runs.sweepstore import SWEEP_SCHEMA, SweepTables
 
 STORE_FILE = "runs.sqlite"
@@ -64,31 +62,6 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE INDEX IF NOT EXISTS history_run ON history(run_id, seq);
 """
-
-
-def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
-    """A `RunSpec` as plain JSON-able data (secrets stay references)."""
-    out = asdict(spec)
-    out.pop("snapshot", None)  # the launch's staged files, shipped by the engine, never stored
-    out["train"] = spec.train.to_dict()
-    out["env"] = dict(spec.env)
-    out["secrets"] = {k: asdict(v) for k, v in spec.secrets.items()}
-    out["recovery"] = None if spec.recovery is None else spec.recovery.to_dict()
-    return out
-
-
-def spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
-    """The inverse of `spec_to_dict`."""
-    d = dict(data)
-    d["resources"] = Resources(**dict(d.get("resources") or {}))
-    d["secrets"] = {k: SecretRef(**dict(v)) for k, v in dict(d.get("secrets") or {}).items()}
-    d["train"] = dict(d.get("train") or {})  # RunSpec reads it (`from_dict`)
-    d["env"] = dict(d.get("env") or {})
-    if d.get("recovery") is not None:
-        d["recovery"] = RecoveryPolicy.from_dict(d["recovery"])
-    if d.get("prices") is not None:
-        d["prices"] = Prices(**dict(d["prices"]))
-    return RunSpec(**d)
 
 
 @dataclass(frozen=True)
@@ -209,7 +182,7 @@ class RunStore(SweepTables):
                     spec.name,
                     cluster_id,
                     backend,
-                    json.dumps(spec_to_dict(spec), sort_keys=True),
+                    json.dumps(spec.to_dict(), sort_keys=True),
                     None if run_dir is None else str(run_dir),
                     now,
                     JobState.PENDING.value,
@@ -403,7 +376,7 @@ def _record(row: Sequence[Any], jobs: Sequence[Sequence[Any]]) -> RunRecord:
         name=name,
         cluster_id=cluster_id,
         backend=backend,
-        spec=spec_from_dict(json.loads(spec)),
+        spec=RunSpec.from_dict(json.loads(spec)),
         run_dir=run_dir,
         created_at=created,
         state=JobState(state),
