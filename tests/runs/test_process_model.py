@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tgnb.runs.node import Processes, processes
+from tgnb.runs.trainconfig import from_dict
 
 SCRIPT = {"algorithm": "script", "script": "train.py"}
 COMMAND = {"algorithm": "script", "command": ["accelerate", "launch", "train.py"]}
@@ -29,4 +30,4 @@ TASK = {"algorithm": "grpo", "model": "tiny"}
     ],
 )
 def test_processes(train: dict[str, Any], nodes: int, gpus: int, expected: Processes) -> None:
-    assert processes(train, nodes, gpus) == expected
+    assert processes(from_dict(train), nodes, gpus) == expected

@@ -30,11 +30,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from tgnb.config import MASK_VARS_ENV
+
+if TYPE_CHECKING:
+    from tgnb.runs.trainconfig import TrainConfig
 
 
 class Exit(enum.IntEnum):
@@ -151,7 +154,7 @@ class Processes:
     torchrun: bool
 
 
-def processes(train: Mapping[str, Any], nodes: int, gpus: int) -> Processes:
+def processes(train: TrainConfig, nodes: int, gpus: int) -> Processes:
     """The one process model, for every engine (docs/process-model.md): what each of the run's
     `nodes` nodes starts, where the run has `gpus` GPUs on each node -- as the cluster's nodes
     have them (the API's or the emulator's node records, Slurm's GRES), never a constant.
@@ -164,9 +167,9 @@ def processes(train: Mapping[str, Any], nodes: int, gpus: int) -> Processes:
       otherwise (a local engine may then fork it warm).
     """
     nproc = max(1, gpus)
-    if train.get("command") is not None:
+    if train.command is not None:
         return Processes(nproc=1, torchrun=False)
-    if train.get("algorithm") == "script" or train.get("script") is not None:
+    if train.algorithm == "script" or train.script is not None:
         return Processes(nproc=nproc, torchrun=True)
     return Processes(nproc=nproc, torchrun=nodes > 1 or nproc > 1)
 

@@ -105,7 +105,7 @@ def command(spec: RunSpec) -> list[str]:
     tgnb's own ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
     res = spec.resources
     config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", literal(L.run_dir_for(spec))
-    model = node.processes(spec.train.to_dict(), res.nodes, res.gpus_per_node)
+    model = node.processes(spec.train, res.nodes, res.gpus_per_node)
     if not model.torchrun:
         return node.command("python", config, run_dir)
     if res.nodes == 1:

@@ -228,7 +228,7 @@ class Supervisor:
         rdzv = f"127.0.0.1:{free_port()}"
         names = [n.name for n in nodes]
         gpus = node_gpus(self.record.spec.resources.gpus_per_node, [n.gpus for n in nodes])
-        model = node.processes(self.train.to_dict(), len(nodes), gpus)  # the one process model
+        model = node.processes(self.train, len(nodes), gpus)  # the one process model
         procs: list[Proc] = []
         since = events_size(self.run_dir)  # this attempt's records begin here
         with open(self.run_dir / TRAIN_LOG, "ab") as log:
@@ -401,7 +401,7 @@ class Supervisor:
         if res.nodes != 1 or os.environ.get(TRAIN_MODULE_ENV):
             return False
         gpus = node_gpus(res.gpus_per_node, [])  # at most this many on its one node
-        return not node.processes(self.train.to_dict(), 1, gpus).torchrun
+        return not node.processes(self.train, 1, gpus).torchrun
 
     def main(self) -> int:
         """Run until the run has finished; returns the supervisor's exit status."""

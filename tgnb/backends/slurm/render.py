@@ -93,7 +93,7 @@ def run_gpus(spec: RunSpec, options: RenderOptions) -> int:
 
 def processes(spec: RunSpec, options: RenderOptions) -> node.Processes:
     """What each node starts: the one process model (`tgnb.runs.node.processes`)."""
-    return node.processes(spec.train.to_dict(), spec.resources.nodes, run_gpus(spec, options))
+    return node.processes(spec.train, spec.resources.nodes, run_gpus(spec, options))
 
 
 def render_config(spec: RunSpec) -> str:
