@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tgnb.errors import TrainConfigError, ValidationError
-from tgnb.runs import call
+from tgnb.runs import call, ftcheck
 from tgnb.runs import workdir as wd
 from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.spec import RunSpec
@@ -242,6 +242,7 @@ def plan(
             **spec_fields,
         )
         cfg = spec.train
+        ftcheck.check(spec)  # replica groups (issue 50): what no engine can run as such
         if snapshot is not None:
             _check_shipped(cfg, snapshot)
         paths = [p for p in spec.env.get("PYTHONPATH", "").split(os.pathsep) if p]

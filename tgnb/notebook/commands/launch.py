@@ -50,6 +50,11 @@ def arguments(p: Parser) -> None:
         help="when preemptible capacity is short at a restart: wait (default), shrink, standard",
     )
     p.add_argument(
+        "--fault-tolerance",
+        choices=("torchft",),
+        help="run the nodes as TorchFT replica groups: survivors go on through a preemption",
+    )
+    p.add_argument(
         "--budget-usd",
         type=number,
         help="stop the run (it checkpoints) once it has cost this many dollars; notice at 80 %%",
@@ -103,6 +108,7 @@ _OPTION_KEYS = {
     "max_steps": "max_steps",
     "lr": "trl.learning_rate",
     "seed": "seed",
+    "fault_tolerance": "fault_tolerance",
 }
 
 
