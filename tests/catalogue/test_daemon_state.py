@@ -56,6 +56,7 @@ OPTION_CASES: list[tuple[str, list[str]]] = [
     ("preemption-rate-inf", ["--preemption-rate", "inf"]),
     ("chaos-delay-huge", ["--chaos-delay-s", "1e300"]),
     ("rl-price-nan", ["--rl-price-per-gpu-hour", "nan"]),
+    ("rl-idle-scale-0", ["--rl-idle-scale", "0"]),
 ]
 
 

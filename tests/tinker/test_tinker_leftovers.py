@@ -267,24 +267,23 @@ def test_exit_report_from_the_services_timestamps(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_killed_scripts_resource_stops_itself(
-    slow_provisioning: EmulatorHandle, tmp_path: Path
-) -> None:
+def test_a_killed_scripts_resource_stops_itself(tmp_path: Path) -> None:
     """The inactivity timeout tgnb sets (here the API's shortest, 300 s) stops a resource whose
-    script was killed, and its bill stops there; the next script then names nothing."""
-    emu = slow_provisioning
-    env = env_of(emu, TGNB_PT_INACTIVE_TIMEOUT="300")
-    before = active(emu)
-    interrupt(tmp_path / "project", env, "training", signal.SIGKILL)
-    (rid,) = active(emu) - before
-    with emu.client() as client:
-        assert client.post_training.model_resources.retrieve(rid).inactive_timeout == 300
-    wait_status(emu, rid, "STOPPED", timeout=360)
-    cost = emu.rl_usage(rid)["cost"]
-    time.sleep(1.0)
-    assert emu.rl_usage(rid)["cost"] == cost  # billing stopped with it
-    assert rid not in next_script(tmp_path / "project", env)
-    assert not [e for e in entries(emu) if e["resource_id"] == rid]
+    script was killed, and its bill stops there; the next script then names nothing. The
+    emulator counts the user's idle time at ``rl_idle_scale`` 0.02 (300 s in 6), as
+    ``test_the_idle_scale_shortens_only_the_wait`` pins: the real expiry, not a 5-minute wait."""
+    with running_emulator(tmp_path / "emu", time_scale=0.01, rl_idle_scale=0.02) as emu:
+        env = env_of(emu, TGNB_PT_INACTIVE_TIMEOUT="300")
+        interrupt(tmp_path / "project", env, "training", signal.SIGKILL)
+        (rid,) = active(emu)
+        with emu.client() as client:
+            assert client.post_training.model_resources.retrieve(rid).inactive_timeout == 300
+        wait_status(emu, rid, "STOPPED", timeout=60)
+        cost = emu.rl_usage(rid)["cost"]
+        time.sleep(1.0)
+        assert emu.rl_usage(rid)["cost"] == cost  # billing stopped with it
+        assert rid not in next_script(tmp_path / "project", env)
+        assert not [e for e in entries(emu) if e["resource_id"] == rid]
 
 
 def test_a_create_sent_again_with_its_key_is_the_same_resource(

@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="extra local Hugging Face model directories served by /v1/rl (':'-separated)",
     )
+    knobs.add_argument(
+        "--rl-idle-scale",
+        type=float,
+        default=1.0,
+        help="real seconds per second of a resource's inactive_timeout (default 1; tests: less)",
+    )
     sub.add_parser(
         "start", parents=[common, knobs], help="start the daemon (or report the running one)"
     )
@@ -124,6 +130,7 @@ def _options(ns: argparse.Namespace) -> daemon.ServeOptions:
         project_id=ns.project_id,
         rl_price_per_gpu_hour=ns.rl_price_per_gpu_hour,
         rl_models=ns.rl_models,
+        rl_idle_scale=ns.rl_idle_scale,
         capacity_trace=None
         if ns.capacity_trace is None
         else str(Path(ns.capacity_trace).resolve()),

@@ -207,6 +207,7 @@ def _rl_platform(options: ServeOptions, fleet: Any, state_dir: Path) -> Any:
             price_per_gpu_hour=price,
             project_id=fleet.config.default_project_id,
             extra_models=extra,
+            idle_scale=options.rl_idle_scale,
         ),
         RLStore(state_dir / "rl"),
         capacity_left=fleet.capacity_left_for_others,

@@ -32,6 +32,7 @@ _LABELS = {
     "chaos_seed": "chaos seed",
     "chaos_delay_s": "chaos delay",
     "project_id": "project",
+    "rl_idle_scale": "Post-Training idle scale",
     "port": "port",
 }
 
@@ -62,6 +63,7 @@ OPTION_RANGES: dict[str, tuple[float, float]] = {
     "chaos_seed": (-(2**63), 2**63 - 1),
     "chaos_delay_s": (0.0, 3600.0),
     "rl_price_per_gpu_hour": (0.0, 1_000_000.0),
+    "rl_idle_scale": (0.001, 1.0),
 }
 
 
@@ -97,6 +99,7 @@ class ServeOptions:
     chaos_delay_s: float = 65.0
     rl_price_per_gpu_hour: float | None = None  # None: $TGNB_EMULATOR_RL_PRICE, else 9.0
     rl_models: str | None = None  # extra local model dirs for /v1/rl (os.pathsep-separated)
+    rl_idle_scale: float = 1.0  # real seconds per second of a resource's inactive_timeout (tests)
     capacity_trace: str | None = None  # a capacity trace file, JSON or YAML (`tgnb.emulator.trace`)
 
     @classmethod

@@ -83,7 +83,8 @@ def running_emulator(
 
     `knobs` are the flat names of `tgnb.emulator.daemon.ServeOptions.of`: drain_window_s, provision_delay_s,
     preemption_rate, seed, capacity_gpus, chaos, chaos_seed, chaos_delay_s, port,
-    rl_price_per_gpu_hour, rl_models, capacity_trace (a file; or `set_capacity_trace` once it runs).
+    rl_price_per_gpu_hour, rl_models, rl_idle_scale, capacity_trace (a file; or `set_capacity_trace`
+    once it runs).
     """
     home = Path(home)
     key = api_key or "tgnb-test-" + secrets.token_hex(8)

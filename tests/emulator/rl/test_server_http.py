@@ -10,6 +10,7 @@ import random
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ import together
 
 from tests.conftest import wait_until
 from tgnb.emulator.models import REMOVED
-from tgnb.emulator.testing import EmulatorHandle
+from tgnb.emulator.testing import EmulatorHandle, running_emulator
 from tgnb.events import parse_time
 
 from .conftest import TINY, ce_sample, seq
@@ -327,6 +328,26 @@ def test_inactivity_expiry_stops_the_resource(rl_emulator: EmulatorHandle) -> No
         assert c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": 400}).status_code == 400
         r = op(c, sid, "forward-backward", {"loss": CE, "samples": [ce_sample([4, 5, 6])]})
         assert r.json()["error"]["code"] == "TRAINING_OPERATION_ERROR_CODE_SESSION_NOT_ACTIVE"
+
+
+def test_the_idle_scale_shortens_only_the_wait(tmp_path: Path) -> None:
+    """``rl_idle_scale`` (a test's knob, ``--rl-idle-scale``) counts the user's idle time at that
+    many real seconds per second: inactive_timeout 300 at 0.02 expires 6 s after READY, an
+    extend-expiry of 400 s ends 8 s later; the resource records the 300 it was asked for."""
+    with running_emulator(tmp_path, time_scale=0.01, rl_idle_scale=0.02) as emu, http(emu) as c:
+        res = ready_resource(c, inactive_timeout=300)
+        assert res["inactive_timeout"] == 300
+        rid = res["id"]
+        ready = parse_time(emu.rl_usage(rid)["ready_at"]).timestamp()
+        assert parse_time(res["expires_at"]).timestamp() == pytest.approx(ready + 6, abs=0.01)
+        asked = time.time()
+        later = c.post(f"{MR}/{rid}/extend-expiry", json={"seconds": 400}).json()["expires_at"]
+        assert asked + 8 <= parse_time(later).timestamp() <= time.time() + 8
+        wait_until(
+            lambda: c.get(f"{MR}/{rid}").json()["status"] == "MODEL_RESOURCES_STATUS_STOPPED",
+            timeout=60,
+            what="the idle resource to stop itself",
+        )
 
 
 def test_large_payload_upload_path(rl_emulator: EmulatorHandle) -> None:

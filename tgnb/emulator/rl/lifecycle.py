@@ -13,10 +13,10 @@ resource, as an operation's does.
 GPU-seconds count from READY to STOPPED, in platform seconds (real seconds / ``time_scale``).
 
 The time scale compresses the platform, never the user: provisioning and queueing are scaled, but
-``inactive_timeout`` and ``extend-expiry`` are the user's idle time and count in REAL seconds at
-any time scale (a resource left idle for less than its timeout is still there). Billing stays in
-platform seconds (the usage report says so: ``clock: "platform"`` with its ``time_scale``), so an
-idle hour at time scale 0.02 bills 50 platform hours, as that hour of platform time would.
+``inactive_timeout`` and ``extend-expiry`` are the user's idle time, in REAL seconds at any time
+scale (left idle less than its timeout, it is still there; a test sets `RLConfig.idle_scale` below
+1 to wait less). Billing stays in platform seconds (the usage report says so: ``clock:
+"platform"`` with its ``time_scale``), so an idle hour at time scale 0.02 bills 50 platform hours.
 
 Sessions. Up to `RLConfig.max_lora_sessions` (5) active sessions on a LoRA resource, 1 on a
 full-weight one; over that a create answers 429 with ``retry-after-ms``. A session's operations run
@@ -94,6 +94,7 @@ class RLConfig:
     device: str | None = None
     retry_after_ms: int = 2000
     tick_s: float = 0.2
+    idle_scale: float = 1.0  # real seconds per second of the user's idle time (tests: below 1)
 
     def real(self, platform_seconds: float) -> float:
         return platform_seconds * self.time_scale
@@ -205,7 +206,8 @@ class Platform:
 
     def expires_at(self, r: ResourceRecord) -> float:
         """The user's idle time: REAL seconds at any time scale (see the module docstring)."""
-        idle = (r.last_activity or r.ready_at or r.created_at) + r.inactive_timeout
+        idle_since = r.last_activity or r.ready_at or r.created_at
+        idle = idle_since + r.inactive_timeout * self.config.idle_scale
         return max(idle, r.extended_until or 0.0)
 
     def queue_position(self, r: ResourceRecord) -> int | None:
@@ -342,7 +344,7 @@ class Platform:
                     400, 3, f"model resource {r.id} is {r.status}; extend-expiry needs READY"
                 )
             now = self.clock()
-            r.extended_until = max(r.extended_until or 0.0, now + seconds)  # real: the user's
+            r.extended_until = max(r.extended_until or 0.0, now + seconds * self.config.idle_scale)
             r.updated_at = now
             self.save()
             return r
