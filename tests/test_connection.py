@@ -137,3 +137,29 @@ def test_sdk_keywords_resolve_as_the_sdk_does(
         connection.of_sdk_keywords()
     assert not (tmp_path / "home").exists()  # no emulator started
     assert connection.of_sdk_keywords("given-key").native()["base_url"] is None
+    session = tgnb.attach("tgnb-demo", create=True)
+    assert session.emulator is not None and session.backend_name == "local"
+    # "local" comes from what was attached, not from the URL: the same loopback cloud without
+    # the emulator's operations is a service cluster of its type
+    assert tgnb.Session(session.cloud, session.cluster).backend_name == "kubernetes"
+
+
+def test_every_plane_has_one_client_factory_and_one_translation(
+    emulator: EmulatorHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint's SDK client and its clusters API carry the project; a 404 from either plane
+    is one translation (`tgnb.cloud.client.translate`), each naming what lists what exists."""
+    monkeypatch.setenv("TGNB_HOME", str(emulator.home))
+    monkeypatch.delenv("TOGETHER_API_KEY", raising=False)
+    monkeypatch.delenv("TOGETHER_PROJECT_ID", raising=False)
+    end = connection.connect(True)
+    assert end.project_id and end.sdk().project_id == end.project_id
+    with end.clusters() as cloud:
+        assert cloud.project_id == end.project_id and cloud.base_url == end.base_url
+        assert str(cloud.client.base_url).rstrip("/") == str(end.sdk().base_url).rstrip("/")
+        with pytest.raises(tgnb.NotFoundError, match=r"read cluster nope.*Cloud.clusters\(\)"):
+            cloud._call(lambda: cloud.client.clusters.retrieve("nope"), "read cluster nope")
+    models = end.sdk().post_training.model_resources
+    with pytest.raises(tgnb.NotFoundError, match=r"read resource nope.*pt.resources\(\)") as info:
+        end.call(lambda: models.retrieve("nope"), "read resource nope")
+    assert info.value.__cause__ is None and emulator.api_key not in str(info.value)

@@ -5,8 +5,11 @@ local backend, which runs processes on its nodes, is the other seam (tests/test_
 keeps it so). Everything above gets an `Endpoint`: the API root, its key, how often to poll, and
 `emulator` — the emulator-only operations (preempt a node, the usage report, the time scale,
 shutdown) — which is None on the real service. Nothing else asks "am I local?". An `Endpoint` also
-gives the SDK its keywords (`Endpoint.native`), a plain client (`Endpoint.sdk`) and one translation
-of SDK failures into `tgnb.errors` (`Endpoint.call`, `fail`).
+gives the SDK its keywords (`Endpoint.native`), a plain client (`Endpoint.sdk`), the clusters API
+(`Endpoint.clusters`: a `tgnb.cloud.Cloud`), and one translation of SDK failures into
+`tgnb.errors` (`Endpoint.call`, `fail`: `tgnb.cloud.client.translate`, which the clusters plane
+uses too). Every SDK client of every plane is made by `tgnb.cloud.client.make_client`, with the
+endpoint's project.
 
 One default for `tgnb.attach` and `tgnb.post_training` (`wants_local`): ``local=None`` means the
 local emulator when no ``TOGETHER_API_KEY`` is set and Together when one is; ``True`` always the
@@ -22,19 +25,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from tgnb.cloud.client import raise_translated, server_message
-from tgnb.config import DEFAULT_TIME_SCALE, Secret, Settings, scrub
-from tgnb.errors import (
-    ApiError,
-    ApiNotFoundError,
-    ConfigError,
-    EmulatorError,
-    TgnbError,
-    ValidationError,
-)
+from tgnb.cloud.client import is_sdk_error, make_client, raise_translated
+from tgnb.config import DEFAULT_TIME_SCALE, Secret, Settings
+from tgnb.errors import ConfigError, EmulatorError, TgnbError, ValidationError
 
 if TYPE_CHECKING:
     from together import Together
+
+    from tgnb.cloud import Cloud
 
 T = TypeVar("T")
 
@@ -132,6 +130,18 @@ class Endpoint:
         """``the local emulator`` or ``Together``, for messages and reprs."""
         return "the local emulator" if self.emulator is not None else "Together"
 
+    @property
+    def settings(self) -> Settings:
+        """The endpoint as `tgnb.config.Settings` (key, project, API root, home)."""
+        return Settings(self.api_key, self.project_id, self.base_url, self.home)
+
+    def clusters(self, **options: Any) -> Cloud:
+        """The clusters API at this endpoint (`options`: `tgnb.cloud.Cloud`'s ``timeout``,
+        ``max_retries``, ``retry``)."""
+        from tgnb.cloud import Cloud
+
+        return Cloud(self.settings, **options)
+
     def native(self) -> dict[str, Any]:
         """The ``api_key=`` / ``base_url=`` keywords of the SDK's native clients."""
         return {"api_key": self.api_key.get() if self.api_key else None, "base_url": self.base_url}
@@ -143,9 +153,7 @@ class Endpoint:
 
     @functools.cached_property
     def _sdk(self) -> Together:
-        from together import Together
-
-        return Together(**self.native(), timeout=60.0, max_retries=5)
+        return make_client(self.settings, timeout=60.0, max_retries=5)
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """Run an SDK call; any SDK failure becomes a `tgnb.errors` exception about `what`."""
@@ -157,39 +165,15 @@ class Endpoint:
             fail(exc, what, self.base_url)
 
 
-def fail(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
-    """Raise the `tgnb.errors` exception for `exc` (an SDK or SDK-client failure)."""
-    import together
+#: What a 404 of the Post-Training plane tells to look at.
+PT_LISTS = "pt.resources() / res.sessions() / res.checkpoints() list what exists"
 
-    if isinstance(exc, together.APIStatusError) and exc.status_code in (400, 404, 409, 422):
-        body = exc.body
-        said = body.get("message") if isinstance(body, dict) else None
-        # the emulator repeats its message in `details`: say it once
-        detail = (
-            " ".join(str(said).split()) if said else server_message(body)
-        ) or f"HTTP {exc.status_code}"
-        if exc.status_code == 404:
-            err: TgnbError = ApiNotFoundError(
-                scrub(
-                    f"not found (404) while trying to {what}: {detail}; "
-                    "pt.resources() / res.sessions() / res.checkpoints() list what exists"
-                ),
-                status_code=404,
-            )
-        else:
-            err = ApiError(
-                scrub(f"the API refused to {what} ({exc.status_code}): {detail}"),
-                status_code=exc.status_code,
-            )
-        raise err from None
-    if isinstance(exc, together.TogetherError):
-        raise_translated(exc, what, base_url)
-    if isinstance(exc, (RuntimeError, TimeoutError)):
-        # The native clients' own verdicts: an operation FAILED, a terminal status while waiting.
-        text = " ".join(str(exc).split())
-        raise ApiError(scrub(f"could not {what}: {text}")) from None
-    if isinstance(exc, ValueError):  # the SDK's client-side checks (tensors, losses, filenames)
-        raise ValidationError(scrub(f"cannot {what}: {exc}")) from None
+
+def fail(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
+    """Raise the `tgnb.errors` exception for `exc` (an SDK or SDK-client failure): the one
+    translation, `tgnb.cloud.client.translate`; anything else is raised as it is."""
+    if is_sdk_error(exc) or isinstance(exc, (RuntimeError, TimeoutError, ValueError)):
+        raise_translated(exc, what, base_url, PT_LISTS)
     raise exc
 
 

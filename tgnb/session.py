@@ -46,7 +46,9 @@ class Session:
     """One attached cluster (`cluster`, through `cloud`), its `backend` and the run `store`.
 
     `emulator`: the emulator-only operations (`tgnb.connection.Emulator`) when the cluster is on
-    the local emulator, else None; `poll`: seconds between status reads while waiting."""
+    the local emulator (what `attach` attached to: the emulator tgnb started, or the tgnb home's
+    that ``TOGETHER_BASE_URL`` names), else None; it also picks the ``local`` backend, which runs
+    the runs on the emulator's nodes. `poll`: seconds between status reads while waiting."""
 
     def __init__(
         self,
@@ -87,7 +89,7 @@ class Session:
         choice = self._backend_choice
         if choice is not None and not isinstance(choice, str):
             return choice.name
-        return backend_name(self.cluster.last, self.cloud.base_url, choice)
+        return backend_name(self.cluster.last, self.emulator is not None, choice)
 
     @property
     def backend(self) -> Backend:
@@ -100,6 +102,7 @@ class Session:
                 self.cluster.last,
                 self.store,
                 self._backend_choice,
+                local=self.emulator is not None,
                 **self._backend_options,
             )
         return self._backend
@@ -437,13 +440,25 @@ def attach(
     emulator runs.
     """
     from tgnb import connection
-    from tgnb.cloud import Cloud
 
     settings = Settings.from_env()
     if home is not None:
         settings = Settings(settings.api_key, settings.project_id, settings.base_url, Path(home))
-    if not connection.wants_local(local, settings):
-        cloud = Cloud(settings)
+    on_emulator = connection.wants_local(local, settings)
+    end = connection.connect(local, time_scale=time_scale, start=start, settings=settings)
+    cloud = end.clusters()
+
+    def session(cluster: Cluster) -> Session:
+        return Session(
+            cloud,
+            cluster,
+            backend=backend,
+            backend_options=backend_options,
+            emulator=end.emulator,
+            poll=end.poll,
+        )
+
+    if not on_emulator:
         if name_or_id is None:
             states = cloud.clusters()
             if len(states) != 1:
@@ -452,15 +467,7 @@ def attach(
                     f"name the cluster to attach to: tgnb.attach('NAME'); clusters: {names}"
                 )
             name_or_id = states[0].id
-        return Session(
-            cloud, cloud.attach(name_or_id), backend=backend, backend_options=backend_options
-        )
-    end = connection.connect(True, time_scale=time_scale, start=start, settings=settings)
-    cloud = Cloud(
-        Settings(None, end.project_id, end.base_url, end.home),
-        api_key=end.api_key.get() if end.api_key else None,
-        base_url=end.base_url,
-    )
+        return session(cloud.attach(name_or_id))
     default = DEMO_CLUSTER if cluster_type.upper() == "KUBERNETES" else f"{DEMO_CLUSTER}-slurm"
     target = name_or_id or default
     try:
@@ -469,14 +476,7 @@ def attach(
         if not (create or (create is None and name_or_id is None)):
             raise
         cluster = cloud.create(target, cluster_type=cluster_type.upper())
-    return Session(
-        cloud,
-        cluster,
-        backend=backend,
-        backend_options=backend_options,
-        emulator=end.emulator,
-        poll=end.poll,
-    )
+    return session(cluster)
 
 
 def shutdown_local(home: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tgnb.backends.registry import backend_name, choose_backend, is_loopback
+from tgnb.backends.registry import backend_name, choose_backend
 from tgnb.cloud import ClusterState
 from tgnb.config import Settings
 from tgnb.errors import ValidationError
@@ -19,17 +19,17 @@ def _state(kind: str) -> ClusterState:
 
 
 def test_backend_follows_where_and_what_the_cluster_is() -> None:
-    real = "https://api.together.ai"
-    assert backend_name(_state("SLURM"), real) == "slurm"
-    assert backend_name(_state("KUBERNETES"), real) == "kubernetes"
-    assert backend_name(_state("KUBERNETES"), "http://127.0.0.1:8765") == "local"
-    assert backend_name(_state("SLURM"), "http://localhost:8765/v1") == "local"
-    assert backend_name(_state("KUBERNETES"), real, "slurm") == "slurm"
-    assert is_loopback("http://[::1]:80") and not is_loopback(real)
+    """Where: what the session attached to (the local emulator or not), never its URL."""
+    assert backend_name(_state("SLURM"), local=False) == "slurm"
+    assert backend_name(_state("KUBERNETES"), local=False) == "kubernetes"
+    assert backend_name(_state("KUBERNETES"), local=True) == "local"
+    assert backend_name(_state("SLURM"), local=True) == "local"
+    assert backend_name(_state("KUBERNETES"), False, "slurm") == "slurm"
+    assert backend_name(_state("KUBERNETES"), True, "kubernetes") == "kubernetes"
     with pytest.raises(ValidationError, match="use one of local, slurm, kubernetes"):
-        backend_name(_state("SLURM"), real, "nomad")
+        backend_name(_state("SLURM"), False, "nomad")
     with pytest.raises(ValidationError, match="pass backend="):
-        backend_name(_state("OTHER"), real)
+        backend_name(_state("OTHER"), False)
 
 
 def test_choose_builds_the_slurm_backend_and_passes_objects_through(tmp_path: Any) -> None:
@@ -38,6 +38,7 @@ def test_choose_builds_the_slurm_backend_and_passes_objects_through(tmp_path: An
         settings = Settings(home=tmp_path)
 
     store = RunStore(tmp_path)
-    backend = choose_backend(FakeCloud(), _state("SLURM"), store)  # type: ignore[arg-type]
+    backend = choose_backend(FakeCloud(), _state("SLURM"), store, local=False)  # type: ignore[arg-type]
     assert backend.name == "slurm"
-    assert choose_backend(FakeCloud(), _state("SLURM"), store, backend) is backend  # type: ignore[arg-type]
+    same = choose_backend(FakeCloud(), _state("SLURM"), store, backend, local=True)  # type: ignore[arg-type]
+    assert same is backend

@@ -1,6 +1,7 @@
 """Choose the workload backend for an attached cluster.
 
-A cluster served by the local emulator gets the ``local`` backend (processes on its emulated
+A cluster served by the local emulator (known from the attach: the session's `tgnb.connection`
+endpoint has the emulator's own operations) gets the ``local`` backend (processes on its emulated
 nodes); otherwise a SLURM-type cluster gets ``slurm`` (sbatch, here or on a login node over SSH)
 and a KUBERNETES-type cluster gets ``kubernetes`` (from the cluster's ``kube_config``). An explicit
 override (a name, or a `Backend` object) wins.
@@ -8,11 +9,9 @@ override (a name, or a `Backend` object) wins.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from tgnb.backends.base import Backend
 from tgnb.errors import ValidationError
@@ -22,26 +21,16 @@ if TYPE_CHECKING:
     from tgnb.runs.store import RunStore
 
 
-def is_loopback(base_url: str | None) -> bool:
-    """Whether `base_url` points at this machine (where only the local emulator can answer)."""
-    host = urlparse(base_url or "").hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def backend_name(state: ClusterState, base_url: str | None, override: str | None = None) -> str:
-    """The name of the backend for a cluster: the override, else by where and what it is."""
+def backend_name(state: ClusterState, local: bool, override: str | None = None) -> str:
+    """The name of the backend for a cluster: the override, else ``local`` on the local emulator
+    (`local`: the session attached to it), else by the cluster's type."""
     if override is not None:
         if override not in FACTORIES:
             raise ValidationError(
                 f"unknown backend {override!r}: use one of {', '.join(FACTORIES)}"
             )
         return override
-    if is_loopback(base_url):
+    if local:
         return "local"
     kind = state.type.upper()
     if kind == "SLURM":
@@ -97,15 +86,18 @@ def choose_backend(
     state: ClusterState,
     store: RunStore,
     override: str | Backend | None = None,
+    *,
+    local: bool,
     **options: Any,
 ) -> Backend:
     """Build the backend for `state`'s cluster. `options` go to the backend's constructor.
 
     Slurm: ``host`` (a login node for SSH; default ``$TGNB_SLURM_HOST`` or this machine),
     ``runs_root``, ``gres``, ``python``. Kubernetes: ``namespace``, ``context`` and the
-    `KubernetesBackend` options. Local: ``poll``.
+    `KubernetesBackend` options. Local: ``poll``. `local`: the session attached to the local
+    emulator (`backend_name`).
     """
     if override is not None and not isinstance(override, str):
         return override
-    name = backend_name(state, cloud.base_url, override)
+    name = backend_name(state, local, override)
     return FACTORIES[name](cloud, state, store, **options)

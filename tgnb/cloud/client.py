@@ -4,7 +4,8 @@
   itself adds the ``/v1/...`` paths, so the base URL is the server root (a trailing ``/v1`` from the
   SDK 1.x habit is dropped).
 - `translate` turns an SDK exception into the `tgnb.errors` hierarchy with a one-line message that
-  says the cause and the remedy, and never the API key.
+  says the cause and the remedy, and never the API key: the one translation of every plane (the
+  clusters' `Cloud` here, Post-Training and the Tinker layer through `tgnb.connection.Endpoint`).
 - `RetryPolicy.call` retries a call on rate limits, 5xx, timeouts and connection errors with bounded,
   growing pauses, on top of the SDK's own retries. Use it for idempotent calls only (reads, an
   absolute target, a delete).
@@ -27,6 +28,7 @@ from tgnb.errors import (
     ConfigError,
     TgnbError,
     TransientApiError,
+    ValidationError,
 )
 
 if TYPE_CHECKING:
@@ -98,8 +100,11 @@ def server_message(body: object) -> str:
         details = body.get("details")
         if isinstance(details, list):
             for item in details:
+                # the emulator repeats its message in `details`: say it once
                 if isinstance(item, Mapping) and item.get("detail"):
-                    parts.append(str(item["detail"]))
+                    said = " ".join(str(item["detail"]).split())
+                    if all(said != " ".join(p.split()) for p in parts):
+                        parts.append(str(item["detail"]))
         if parts:
             return _one_line("; ".join(parts))
         if isinstance(err, str):
@@ -117,13 +122,23 @@ def _make(cls: type[TgnbError], message: str, status: int | None = None) -> Tgnb
     return cls(message)
 
 
+#: What a 404 tells to look at, by default (the clusters plane).
+CLUSTERS_LIST = "check the cluster id (Cloud.clusters() lists them)"
+
+
 def translate(
-    exc: BaseException, what: str = "the request", base_url: str | None = None
+    exc: BaseException,
+    what: str = "the request",
+    base_url: str | None = None,
+    lists: str = CLUSTERS_LIST,
 ) -> TgnbError:
     """The `tgnb.errors` exception for an SDK exception raised while doing `what`.
 
     `what` names the operation in the user's words ("read cluster c-1", "set the preemptible
-    target of c-1 to 16"). The message never contains the API key.
+    target of c-1 to 16"); `lists`, the remedy of a 404 (what lists the things that exist). The
+    SDK's native clients' own verdicts are translated too: a `RuntimeError` / `TimeoutError` (an
+    operation FAILED, a terminal status while waiting) is an `ApiError`, a `ValueError` (its
+    client-side checks) a `ValidationError`. The message never contains the API key.
     """
     import together
 
@@ -150,10 +165,7 @@ def translate(
             )
         if status == 404:
             return _make(
-                ApiNotFoundError,
-                f"not found (404) while trying to {what}{said}: check the cluster id "
-                "(Cloud.clusters() lists them)",
-                status,
+                ApiNotFoundError, f"not found (404) while trying to {what}{said}: {lists}", status
             )
         if status == 429:
             return _make(
@@ -171,7 +183,7 @@ def translate(
             )
         return _make(
             ApiError,
-            f"the API rejected the request ({status}) to {what}{said}: fix the request and retry",
+            f"the API refused to {what} ({status}){said}: fix the request and retry",
             status,
         )
     if isinstance(exc, together.APITimeoutError):
@@ -192,13 +204,19 @@ def translate(
             f"the API{where} sent an answer tgnb does not understand while trying to {what}: "
             "check TOGETHER_BASE_URL points at a Together API",
         )
+    if isinstance(exc, (RuntimeError, TimeoutError)) and not is_sdk_error(exc):
+        return _make(ApiError, f"could not {what}: {exc}")
+    if isinstance(exc, ValueError) and not is_sdk_error(exc):
+        return _make(ValidationError, f"cannot {what}: {exc}")
     return _make(ApiError, f"the SDK failed while trying to {what}: {scrub(str(exc))}")
 
 
-def raise_translated(exc: BaseException, what: str, base_url: str | None = None) -> NoReturn:
+def raise_translated(
+    exc: BaseException, what: str, base_url: str | None = None, lists: str = CLUSTERS_LIST
+) -> NoReturn:
     """Raise `translate(exc)` without the SDK exception in its chain: the SDK's text quotes the
     server's raw answer, which may echo the key."""
-    raise translate(exc, what, base_url) from None
+    raise translate(exc, what, base_url, lists) from None
 
 
 def is_sdk_error(exc: BaseException) -> bool:
