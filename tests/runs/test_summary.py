@@ -8,8 +8,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tgnb.backends.base import JobState, Resources, RunSpec
+from tgnb.certify import report
+from tgnb.certify.chaos import Fired
+from tgnb.events import Event
+from tgnb.runs.cost import run_cost
 from tgnb.runs.run import Run
 from tgnb.runs.store import RunStore
+from tgnb.runs.summary import attempts, spending, summarize
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -65,3 +70,42 @@ def test_a_restart_that_trained_nothing_loses_nothing(tmp_path: Path) -> None:
     events = [(0, "RunStarted", {}), (20, "RunStarted", {}), (21, "RunExited", {})]
     rows = [(k, k) for k in range(1, 13)]
     assert _run(tmp_path, events, rows).summary()["steps_lost"] == 0
+
+
+def _plain(events: list[tuple[float, str, dict[str, int]]]) -> list[Event]:
+    return [
+        Event(time=T0 + timedelta(seconds=t), source="run", reason=reason, run="r", data=data)
+        for t, reason, data in events
+    ]
+
+
+def test_the_summary_and_certify_count_the_same_attempts_on_plain_lists() -> None:
+    """`tgnb.runs.summary.attempts` on plain lists (no run, no file): the summary sums the
+    restarts' losses, `tgnb certify` reads the one after each event it fired; both agree."""
+    events = _plain(
+        [
+            (0, "RunStarted", {}),
+            (20, "RunStarted", {}),
+            (21, "RunResumed", {"step": 5}),
+            (40, "RunStarted", {}),
+            (60, "RunExited", {}),
+        ]
+    )
+    at = (T0 + timedelta(seconds=1)).timestamp()
+    rows = [{"step": k, "time": at + k} for k in range(1, 8)]  # 1-7 before the first restart
+    rows += [{"step": k, "time": at + 14 + k} for k in range(6, 10)]  # 6-9 after resuming at 5
+    rows += [{"step": k, "time": at + 40 + k} for k in range(1, 4)]  # 1-3: from scratch at 40
+    found = attempts(rows, events)
+    assert [(a.before, a.resumed, a.lost) for a in found] == [(0, None, 0), (7, 5, 2), (9, None, 9)]
+    assert [a.trained for a in found] == [True, True, True]
+    cost = run_cost("r", events, 8)
+    summary = summarize(
+        "r", "succeeded", rows, events, cost, max_steps=12, restarts=2, kind="sft",
+        spending=spending(cost, None, None),
+    )  # fmt: skip
+    assert summary["steps_lost"] == 2 + 9
+    fired = Fired("kill", "a kill", fired_at=(T0 + timedelta(seconds=30)).timestamp())
+    assert report.steps_lost(fired, rows, events) == (9, 9)
+    assert report.steps_lost(Fired("kill", "not done"), rows, events) is None
+    # 8 GPUs from the first start to the exit, 60 s: no price known, no dollars
+    assert summary["gpu_hours"] == round(8 * 60 / 3600, 4) and summary["cost_usd"] is None

@@ -121,6 +121,19 @@ def _classes() -> dict[str, ast.ClassDef]:
 CLASSES = _classes()
 
 
+def _functions() -> dict[str, list[ast.FunctionDef]]:
+    """The package's module-level functions by name (a name may be defined more than once)."""
+    found: dict[str, list[ast.FunctionDef]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef):
+                found.setdefault(node.name, []).append(node)
+    return found
+
+
+FUNCTIONS = _functions()
+
+
 class Field:
     def __init__(self, always: bool, value: ast.expr | None) -> None:
         self.always, self.value = always, value
@@ -137,7 +150,12 @@ def _dict_fields(d: ast.Dict, always: bool, params: dict[str, str]) -> dict[str,
 
 
 def _call_fields(call: ast.expr, params: dict[str, str], always: bool) -> dict[str, Field]:
-    """The keys of ``param.method()`` where `param` is annotated with a tgnb class."""
+    """The keys of ``param.method()`` where `param` is annotated with a tgnb class, or of
+    ``function()``, a module-level function of tgnb that only one module defines."""
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+        defs = FUNCTIONS.get(call.func.id, [])
+        assert len(defs) == 1, f"{ast.unparse(call)}: {len(defs)} tgnb functions of that name"
+        return {k: Field(f.always and always, f.value) for k, f in built(defs[0], "return").items()}
     assert isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute), ast.unparse(call)
     owner = call.func.value
     assert isinstance(owner, ast.Name) and owner.id in params, ast.unparse(call)

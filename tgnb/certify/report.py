@@ -20,11 +20,10 @@ from tgnb.events import (
     CHECKPOINT_INTERVAL,
     RUN_EXITED,
     RUN_REQUEUED,
-    RUN_RESUMED,
-    RUN_STARTED,
     Event,
 )
 from tgnb.runs.outcome import UNSAVED
+from tgnb.runs.summary import attempts
 
 #: Events that give notice: at most one step may be lost to each.
 NOTICE = ("setup", "first-save", "random-step", "shrink")
@@ -162,18 +161,12 @@ def _run_events(evs: list[Event], reason: str) -> list[Event]:
 
 def steps_lost(ev: Fired, rows: list[dict[str, Any]], evs: list[Event]) -> tuple[int, int] | None:
     """The last step the attempt hit by `ev` logged, and how many of its steps the next attempt
-    did not resume (None: no next attempt recorded a start)."""
+    did not resume (None: no next attempt recorded a start): the first start after `ev` of
+    `tgnb.runs.summary.attempts`, which `Run.summary` counts too."""
     if ev.fired_at is None:
         return None
-    starts = [e for e in _run_events(evs, RUN_STARTED) if e.time.timestamp() > ev.fired_at]
-    if not starts:
-        return None
-    at = starts[0].time.timestamp()
-    until = starts[1].time.timestamp() if len(starts) > 1 else float("inf")
-    before = max((int(r["step"]) for r in rows if float(r.get("time", 0)) < at), default=0)
-    resumed = next((int(e.data["step"]) for e in _run_events(evs, RUN_RESUMED)
-                    if at <= e.time.timestamp() < until and "step" in e.data), 0)  # fmt: skip
-    return before, max(0, before - resumed)
+    after = next((a for a in attempts(rows, evs) if a.at > ev.fired_at), None)
+    return None if after is None else (after.before, after.lost)
 
 
 def logged_twice(rows: list[dict[str, Any]]) -> int:

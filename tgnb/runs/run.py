@@ -36,7 +36,7 @@ from tgnb.runs.cost import RunCost, run_cost
 from tgnb.runs.node import LOG as TRAIN_LOG
 from tgnb.runs.spec import JobState, JobStatus
 from tgnb.runs.store import RunRecord, RunStore, StatusChange
-from tgnb.runs.summary import closing_line, summarize
+from tgnb.runs.summary import closing_line, spending, summarize
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -383,14 +383,7 @@ class Run:
     def spending(self, prices: Prices | None = None, cost: RunCost | None = None) -> dict[str, Any]:
         """``gpu_hours`` so far, their ``cost_usd`` at `prices` (default `prices`; None when
         no price is known) and the run's ``budget_usd`` (None: no budget)."""
-        cost = cost or self.cost()
-        prices = prices or self.prices()
-        usd = cost.dollars(prices)
-        return {
-            "gpu_hours": round(cost.standard_gpu_hours + cost.preemptible_gpu_hours, 4),
-            "cost_usd": None if usd is None else round(usd, 4),
-            "budget_usd": self._record.spec.budget_usd,
-        }
+        return spending(cost or self.cost(), prices or self.prices(), self._record.spec.budget_usd)
 
     def run_events(self) -> list[Event]:
         """The run's own events (runtime and supervisor), oldest first."""

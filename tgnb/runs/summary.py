@@ -1,11 +1,14 @@
 """What a run achieved and what it cost, as `tgnb.runs.Run.summary` gives it and `Run.wait`'s last
 line says it: the steps from the program's own records (None where it reports none), the
 preemptions, GPU-hours and dollars from the engine's meter (`tgnb.runs.cost`, `tgnb.runs.meter`).
-Pure functions of what was read: no I/O here.
+Pure functions of what was read (plain lists of rows and events): no I/O here. `Run` (and so the
+server's run JSON and a sweep's table), `tgnb certify`'s steps lost per event (`attempts`) and
+the spending (`spending`) are all computed here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tgnb.events import (
@@ -18,7 +21,7 @@ from tgnb.events import (
     SIGNAL_RECEIVED,
     Event,
 )
-from tgnb.prices import dollars
+from tgnb.prices import Prices, dollars
 from tgnb.runs.cost import RunCost
 from tgnb.runs.meter import metered
 from tgnb.runs.outcome import UNPROTECTED, UNSAVED
@@ -60,20 +63,10 @@ def summarize(
     protected = bool(starts) or not (rows or restarts or released)
     if not starts:  # unprotected: each restart began again at step 0
         lost = _lost_unprotected(evs, rows)
-    for n, i in enumerate(starts[1:], 1):  # each restart: what it did not resume is lost
-        until = starts[n + 1] if n + 1 < len(starts) else len(evs)
-        resume = next(
-            (e for e in evs[i:until] if e.reason == RUN_RESUMED and "step" in e.data), None
-        )
-        at = evs[i].time.timestamp()
-        before = max(
-            (int(r["step"]) for r in rows if "step" in r and float(r.get("time", 0)) < at),
-            default=0,
-        )
-        trained = any(float(r.get("time", 0)) >= at for r in rows if "step" in r)
-        if resume is None and not trained:
+    for attempt in attempts(rows, evs)[1:]:  # each restart: what it did not resume is lost
+        if attempt.resumed is None and not attempt.trained:
             continue  # it trained nothing (found the run finished, or was stopped at once)
-        lost += max(0, before - (int(resume.data["step"]) if resume else 0))
+        lost += attempt.lost
     key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
     # rounded to 4 significant digits: a summary is read, not computed with
     rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
@@ -98,6 +91,58 @@ def summarize(
 
 
 _PREEMPTIONS = (SIGNAL_RECEIVED, DRAIN_NOTICE)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the program (its ``RunStarted``): when (`at`, epoch seconds), the last step
+    logged before it, the step it resumed from (None: no ``RunResumed``, it began at step 0) and
+    whether any step was logged from then on."""
+
+    at: float
+    before: int
+    resumed: int | None
+    trained: bool
+
+    @property
+    def lost(self) -> int:
+        """Steps done before this start that it did not resume: done again."""
+        return max(0, self.before - (self.resumed or 0))
+
+
+def attempts(rows: list[dict[str, Any]], evs: list[Event]) -> list[Attempt]:
+    """Every start of the program, in order, from its metric `rows` and events `evs` (oldest
+    first): `summarize` counts the restarts' `Attempt.lost`, `tgnb certify` the one after each
+    event it fired."""
+    steps = [(float(r.get("time", 0)), int(r["step"])) for r in rows if "step" in r]
+    starts = [i for i, ev in enumerate(evs) if ev.reason == RUN_STARTED and ev.source == "run"]
+    out = []
+    for n, i in enumerate(starts):
+        until = starts[n + 1] if n + 1 < len(starts) else len(evs)
+        resume = next(
+            (e for e in evs[i:until] if e.reason == RUN_RESUMED and "step" in e.data), None
+        )
+        at = evs[i].time.timestamp()
+        out.append(
+            Attempt(
+                at,
+                max((step for t, step in steps if t < at), default=0),
+                None if resume is None else int(resume.data["step"]),
+                any(t >= at for t, _ in steps),
+            )
+        )
+    return out
+
+
+def spending(cost: RunCost, prices: Prices | None, budget_usd: float | None) -> dict[str, Any]:
+    """``gpu_hours`` so far, their ``cost_usd`` at `prices` (None when no price is known) and
+    the run's ``budget_usd`` (None: no budget)."""
+    usd = cost.dollars(prices)
+    return {
+        "gpu_hours": round(cost.standard_gpu_hours + cost.preemptible_gpu_hours, 4),
+        "cost_usd": None if usd is None else round(usd, 4),
+        "budget_usd": budget_usd,
+    }
 
 
 def _lost_unprotected(evs: list[Event], rows: list[dict[str, Any]]) -> int:
@@ -156,4 +201,4 @@ def closing_line(name: str, state: str, detail: str, summary: dict[str, Any]) ->
     )
 
 
-__all__ = ["closing_line", "summarize"]
+__all__ = ["Attempt", "attempts", "closing_line", "spending", "summarize"]
