@@ -11,6 +11,12 @@ What is read is what `tgnb.events.read_jsonl` reads, record for record: a line t
 parse and is followed by another line is malformed (skipped and counted); an unfinished last line
 (no newline yet) is parsed on each read, and kept only once its newline is written. A file
 replaced or truncated (a new inode, or shorter than what was read) is read again from its start.
+
+A run whose directory is not on this machine (a remote Slurm job's, a Kubernetes pod's) gives its
+records as ``@tgnb`` lines of its output, which its engine returns after a cursor
+(``backend.logs_after(job_id, cursor)`` -> `LogChunk`: a Slurm job's byte offset into its output
+file, a Kubernetes pod's last timestamp): `engine_records` keeps the records parsed so far per
+backend and job, so a poll fetches and parses only the lines written since the last.
 """
 
 from __future__ import annotations
@@ -19,11 +25,21 @@ import bisect
 import json
 import os
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tgnb.events import Event, EventLines, from_record, metrics_row, report_skipped
+from tgnb.events import (
+    Event,
+    EventLines,
+    from_record,
+    metrics_row,
+    parse_record,
+    report_skipped,
+)
 
 #: How many files' parsed records are kept between polls (least recently read dropped first).
 KEPT = 128
@@ -193,4 +209,90 @@ def events(path: Path, run: str | None = None) -> EventLines:
         if unfinished is not None and unfinished.key not in parsed.seen:
             bisect.insort(out, unfinished, key=lambda e: e.time)
     report_skipped(str(path), out.skipped)
+    return out
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """What an engine returns after a cursor: the complete `lines` written since, the
+    `unfinished` last line as written so far (``""``: none; read again next time), the `cursor`
+    the next read starts from, whether the output was replaced (`restarted`: `lines` are then
+    all of it) and how many bytes were fetched (`read`)."""
+
+    lines: list[str]
+    cursor: Any
+    unfinished: str = ""
+    restarted: bool = False
+    read: int = 0
+
+
+def split_appended(data: bytes, offset: int) -> LogChunk:
+    """The `LogChunk` of `data`, the bytes of an append-only file from byte `offset` on: its
+    complete lines, and a cursor just past the last of them (the unfinished line is read again)."""
+    *complete, tail = data.split(b"\n")
+    return LogChunk(
+        [c.decode("utf-8", errors="replace") for c in complete],
+        offset + len(data) - len(tail),
+        tail.decode("utf-8", errors="replace"),
+        read=len(data),
+    )
+
+
+@dataclass
+class _Logged:
+    """One job's ``@tgnb`` records read from its engine's output so far."""
+
+    cursor: Any = None
+    found: dict[str, list[Any]] = field(default_factory=lambda: {"metrics": [], "events": []})
+    read: int = 0  # bytes fetched from the engine, all polls together
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, lines: list[str]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"metrics": [], "events": []}
+        for line in lines:
+            rec = parse_record(line)
+            kind = None if rec is None else rec.pop("kind", None)
+            if kind == "metrics":
+                if (row := metrics_row(rec)) is not None:
+                    out["metrics"].append(row)
+            elif kind == "events" and isinstance(rec, dict):
+                out["events"].append(rec)
+        return out
+
+
+_ENGINES: weakref.WeakKeyDictionary[Any, OrderedDict[str, _Logged]] = weakref.WeakKeyDictionary()
+
+
+def engine_log(backend: Any, job_id: str) -> _Logged:
+    """What was read of `job_id`'s output through `backend` so far (kept while the backend
+    lives, for its `KEPT` jobs last read)."""
+    with _KEPT_LOCK:
+        jobs = _ENGINES.setdefault(backend, OrderedDict())
+        logged = jobs.get(job_id)
+        if logged is None:
+            logged = jobs[job_id] = _Logged()
+            while len(jobs) > KEPT:
+                jobs.popitem(last=False)
+        else:
+            jobs.move_to_end(job_id)
+        return logged
+
+
+def engine_records(
+    backend: Any, job_id: str, kind: str, fetch: Callable[[Any], LogChunk] | None = None
+) -> list[dict[str, Any]]:
+    """The `kind` (``metrics`` or ``events``) records among `job_id`'s ``@tgnb`` output lines so
+    far, fetching only what was written since the last call (`fetch`, default
+    ``backend.logs_after(job_id, cursor)``); each a copy the caller may change."""
+    logged = engine_log(backend, job_id)
+    fetch = fetch or (lambda after: backend.logs_after(job_id, after))
+    with logged.lock:
+        chunk = fetch(logged.cursor)
+        if chunk.restarted:
+            logged.found = {"metrics": [], "events": []}
+        for k, recs in logged.take(chunk.lines).items():
+            logged.found[k].extend(recs)
+        logged.cursor, logged.read = chunk.cursor, logged.read + chunk.read
+        out = [dict(r) for r in logged.found.get(kind, [])]
+    out.extend(logged.take([chunk.unfinished] if chunk.unfinished else []).get(kind, []))
     return out

@@ -326,6 +326,9 @@ class Run:
             if kind == "metrics":
                 return cursor.rows(path)
             return [dict(r) for r in cursor.records(path) if isinstance(r, dict)]
+        job = self._record.job_id
+        if self.backend is not None and job and hasattr(self.backend, "logs_after"):
+            return cursor.engine_records(self.backend, job, kind)  # only what was written since
         found: list[dict[str, Any]] = []
         for line in self.logs(raw=True):
             rec = parse_record(line)

@@ -33,6 +33,7 @@ from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
 from tgnb.runs import budget, node
+from tgnb.runs.cursor import LogChunk, split_appended
 from tgnb.runs.node import Exit
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
@@ -314,6 +315,14 @@ class SlurmBackend:
                     yield pending.decode("utf-8", errors="replace")
                 return
             time.sleep(self.poll_seconds)
+
+    def logs_after(self, job_id: str, after: int | None = None) -> LogChunk:
+        """The lines of the job's output file written after byte `after` (None: from its
+        start), and the offset to read from next: the file is opened in append mode across
+        requeues, so an offset stays valid; over SSH only the bytes after it are sent
+        (`CommandRunner.read_file`)."""
+        offset = int(after or 0)
+        return split_appended(self.runner.read_file(self.log_path(job_id), offset), offset)
 
     def events(self, job_id: str) -> list[Event]:
         """The run's own events (``events.jsonl`` in its run directory)."""
