@@ -172,8 +172,9 @@ def test_a_program_that_ignores_the_budgets_sigterm_is_killed_after_its_grace(
 ) -> None:
     """A ``command=`` that never imports tgnb and ignores SIGTERM, as a Slurm or Kubernetes node
     runs it with ``TGNB_BUDGET``: at the budget the node sends SIGTERM, waits the program's grace
-    (`GRACE_SECONDS`), kills what is left, and exits 77 with the node's release recorded."""
-    from tgnb.train.budget import GRACE_SECONDS
+    (`GRACE_SECONDS`, here 3 s by `GRACE_ENV`), kills what is left, and exits 77 with the node's
+    release recorded."""
+    from tgnb.train.budget import GRACE_ENV
 
     wd, run_dir = tmp_path / "wd", tmp_path / "r"
     wd.mkdir()
@@ -181,13 +182,13 @@ def test_a_program_that_ignores_the_budgets_sigterm_is_killed_after_its_grace(
     (wd / "ignore.py").write_text(IGNORES_SIGTERM)
     dollar_a_second = Budget(1.0, Prices(standard=3600.0, preemptible=3600.0), gpus=1)
     env = {**os.environ, node.BUDGET_ENV: dollar_a_second.to_json(), node.RUN_ENV: "r",
-           node.GPUS_ENV: "1"}  # fmt: skip
+           node.GPUS_ENV: "1", GRACE_ENV: "3"}  # fmt: skip
     cmd = [sys.executable, "-m", "tgnb.train", "--set", "algorithm=script",
            "--set", "command=[python, ignore.py]", "--run-dir", str(run_dir)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=wd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == node.Exit.STOPPED, proc.stderr[-2000:]
     assert "started" in proc.stdout
-    said = f"did not stop within {GRACE_SECONDS:g} s of the budget's SIGTERM: killed 1 process"
+    said = "did not stop within 3 s of the budget's SIGTERM: killed 1 process"
     assert said in proc.stderr, proc.stderr[-2000:]
     released = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == JOB_RELEASED]
     assert [e.data["cause"] for e in released] == ["budget"], released

@@ -40,6 +40,8 @@ POLL_SECONDS = 1.0
 #: After the budget's SIGTERM, the program's grace (seconds) before what it started is killed,
 #: as the local supervisor kills a run that outlives its stop.
 GRACE_SECONDS = 30.0
+#: Another grace for this node's budget stop (seconds; a test's knob, tgnb never sets it).
+GRACE_ENV = "TGNB_BUDGET_GRACE_S"
 #: At the budget, the stop waits this long for the program to start (its ``RunStarted``: torchrun
 #: passes a SIGTERM on to its workers once they run); a program that records no start is
 #: stopped once this has passed.
@@ -142,7 +144,8 @@ def watch(run_dir: str | None) -> BudgetWatch | None:
         return None
     name = os.environ.get(node.RUN_ENV) or Path(run_dir).name
     budget = Budget.from_json(text)
-    return BudgetWatch(run_dir, name, budget, record=node.node_rank() == 0).start()
+    grace = float(os.environ.get(GRACE_ENV) or GRACE_SECONDS)
+    return BudgetWatch(run_dir, name, budget, record=node.node_rank() == 0, grace=grace).start()
 
 
 class NodeMeter:
