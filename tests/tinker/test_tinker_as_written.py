@@ -32,7 +32,7 @@ from .test_tinker_resources import running_resources
 
 types = tinker.types
 MODEL = "tgnb/tiny-llama"
-TINKER_WARNING = "called from async context. Use '{}_async()' instead"
+TINKER_WARNING = "Synchronous method '{}()' called from async context."  # as tinker words it
 
 
 def warned(caplog: pytest.LogCaptureFixture) -> list[str]:

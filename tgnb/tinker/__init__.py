@@ -47,9 +47,10 @@ Tinker call                                    Post-Training routes
   ``get_tokenizer``
 =============================================  ============================================
 
-Every call above has its ``_async`` twin, and the synchronous ones work inside a running event
-loop as on Tinker, with its warning where it gives one (`tgnb.tinker._offloop`). A program whose
-own modules ``import tinker`` runs with ``python -m tgnb.tinker script.py args...`` or
+Every call above answers what can be awaited and has its ``_async`` twin (deprecated, with the
+installed tinker's own warning, where that tinker deprecates it: `_deprecated`), and the
+synchronous ones work inside a running event loop as on Tinker, with its warning where it gives
+one (`tgnb.tinker._offloop`). A program whose own modules ``import tinker`` runs with ``python -m tgnb.tinker script.py args...`` or
 ``tgnb.tinker.install()`` first in its entry script (`tgnb.tinker._install`). Loss defaults: Together documents none for PPO and
 CISPO, so this layer sends Tinker's own explicitly (PPO clips to [0.8, 1.2], CISPO to [0.0, 4.0];
 `TINKER_LOSS_DEFAULTS`); the emulator's defaults for raw API calls are written down in
@@ -92,10 +93,11 @@ from tgnb.tinker import _compat  # noqa: F401  # isort: skip  # first: the SDK l
 import tinker as _genuine
 from together.post_training.tinker import APIFuture, types
 
+from tgnb.tinker._deprecated import warn_as_tinker_does
 from tgnb.tinker._install import install, installed, uninstall
 from tgnb.tinker._newer import NEWER
 from tgnb.tinker._paths import ParsedCheckpointTinkerPath
-from tgnb.tinker._rest import RestClient
+from tgnb.tinker._rest import RestClient, genuine_rest_client
 from tgnb.tinker._sampling import SamplingClient
 from tgnb.tinker._service import ServiceClient
 from tgnb.tinker._support import TINKER_LOSS_DEFAULTS, load_tokenizer
@@ -116,6 +118,17 @@ __all__ = [
     "uninstall",
 ]
 
+#: What the installed tinker marks deprecated on each client, warned here as tinker warns it
+#: (`tgnb.tinker._deprecated`): the ``_async`` twins with tinker 0.38, nothing with 0.23.1.
+DEPRECATED: dict[str, list[str]] = {
+    ours.__name__: warn_as_tinker_does(ours, theirs)
+    for ours, theirs in (
+        (ServiceClient, _genuine.ServiceClient),
+        (TrainingClient, _genuine.TrainingClient),
+        (SamplingClient, _genuine.SamplingClient),
+        (RestClient, genuine_rest_client()),
+    )
+}
 
 #: Names of the genuine package that talk to Tinker's own service: not answered here.
 _TINKERS_OWN = frozenset({"AdminClient"})

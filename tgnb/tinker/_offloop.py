@@ -3,8 +3,9 @@
 On Tinker a synchronous call made from ``async def`` code works: Tinker's work runs on its own
 background loop while the caller's thread waits, and the calls that wait for a result
 (``get_tokenizer()``, ``create_sampling_client()``, ``future.result()``, ...) log Tinker's
-warning, "Synchronous method 'X()' called from async context. Use 'X_async()' instead", with
-the calling stack; calls that only submit work (``forward``, ``optim_step``, ``sample``, ...)
+warning, "Synchronous method 'X()' called from async context. ..." (tinker 0.23.1 goes on "Use
+'X_async()' instead", 0.38, whose ``_async`` twins are deprecated, "await the future instead":
+`sync_from_async` answers the installed tinker's own), with the calling stack; calls that only submit work (``forward``, ``optim_step``, ``sample``, ...)
 say nothing. The SDK's layer refuses every one of them instead (``RuntimeError: blocking calls
 cannot be used from a running event loop``), which stops the docs' async pipeline pattern and
 the cookbook's ``rl/train.py``.
@@ -54,18 +55,33 @@ def run_sync(label: str, fn: Callable[..., Any], *args: Any, warn: bool, **kwarg
     says so)."""
     if not blocking_would_stall_caller() or _process_loop.owns_running_loop():
         return fn(*args, **kwargs)
-    if warn:  # Tinker's message (tinker.lib.sync_only), then its stack
-        log.warning(
-            f"Synchronous method '{label}()' called from async context. Use "
-            f"'{label}_async()' instead.\nCalling sync methods from async code can cause "
-            "deadlocks and performance issues."
-        )
+    if warn:  # the installed tinker's message (tinker.lib.sync_only), then its stack
+        log.warning(sync_from_async(label))
         log.warning(
             "===== Stack for calling sync from async ===== \n%s\n ===========",
             "".join(traceback.format_stack()[:-1]),
         )
     context = contextvars.copy_context()
     return _workers().submit(context.run, functools.partial(fn, *args, **kwargs)).result()
+
+
+def sync_from_async(label: str) -> str:
+    """What the installed tinker logs for `label` (``Class.method``) called inside a running
+    loop: tinker 0.23.1 says to use its ``_async`` twin, 0.38 (whose twins are deprecated) to
+    await the future instead."""
+    owner, _, name = label.rpartition(".")
+    try:
+        from tinker.lib.sync_only import make_error_message
+    except ImportError:  # a tinker without it: its 0.38 wording
+        return (
+            f"Synchronous method '{label}()' called from async context. It blocks the event "
+            "loop until the result arrives; await the future instead."
+        )
+
+    def method() -> None: ...
+
+    method.__name__ = name
+    return make_error_message(method, (type(owner, (), {})(),) if owner else (), {})
 
 
 class OffLoopFuture:

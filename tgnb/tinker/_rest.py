@@ -400,7 +400,7 @@ class RestClient:
     def __getattr__(self, name: str) -> Any:
         """A REST call of a tinker newer than this table (on the installed tinker's
         ``RestClient``): refused when called, saying so."""
-        if name.startswith("_") or not hasattr(_genuine_rest_client(), name):
+        if name.startswith("_") or not hasattr(genuine_rest_client(), name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return functools.partial(
             _refuse(name, "Tinker's REST call has no Post-Training counterpart"), self
@@ -449,7 +449,7 @@ def _downloads() -> Path:
 
 
 @functools.cache
-def _genuine_rest_client() -> type:
+def genuine_rest_client() -> type:
     from tinker.lib.public_interfaces.rest_client import RestClient as Genuine
 
     return Genuine
