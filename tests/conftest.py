@@ -40,7 +40,10 @@ HEAVY = (
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups off the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), the tests of the one
+    """The tests that start a training process are marked ``training`` (`starts_training`): the
+    fast tier, ``-m "not training"``, leaves them out.
+
+    Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), the tests of the one
     real Slurm node run on one worker, one after another: they drain, requeue and re-feature that
     node, which a second worker's job would see. The tests of a module that share a module-scoped
     fixture (executed notebooks, a JupyterLab, an emulator with its runs) run on one worker too:
@@ -51,10 +54,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     against 46:14), two training runs then always contending for the two cores where a slow test
     beside quick ones, which mostly wait, has about a core of its own."""
     for item in items:
+        if starts_training(item):
+            item.add_marker(pytest.mark.training)
         if item.get_closest_marker("slurm") or "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+#: The fixtures that launch runs or training programs, so the tests that use them start one: a
+#: demo cluster on the emulator (``session``), the stand-in trainer (``standin``), torchrun and
+#: Checkpointer launches (``launcher``), ``python -m tgnb.train`` (``train``), executed notebooks
+#: (``executed``), the real Slurm node (``slurm``), a JupyterLab whose kernels launch (``lab``).
+TRAINING_FIXTURES = frozenset(
+    {"session", "standin", "launcher", "train", "executed", "slurm", "lab", "login_node"}
+)
+
+
+def starts_training(item: pytest.Item) -> bool:
+    """Whether `item` starts a training process (the marker ``training``; the fast tier is
+    ``-m "not training"``): marked so itself, or ``slow`` (the long tests are the ones that
+    train, end to end), or using one of `TRAINING_FIXTURES`. A test that launches a run some
+    other way carries ``@pytest.mark.training`` itself."""
+    if item.get_closest_marker("training") or item.get_closest_marker("slow"):
+        return True
+    return bool(TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 def shares_a_module_fixture(item: pytest.Item) -> bool:
