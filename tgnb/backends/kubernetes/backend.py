@@ -27,13 +27,16 @@ from kubernetes.client.exceptions import ApiException
 
 from tgnb.backends.base import JobState, JobStatus, RunSpec
 from tgnb.backends.kubernetes import labels as L
+from tgnb.backends.kubernetes import podlogs
 from tgnb.backends.kubernetes.apierrors import api_error, event_time
 from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
 from tgnb.backends.kubernetes.placer_api import PlacerApi
+from tgnb.backends.kubernetes.podlogs import PodMark
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
 from tgnb.errors import BackendError, NotFoundError, TgnbError
 from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, from_record, parse_record
 from tgnb.runs import budget
+from tgnb.runs.cursor import LogChunk
 from tgnb.runs.node import Exit
 
 
@@ -265,6 +268,15 @@ class KubernetesBackend:
                 if self._finished(job_id):
                     return
             time.sleep(self.poll_interval)
+
+    def logs_after(
+        self, job_id: str, after: dict[str, PodMark] | None = None, index: int = 0
+    ) -> LogChunk:
+        """The trainer lines of the pods of `index` (oldest first) logged since the cursor
+        `after` (None: all), and the cursor past them: a pod whose container ended is read once,
+        the live one from its last line read (`tgnb.backends.kubernetes.podlogs`)."""
+        pods = [p for p in self._index_pods(job_id, index) if _started(p)]
+        return podlogs.logs_after(self.core, self.namespace, pods, after)
 
     def _finished(self, job_id: str) -> bool:
         try:
