@@ -5,7 +5,9 @@ sbatch script, Kubernetes into an Indexed Job. Nothing here imports an engine's 
 
 The run directory (on shared storage, named after the run, stable across restarts)::
 
-    config.yaml     the node's config file: the run's training config (`render_config`)
+    run.json        the run file: the run's contract as the launch validated it, typed
+                    (`tgnb.runs.runfile`; Kubernetes mounts it from the run's ConfigMap)
+    config.yaml     a view of it: the run's training config in few keys (`render_config`)
     workdir/        the snapshot of the user's workdir taken at launch (script runs; `tgnb.runs.workdir`)
     run.yaml        the resolved config, written by rank 0 at each start
     checkpoints/    checkpoint-<step>/ (DCP shards, a manifest, a marker written last); quarantine/
@@ -13,11 +15,12 @@ The run directory (on shared storage, named after the run, stable across restart
     events.jsonl    RunStarted, RunResumed, SignalReceived, CheckpointSaved, RunExited, ...
     train.log       the program's output (local backend; Slurm: slurm-<job>.out)
 
-The command a node runs is `command`: ``python -m tgnb.train config.yaml --run-dir DIR``, or the same
+The command a node runs is `command`: ``python -m tgnb.train run.json --run-dir DIR``, or the same
 under torchrun through ``python -m tgnb.train.launch`` (torchrun's options, and a worker's exit 75
 stays 75); which one, and how many processes, is `processes`, the one process model. The runtime
-there sets `RUN_DIR_ENV`, `RUN_ENV` and `CHECKPOINT_ENV` for the user's code, so
-`tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an argument.
+there sets `RUN_DIR_ENV`, `RUN_ENV` and `CHECKPOINT_ENV` (the run file's checkpoint policy) for
+the user's code, so `tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an
+argument.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Exit(enum.IntEnum):
 
 
 # -- the run directory -----------------------------------------------------------------------------
+RUN_FILE = "run.json"
 CONFIG = "config.yaml"
 RESOLVED = "run.yaml"
 WORKDIR = "workdir"
@@ -74,7 +78,7 @@ LOG = "train.log"
 # -- the environment the runtime gives the user's code ---------------------------------------------
 RUN_DIR_ENV = "TGNB_RUN_DIR"
 RUN_ENV = "TGNB_RUN"
-CHECKPOINT_ENV = "TGNB_CHECKPOINT"  # the run's CheckpointPolicy as JSON
+CHECKPOINT_ENV = "TGNB_CHECKPOINT"  # the run file's CheckpointPolicy as JSON
 RESTART_ENV = "TGNB_RESTART_COUNT"
 NODE_ENV = "TGNB_NODE"
 #: Set to ``script`` by a job script that tgnb rendered (the sbatch script): the script requeues

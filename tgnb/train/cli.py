@@ -40,6 +40,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def node_config(
+    path: str | None, overrides: Sequence[str], run_dir: str | None
+) -> tuple[TrainConfig, bool]:
+    """The config this process runs, and whether a launch validated it: the engine's run file
+    (`tgnb.runs.node.RUN_FILE`, read once and typed: `tgnb.runs.runfile.RunFile.load`), or a
+    person's YAML (``tgnb train config.yaml``, `tgnb.tasks.config.load`), checked in full. A
+    ``--set`` on a run file makes it a new config, checked in full too."""
+    import dataclasses
+    from pathlib import Path
+
+    from tgnb.runs.node import RUN_FILE
+    from tgnb.tasks import config
+
+    if path is None or Path(path).name != RUN_FILE:
+        return config.load(path, overrides, run_dir), False
+    from tgnb.runs.runfile import RunFile
+
+    cfg = RunFile.load(path).train
+    if run_dir is not None:
+        cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    if overrides:
+        raw = config.apply_overrides(cfg.compact(), overrides)
+        return config.from_dict({**raw, "run_dir": cfg.run_dir}), False
+    return cfg, True
+
+
 def enter_workdir(cfg: TrainConfig) -> TrainConfig:
     """The run's workdir snapshot, when it has one, becomes the working directory and the first
     entry of ``sys.path`` (relative dataset paths, reward modules, the script's own imports);
@@ -76,8 +102,9 @@ def resolved(cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def train(cfg: TrainConfig) -> int:
-    """Run `cfg`: the user's script or command, or a built-in task; its exit code."""
+def train(cfg: TrainConfig, launched: bool = False) -> int:
+    """Run `cfg`: the user's script or command, or a built-in task; its exit code. `launched`:
+    a launch validated `cfg` (`node_config`), so only what needs this node is checked here."""
     if cfg.algorithm == SCRIPT:
         from tgnb.runs.outcome import events_size, node_exit
         from tgnb.train.program import run_program
@@ -86,15 +113,15 @@ def train(cfg: TrainConfig) -> int:
         return node_exit(cfg.run_dir, run_program(cfg), since)  # a launcher's 1 or 143
     from tgnb.train.runner import run
 
-    return run(cfg)
+    return run(cfg, launched)
 
 
-def _train_or_done(cfg: TrainConfig) -> int:
+def _train_or_done(cfg: TrainConfig, launched: bool) -> int:
     """`train`, where a restart after the last step is done (exit 0), as the node's meter says."""
     from tgnb.train.validate import RunFinished
 
     try:
-        return train(cfg)
+        return train(cfg, launched)
     except RunFinished as exc:
         print(f"tgnb train: {exc}", flush=True)
         return 0
@@ -115,21 +142,20 @@ def _say(text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    from tgnb.tasks import config
     from tgnb.train.validate import RunFinished, validate
 
     try:
-        cfg = config.load(args.config, args.overrides, args.run_dir)
+        cfg, launched = node_config(args.config, args.overrides, args.run_dir)
         cfg = enter_workdir(cfg)
         if args.check:
-            validate(cfg)
+            validate(cfg, launched=launched)
             import yaml
 
             print(yaml.safe_dump(resolved(cfg), sort_keys=False), end="")
             return 0
         from tgnb.train.budget import held
 
-        return held(cfg.run_dir, lambda: _train_or_done(cfg))  # metered, its budget held
+        return held(cfg.run_dir, lambda: _train_or_done(cfg, launched))  # metered, its budget held
     except RunFinished as exc:  # a restart after the last step: done, not a bad config
         print(f"tgnb train: {exc}", flush=True)
         return 0

@@ -149,14 +149,15 @@ def build_trainer(
     return trainer
 
 
-def run(cfg: TrainConfig) -> int:
+def run(cfg: TrainConfig, launched: bool = False) -> int:
     """Train `cfg` to its max_steps, or until preempted; 0 finished. A preemption or a full disk
     leaves through ``SystemExit`` with `Exit.PREEMPTED` / `Exit.NO_SPACE` (`tgnb.train.protect`).
 
     The built-in runs are one client of `tgnb.train.protect`: build the TRL trainer, protect it,
-    train. Raises `TrainConfigError` for bad input before anything is trained.
+    train. Raises `TrainConfigError` for bad input before anything is trained (`launched`: a
+    launch validated `cfg`; what needs the node is checked).
     """
-    validate(cfg)
+    validate(cfg, launched=launched)
     import torch
     from transformers import set_seed
 

@@ -1,6 +1,7 @@
 """The checks of a run's config that need TRL or peft, or its run directory: made on the node
-before anything is trained (`tgnb.tasks.config.check_light` makes the light ones first; the session
-and the notebook make those before a run is recorded)."""
+before anything is trained. The light ones (`tgnb.tasks.config.check_light`) the launch makes
+before a run is recorded; the node trusts them for the config it reads from its run file
+(`tgnb.runs.runfile`) and makes them first for a config a person gives ``tgnb train``."""
 
 from __future__ import annotations
 
@@ -34,15 +35,19 @@ def trl_config_class(algorithm: str) -> Any:
     return DPOConfig
 
 
-def validate(cfg: TrainConfig, workdir: Path | None = None) -> None:
+def validate(cfg: TrainConfig, workdir: Path | None = None, *, launched: bool = False) -> None:
     """Raise `TrainConfigError` (one line, naming the fix) for anything that cannot run; relative
     dataset paths and reward modules are taken in `workdir` (default: the run's snapshot, else
-    the working directory)."""
+    the working directory). `launched`: a launch validated `cfg` (`check_light`), so only what
+    needs this node is checked: the data's columns and the rewards in the run's snapshot, TRL's
+    and peft's option names (they are installed here), the run's checkpoints, a script's
+    imports."""
     if workdir is None:
         from tgnb.train.program import workdir_of
 
         workdir = workdir_of(Path(cfg.run_dir or "."))
-    check_light(cfg, workdir)
+    if not launched:
+        check_light(cfg, workdir)
     if cfg.algorithm == SCRIPT:
         check_script(cfg, workdir)
         return

@@ -8,6 +8,7 @@ small server (conftest.py) that records the requests and answers with minimal va
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -56,6 +57,16 @@ def golden(k8s: Any, name: str) -> list[dict[str, Any]]:
     return list(yaml.safe_load_all((k8s.golden / f"{name}.yaml").read_text()))
 
 
+def launched_as_golden(bodies: list[Any], since: float) -> list[Any]:
+    """`bodies` with the ConfigMap's run file launched when the golden files say (1.8e9): a
+    submit writes its own launch time, checked here to lie between `since` and now."""
+    config_map = bodies[0]
+    run = json.loads(config_map["data"]["run.json"])
+    assert since <= run["launched"] <= time.time(), run["launched"]
+    text = json.dumps({**run, "launched": 1.8e9}, indent=1, sort_keys=True) + "\n"
+    return [{**config_map, "data": {**config_map["data"], "run.json": text}}, *bodies[1:]]
+
+
 def backend(api_client: Any) -> KubernetesBackend:
     return KubernetesBackend(api_client, NS, poll_interval=0.01)
 
@@ -70,11 +81,13 @@ def test_submit_single_node_posts_the_golden_objects(
 ) -> None:
     """Fakes the API server (none can run here): the real client's POST bodies equal the golden
     objects, in order ConfigMap, claim, Job, with a bearer token on every request."""
+    since = time.time()
     job_id = backend(api_client).submit(SINGLE)
     assert job_id == "grpo-tiny"
     posts = fake_api.sent("POST")
     assert [r.path for r in posts] == [CM, PVC, JOBS]
-    assert [r.body for r in posts] == golden(k8s, "single_preemptible")
+    bodies = launched_as_golden([r.body for r in posts], since)
+    assert bodies == golden(k8s, "single_preemptible")
     assert all(r.headers["authorization"] == "Bearer test-token-not-secret" for r in posts)
 
 
@@ -82,10 +95,11 @@ def test_submit_two_nodes_adds_the_headless_service(
     fake_api: Any, api_client: Any, k8s: Any
 ) -> None:
     """Fakes the API server (none can run here): Indexed Job plus headless Service on the wire."""
+    since = time.time()
     backend(api_client).submit(TWO)
     posts = fake_api.sent("POST")
     assert [r.path for r in posts] == [CM, PVC, SVC, JOBS]
-    assert [r.body for r in posts] == golden(k8s, "two_node")
+    assert launched_as_golden([r.body for r in posts], since) == golden(k8s, "two_node")
 
 
 def test_secrets_reach_the_wire_only_as_secret_key_refs(

@@ -9,6 +9,7 @@ Regenerate the golden files after a deliberate change with::
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tgnb.prices import Prices
 from tgnb.runs.budget import Budget
 from tgnb.runs.node import BUDGET_ENV
 from tgnb.runs.recovery import RecoveryPolicy
+from tgnb.runs.runfile import RunFile
 
 GOLDEN = Path(__file__).parent / "golden"
 NS = "research"
@@ -167,7 +169,7 @@ def test_two_node_rendezvous_wiring() -> None:
     assert f"--rdzv_endpoint={job['metadata']['name']}-0.{svc['metadata']['name']}:29500" in argv
     assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv
     assert "--node_rank=$(JOB_COMPLETION_INDEX)" in argv
-    assert argv[-4:] == ["tgnb.train", "/config/config.yaml", "--run-dir", "/data/runs/grpo-2n"]
+    assert argv[-4:] == ["tgnb.train", "/config/run.json", "--run-dir", "/data/runs/grpo-2n"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]["value"] == "290"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
@@ -191,7 +193,7 @@ def test_placement_preemptible_and_standard() -> None:
 
 def test_commands() -> None:
     assert command(CASES["single_preemptible"]) == [
-        "python", "-m", "tgnb.train", "/config/config.yaml", "--run-dir", "/data/runs/grpo-tiny",
+        "python", "-m", "tgnb.train", "/config/run.json", "--run-dir", "/data/runs/grpo-tiny",
     ]  # fmt: skip
     assert command(CASES["standard"])[:6] == [
         "python", "-m", "tgnb.train.launch", "--standalone", "--nnodes=1", "--nproc_per_node=8",
@@ -311,7 +313,10 @@ def test_a_script_run_ships_its_workdir_and_validates(tmp_path: Path) -> None:
     assert init["command"][-1] == "/data/runs/my-script/workdir", init["command"]
     trainer = pod["containers"][0]["command"]
     assert trainer[:3] == ["python", "-m", "tgnb.train.launch"] and "tgnb.train" in trainer
-    assert "script: train.py" in config_map["data"]["config.yaml"]
+    assert "script: train.py" in config_map["data"]["config.yaml"]  # the view, for a person
+    run = RunFile.from_dict(json.loads(config_map["data"]["run.json"]))  # what the node reads
+    assert run.train.script == "train.py" and run.spec.name == "my-script"
+    assert trainer[trainer.index("tgnb.train") + 1] == "/config/run.json"
 
 
 def test_a_workdir_too_big_for_a_configmap_is_refused(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import yaml
 
 from tests.conftest import wait_until
 from tgnb.runs.run import Run
+from tgnb.runs.runfile import RunFile
 from tgnb.runs.spec import JobState
 from tgnb.session import Session
 
@@ -63,6 +64,8 @@ def test_a_restart_weighs_the_rate_read_again_with_the_preemption_it_followed(
     assert restart["preemptions_per_hour"] == 0.5  # the setting stays the prior
     assert run.run_dir is not None
     on_disk = yaml.safe_load((run.run_dir / "config.yaml").read_text())["checkpoint"]
-    assert on_disk == restart  # the file the relaunch read, rewritten whole
+    assert on_disk == restart  # the run file's view, rewritten whole
+    read = RunFile.load(run.run_dir / "run.json").train  # the file the relaunch read
+    assert read.compact()["checkpoint"] == restart
     assert run.wait(timeout=120).state == JobState.SUCCEEDED, run.status
     assert len(starts(run)) == 2

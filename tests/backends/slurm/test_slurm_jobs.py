@@ -75,7 +75,7 @@ def test_submit_follow_to_completion(
     assert "fake-train: done" in lines
     run_dir = Path(backend.run_dir(job))
     assert run_dir == tmp_path / "runs" / "plumbing"
-    for f in ("job.sbatch", "config.yaml", f"slurm-{job}.out"):
+    for f in ("job.sbatch", "run.json", "config.yaml", f"slurm-{job}.out"):
         assert TOKEN not in (run_dir / f).read_text()
     assert [e.reason for e in backend.events(job)] == ["RunStarted", "RunExited"]
 

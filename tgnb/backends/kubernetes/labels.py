@@ -33,7 +33,8 @@ CONTAINER = "trainer"
 #: The init container that waits the policy's backoff after a counted failure (`objects`).
 BACKOFF_CONTAINER = "backoff"
 CONFIG_DIR = "/config"
-CONFIG_FILE = node.CONFIG  # the node contract's config file, mounted from the ConfigMap
+RUN_FILE = node.RUN_FILE  # the node contract's run file, mounted from the ConfigMap
+CONFIG_FILE = node.CONFIG  # its view for a person, beside it
 RUNS_ROOT = "/data/runs"
 DEFAULT_CLAIM = "tgnb-runs"
 DEFAULT_CLAIM_SIZE = "100Gi"

@@ -26,6 +26,7 @@ podReplacementPolicy are beta and on by default there, GA later).
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from tgnb.config import MASK_VARS_ENV, scrub
 from tgnb.errors import ValidationError
 from tgnb.runs import budget, node, placing, workdir
 from tgnb.runs.recovery import FINAL_CODES
+from tgnb.runs.runfile import RunFile
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,18 @@ def run_labels(spec: RunSpec) -> dict[str, str]:
 
 
 def render_config(spec: RunSpec) -> str:
-    """The training config as YAML; refused if it holds a registered secret value."""
-    text = node.render_config(spec.train.compact())
+    """The training config as YAML (``config.yaml``, a view of the run file for a person);
+    refused if it holds a registered secret value."""
+    return _no_secret(node.render_config(spec.train.compact()))
+
+
+def render_run_file(spec: RunSpec, launched: float) -> str:
+    """The run file (`tgnb.runs.runfile`): what the node reads, from the ConfigMap; refused if it
+    holds a registered secret value."""
+    return _no_secret(RunFile(spec, launched).to_json())
+
+
+def _no_secret(text: str) -> str:
     if scrub(text) != text:
         raise ValidationError(
             "the training config holds a secret value: pass it through secrets=... instead"
@@ -104,7 +116,7 @@ def command(spec: RunSpec) -> list[str]:
     process per GPU of the pod, its ``nvidia.com/gpu`` limit; a command once per pod). Only
     tgnb's own ``$(JOB_COMPLETION_INDEX)`` is expanded by the kubelet; the rest is `literal`."""
     res = spec.resources
-    config, run_dir = f"{L.CONFIG_DIR}/{L.CONFIG_FILE}", literal(L.run_dir_for(spec))
+    config, run_dir = f"{L.CONFIG_DIR}/{L.RUN_FILE}", literal(L.run_dir_for(spec))
     model = node.processes(spec.train, res.nodes, res.gpus_per_node)
     if not model.torchrun:
         return node.command("python", config, run_dir)
@@ -351,8 +363,10 @@ def build_objects(
     launched: float | None = None,
 ) -> RunObjects:
     """All objects of `spec` in `namespace`. Raises `ValidationError` first if the spec is bad.
-    `launched`: the launch time the placer's deadline counts from (default: now)."""
+    `launched`: the launch time (the run file's; the placer's deadline counts from it; default:
+    now)."""
     L.validate_spec(spec, namespace, claim)
+    launched = time.time() if launched is None else launched
     labels = run_labels(spec)
     nodes = spec.resources.nodes
     multi = nodes > 1
@@ -364,7 +378,7 @@ def build_objects(
         metadata=client.V1ObjectMeta(
             name=config_map_name(spec.name), namespace=namespace, labels=labels
         ),
-        data={L.CONFIG_FILE: render_config(spec)},
+        data={L.RUN_FILE: render_run_file(spec, launched), L.CONFIG_FILE: render_config(spec)},
         binary_data=None
         if snapshot is None
         else {WORKDIR_KEY: base64.b64encode(snapshot).decode()},

@@ -89,6 +89,7 @@ from tgnb.runs.budget import BUDGET_STOP
 from tgnb.runs.node import Exit
 from tgnb.runs.outcome import Attempt, Verdict, classify, events_size, failed_detail, requeued
 from tgnb.runs.recovery import Decision, Facts, decide
+from tgnb.runs.runfile import RunFile
 from tgnb.runs.store import RunStore
 
 TRAIN_LOG = node.LOG
@@ -203,9 +204,12 @@ class Supervisor:
         return node_env(self.record, where.name, restart, self.slurm, notice)
 
     def _write_config(self) -> Path:
-        path = self.run_dir / node.CONFIG
-        text = node.render_config(self.train.compact())
-        atomic_write(path, text)  # a reader sees one whole version
+        """This start's run file (`tgnb.runs.runfile`: the run's spec with its `train` as this
+        start runs it), and its ``config.yaml`` view beside it; the run file's path."""
+        run = RunFile(self.record.spec, self.record.created_at).with_train(self.train)
+        atomic_write(self.run_dir / node.CONFIG, run.config_yaml())  # one whole version each
+        path = self.run_dir / node.RUN_FILE
+        atomic_write(path, run.to_json())
         return path
 
     def reestimate(self, nodes: Sequence[NodeInfo], restart: int) -> None:

@@ -2,9 +2,10 @@
 login node over SSH, and follows them with ``scontrol``/``squeue`` (``sacct`` once a finished job
 has left the controller, when the cluster keeps accounting).
 
-A run's directory (script, ``config.yaml``, ``slurm-<id>.out``, checkpoints, ``events.jsonl``,
-``metrics.jsonl``) lives on the cluster's shared storage under `runs_root`/<run name>, and is the
-job's working directory, so it can be found again from the job id alone.
+A run's directory (script, the run file ``run.json`` and its view ``config.yaml``,
+``slurm-<id>.out``, checkpoints, ``events.jsonl``, ``metrics.jsonl``) lives on the cluster's
+shared storage under `runs_root`/<run name>, and is the job's working directory, so it can be
+found again from the job id alone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tgnb.backends.slurm.commands import CommandRunner
 from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.backends.slurm.render import (
     CONFIG_NAME,
+    RUN_FILE_NAME,
     SCRIPT_NAME,
     RenderOptions,
     gres_gpus,
@@ -35,6 +37,7 @@ from tgnb.events import RUN_EXITED, Event, read_jsonl
 from tgnb.runs import budget, node
 from tgnb.runs.cursor import LogChunk, split_appended
 from tgnb.runs.node import Exit
+from tgnb.runs.runfile import RunFile
 
 FORGOTTEN = "the controller no longer knows this job (no accounting to ask)"
 
@@ -144,13 +147,15 @@ class SlurmBackend:
         return script, config, env
 
     def submit(self, spec: RunSpec) -> str:
-        """Write the script and config into the run directory and ``sbatch`` it; the job id."""
+        """Write the script, the run file (`tgnb.runs.runfile`, what the node reads) and its
+        config view into the run directory and ``sbatch`` it; the job id."""
         script, config, env = self.preflight(spec)
         run_dir = self._run_dir_of_script(script)
         script_path = f"{run_dir}/{SCRIPT_NAME}"
         snapshot = spec.workdir_snapshot()
         if snapshot is not None:  # once: every requeue of the job uses this snapshot
             self.runner.write_tree(f"{run_dir}/{node.WORKDIR}", snapshot.tar())
+        self.runner.write_file(f"{run_dir}/{RUN_FILE_NAME}", RunFile(spec, time.time()).to_json())
         self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
         self.runner.write_file(script_path, script, mode=0o755)
         try:

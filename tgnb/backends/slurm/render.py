@@ -45,7 +45,8 @@ from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(UNLIMITED|INFINITE)$")
 _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+-]+$")
-CONFIG_NAME = node.CONFIG
+CONFIG_NAME = node.CONFIG  # a view of the run file, for a person
+RUN_FILE_NAME = node.RUN_FILE  # what the node reads (`tgnb.runs.runfile`)
 SCRIPT_NAME = "job.sbatch"
 LOG_PATTERN = "slurm-%j.out"
 #: Failures counted so far (the recovery policy's budget; requeues for preemption are not in it).
@@ -97,7 +98,8 @@ def processes(spec: RunSpec, options: RenderOptions) -> node.Processes:
 
 
 def render_config(spec: RunSpec) -> str:
-    """The run's training config as the YAML that ``python -m tgnb.train CONFIG`` reads."""
+    """The run's training config as YAML (``config.yaml``, a view of the run file: what
+    ``tgnb train config.yaml`` reads)."""
     return node.render_config(spec.train.compact())
 
 
@@ -272,7 +274,7 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         "",
         f"export TGNB_RUN={spec.name}",
         f"export TGNB_RUN_DIR={run_dir}",
-        f'export TGNB_CONFIG="$TGNB_RUN_DIR/{CONFIG_NAME}"',
+        f'export TGNB_CONFIG="$TGNB_RUN_DIR/{RUN_FILE_NAME}"',
         f"export {node.REQUEUE_ENV}=script  # this script requeues; the runtime does not",
         *_environment(spec),
         'mkdir -p "$TGNB_RUN_DIR"',

@@ -1,0 +1,115 @@
+"""The run file (`tgnb.runs.runfile`, ``run.json``): the one typed file an engine writes per submit,
+read once by the node (``python -m tgnb.train run.json``), which trusts what the launch checked;
+``config.yaml`` and ``$TGNB_CHECKPOINT`` are views of it. Real files, real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tgnb.backends.base import Resources, RunSpec, SecretRef
+from tgnb.errors import TrainConfigError
+from tgnb.prices import Prices
+from tgnb.runs import node
+from tgnb.runs.budget import Budget
+from tgnb.runs.runfile import RunFile
+from tgnb.runs.spec import SCHEMA
+from tgnb.tasks import config
+from tgnb.train.cli import node_config
+from tgnb.train.program import environment
+
+SPEC = RunSpec(
+    name="sft-a",
+    train={"algorithm": "sft", "max_steps": 9, "lora": {"r": 4}, "checkpoint": {"every_steps": 3}},
+    resources=Resources(nodes=2, min_nodes=1, gpus_per_node=4),
+    env={"A": "1"},
+    secrets={"HF_TOKEN": SecretRef(name="hf", env="HF_TOKEN")},
+    budget_usd=5.0,
+    prices=Prices(2.5, 1.2),
+)
+
+
+def test_one_schema_and_the_spec_as_the_launch_validated_it(tmp_path: Path) -> None:
+    run = RunFile(SPEC, 1.8e9)
+    data = json.loads(run.to_json())
+    assert data["schema"] == SCHEMA and data["launched"] == 1.8e9
+    assert "schema" not in data["spec"] and "run_dir" not in data["spec"]["train"]
+    (tmp_path / node.RUN_FILE).write_text(run.to_json())
+    back = RunFile.load(tmp_path / node.RUN_FILE)
+    assert back.spec.resources == SPEC.resources and back.spec.secrets == SPEC.secrets
+    assert back.train.lora == {"r": 4} and back.train.checkpoint == SPEC.train.checkpoint
+    assert back.budget() == Budget.of(SPEC)  # the budget the node holds, from the same file
+
+
+def test_a_run_file_without_a_schema_still_loads() -> None:
+    old = {"launched": 1.8e9, "spec": {"name": "r", "train": {"max_steps": 7}}}
+    assert RunFile.from_dict(old).train.max_steps == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("{not json", "is not one tgnb wrote"),
+        ('{"schema": 99, "launched": 1, "spec": {"name": "r"}}', "newer than this tgnb reads"),
+        ('{"schema": 1, "spec": {"name": "r"}}', "'launched' must be epoch seconds"),
+    ],
+)
+def test_a_bad_run_file_is_one_line_naming_the_fix(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = tmp_path / node.RUN_FILE
+    path.write_text(text)
+    with pytest.raises(TrainConfigError, match=expected) as info:
+        RunFile.load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_the_node_reads_the_run_file_once_and_the_views_agree(tmp_path: Path) -> None:
+    run = RunFile(SPEC, 1.8e9)
+    (tmp_path / node.RUN_FILE).write_text(run.to_json())
+    (tmp_path / node.CONFIG).write_text(run.config_yaml())
+    cfg, launched = node_config(str(tmp_path / node.RUN_FILE), [], "/data/runs/sft-a")
+    assert launched and cfg.run_dir == "/data/runs/sft-a"
+    from_yaml = config.load(tmp_path / node.CONFIG, [], "/data/runs/sft-a")  # the view
+    assert cfg == from_yaml
+    checkpoint = json.loads(environment(cfg)[node.CHECKPOINT_ENV])  # what the program is given
+    assert checkpoint["every_steps"] == 3 == SPEC.train.checkpoint.every_steps
+    again, trusted = node_config(str(tmp_path / node.CONFIG), [], "/data/runs/sft-a")
+    assert again == cfg and not trusted  # a person's YAML is checked in full
+    changed, trusted = node_config(str(tmp_path / node.RUN_FILE), ["max_steps=12"], None)
+    assert changed.max_steps == 12 and not trusted  # a --set makes a new config
+
+
+def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "tgnb.train", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_a_persons_config_is_checked_in_full(tmp_path: Path) -> None:
+    """``tgnb train config.yaml``: the launch's light checks are made (a model path that is not
+    there is refused, exit 2, one line)."""
+    (tmp_path / "config.yaml").write_text("algorithm: grpo\nmodel: ./no-such-model\n")
+    proc = _train("config.yaml", "--run-dir", str(tmp_path / "r"), "--check", cwd=tmp_path)
+    assert proc.returncode == int(node.Exit.BAD_CONFIG), proc.stderr
+    assert "model path './no-such-model' does not exist" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_node_trusts_what_the_launch_checked(tmp_path: Path) -> None:
+    """The same config from a run file: the launch checked the model path where it was (the
+    launching machine), so the node does not check it again; it still makes the checks only it
+    can (TRL's option names: a typo is refused there)."""
+    spec = RunSpec("grpo-a", {"algorithm": "grpo", "model": "./no-such-model"})
+    (tmp_path / node.RUN_FILE).write_text(RunFile(spec, 1.8e9).to_json())
+    proc = _train(node.RUN_FILE, "--run-dir", str(tmp_path / "r"), "--check", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "model: ./no-such-model" in proc.stdout
+    typo = RunSpec("grpo-a", {"algorithm": "grpo", "trl": {"learning_rat": 1e-3}})
+    (tmp_path / node.RUN_FILE).write_text(RunFile(typo, 1.8e9).to_json())
+    proc = _train(node.RUN_FILE, "--run-dir", str(tmp_path / "r"), "--check", cwd=tmp_path)
+    assert proc.returncode == int(node.Exit.BAD_CONFIG), proc.stderr
+    assert "unknown TRL option for GRPO 'learning_rat'" in proc.stderr

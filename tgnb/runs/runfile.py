@@ -1,0 +1,98 @@
+"""The run file (`tgnb.runs.node.RUN_FILE`, ``run.json``): the one typed file each engine writes
+per submit, beside the node's config view, and what the node's runtime reads.
+
+It holds the run's contract as the launch validated it (`RunSpec.to_dict`, with its ``schema``)
+and the time of the launch. The run directory is not in its training config: the node's command
+line gives it (``--run-dir``), as for ``config.yaml``. The node reads it once (`RunFile.load`) and trusts it: the checks the
+launch made (`tgnb.tasks.config.check_light`) are not made again there; what only the node can
+check (TRL's and peft's option names, the run's checkpoints, a script's imports) still is
+(`tgnb.train.validate`). What the node used to get in other carriers is a view of it:
+
+- ``config.yaml`` (`config_yaml`): the training config in few keys, for a person to read and for
+  ``tgnb train config.yaml`` by hand;
+- ``$TGNB_CHECKPOINT``: the training config's checkpoint policy, which the runtime gives the
+  user's program (`tgnb.train.program.environment`);
+- the budget the node holds (`budget`).
+
+No secret is in it: a spec holds secrets by reference only (`tgnb.runs.spec.check_no_secrets`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tgnb.errors import TrainConfigError, ValidationError
+from tgnb.runs import node
+from tgnb.runs.budget import Budget
+from tgnb.runs.spec import SCHEMA, RunSpec
+from tgnb.runs.trainconfig import TrainConfig
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """One submit of a run: its `spec` (its ``train`` as this start runs it) and when it was
+    `launched` (epoch seconds: a deadline counts from it)."""
+
+    spec: RunSpec
+    launched: float
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.spec.train
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = self.spec.to_dict()
+        spec.pop("schema")  # one version for the whole file
+        spec["train"].pop("run_dir")  # the launching machine's default: the node is told its own
+        return {"schema": SCHEMA, "launched": self.launched, "spec": spec}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunFile:
+        if not isinstance(data, Mapping) or not isinstance(data.get("spec"), Mapping):
+            raise ValidationError("not a run file as tgnb writes it: no 'spec' mapping")
+        launched = data.get("launched")
+        if isinstance(launched, bool) or not isinstance(launched, int | float):
+            raise ValidationError(
+                f"run file 'launched' must be epoch seconds, got {launched!r:.40}"
+            )
+        schema = data.get("schema", 0)
+        return cls(RunSpec.from_dict({**data["spec"], "schema": schema}), float(launched))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> RunFile:
+        """The run file at `path`, typed; a `TrainConfigError` (the node exits `Exit.BAD_CONFIG`)
+        naming the fix when it is missing or not one tgnb wrote."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except OSError as exc:
+            raise TrainConfigError(
+                f"run file '{path}' cannot be read ({exc.strerror}): launch the run through tgnb, "
+                "which writes it"
+            ) from None
+        except (ValueError, ValidationError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TrainConfigError(
+                f"run file '{path}' is not one tgnb wrote ({first:.200}): launch the run again"
+            ) from None
+
+    def with_train(self, train: TrainConfig) -> RunFile:
+        """This submit with `train` (the local engine's re-estimated checkpoint policy)."""
+        return replace(self, spec=replace(self.spec, train=train))
+
+    # -- the views ---------------------------------------------------------------------------------
+
+    def config_yaml(self) -> str:
+        """``config.yaml``: the training config in few keys (`TrainConfig.compact`)."""
+        return node.render_config(self.train.compact())
+
+    def budget(self) -> Budget | None:
+        """The budget the node holds (None: the run has none)."""
+        return Budget.of(self.spec)
