@@ -92,6 +92,26 @@ JOB_REASONS = frozenset(
     }
 )
 
+# Reasons of a fault-tolerant run's replica groups (issue 50, `tgnb.runs.ft`), source "tgnb": the
+# engine's (a group started or ended) and its reading of the lighthouse's quorums.
+#: The run's coordinator is up: data["address"], ["heartbeat_timeout_ms"] (the survivors' wait
+#: when a group vanishes without leaving).
+LIGHTHOUSE_STARTED = "LighthouseStarted"
+#: A group's processes started on a node: data["group"], ["replacement"] (True after a loss).
+GROUP_JOINED = "GroupJoined"
+#: A group's processes ended: data["group"], ["cause"] ("notice", "removed", "lost",
+#: "finished", "stopped"), ["exit_code"]; the other groups go on.
+GROUP_LEFT = "GroupLeft"
+#: A group entered the quorum behind the others and took a live peer's weights: data["group"],
+#: ["step"], ["source"] (the group it healed from), ["took_s"] (from its start to that quorum).
+GROUP_HEALED = "GroupHealed"
+#: The lighthouse formed a quorum of other groups: data["groups"], ["step"] (the run's step,
+#: counted once), ["quorum_id"], ["waited_s"] (since the quorum before it).
+QUORUM_CHANGED = "QuorumChanged"
+GROUP_REASONS = frozenset(
+    {LIGHTHOUSE_STARTED, GROUP_JOINED, GROUP_LEFT, GROUP_HEALED, QUORUM_CHANGED}
+)
+
 # Reasons of the Post-Training API's objects (source "posttraining"): a model resource's lifecycle,
 # its training sessions' and their checkpoints. `Event.data` holds "resource" (its id), "session"
 # (id) and "name" (the session's display name) where they apply.

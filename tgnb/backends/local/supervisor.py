@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 from tgnb.atomic import atomic_write
 from tgnb.backends.base import JobState
-from tgnb.backends.local import proctree
+from tgnb.backends.local import groups, proctree
 from tgnb.backends.local.command import (
     TRAIN_MODULE,
     TRAIN_MODULE_ENV,
@@ -422,6 +422,8 @@ class Supervisor:
             finally:
                 self._preloading = False
         restart = self.record.restart_count
+        if self.train.fault_tolerance:  # replica groups under a lighthouse (issue 50)
+            return groups.run(self, restart)
         rid = self.record.id
         failures = 0
         while True:

@@ -1,0 +1,113 @@
+"""A fault-tolerant run (``fault_tolerance="torchft"``, issue 50) on the local engine: two replica
+groups of a DDP program on TorchFT's own API (`tests/backends/ft_workdir/train_ft.py`: Manager,
+DistributedDataParallel, Optimizer, ProcessGroupGloo) under a real lighthouse, on a real emulator
+over HTTP. A group lost (a preemption with notice, or its processes SIGKILLed with none) leaves the
+quorum; the other trains on without a restart; a replacement group is placed and heals from it
+(it enters at the survivor's step, with no checkpoint)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until
+from tgnb.backends.local import proctree
+from tgnb.events import (
+    GROUP_HEALED,
+    GROUP_JOINED,
+    GROUP_LEFT,
+    LIGHTHOUSE_STARTED,
+    QUORUM_CHANGED,
+)
+from tgnb.runs.recovery import RecoveryPolicy
+from tgnb.runs.run import Run
+from tgnb.runs.spec import JobState
+from tgnb.session import Session
+
+from .test_process_model import DDP_WORKDIR
+
+pytest.importorskip("torchft")
+FT_WORKDIR = DDP_WORKDIR.parent / "ft_workdir"
+#: long enough for a replacement (a fresh interpreter importing torch) to join before the end
+ENV = {"FT_STEPS": "700", "FT_STEP_S": "0.05"}
+
+
+def events(run: Run) -> list[dict[str, Any]]:
+    assert run.run_dir is not None
+    path = run.run_dir / "events.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e.get("source") == "tgnb"]
+
+
+def of(run: Run, reason: str) -> list[dict[str, Any]]:
+    return [e for e in events(run) if e["reason"] == reason]
+
+
+def steps(run: Run) -> list[dict[str, Any]]:
+    """The program's own lines (one JSON object per step) in the run's log."""
+    assert run.run_dir is not None
+    path = run.run_dir / "train.log"
+    out = []
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        if line.startswith("{") and '"group"' in line:
+            with contextlib.suppress(ValueError):  # two groups' lines may run into one
+                out.append(json.loads(line))
+    return out
+
+
+def launch(session: Session, name: str) -> Run:
+    run = session.launch("train_ft.py", workdir=FT_WORKDIR, name=name, nodes=2, env=ENV,
+                         fault_tolerance="torchft", recovery=RecoveryPolicy(max_restarts=2))  # fmt: skip
+    wait_until(lambda: any(s.get("step", 0) >= 20 and s["participants"] == 2 for s in steps(run)),
+               240, what="both groups training in one quorum")  # fmt: skip
+    return run
+
+
+def check_healed(run: Run, lost: int) -> None:
+    """Group `lost` left, the other never restarted, and the replacement healed from it."""
+    final = run.wait(timeout=300)
+    assert final.state == JobState.SUCCEEDED, (final, run.logs()[-40:])
+    assert len(of(run, LIGHTHOUSE_STARTED)) == 1
+    joined = of(run, GROUP_JOINED)
+    survivor = 1 - lost
+    assert [e["data"]["group"] for e in joined].count(survivor) == 1, joined  # never restarted
+    assert [(e["data"]["group"], e["data"]["replacement"]) for e in joined][2:] == [(lost, True)]
+    alone = [e for e in of(run, QUORUM_CHANGED) if e["data"]["groups"] == [survivor]]
+    assert alone and alone[-1]["data"]["step"] >= 20, of(run, QUORUM_CHANGED)
+    healed = [e["data"] for e in of(run, GROUP_HEALED) if e["data"]["group"] == lost]
+    assert healed and healed[-1]["source"] == survivor and healed[-1]["step"] >= 20, healed
+    # the replacement's first step follows the survivor's step: healed, not trained from 0
+    mine = [s for s in steps(run) if s.get("group") == lost]
+    second = [i for i, s in enumerate(mine) if "started" in s][1]  # the replacement's start
+    before = [s["step"] for s in mine[:second] if "step" in s]
+    after = [s["step"] for s in mine[second:] if "step" in s]
+    assert after[0] > before[-1] >= 20, (before[-3:], after[:3])
+    theirs = [s["step"] for s in steps(run) if s.get("group") == survivor and "step" in s]
+    assert theirs == sorted(theirs) and theirs[-1] == int(ENV["FT_STEPS"])  # never went back
+    left = [e["data"] for e in of(run, GROUP_LEFT)]
+    assert [d["group"] for d in left].count(survivor) == 1  # only at its end
+
+
+@pytest.mark.slow
+def test_a_preempted_group_leaves_and_a_replacement_heals(session: Session) -> None:
+    run = launch(session, "ft-notice")
+    joined = {e["data"]["group"]: e["node"] for e in of(run, GROUP_JOINED)}
+    session.preempt(joined[0])
+    check_healed(run, lost=0)
+    left = [e["data"] for e in of(run, GROUP_LEFT) if e["data"]["group"] == 0]
+    assert left[0]["cause"] == "notice", left
+
+
+@pytest.mark.slow
+def test_a_group_killed_without_notice_is_replaced(session: Session) -> None:
+    run = launch(session, "ft-kill")
+    # group 1's processes, torchrun's worker included (tagged `<run id>.g1.<n>`), SIGKILLed
+    tag = f"{run.id}.g1.2"
+    assert proctree.kill_run(tag) >= 2
+    check_healed(run, lost=1)
+    left = [e["data"] for e in of(run, GROUP_LEFT) if e["data"]["group"] == 1]
+    assert left[0]["cause"] == "lost", left
+    assert left[0]["exit_code"] != 0

@@ -1,0 +1,64 @@
+"""The replica groups' contract (`tgnb.runs.ft`) and the engine's reading of the lighthouse's
+quorums (`tgnb.backends.local.quorums`), on lines TorchFT 0.2.0's lighthouse wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tgnb.backends.local.quorums import QuorumReader, group_of, parse
+from tgnb.events import GROUP_HEALED, QUORUM_CHANGED
+from tgnb.runs import ft
+
+
+def quorum_line(qid: int, members: list[tuple[str, int]], seconds: int) -> str:
+    parts = ", ".join(
+        f'QuorumMember {{ replica_id: "{rid}", address: "http://vm:1", store_address: "localhost:2", '
+        f'step: {step}, world_size: 1, shrink_only: false, commit_failures: 0, data: "" }}'
+        for rid, step in members
+    )
+    return (
+        "2026-12-07T00:43:34.740 [INFO] [torchft::lighthouse] - Quorum! Quorum { "
+        f"quorum_id: {qid}, participants: [{parts}], "
+        f"created: Some(Timestamp {{ seconds: {seconds}, nanos: 500000000 }}) }}"
+    )
+
+
+def test_group_env_and_lighthouse_command() -> None:
+    env = ft.group_env("http://10.0.0.1:29510", 1, 3)
+    assert env[ft.LIGHTHOUSE_ENV] == "http://10.0.0.1:29510"
+    assert (env[ft.REPLICA_GROUP_ENV], env[ft.NUM_GROUPS_ENV]) == ("1", "3")
+    with pytest.raises(ValueError, match=r"outside 0\.\.2"):
+        ft.group_env("http://h:1", 3, 3)
+    opts = ft.lighthouse_options({ft.HEARTBEAT_TIMEOUT_ENV: "500"})
+    cmd = ft.lighthouse_command("[::]:29510", opts)
+    assert cmd[cmd.index("--heartbeat_timeout_ms") + 1] == "500"
+    assert cmd[-2:] == ["--bind", "[::]:29510"]
+    with pytest.raises(ValueError, match=f"{ft.JOIN_TIMEOUT_ENV}=2000"):
+        ft.lighthouse_options({ft.JOIN_TIMEOUT_ENV: "soon"})
+
+
+def test_quorums_become_group_events(tmp_path: Path) -> None:
+    assert group_of("group_12:0e1d1f4e-a817") == 12 and group_of("anon:uuid") is None
+    q = parse(quorum_line(2, [("g0:a", 3), ("g1:b", 0)], 100))
+    assert q is not None and q.step == 3 and q.created == 100.5
+    assert parse("2026 [INFO] Quorum status: Fast quorum found!") is None
+    seen: list[tuple[str, dict[str, Any]]] = []
+    log = tmp_path / "lighthouse.log"
+    reader = QuorumReader(log, lambda r, _m, d: seen.append((r, d)), {1: 95.0})
+    lines = [
+        quorum_line(1, [("g0:a", 0), ("g1:b", 0)], 90),
+        quorum_line(1, [("g0:a", 1), ("g1:b", 1)], 91),  # the same groups: no event
+        quorum_line(2, [("g0:a", 40)], 99),  # g1 gone: the survivor waited
+        quorum_line(3, [("g0:a", 42), ("g1:c", 0)], 101),  # a replacement heals from g0
+    ]
+    log.write_text("\n".join(lines[:2]) + "\n" + lines[2][:50])  # a line half written
+    reader.poll()
+    log.write_text("\n".join(lines) + "\n")
+    reader.poll()
+    assert [r for r, _ in seen] == [QUORUM_CHANGED, QUORUM_CHANGED, QUORUM_CHANGED, GROUP_HEALED]
+    assert seen[1][1] == {"groups": [0], "step": 40, "quorum_id": 2, "waited_s": 8.0}
+    healed = seen[3][1]
+    assert (healed["group"], healed["source"], healed["step"], healed["took_s"]) == (1, 0, 42, 6.5)
