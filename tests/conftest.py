@@ -70,13 +70,29 @@ TRAINING_FIXTURES = frozenset(
     {"session", "standin", "launcher", "train", "executed", "slurm", "lab", "login_node"}
 )
 
+#: The modules whose tests run Tinker training loops (scripts and clients that train a LoRA on the
+#: emulator's Post-Training engine: forward_backward, optim_step, sampling), every test of them.
+TRAINING_MODULES = frozenset(
+    f"tests/tinker/{name}.py"
+    for name in (
+        "test_async_rl",
+        "test_tinker_038",
+        "test_tinker_as_written",
+        "test_tinker_fidelity",
+        "test_tinker_layer",
+        "test_tinker_leftovers",
+    )
+)
+
 
 def starts_training(item: pytest.Item) -> bool:
     """Whether `item` starts a training process (the marker ``training``; the fast tier is
     ``-m "not training"``): marked so itself, or ``slow`` (the long tests are the ones that
-    train, end to end), or using one of `TRAINING_FIXTURES`. A test that launches a run some
-    other way carries ``@pytest.mark.training`` itself."""
+    train, end to end), or using one of `TRAINING_FIXTURES`, or in one of `TRAINING_MODULES`. A
+    test that launches a run some other way carries ``@pytest.mark.training`` itself."""
     if item.get_closest_marker("training") or item.get_closest_marker("slow"):
+        return True
+    if item.nodeid.split("::")[0] in TRAINING_MODULES:
         return True
     return bool(TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())))
 
