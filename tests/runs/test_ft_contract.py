@@ -62,3 +62,17 @@ def test_quorums_become_group_events(tmp_path: Path) -> None:
     assert seen[1][1] == {"groups": [0], "step": 40, "quorum_id": 2, "waited_s": 8.0}
     healed = seen[3][1]
     assert (healed["group"], healed["source"], healed["step"], healed["took_s"]) == (1, 0, 42, 6.5)
+
+
+def test_group_events_are_drawn_on_the_run_lane() -> None:
+    from datetime import datetime, timezone
+
+    from tgnb.events import GROUP_LEFT, Event
+    from tgnb.notebook.timeline import EventTimeline
+
+    t = datetime(2026, 12, 7, 1, 0, tzinfo=timezone.utc)
+    left = Event(t, "tgnb", GROUP_LEFT, "group 1 left: notice", node="gpu-preemptible-dp-1",
+                 run="ft", data={"group": 1, "cause": "notice"})  # fmt: skip
+    lanes = {ln.key: ln for ln in EventTimeline([left], now=t).lanes}
+    assert [m.reason for m in lanes["ft"].markers] == [GROUP_LEFT]
+    assert not lanes["gpu-preemptible-dp-1"].markers
