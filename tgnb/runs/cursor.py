@@ -240,24 +240,44 @@ def split_appended(data: bytes, offset: int) -> LogChunk:
 
 @dataclass
 class _Logged:
-    """One job's ``@tgnb`` records read from its engine's output so far."""
+    """One job's ``@tgnb`` records read from its engine's output so far: the metrics rows and
+    event records, and the events de-duplicated and by time (parsed once each)."""
 
     cursor: Any = None
     found: dict[str, list[Any]] = field(default_factory=lambda: {"metrics": [], "events": []})
+    events: list[Event] = field(default_factory=list)
+    seen: set[tuple[Any, ...]] = field(default_factory=set)
     read: int = 0  # bytes fetched from the engine, all polls together
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def take(self, lines: list[str]) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {"metrics": [], "events": []}
-        for line in lines:
-            rec = parse_record(line)
-            kind = None if rec is None else rec.pop("kind", None)
-            if kind == "metrics":
-                if (row := metrics_row(rec)) is not None:
-                    out["metrics"].append(row)
-            elif kind == "events" and isinstance(rec, dict):
-                out["events"].append(rec)
-        return out
+    def update(self, fetch: Callable[[Any], LogChunk]) -> dict[str, list[Any]]:
+        """Fetch what was written since the cursor and parse it; the unfinished line's records
+        (parsed again next time)."""
+        chunk = fetch(self.cursor)
+        if chunk.restarted:
+            self.found, self.events, self.seen = {"metrics": [], "events": []}, [], set()
+        for kind, recs in _take(chunk.lines).items():
+            self.found[kind].extend(recs)
+            if kind == "events":
+                for ev in (from_record(r) for r in recs):
+                    if ev is not None and ev.key not in self.seen:
+                        self.seen.add(ev.key)
+                        bisect.insort(self.events, ev, key=lambda e: e.time)
+        self.cursor, self.read = chunk.cursor, self.read + chunk.read
+        return _take([chunk.unfinished] if chunk.unfinished else [])
+
+
+def _take(lines: list[str]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {"metrics": [], "events": []}
+    for line in lines:
+        rec = parse_record(line)
+        kind = None if rec is None else rec.pop("kind", None)
+        if kind == "metrics":
+            if (row := metrics_row(rec)) is not None:
+                out["metrics"].append(row)
+        elif kind == "events" and isinstance(rec, dict):
+            out["events"].append(rec)
+    return out
 
 
 _ENGINES: weakref.WeakKeyDictionary[Any, OrderedDict[str, _Logged]] = weakref.WeakKeyDictionary()
@@ -278,21 +298,31 @@ def engine_log(backend: Any, job_id: str) -> _Logged:
         return logged
 
 
-def engine_records(
-    backend: Any, job_id: str, kind: str, fetch: Callable[[Any], LogChunk] | None = None
-) -> list[dict[str, Any]]:
+def _fetch(backend: Any, job_id: str) -> Callable[[Any], LogChunk]:
+    return lambda after: backend.logs_after(job_id, after)
+
+
+def engine_records(backend: Any, job_id: str, kind: str) -> list[dict[str, Any]]:
     """The `kind` (``metrics`` or ``events``) records among `job_id`'s ``@tgnb`` output lines so
-    far, fetching only what was written since the last call (`fetch`, default
-    ``backend.logs_after(job_id, cursor)``); each a copy the caller may change."""
+    far, fetching only what was written since the last call (``backend.logs_after(job_id,
+    cursor)``); each a copy the caller may change."""
     logged = engine_log(backend, job_id)
-    fetch = fetch or (lambda after: backend.logs_after(job_id, after))
     with logged.lock:
-        chunk = fetch(logged.cursor)
-        if chunk.restarted:
-            logged.found = {"metrics": [], "events": []}
-        for k, recs in logged.take(chunk.lines).items():
-            logged.found[k].extend(recs)
-        logged.cursor, logged.read = chunk.cursor, logged.read + chunk.read
+        unfinished = logged.update(_fetch(backend, job_id))
         out = [dict(r) for r in logged.found.get(kind, [])]
-    out.extend(logged.take([chunk.unfinished] if chunk.unfinished else []).get(kind, []))
+    return out + unfinished.get(kind, [])
+
+
+def engine_events(backend: Any, job_id: str) -> list[Event]:
+    """The events among `job_id`'s ``@tgnb`` output lines so far, de-duplicated and by time (as
+    `tgnb.events.dedupe` gives them), each parsed once: only what was written since the last
+    call is fetched."""
+    logged = engine_log(backend, job_id)
+    with logged.lock:
+        unfinished = logged.update(_fetch(backend, job_id))
+        out = list(logged.events)
+        seen = logged.seen
+    for ev in (from_record(r) for r in unfinished["events"]):
+        if ev is not None and ev.key not in seen:
+            bisect.insort(out, ev, key=lambda e: e.time)
     return out

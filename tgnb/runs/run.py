@@ -393,6 +393,9 @@ class Run:
         path = self._file("events.jsonl")
         if path is not None and path.exists():
             return cursor.events(path, run=self.name)
+        job = self._record.job_id
+        if self.backend is not None and job and hasattr(self.backend, "logs_after"):
+            return cursor.engine_events(self.backend, job)  # parsed once, fetched after a cursor
         evs = (from_record(r) for r in self.records("events"))
         return dedupe(e for e in evs if e is not None)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tgnb.backends.base import Resources, RunSpec
 from tgnb.backends.slurm import CommandRunner, SlurmBackend
-from tgnb.events import STDOUT_PREFIX, Event, parse_record, utcnow
+from tgnb.events import STDOUT_PREFIX, Event, dedupe, from_record, parse_record, utcnow
 from tgnb.runs import cursor
 from tgnb.runs.run import Run
 from tgnb.runs.store import RunStore
@@ -68,3 +68,5 @@ def test_a_second_poll_fetches_only_the_new_lines(
     ]
     last = cursor.engine_log(backend, "4242").read - fetched - second - half
     assert last == len(_metrics(5002)) + 1
+    evs = [from_record({k: v for k, v in r.items() if k != "kind"}) for r in whole]
+    assert run.run_events() == dedupe(e for e in evs if e is not None)
