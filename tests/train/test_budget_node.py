@@ -1,6 +1,7 @@
 """A run's budget held on its node (`tgnb.train.budget`): priced from the run directory's
 ``events.jsonl``, which holds the earlier attempts (here written as a requeued job leaves them),
-at the prices the engine gave in ``TGNB_BUDGET``. The stop on a real Slurm with real training is
+at the prices of the run file the engine wrote (``run.json``; ``TGNB_BUDGET`` in a job rendered
+before it). The stop on a real Slurm with real training is
 tests/backends/slurm/test_slurm_budget.py; here the launcher of a run whose earlier attempts
 spent its budget, for real in a process of its own; the notice alone; and a built-in run alone
 under ``python -m tgnb.train`` stopped at its budget. Nothing is faked."""
@@ -30,6 +31,8 @@ from tgnb.events import (
 from tgnb.prices import Prices
 from tgnb.runs import node
 from tgnb.runs.budget import Budget
+from tgnb.runs.runfile import RunFile
+from tgnb.runs.spec import Resources, RunSpec
 from tgnb.train.budget import BudgetWatch
 
 #: $5 a GPU-hour on the standard node ``localhost``, one GPU: an hour of it is $5.
@@ -74,6 +77,32 @@ def test_a_launcher_whose_run_spent_its_budget_before_exits_77_and_starts_nothin
     assert read_jsonl(run_dir / node.EVENTS)[-1].data["cause"] == "budget"
     reached = [e for e in read_jsonl(run_dir / node.EVENTS) if e.reason == BUDGET_REACHED]
     assert reached[0].data["budget_usd"] == 10.0 and reached[0].data["spent_usd"] >= 10.0
+
+
+def test_a_launcher_holds_the_budget_of_its_run_file(tmp_path: Path) -> None:
+    """What the engines give a node: the budget in the run file its workers read (no
+    ``TGNB_BUDGET``): a run whose earlier attempts spent it exits 77 and starts nothing."""
+    run_dir = tmp_path / "r"
+    attempts(run_dir, hours=2.2)  # $11: past the budget
+    spec = RunSpec("r", {"algorithm": "grpo"}, Resources(gpus_per_node=1, preemptible=False),
+                   budget_usd=10.0, prices=BUDGET.prices)  # fmt: skip
+    assert Budget.of(spec) == BUDGET
+    (run_dir / node.RUN_FILE).write_text(RunFile(spec, 1.8e9).to_json())
+    env = {k: v for k, v in os.environ.items() if k not in (node.BUDGET_ENV, node.METERED_ENV)}
+    argv = ["--standalone", "--nnodes=1", "--nproc_per_node=1",
+            *node.runtime_args(str(run_dir / node.RUN_FILE), str(run_dir))]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "tgnb.train.launch", *argv],
+                          env={**env, node.RUN_ENV: "r"}, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == node.Exit.STOPPED == 77, proc.stderr[-2000:]
+    assert "the run's budget is spent; exit 77" in proc.stderr
+    assert reasons(run_dir)[-4:] == [JOB_PLACED, BUDGET_NOTICE, BUDGET_REACHED, JOB_RELEASED]
+    (run_dir / node.RUN_FILE).write_text("{broken")  # refused in one line, before any worker
+    proc = subprocess.run([sys.executable, "-m", "tgnb.train.launch", *argv],
+                          env={**env, node.RUN_ENV: "r"}, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == node.Exit.BAD_CONFIG, proc.stderr[-2000:]
+    assert "is not one tgnb wrote" in proc.stderr
 
 
 def test_the_notice_comes_once_and_only_node_0_records(tmp_path: Path) -> None:

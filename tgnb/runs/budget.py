@@ -9,7 +9,7 @@ then it is cancelled). Who applies it:
   (`tgnb.backends.local.supervisor`);
 - on Slurm and Kubernetes, nothing of tgnb's runs beside a job, so the run's node does
   (`tgnb.train.budget`): its own process (``python -m tgnb.train.launch``, or ``python -m
-  tgnb.train`` alone) is given the run's `Budget` (`tgnb.runs.node.BUDGET_ENV`) and reads the
+  tgnb.train`` alone) reads the run's `Budget` in its run file (`tgnb.runs.runfile`) and the
   run's events in its run directory on shared storage, which hold every earlier attempt's too;
   at the budget it stops the program as a preemption does (it checkpoints) and exits
   `tgnb.runs.node.Exit.STOPPED`, never restarted. It holds with the notebook closed.
@@ -72,8 +72,9 @@ class BudgetCheck:
 @dataclass(frozen=True)
 class Budget:
     """What pricing a run against its budget takes: the dollars, the prices of its launch, and
-    the GPUs it is priced for (the GPUs it asked for, on every node). It travels to a node as
-    JSON (`to_json`, `from_json`) in `tgnb.runs.node.BUDGET_ENV`: no secret is in it."""
+    the GPUs it is priced for (the GPUs it asked for, on every node). The node reads it from its
+    run file (`tgnb.runs.runfile.RunFile.budget`); a job rendered before the run file gives it as
+    JSON (`to_json`, `from_json`) in `tgnb.runs.node.BUDGET_ENV`. No secret is in it."""
 
     budget_usd: float
     prices: Prices

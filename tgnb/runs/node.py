@@ -113,7 +113,8 @@ def last_step(run_dir: str | os.PathLike[str]) -> int:
 
 NOTICE_ENV = "TGNB_NOTICE_FILE"
 #: The run's budget as JSON (`tgnb.runs.budget.Budget`), for the node's process to hold it
-#: (`tgnb.train.budget`); set by Slurm and Kubernetes for a run with a ``budget_usd`` and prices.
+#: (`tgnb.train.budget`), in a Slurm or Kubernetes job rendered before the run file, which holds
+#: the budget now (`tgnb.runs.runfile.RunFile.budget`); still read there, never set.
 BUDGET_ENV = "TGNB_BUDGET"
 #: The GPUs the run holds on each node, for the node's own meter (`tgnb.train.budget.held`,
 #: `tgnb.runs.meter`): set by Slurm and Kubernetes.

@@ -3,19 +3,21 @@ tgnb.train.launch``, torchrun) or the runtime alone (``python -m tgnb.train``: a
 one-process built-in task).
 
 On Slurm and Kubernetes nothing of tgnb's runs beside a job, so the node holds the run's budget
-itself, with the notebook closed as well as open (`held`). The engine gives the node the run's
-`tgnb.runs.budget.Budget` (the dollars, the prices of its launch, its GPUs) in
-`tgnb.runs.node.BUDGET_ENV`; the node's process takes it out of its environment, so its children
-(torchrun's workers, a command) do not hold it again. Every `POLL_SECONDS` a thread prices the run
-from its ``events.jsonl`` in the run directory on shared storage, which survives requeues and
-holds every earlier attempt's placements and releases (`NodeMeter`, `tgnb.runs.meter`): the one
-rule of `tgnb.runs.budget`, measured as the local supervisor and the cockpit measure it, for every
-program. Node 0 records the events now due (a ``BudgetNotice`` at 80 %, a ``BudgetReached`` at
-the budget). At the budget the launcher sends itself SIGTERM, as a preemption does: torchrun's
-agent (or the runtime's command) passes it on to the program, which seals a checkpoint (if it
-uses protect or the Checkpointer) and exits; what is still running `GRACE_SECONDS` later is
-killed. The node then exits `tgnb.runs.node.Exit.STOPPED`, which no engine restarts
-(`tgnb.runs.recovery.FINAL_CODES`).
+itself, with the notebook closed as well as open (`held`). The node reads the run's
+`tgnb.runs.budget.Budget` (the dollars, the prices of its launch, its GPUs) from its run file
+(`tgnb.runs.runfile`); the node's top tgnb process holds it, its children (torchrun's workers, a
+command: `tgnb.runs.node.METERED_ENV` is set for them) do not hold it again, nor does a node whose
+engine meters from outside (the local supervisor holds the budget there). A job rendered before the
+run file gives it in `tgnb.runs.node.BUDGET_ENV` instead, taken out of the environment. Every
+`POLL_SECONDS` a thread prices the run from its ``events.jsonl`` in the run directory on shared
+storage, which survives requeues and holds every earlier attempt's placements and releases
+(`NodeMeter`, `tgnb.runs.meter`): the one rule of `tgnb.runs.budget`, measured as the local
+supervisor and the cockpit measure it, for every program. Node 0 records the events now due (a
+``BudgetNotice`` at 80 %, a ``BudgetReached`` at the budget). At the budget the launcher sends
+itself SIGTERM, as a preemption does: torchrun's agent (or the runtime's command) passes it on to
+the program, which seals a checkpoint (if it uses protect or the Checkpointer) and exits; what is
+still running `GRACE_SECONDS` later is killed. The node then exits `tgnb.runs.node.Exit.STOPPED`,
+which no engine restarts (`tgnb.runs.recovery.FINAL_CODES`).
 """
 
 from __future__ import annotations
@@ -136,14 +138,16 @@ class BudgetWatch:
                 return
 
 
-def watch(run_dir: str | None) -> BudgetWatch | None:
-    """The run's `BudgetWatch`, started, when the engine gave a budget (`node.BUDGET_ENV`, taken
-    out of the environment: this process holds it, not its children)."""
+def watch(run_dir: str | None, budget: Budget | None = None) -> BudgetWatch | None:
+    """The run's `BudgetWatch`, started, for `budget` (the run file's), else for a job rendered
+    before the run file, the engine's `node.BUDGET_ENV` (taken out of the environment: this
+    process holds it, not its children); None without either."""
     text = os.environ.pop(node.BUDGET_ENV, "").strip()
-    if not text or run_dir is None:
+    if budget is None and text:
+        budget = Budget.from_json(text)
+    if budget is None or run_dir is None:
         return None
     name = os.environ.get(node.RUN_ENV) or Path(run_dir).name
-    budget = Budget.from_json(text)
     grace = float(os.environ.get(GRACE_ENV) or GRACE_SECONDS)
     return BudgetWatch(run_dir, name, budget, record=node.node_rank() == 0, grace=grace).start()
 
@@ -215,14 +219,17 @@ def cause_of(code: int) -> str:
     return meter.FAILED
 
 
-def held(run_dir: str | None, program: Callable[[], int]) -> int:
+def held(run_dir: str | None, program: Callable[[], int], budget: Budget | None = None) -> int:
     """Run the node's `program` (its exit code) metered (`NodeMeter`) and with the run's budget
-    held (`watch`): the program's code, or `Exit.STOPPED` once the budget stopped it -- at once,
-    starting nothing, when earlier attempts spent it."""
+    (the run file's `budget`) held (`watch`) where this is the node's top tgnb process and its
+    engine does not meter from outside: the program's code, or `Exit.STOPPED` once the budget
+    stopped it -- at once, starting nothing, when earlier attempts spent it."""
+    if os.environ.get(node.METERED_ENV):  # a child of the process holding it, or the local engine
+        budget = None
     metered = NodeMeter.start(run_dir)
     code, cause = int(node.Exit.FAILED), meter.FAILED
     try:
-        code = _held(run_dir, program)
+        code = _held(run_dir, program, budget)
         cause = meter.BUDGET if code == int(node.Exit.STOPPED) else cause_of(code)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(node.Exit.FAILED)
@@ -237,10 +244,10 @@ def held(run_dir: str | None, program: Callable[[], int]) -> int:
     return code
 
 
-def _held(run_dir: str | None, program: Callable[[], int]) -> int:
+def _held(run_dir: str | None, program: Callable[[], int], given: Budget | None) -> int:
     since = events_size(run_dir) if run_dir else 0
     try:
-        budget = watch(run_dir)
+        budget = watch(run_dir, given)
     except ValidationError as exc:  # refused before anything runs: the engine's variable is bad
         print(f"tgnb: {exc}", file=sys.stderr, flush=True)
         return int(node.Exit.BAD_CONFIG)

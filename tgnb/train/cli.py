@@ -15,6 +15,7 @@ from typing import Any
 
 from tgnb.errors import TgnbError, TrainConfigError
 from tgnb.runs.node import Exit
+from tgnb.runs.runfile import RunFile
 from tgnb.tasks.config import SCRIPT, TrainConfig
 
 
@@ -42,11 +43,11 @@ def parser() -> argparse.ArgumentParser:
 
 def node_config(
     path: str | None, overrides: Sequence[str], run_dir: str | None
-) -> tuple[TrainConfig, bool]:
-    """The config this process runs, and whether a launch validated it: the engine's run file
-    (`tgnb.runs.node.RUN_FILE`, read once and typed: `tgnb.runs.runfile.RunFile.load`), or a
-    person's YAML (``tgnb train config.yaml``, `tgnb.tasks.config.load`), checked in full. A
-    ``--set`` on a run file makes it a new config, checked in full too."""
+) -> tuple[TrainConfig, RunFile | None]:
+    """The config this process runs, and the run file a launch validated it in (None: check it in
+    full): the engine's run file (`tgnb.runs.node.RUN_FILE`, read once and typed:
+    `tgnb.runs.runfile.RunFile.load`), or a person's YAML (``tgnb train config.yaml``,
+    `tgnb.tasks.config.load`). A ``--set`` on a run file makes it a new config, checked in full."""
     import dataclasses
     from pathlib import Path
 
@@ -54,16 +55,15 @@ def node_config(
     from tgnb.tasks import config
 
     if path is None or Path(path).name != RUN_FILE:
-        return config.load(path, overrides, run_dir), False
-    from tgnb.runs.runfile import RunFile
-
-    cfg = RunFile.load(path).train
+        return config.load(path, overrides, run_dir), None
+    run = RunFile.load(path)
+    cfg = run.train
     if run_dir is not None:
         cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     if overrides:
         raw = config.apply_overrides(cfg.compact(), overrides)
-        return config.from_dict({**raw, "run_dir": cfg.run_dir}), False
-    return cfg, True
+        return config.from_dict({**raw, "run_dir": cfg.run_dir}), None
+    return cfg, run
 
 
 def enter_workdir(cfg: TrainConfig) -> TrainConfig:
@@ -145,8 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tgnb.train.validate import RunFinished, validate
 
     try:
-        cfg, launched = node_config(args.config, args.overrides, args.run_dir)
-        cfg = enter_workdir(cfg)
+        cfg, run = node_config(args.config, args.overrides, args.run_dir)
+        cfg, launched = enter_workdir(cfg), run is not None
         if args.check:
             validate(cfg, launched=launched)
             import yaml
@@ -155,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from tgnb.train.budget import held
 
-        return held(cfg.run_dir, lambda: _train_or_done(cfg, launched))  # metered, its budget held
+        budget = None if run is None else run.budget()  # metered, the run file's budget held
+        return held(cfg.run_dir, lambda: _train_or_done(cfg, launched), budget)
     except RunFinished as exc:  # a restart after the last step: done, not a bad config
         print(f"tgnb train: {exc}", flush=True)
         return 0

@@ -14,10 +14,11 @@ program that sealed nothing (it exited 0, or died of it), the launcher records s
 run is restarted uncounted on every engine, and the cockpit says "stopped without a checkpoint at
 step N: K steps lost" (`tgnb.runs.outcome.node_unsaved`).
 
-With a budget from the engine (`tgnb.runs.node.BUDGET_ENV`) the launcher holds it
-(`tgnb.train.budget.held`): at the budget it sends itself the SIGTERM a preemption sends, the
-workers seal a checkpoint, and it exits `Exit.STOPPED` (77), which no engine restarts; a run whose
-earlier attempts already spent it exits 77 before starting anything.
+With a budget in the run file its workers are given (`tgnb.runs.runfile`; a job rendered before it:
+`tgnb.runs.node.BUDGET_ENV`) the launcher holds it (`tgnb.train.budget.held`): at the budget it
+sends itself the SIGTERM a preemption sends, the workers seal a checkpoint, and it exits
+`Exit.STOPPED` (77), which no engine restarts; a run whose earlier attempts already spent it exits
+77 before starting anything.
 """
 
 from __future__ import annotations
@@ -79,14 +80,33 @@ def after_signal(run_dir: str | None, code: int, since: int) -> int:
     return unsaved.code
 
 
+def run_file_of(argv: Sequence[str]) -> str | None:
+    """The run file the workers are given (``-m tgnb.train RUN_FILE``), if they are given one."""
+    from tgnb.runs.node import RUN_FILE
+
+    words = list(argv)
+    for i, word in enumerate(words[:-2]):
+        if word == "-m" and words[i + 1] == "tgnb.train":
+            path = words[i + 2]
+            return path if os.path.basename(path) == RUN_FILE else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from tgnb.errors import TrainConfigError
+    from tgnb.runs.runfile import RunFile
     from tgnb.train.attempt import mark
     from tgnb.train.budget import held
 
     words = list(sys.argv[1:] if argv is None else argv)
-    run_dir = run_dir_of(words)
+    run_dir, path = run_dir_of(words), run_file_of(words)
     mark()  # the attempt's first line in the log; torchrun's workers print none
-    return held(run_dir, lambda: torchrun(words, run_dir))
+    try:
+        budget = None if path is None else RunFile.load(path).budget()
+    except TrainConfigError as exc:  # the workers would refuse it too: one line, before them
+        print(f"tgnb.train.launch: {exc}", file=sys.stderr, flush=True)
+        return int(Exit.BAD_CONFIG)
+    return held(run_dir, lambda: torchrun(words, run_dir), budget)
 
 
 def torchrun(words: Sequence[str], run_dir: str | None) -> int:

@@ -331,8 +331,9 @@ def test_a_runs_budget_and_prices_reach_its_pods_and_no_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The node holds a run's ``budget_usd`` (`tgnb.train.budget`): the pods of a script run
-    (under the launcher) and of a built-in task get the budget, the launch's prices and the GPUs
-    priced in `TGNB_BUDGET`, beside the secrets' references, and no secret value."""
+    (under the launcher) and of a built-in task read the budget, the launch's prices and the GPUs
+    priced from the run file in the ConfigMap (not from `TGNB_BUDGET`), beside the secrets'
+    references, and no secret value."""
     value = "hf_Zx9-this-is-the-token-value"
     monkeypatch.setenv("HF_TOKEN", value)
     register_secret(value)
@@ -342,13 +343,18 @@ def test_a_runs_budget_and_prices_reach_its_pods_and_no_secret(
     docs = build_objects(spec, NS).to_dicts()
     pod = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    held = Budget.from_json(env[BUDGET_ENV]["value"])
+    assert BUDGET_ENV not in env
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    held = RunFile.from_dict(json.loads(config_map["data"]["run.json"])).budget()
+    assert held is not None
     assert (held.budget_usd, held.gpus) == (25.0, 8)
     assert (held.prices.standard, held.prices.preemptible) == (3.79, 1.895)
     assert "value" not in env["HF_TOKEN"] and value not in yaml.safe_dump_all(docs)
     for doc in docs:
         kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
     builtin = dataclasses.replace(CASES["single_preemptible"], budget_usd=25, prices=prices)
-    job = next(d for d in build_objects(builtin, NS).to_dicts() if d["kind"] == "Job")
-    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert Budget.from_json(env[BUDGET_ENV]["value"]).gpus == 1
+    docs = build_objects(builtin, NS).to_dicts()
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert RunFile.from_dict(json.loads(config_map["data"]["run.json"])).budget() == Budget(
+        25.0, prices, 1
+    )

@@ -25,6 +25,7 @@ from tgnb.events import (
 from tgnb.prices import Prices
 from tgnb.runs import Run
 from tgnb.runs.node import Exit
+from tgnb.runs.runfile import RunFile
 from tgnb.runs.spec import JobState, Resources
 from tgnb.runs.store import RunStore
 from tgnb.train.checkpoint import checkpoint_dirs, read_marker
@@ -98,7 +99,8 @@ def test_a_script_run_left_alone_is_stopped_at_its_budget_by_its_node(
     read through the backend. The node's launcher (one process under torchrun) holds it."""
     backend, job, run_dir, _ = budgeted(tmp_path, cleanup_jobs, "script-budgeted",
                                         {"script": "loop.py", "args": STEPS})  # fmt: skip
-    assert "TGNB_BUDGET" in (run_dir / "job.sbatch").read_text()
+    assert "TGNB_BUDGET" not in (run_dir / "job.sbatch").read_text()  # in the run file
+    assert RunFile.load(run_dir / "run.json").budget() is not None
     wait_until(lambda: backend.status(job).state.finished, 300, what="the job to end", every=0.5)
     assert_stopped_at_the_budget(backend, job, run_dir)
 

@@ -37,7 +37,7 @@ from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import PlacerObjects, build_placer, standard_affinity
 from tgnb.config import MASK_VARS_ENV, scrub
 from tgnb.errors import ValidationError
-from tgnb.runs import budget, node, placing, workdir
+from tgnb.runs import node, placing, workdir
 from tgnb.runs.recovery import FINAL_CODES
 from tgnb.runs.runfile import RunFile
 
@@ -164,9 +164,7 @@ def environment(spec: RunSpec) -> list[client.V1EnvVar]:
             )
         )
     gpus = str(int(spec.resources.gpus_per_node))  # the node meters itself (tgnb.runs.meter)
-    env.append(client.V1EnvVar(name=node.GPUS_ENV, value=gpus))
-    if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
-        env.append(client.V1EnvVar(name=node.BUDGET_ENV, value=literal(held.to_json())))
+    env.append(client.V1EnvVar(name=node.GPUS_ENV, value=gpus))  # a budget: in the run file
     env += [client.V1EnvVar(name=k, value=literal(str(v))) for k, v in sorted(spec.env.items())]
     if spec.secrets:  # their names, for the node to mask their values in what it writes
         env.append(client.V1EnvVar(name=MASK_VARS_ENV, value=",".join(sorted(spec.secrets))))

@@ -39,7 +39,7 @@ from tgnb import events as ev
 from tgnb.backends.base import RunSpec
 from tgnb.config import MASK_VARS_ENV
 from tgnb.errors import ValidationError
-from tgnb.runs import budget, node, placing
+from tgnb.runs import node, placing
 from tgnb.runs.recovery import FINAL_CODES, RecoveryPolicy
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -174,9 +174,8 @@ def _launch(spec: RunSpec, options: RenderOptions) -> list[str]:
 
 
 def _environment(spec: RunSpec) -> list[str]:
+    # a budget the node holds is in the run file (tgnb.train.budget), not in the script
     lines = [f"export {node.GPUS_ENV}={int(spec.resources.gpus_per_node)}  # the node's meter"]
-    if (held := budget.Budget.of(spec)) is not None:  # the node holds it (tgnb.train.budget)
-        lines.append(f"export {node.BUDGET_ENV}={shlex.quote(held.to_json())}")
     for name in sorted(spec.env):
         _check_name("environment variable", name)
         lines.append(f"export {name}={shlex.quote(str(spec.env[name]))}")
