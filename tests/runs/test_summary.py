@@ -14,7 +14,7 @@ from tgnb.events import Event
 from tgnb.runs.cost import run_cost
 from tgnb.runs.run import Run
 from tgnb.runs.store import RunStore
-from tgnb.runs.summary import attempts, spending, summarize
+from tgnb.runs.summary import attempts, last_step, spending, summarize
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -109,3 +109,14 @@ def test_the_summary_and_certify_count_the_same_attempts_on_plain_lists() -> Non
     assert report.steps_lost(Fired("kill", "not done"), rows, events) is None
     # 8 GPUs from the first start to the exit, 60 s: no price known, no dollars
     assert summary["gpu_hours"] == round(8 * 60 / 3600, 4) and summary["cost_usd"] is None
+
+
+def test_the_last_step_is_none_only_for_a_program_that_reports_none() -> None:
+    """The server's progress (`tgnb.server.serialize`) on plain lists: the last step logged;
+    before any, 0 for a step loop tgnb knows, None for a script with no hook of tgnb's."""
+    started = _plain([(0, "RunStarted", {})])
+    rows = [{"step": 3, "time": 1.0}, {"step": 7, "time": 2.0}, {"step": "x"}]
+    assert last_step(rows, [], script=True) == 7
+    assert last_step([], started, script=True) == 0
+    assert last_step([], [], script=False) == 0
+    assert last_step([], [], script=True) is None

@@ -134,6 +134,17 @@ def attempts(rows: list[dict[str, Any]], evs: list[Event]) -> list[Attempt]:
     return out
 
 
+def last_step(rows: list[dict[str, Any]], evs: list[Event], script: bool) -> int | None:
+    """The run's last optimizer step from its metric `rows`; with none, 0 when it has started
+    a step loop tgnb knows (a ``RunStarted`` of the program's, or not a `script`), else None:
+    the program reports no steps (a script that never imports tgnb, a command), never 0."""
+    steps = [int(r["step"]) for r in rows if isinstance(r.get("step"), int)]
+    if steps:
+        return max(steps)
+    hooked = any(e.reason == RUN_STARTED and e.source == "run" for e in evs)
+    return 0 if hooked or not script else None
+
+
 def spending(cost: RunCost, prices: Prices | None, budget_usd: float | None) -> dict[str, Any]:
     """``gpu_hours`` so far, their ``cost_usd`` at `prices` (None when no price is known) and
     the run's ``budget_usd`` (None: no budget)."""
@@ -201,4 +212,4 @@ def closing_line(name: str, state: str, detail: str, summary: dict[str, Any]) ->
     )
 
 
-__all__ = ["Attempt", "attempts", "closing_line", "spending", "summarize"]
+__all__ = ["Attempt", "attempts", "closing_line", "last_step", "spending", "summarize"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tgnb.events import RUN_STARTED, Event, format_time
+from tgnb.events import Event, format_time
 from tgnb.markup import plain_json
+from tgnb.runs.summary import last_step
 from tgnb.runs.trainconfig import SCRIPT
 
 if TYPE_CHECKING:
@@ -73,11 +74,8 @@ def _prices_json(prices: Prices | None) -> dict[str, Any] | None:
 def _step(run: Run) -> int | None:
     """The run's last step; None when its program reports no steps (no metrics, no hook of
     tgnb's: a script that never imports tgnb, a command), never 0."""
-    steps = [int(r["step"]) for r in run.records("metrics") if isinstance(r.get("step"), int)]
-    if steps:
-        return max(steps)
-    hooked = any(e.reason == RUN_STARTED and e.source == "run" for e in run.run_events())
-    return 0 if hooked or run.record.spec.train.algorithm != SCRIPT else None
+    script = run.record.spec.train.algorithm == SCRIPT
+    return last_step(run.records("metrics"), run.run_events(), script)
 
 
 def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
