@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tgnb.runs.placing import Placer, backoff_table, delay, main, seconds, wait_backoff
-from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy
+from tgnb.runs.placing import (
+    NoAnswer,
+    PlacementLoop,
+    backoff_table,
+    delay,
+    main,
+    seconds,
+    wait_backoff,
+)
+from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, decide
 
 
 class Cluster:
@@ -41,10 +49,13 @@ class Cluster:
     def record(self, decision: Decision) -> None:
         self.recorded.append(decision)
 
+    def done(self) -> bool:
+        return any(d.action == "start" for d in self.recorded)
+
 
 def test_a_wait_is_recorded_once_and_again_when_its_rule_changes() -> None:
     cluster = Cluster(pre=1, std=2)
-    placer = Placer(RecoveryPolicy(when_short="standard", wait_s=60), cluster)
+    placer = PlacementLoop(RecoveryPolicy(when_short="standard", wait_s=60), cluster)
     for short in (0.0, 10.0, 30.0):  # the reason's minutes change, the decision does not
         cluster.short_for = short
         d = placer.step()
@@ -59,7 +70,7 @@ def test_a_wait_is_recorded_once_and_again_when_its_rule_changes() -> None:
 def test_the_decision_recorded_is_the_one_carried_out() -> None:
     cluster = Cluster(pre=2)
     cluster.claimable = False
-    placer = Placer(RecoveryPolicy(), cluster)
+    placer = PlacementLoop(RecoveryPolicy(), cluster)
     d = placer.step()
     assert d is not None and (d.action, d.reason) == ("wait", "held by another run")
     assert cluster.acted[0].action == "start"
@@ -71,7 +82,7 @@ def test_the_decision_recorded_is_the_one_carried_out() -> None:
 
 def test_nothing_to_place_ends_the_placement_and_the_next_decision_is_recorded() -> None:
     cluster = Cluster(pre=2)
-    placer = Placer(RecoveryPolicy(), cluster)
+    placer = PlacementLoop(RecoveryPolicy(), cluster)
     placer.step()
     placer.step()  # the same start again (the job has not started yet): not recorded again
     assert len(cluster.recorded) == 1
@@ -81,6 +92,69 @@ def test_nothing_to_place_ends_the_placement_and_the_next_decision_is_recorded()
     cluster.waiting = True  # the next restart: a new placement
     placer.step()
     assert len(cluster.recorded) == 2
+
+
+def test_the_loop_steps_a_poll_apart_until_the_engine_is_done() -> None:
+    """`PlacementLoop.run`: waits (recorded once), a look that got no answer (nothing recorded, the
+    loop goes on), then a start ends it with no sleep after it."""
+    cluster = Cluster(pre=0)
+    looks: list[str] = []
+    observe = cluster.observe
+
+    def look() -> Facts | None:
+        looks.append("look")
+        if len(looks) == 2:
+            raise NoAnswer
+        if len(looks) == 4:
+            cluster.free["preemptible"] = 2
+        return observe()
+
+    cluster.observe = look  # type: ignore[method-assign]
+    slept: list[float] = []
+    PlacementLoop(RecoveryPolicy(), cluster).run(5.0, sleep=slept.append)
+    assert len(looks) == 4 and slept == [5.0, 5.0, 5.0]
+    assert [(d.action, d.rule) for d in cluster.recorded] == [("wait", "wait"), ("start", "full")]
+
+
+def running(pre: int, std: int, current: str = "standard", **kw: object) -> Facts:
+    return Facts(nodes=2, free={"preemptible": pre, "standard": std}, current=current, **kw)  # type: ignore[arg-type]
+
+
+def test_a_run_on_standard_nodes_goes_back_as_soon_as_it_would_start_on_preemptible() -> None:
+    """The move back is `decide`'s rule on every engine: a run that runs on standard nodes
+    (`Facts.current`) goes back when its placement now would start on preemptible nodes;
+    otherwise it keeps its nodes, and a keep is never recorded."""
+    policy = RecoveryPolicy(when_short="standard", wait_s=60)
+    d = decide(policy, running(pre=2, std=0))
+    assert (d.action, d.nodes, d.node_class, d.rule) == ("start", 2, "preemptible", "full")
+    assert d.reason == "back to preemptible: on 2 preemptible nodes"
+    for f in (
+        running(pre=1, std=2),  # not enough preemptible capacity yet
+        running(pre=2, std=2, current="preemptible"),  # already there
+        running(pre=2, std=2, preemptible=False),  # it asked for standard nodes
+    ):
+        assert decide(policy, f).action == "keep", f
+    # a deadline at risk keeps it on standard nodes, whatever preemptible capacity is free
+    late = dict(started=0.0, now=50.0, steps_done=1, steps_total=100, step_s=10.0)
+    assert decide(RecoveryPolicy(deadline=100.0), running(2, 2, **late)).action == "keep"
+
+
+class OnStandard(Cluster):
+    """A run on standard nodes, its facts those of a running attempt."""
+
+    def observe(self) -> Facts | None:
+        return running(self.free["preemptible"], self.free["standard"])
+
+
+def test_a_keep_is_neither_recorded_nor_ends_a_placement() -> None:
+    cluster = OnStandard(pre=0, std=2)
+    loop = PlacementLoop(RecoveryPolicy(when_short="standard"), cluster)
+    assert [loop.step().action for _ in range(3)] == ["keep"] * 3  # type: ignore[union-attr]
+    assert cluster.recorded == []
+    cluster.free["preemptible"] = 2
+    d = loop.step()
+    assert d is not None and d.reason.startswith("back to preemptible")
+    assert [r.reason for r in cluster.recorded] == [d.reason]
 
 
 def test_the_backoff_table_is_the_policys_delay_for_each_failure() -> None:

@@ -1,24 +1,29 @@
-"""The placement loop every engine adapts: observe, `decide`, act, record once per decision.
+"""The placement loop every engine runs: observe, `decide`, act, record once per decision.
 
-`tgnb.runs.recovery` holds the rule (`decide`: where a run starts next, or that it waits). Around
-it each engine runs the same loop, and only the loop's ends are its own (an `Engine`):
+`tgnb.runs.recovery` holds the rule (`decide`: where a run starts next, that it waits, or that a
+run on standard nodes goes back to preemptible ones). `PlacementLoop` is the loop around it, the
+same on every engine (the local supervisor, the Slurm placer job, the Kubernetes placer pod);
+only its ends are the engine's own (an `Engine`):
 
-- ``observe()``: the `Facts` of the run waiting to be placed (the cluster's free nodes of each
-  class, how long it has been short, its progress), or None when nothing waits for a placement
-  (the run's job is running, no pod is gated, the emulator is unreachable); an engine that
-  could not look this time and wants the placement kept as it was raises instead (nothing is
-  recorded, the last decision stands);
+- ``observe()``: the `Facts` of the run (the cluster's free nodes of each class, how long it has
+  been short, its progress; `Facts.current`, the class it runs on, while it runs), or None when
+  there is nothing to decide (the run's job runs on the class it asked for, no pod is gated, the
+  emulator is unreachable); an engine that could not look this time and wants the placement kept
+  as it was raises `NoAnswer` (nothing is recorded, the last decision stands);
 - ``act(decision)``: carry the decision out (claim the nodes, lift a pod's gate, change a pending
-  job's constraint) and return it as carried out: a start the engine could not carry out (the
-  nodes were taken meanwhile) comes back as the wait it became, with its reason;
-- ``record(decision)``: put it on the run's timeline (a ``RecoveryDecided`` event).
+  job's constraint, stop an attempt on standard nodes so that it restarts on preemptible ones)
+  and return it as carried out: a start the engine could not carry out (the nodes were taken
+  meanwhile) comes back as the wait it became, with its reason;
+- ``record(decision)``: put it on the run's timeline (a ``RecoveryDecided`` event);
+- ``done()``: whether the loop has ended (the run's job has finished, its nodes were claimed).
 
-`Placer.step` runs them in that order with the one dedupe rule: a decision is recorded when its
-`key` (action, nodes, node class, rule) differs from the last one recorded, so a run that waits
-says why once, not at every poll, and again when the decision changes (not when only the
-figures in its reason do). A ``None`` from
-``observe`` ends the placement: the next decision is a new one, recorded. An engine that places
-each start afresh (the local supervisor) takes a new `Placer` per placement.
+`PlacementLoop.step` runs the first three in that order with the one dedupe rule: a decision is
+recorded when its `key` (action, nodes, node class, rule) differs from the last one recorded, so a
+run that waits says why once, not at every poll, and again when the decision changes (not when
+only the figures in its reason do); a ``keep`` (the run stays where it runs) is never recorded. A
+``None`` from ``observe`` ends the placement: the next decision is a new one, recorded.
+`PlacementLoop.run` steps until ``done()``, a poll apart. An engine that places each start afresh
+(the local supervisor) takes a new loop per placement.
 
 The failure backoff (`RecoveryPolicy.backoff`) is computed here for the engines whose waits run
 where no Python object lives (an sbatch script, a pod's init container): `backoff_table` is the
@@ -29,21 +34,27 @@ policy's delay for each failure count, rendered into the script or the pod, and
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from tgnb.runs.recovery import DECISION_DATA, Decision, Facts, RecoveryPolicy, decide
 
-#: What makes two decisions the same one, for the timeline (`Placer.step`).
+#: What makes two decisions the same one, for the timeline (`PlacementLoop.step`).
 Key = tuple[object, ...]
 
 
 def key(d: Decision) -> Key:
     """The fields that make a decision new: those a ``RecoveryDecided`` event carries."""
     return tuple(getattr(d, k) for k in DECISION_DATA)
+
+
+class NoAnswer(Exception):
+    """Raised by an engine that could not look or act this time (its controller did not answer):
+    the placement goes on at the next poll, as it was."""
 
 
 class Engine(Protocol):
@@ -55,8 +66,10 @@ class Engine(Protocol):
 
     def record(self, decision: Decision) -> None: ...
 
+    def done(self) -> bool: ...
 
-class Placer:
+
+class PlacementLoop:
     """One run's placement loop over `engine`, by `policy`."""
 
     def __init__(self, policy: RecoveryPolicy, engine: Engine) -> None:
@@ -66,16 +79,26 @@ class Placer:
 
     def step(self) -> Decision | None:
         """Observe, decide, act, and record the decision if it is new; the decision as carried
-        out, or None when nothing waited for a placement."""
+        out, or None when there was nothing to decide."""
         facts = self.engine.observe()
         if facts is None:
             self.last = None
             return None
         d = self.engine.act(decide(self.policy, facts))
-        if key(d) != self.last:
+        if d.action != "keep" and key(d) != self.last:
             self.engine.record(d)
             self.last = key(d)
         return d
+
+    def run(self, poll_s: float, sleep: Callable[[float], object] = time.sleep) -> None:
+        """Step every `poll_s` until the engine is done; a step that got `NoAnswer` is tried
+        again at the next poll."""
+        while not self.engine.done():
+            with contextlib.suppress(NoAnswer):
+                self.step()
+            if self.engine.done():
+                return
+            sleep(poll_s)
 
 
 # -- the failure backoff --------------------------------------------------------------------------

@@ -28,12 +28,20 @@ preemptible nodes (and `when_short` applies); when it is behind, or its slack (t
 the work left minus one restart) has run out, it takes standard nodes. Back on track, it returns to
 preemptible nodes at its next placement.
 
+Back to preemptible
+    A run on standard nodes that asked for preemptible ones (moved there by ``"standard"`` or a
+    deadline) goes back as soon as the policy would start it there: `decide` on the facts of a
+    running attempt (`Facts.current`) says ``start`` on preemptible nodes ("back to preemptible:
+    ..."), and the engine stops the attempt (it checkpoints) so that it restarts there; otherwise
+    ``keep`` (it stays where it runs, nothing recorded).
+
 Each `Decision` carries a human `reason` ("shrunk to 1 node: 8 of 16 preemptible GPUs allocated
 for 10 min") that the engine puts on the run's timeline (`tgnb.events.RECOVERY_DECIDED`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -215,6 +223,8 @@ class Facts:
     steps_total: int | None = None
     step_s: float | None = None  # seconds per step at full size, as observed
     restart_s: float = 60.0  # what one restart costs (start, resume)
+    #: the class the run's attempt runs on now; None while it waits for a placement
+    current: NodeClass | None = None
 
 
 def progress(
@@ -236,11 +246,11 @@ def progress(
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["start", "wait"]
+    action: Literal["start", "wait", "keep"]
     nodes: int
     node_class: NodeClass
     reason: str
-    rule: str  # "full", "wait", "shrink", "standard", "deadline"
+    rule: str  # "full", "wait", "shrink", "standard", "deadline", "keep"
 
     def data(self) -> dict[str, Any]:
         """The fields a ``RecoveryDecided`` event carries (its message is `reason`), the same on
@@ -288,8 +298,11 @@ def behind_schedule(policy: RecoveryPolicy, f: Facts) -> str | None:
 
 
 def decide(policy: RecoveryPolicy, f: Facts) -> Decision:
-    """Where the run starts next, or that it waits, and why. Pure: the same facts, the same
+    """Where the run starts next, or that it waits, and why; for a run that runs
+    (`Facts.current`), whether it goes back to preemptible nodes. Pure: the same facts, the same
     decision, so every engine renders one rule."""
+    if f.current is not None:
+        return _running(policy, f)
     want = f.nodes
     least = (f.min_nodes or want) if policy.when_short == "shrink" else want
     pre, std = f.free.get("preemptible", 0), f.free.get("standard", 0)
@@ -321,3 +334,16 @@ def decide(policy: RecoveryPolicy, f: Facts) -> Decision:
     return Decision(
         "wait", want, "preemptible", f"waiting for {_nodes(least, 'preemptible')}: {short}", rule
     )
+
+
+def _running(policy: RecoveryPolicy, f: Facts) -> Decision:
+    """A run on standard nodes that asked for preemptible ones goes back to them as soon as its
+    placement would start there now; any other run keeps its nodes."""
+    assert f.current is not None
+    keep = Decision("keep", f.nodes, f.current, f"on {_nodes(f.nodes, f.current)}", "keep")
+    if f.current != "standard" or not f.preemptible:
+        return keep
+    d = decide(policy, dataclasses.replace(f, current=None, short_for_s=0.0))
+    if d.action != "start" or d.node_class != "preemptible":
+        return keep
+    return dataclasses.replace(d, reason=f"back to preemptible: {d.reason}")

@@ -1,4 +1,4 @@
-"""The placer's loop (`tgnb.backends.kubernetes.placer.Placer.tick`) against a fake API server.
+"""The placer's loop (`tgnb.backends.kubernetes.placer.KubePlacement.tick`) against a fake API server.
 
 No Kubernetes API server can run on these machines (no kube-apiserver, kind, k3s or Docker
 engine), so the API server is faked at the HTTP boundary (conftest.py): the real ``kubernetes``
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tgnb.backends.kubernetes.placer import Placer
+from tgnb.backends.kubernetes.placer import KubePlacement
 from tgnb.runs.recovery import RecoveryPolicy
 
 NS = "research"
@@ -108,13 +108,13 @@ def cluster(fake_api: Any, nodes: list[dict[str, Any]], pods: list[dict[str, Any
         fake_api.route("PATCH", f"{PODS}/{p['metadata']['name']}", (200, p))
 
 
-def placer(api_client: Any, policy: RecoveryPolicy, run_dir: Path, nodes: int = 1) -> Placer:
+def placer(api_client: Any, policy: RecoveryPolicy, run_dir: Path, nodes: int = 1) -> KubePlacement:
     config = {
         "run": "rec", "namespace": NS, "policy": policy.to_dict(), "nodes": nodes,
         "min_nodes": None, "gpus_per_node": 8, "max_steps": 1000, "launched": T0,
         "run_dir": str(run_dir), "poll_s": 0.01, "deployment": "rec-placer",
     }  # fmt: skip
-    return Placer(config, api_client)
+    return KubePlacement(config, api_client)
 
 
 def patches(fake_api: Any) -> dict[str, list[dict[str, Any]]]:
@@ -242,12 +242,60 @@ def test_a_deadline_at_risk_takes_standard_at_once(
 
 
 def test_no_gated_pod_no_node_read(fake_api: Any, api_client: Any, tmp_path: Path) -> None:
-    """A running run (its pods already placed): the placer reads nothing else and does nothing."""
+    """A running run (its pods already placed, on preemptible nodes): the placer reads its Job
+    (not finished) and its pods, nothing else, and does nothing."""
     running = gated_pod("rec-0-aaaaa")
     running["spec"].pop("schedulingGates")
+    running["spec"]["nodeName"] = "gpu-preemptible-1"
+    running["spec"]["nodeSelector"] = {"together.ai/compute-class": "preemptible"}
+    running["status"]["phase"] = "Running"
     cluster(fake_api, [], [running])
     assert placer(api_client, RecoveryPolicy(deadline=2e9), tmp_path).tick(T0) is None
-    assert [r.path for r in fake_api.requests] == [PODS]
+    assert [r.path for r in fake_api.requests] == [f"/apis/batch/v1/namespaces/{NS}/jobs/rec", PODS]
+
+
+def on_standard(name: str, node_name: str) -> dict[str, Any]:
+    """A run's pod that a placement on standard nodes put there (the NotIn affinity), running."""
+    pod = gated_pod(name)
+    pod["spec"].pop("schedulingGates")
+    pod["spec"].update(nodeName=node_name, affinity=NOT_IN)
+    pod["status"]["phase"] = "Running"
+    return pod
+
+
+def test_a_run_on_standard_nodes_goes_back_to_preemptible_ones(
+    fake_api: Any, api_client: Any, tmp_path: Path
+) -> None:
+    """The run's pod runs on a standard node (moved there after wait_s): while the preemptible
+    node is cordoned it stays (nothing deleted, nothing recorded); once the node is back, the
+    placer deletes the pod (it checkpoints on SIGTERM; its Job creates it again, gated) and
+    records the move back, once."""
+    pod = on_standard("rec-0-aaaaa", "gpu-std-1")
+    std = node("gpu-std-1", None)
+    cluster(fake_api, [node("gpu-preemptible-1", "preemptible", cordoned=True), std], [pod],
+            (bound_pod("rec-0-aaaaa", "gpu-std-1", 8),))  # fmt: skip
+    fake_api.route("DELETE", f"{PODS}/rec-0-aaaaa", (200, pod))  # the API answers with the pod
+    p = placer(api_client, RecoveryPolicy(when_short="standard", wait_s=600), tmp_path)
+    d = p.tick(T0 + 700)
+    assert d is not None and (d.action, d.node_class) == ("keep", "standard")
+    assert fake_api.sent("DELETE") == [] and decisions(fake_api) == []
+    cluster(fake_api, [node("gpu-preemptible-1", "preemptible"), std], [pod],
+            (bound_pod("rec-0-aaaaa", "gpu-std-1", 8),))  # fmt: skip
+    d = p.tick(T0 + 800)
+    assert d is not None and (d.action, d.node_class, d.rule) == ("start", "preemptible", "full")
+    assert [r.path for r in fake_api.sent("DELETE")] == [f"{PODS}/rec-0-aaaaa"]
+    assert fake_api.sent("PATCH") == []
+    (ev,) = decisions(fake_api)
+    assert ev["message"] == "back to preemptible: on 1 preemptible node"
+    assert ev["involvedObject"]["name"] == "rec-0-aaaaa"
+    assert json.loads(ev["metadata"]["annotations"]["tgnb.together.ai/decision"]) == {
+        "action": "start", "node_class": "preemptible", "nodes": 1, "rule": "full"
+    }  # fmt: skip
+    # the Job's new pod comes gated: placed on the preemptible node
+    cluster(fake_api, [node("gpu-preemptible-1", "preemptible"), std], [gated_pod("rec-0-ccccc")])
+    d = p.tick(T0 + 900)
+    assert d is not None and (d.action, d.node_class) == ("start", "preemptible")
+    assert [r.path for r in fake_api.sent("PATCH")] == [f"{PODS}/rec-0-ccccc"]
 
 
 def test_the_placer_removes_itself_once_the_job_has_finished(

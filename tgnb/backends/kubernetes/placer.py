@@ -19,7 +19,14 @@ every engine follows (`tgnb.runs.recovery.decide`) and, on ``start``, patches ev
 (a JSON patch: the gate removed, and a nodeSelector ``together.ai/compute-class: preemptible`` or
 the seed's NotIn affinity added, both allowed on a gated pod); on ``wait`` it leaves them gated.
 
-The loop is the one every engine adapts (`tgnb.runs.placing`; this placer is its `Engine`). Each
+While a run's pods run on standard nodes (placed there with the NotIn affinity), the placer reads
+the nodes too: as soon as the rule would start them on preemptible nodes (back to preemptible),
+it deletes them (the kubelet sends SIGTERM: they checkpoint and exit 75, which the Job's
+podFailurePolicy ignores), and the Job controller creates them again, gated, for a placement on
+preemptible nodes.
+
+The loop is the one every engine runs (`tgnb.runs.placing.PlacementLoop`; `KubePlacement` is
+its `Engine`). Each
 decision, once per change, is a core/v1 Event (reason ``RecoveryDecided``) on the pod, its
 fields in an annotation; `KubernetesBackend.events` puts them on the run's timeline. (The run's
 ``events.jsonl`` is on the shared claim, which the placer mounts read-only: it writes nothing
@@ -28,6 +35,7 @@ there.) Once the run's Job has finished or is gone, the placer deletes its own D
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -43,7 +51,7 @@ from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import standard_affinity
 from tgnb.events import RECOVERY_DECIDED, utcnow
 from tgnb.runs import placing
-from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, progress
+from tgnb.runs.recovery import Decision, Facts, NodeClass, RecoveryPolicy, progress
 
 GPU = "nvidia.com/gpu"
 #: The annotation of a ``RecoveryDecided`` Event holding the decision's fields as JSON.
@@ -125,6 +133,20 @@ def free_nodes(
 
 def gated(pod: Any) -> bool:
     return any(g.name == L.PLACEMENT_GATE for g in (pod.spec.scheduling_gates or []))
+
+
+def placed_standard(pod: Any) -> bool:
+    """Whether `pod` runs where a placement on standard nodes put it (`placement_patch`'s NotIn
+    affinity on the compute class)."""
+    if not pod.spec.node_name or (pod.status and pod.status.phase != "Running"):
+        return False
+    affinity = pod.spec.affinity.node_affinity if pod.spec.affinity else None
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    return any(
+        e.key == L.COMPUTE_CLASS_LABEL and e.operator == "NotIn" and PREEMPTIBLE in (e.values or [])
+        for t in (required.node_selector_terms or [] if required else [])
+        for e in t.match_expressions or []
+    )
 
 
 def kube_facts(
@@ -213,8 +235,8 @@ def placement_patch(pod: Any, node_class_: str) -> list[dict[str, Any]]:
 # -- the loop -------------------------------------------------------------------------------------
 
 
-class Placer:
-    """Places the gated pods of one run with the settings of its ``placer.json`` (`config`): the
+class KubePlacement:
+    """Places the pods of one run with the settings of its ``placer.json`` (`config`): the
     `tgnb.runs.placing.Engine` of a Kubernetes run, run by the one placement loop."""
 
     def __init__(
@@ -230,9 +252,10 @@ class Placer:
         self.apps = client.AppsV1Api(api_client)
         self.started = time.time()
         self.job_seen = False
+        self.finished = False  # the run's Job has finished or is gone: the loop ends
         self.now = self.started  # of the current step (`tick`)
-        self.pods: list[Any] = []  # the gated pods the current step places
-        self.loop = placing.Placer(self.policy, self)
+        self.pods: list[Any] = []  # the gated pods the current step places, or those it moves
+        self.loop = placing.PlacementLoop(self.policy, self)
 
     def event(self, d: Decision, pod: Any) -> None:
         """The decision as a ``RecoveryDecided`` Event on `pod` (the run's timeline reads it)."""
@@ -284,13 +307,30 @@ class Placer:
         return False
 
     def observe(self) -> Facts | None:
-        """The facts of the run's gated pods (one placement for all of them); None when none is
-        gated (the run's pods are placed)."""
+        """The facts of the run's gated pods (one placement for all of them), or of its pods
+        running on standard nodes; None when there is nothing to place (or the Job has finished:
+        the loop ends). The API not answering is `placing.NoAnswer`."""
+        try:
+            if self.job_finished():
+                self.finished = True
+                return None
+            return self._observe()
+        except ApiException as exc:  # the API server is busy or restarting: look again
+            print(f"tgnb placer: the API answered {exc.status}", flush=True)
+            raise placing.NoAnswer from exc
+
+    def _observe(self) -> Facts | None:
         found = self.core.list_namespaced_pod(
             self.namespace, label_selector=f"{L.RUN_LABEL}={self.name}"
         )
-        items: list[Any] = list(found.items or [])
-        self.pods = [p for p in items if gated(p) and not p.metadata.deletion_timestamp]
+        items: list[Any] = [
+            p for p in found.items or [] if not p.metadata or not p.metadata.deletion_timestamp
+        ]
+        self.pods = [p for p in items if gated(p)]
+        current: NodeClass | None = None
+        if not self.pods:
+            self.pods = [p for p in items if placed_standard(p)]
+            current = "standard"
         if not self.pods:
             return None
         nodes = self.core.list_node().items or []
@@ -300,42 +340,45 @@ class Placer:
             ).items
             or []
         )
-        return kube_facts(self.config, self.pods, nodes, everyone, self.run_dir, self.now)
+        f = kube_facts(self.config, self.pods, nodes, everyone, self.run_dir, self.now)
+        return dataclasses.replace(f, current=current)
 
     def act(self, d: Decision) -> Decision:
-        """On ``start``, every gated pod gets the class decided and loses its gate."""
-        if d.action == "start":
-            for pod in self.pods:  # one placement: every pod gets the same class
-                try:
+        """On ``start``, every gated pod gets the class decided and loses its gate; a pod that
+        goes back to preemptible nodes is deleted (its Job creates it again, gated)."""
+        if d.action != "start":
+            return d
+        for pod in self.pods:  # one placement: every pod gets the same class
+            try:
+                if gated(pod):
                     self.core.patch_namespaced_pod(
                         pod.metadata.name, self.namespace, placement_patch(pod, d.node_class)
                     )
-                except ApiException as exc:  # deleted meanwhile: its replacement comes gated
-                    print(
-                        f"tgnb placer: could not place {pod.metadata.name} ({exc.status})",
-                        flush=True,
-                    )
+                else:
+                    self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+            except ApiException as exc:  # deleted meanwhile: its replacement comes gated
+                print(
+                    f"tgnb placer: could not place {pod.metadata.name} ({exc.status})",
+                    flush=True,
+                )
         return d
 
     def record(self, d: Decision) -> None:
         self.event(d, self.pods[0])
 
+    def done(self) -> bool:
+        return self.finished
+
     def tick(self, now: float | None = None) -> Decision | None:
-        """One step of the placement loop; the decision when some pods were gated."""
+        """One step of the placement loop; the decision when some pods were gated (or ran on
+        standard nodes)."""
         self.now = time.time() if now is None else now
         return self.loop.step()
 
     def run(self) -> int:
         poll = float(self.config.get("poll_s") or 5.0)
         print(f"tgnb placer: placing the pods of run {self.name}", flush=True)
-        while True:
-            try:
-                if self.job_finished():
-                    break
-                self.tick()
-            except ApiException as exc:  # the API server is busy or restarting: look again
-                print(f"tgnb placer: the API answered {exc.status}", flush=True)
-            time.sleep(poll)
+        self.loop.run(poll, sleep=self._sleep)
         print(f"tgnb placer: run {self.name} has finished; removing the placer", flush=True)
         name = self.config.get("deployment") or L.placer_name(self.name)
         try:
@@ -343,6 +386,10 @@ class Placer:
         except ApiException as exc:
             print(f"tgnb placer: could not delete {name} ({exc.status})", flush=True)
         return 0
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+        self.now = time.time()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kubernetes import config as kube_config
 
     kube_config.load_incluster_config()
-    return Placer(json.loads(Path(args[0]).read_text()), client.ApiClient()).run()
+    return KubePlacement(json.loads(Path(args[0]).read_text()), client.ApiClient()).run()
 
 
 if __name__ == "__main__":

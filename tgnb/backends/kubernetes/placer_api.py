@@ -113,7 +113,7 @@ class PlacerApi:
                 return  # neither its Deployment nor its config: the run has no placer
 
     def decisions(self, job_id: str) -> list[Event]:
-        """The run's placer's decisions (``RecoveryDecided`` Events, `placer.Placer.event`)."""
+        """The run's placer's decisions (``RecoveryDecided`` Events, `placer.KubePlacement.event`)."""
         try:
             found = self.core.list_namespaced_event(
                 self.namespace,

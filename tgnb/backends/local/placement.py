@@ -1,6 +1,7 @@
 """One placement of a local run: the facts it decides by (`tgnb.runs.recovery.Facts`: the
-emulator's node list and the run's own progress) and the supervisor's end of the one placement
-loop (`Placement`, the `tgnb.runs.placing.Engine` of one start)."""
+emulator's node list and the run's own progress) and the supervisor's ends of the one placement
+loop (`tgnb.runs.placing.PlacementLoop`): `Placement`, the engine of one start, and `Running`,
+the engine of one attempt on standard nodes (the move back to preemptible ones)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,33 @@ class Placement:
         self.sup.decision(d)
         if d.action == "wait":
             self.sup.store.set_state(self.sup.record.id, JobState.PENDING, d.reason)
+
+    def done(self) -> bool:
+        return self.chosen is not None or self.sup.stop_requested
+
+
+class Running:
+    """The supervisor's end of the loop while an attempt runs on standard nodes: the facts of the
+    emulator's nodes as last read, and a move back to preemptible nodes (`decide`'s) carried out
+    by stopping the attempt (`Supervisor.moving`: it checkpoints, and restarts there), once per
+    attempt."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
+    def observe(self) -> Facts | None:
+        if self.sup.node_class != "standard" or self.sup.moving:
+            return None
+        facts = self.sup.facts(list(self.sup._cache.values()), 0.0)
+        return dataclasses.replace(facts, current="standard")
+
+    def act(self, d: Decision) -> Decision:
+        if d.action == "start":
+            self.sup.moving = True  # the supervisor stops the attempt
+        return d
+
+    def record(self, d: Decision) -> None:
+        self.sup.decision(d)
+
+    def done(self) -> bool:
+        return self.sup.moving

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -69,7 +68,7 @@ from tgnb.backends.local.command import (
 )
 from tgnb.backends.local.home import EMULATOR_GONE_S, EMULATOR_STOPPED, HomeEmulator, endpoint_for
 from tgnb.backends.local.nodes import NodeInfo, NodeSource, cluster_reader
-from tgnb.backends.local.placement import Placement, placement_facts
+from tgnb.backends.local.placement import Placement, Running, placement_facts
 from tgnb.backends.local.warm import ForkedProcess, fork_module, preload
 from tgnb.cloud import ClusterState, rates
 from tgnb.events import (
@@ -88,7 +87,7 @@ from tgnb.runs import budget, cursor, meter, node, placing
 from tgnb.runs.budget import BUDGET_STOP
 from tgnb.runs.node import Exit
 from tgnb.runs.outcome import Attempt, Verdict, classify, events_size, failed_detail, requeued
-from tgnb.runs.recovery import Decision, Facts, decide
+from tgnb.runs.recovery import Decision, Facts
 from tgnb.runs.runfile import RunFile
 from tgnb.runs.store import RunStore
 
@@ -144,7 +143,7 @@ class Supervisor:
         self.policy = self.record.spec.policy  # the recovery policy (`tgnb.runs.recovery`)
         self.node_class = "preemptible"  # of the current attempt
         self.started = self.record.created_at
-        self.moving = False  # leaving standard nodes for preemptible ones (`_back_to_preemptible`)
+        self.moving = False  # leaving standard nodes for preemptible ones (`Running`)
         self.cluster_state = cluster_state  # () -> ClusterState: the cluster read now
         self.train = self.record.spec.train  # the node's config (`reestimate` replaces it)
 
@@ -186,13 +185,8 @@ class Supervisor:
         start's `Placement`), claim those nodes in the run store (the run is then running there)
         and put each decision on the run's timeline once; None if stopped meanwhile."""
         placement = Placement(self, restart)
-        loop = placing.Placer(self.policy, placement)
-        while not self.stop_requested:
-            loop.step()
-            if placement.chosen is not None:
-                return placement.chosen
-            time.sleep(self.poll * 2)
-        return None
+        placing.PlacementLoop(self.policy, placement).run(self.poll * 2)
+        return placement.chosen
 
     def decision(self, d: Decision) -> None:
         self.event(RECOVERY_DECIDED, d.reason, **d.data())
@@ -309,28 +303,14 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, sig)
 
-    def _back_to_preemptible(self) -> bool:
-        """On standard nodes after a move (`when_short="standard"`, a deadline), the run goes
-        back to preemptible nodes as soon as the policy would start it there: once per attempt,
-        with the decision on the timeline."""
-        if (
-            self.node_class != "standard"
-            or self.moving
-            or not self.record.spec.resources.preemptible
-        ):
-            return False
-        d = decide(self.policy, self.facts(list(self._cache.values()), 0.0))
-        if d.action != "start" or d.node_class != "preemptible":
-            return False
-        self.moving = True
-        self.decision(dataclasses.replace(d, reason=f"back to preemptible: {d.reason}"))
-        return True
-
     def _watch(self, procs: Sequence[Proc], names: Sequence[str], since: int = 0) -> Outcome:
         preempted: str | None = None
         killed = False
         stop_at: float | None = None
         last_api = 0.0
+        # on standard nodes after a move, back to preemptible ones as soon as the policy would
+        # start there (`decide`): the attempt is stopped, checkpoints and restarts there
+        back = placing.PlacementLoop(self.policy, Running(self))
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
             if self.stop_requested and stop_at is None:
@@ -342,7 +322,7 @@ class Supervisor:
                 self.refresh()
                 last_api = now
                 self.check_budget()
-                if self._back_to_preemptible():
+                if not self.moving and back.step() and self.moving:
                     self._signal(procs, signal.SIGTERM)  # it checkpoints and exits 75
             for name in names:
                 node = self._cache.get(name) or self._gone(name)
@@ -463,7 +443,7 @@ class Supervisor:
                 continue
             restart += 1
             node = outcome.node
-            # moving: stopped on purpose to go back (`_back_to_preemptible`)
+            # moving: stopped on purpose to go back (`Running`)
             what, moved = requeued(outcome.verdict, node, self.slurm, self.moving)
             self.event(
                 RUN_REQUEUED,

@@ -19,7 +19,13 @@ every engine follows (`tgnb.runs.recovery.decide`) and makes the pending job ask
   at risk: the constraint is cleared (``Features=``), so the job starts on the nodes that are free,
   which are then standard ones.
 
-The loop is the one every engine adapts (`tgnb.runs.placing`; this placer is its `Engine`): each
+While a job that was moved runs on standard nodes, the placer reads the cluster's nodes too: as
+soon as the rule would start it on preemptible ones (back to preemptible), it requeues the job
+(``scontrol requeue``: Slurm signals it, it checkpoints), and the job's next pending stretch asks
+for preemptible nodes again.
+
+The loop is the one every engine runs (`tgnb.runs.placing.PlacementLoop`; `SlurmPlacement` is its
+`Engine`): each
 decision, once per change, is a ``RecoveryDecided`` line in the run's ``events.jsonl``, as the
 local supervisor writes it. A placer that is itself requeued (its node was reclaimed) starts its wait again: it
 keeps no state but the job's own.
@@ -27,7 +33,7 @@ keeps no state but the job's own.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import shlex
 import sys
@@ -43,6 +49,7 @@ from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.events import RECOVERY_DECIDED, Event, utcnow
 from tgnb.runs import node, placing
 from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, progress
+from tgnb.runs.runfile import RunFile
 
 SCRIPT_NAME = "placer.sbatch"
 CONFIG_NAME = "placer.json"
@@ -87,19 +94,10 @@ def render_placer(
         "# this script's argument) on a node class by the run's recovery policy; ends with the run.",
         f'exec {shlex.quote(python)} -m tgnb.backends.slurm {run_dir}/{CONFIG_NAME} "$1"',
     ]
-    res = spec.resources
-    config = {
-        "run": spec.name,
-        "policy": spec.policy.to_dict(),
-        "nodes": res.nodes,
-        "min_nodes": res.min_nodes,
-        "gpus_per_node": res.gpus_per_node,
-        "cpus_per_task": res.cpus_per_task or 1,
-        "partition": spec.partition,
-        "max_steps": spec.train.planned_steps,
-        "launched": launched,
-        "poll_s": poll_s,
-    }
+    run = RunFile(spec, launched)  # placer.json: a view of it, with Slurm's own keys
+    config = run.placer_config(
+        poll_s, cpus_per_task=spec.resources.cpus_per_task or 1, partition=spec.partition
+    )
     return "\n".join(script) + "\n", json.dumps(config, indent=2) + "\n"
 
 
@@ -181,13 +179,9 @@ def slurm_facts(
 # -- the loop -------------------------------------------------------------------------------------
 
 
-class _NoAnswer(Exception):
-    """The controller did not answer: the placement goes on at the next poll, as it was."""
-
-
-class Placer:
+class SlurmPlacement:
     """Follows one run's job (`job`) with the settings of its ``placer.json`` (`config_path`): the
-    `tgnb.runs.placing.Engine` of a pending Slurm job, run by the one placement loop."""
+    `tgnb.runs.placing.Engine` of a Slurm run, run by the one placement loop."""
 
     def __init__(self, config_path: str | Path, job: str, runner: CommandRunner | None = None):
         self.config_path = Path(config_path)
@@ -199,7 +193,8 @@ class Placer:
         self.pending_since: float | None = None
         self.ended = False
         self.fields: dict[str, str] = {}  # the run's job, as last observed
-        self.loop = placing.Placer(self.policy, self)
+        self.running_on: str | None = None  # the class of its nodes, once seen running
+        self.loop = placing.PlacementLoop(self.policy, self)
 
     def _show(self, *what: str) -> list[dict[str, str]] | None:
         proc = self.runner.run(["scontrol", "show", *what, "-o"], check=False)
@@ -208,27 +203,66 @@ class Placer:
         return [parse_fields(line) for line in proc.stdout.splitlines() if line.strip()]
 
     def observe(self) -> Facts | None:
-        """The facts of the run's pending job; None while it runs (or once it has ended)."""
+        """The facts of the run's pending job, or of its job running on standard nodes after a
+        move; None while it runs where it asked to (or once it has ended)."""
         now = time.time()
         jobs = self._show("job", self.job)
         if jobs is None or not jobs or job_status(jobs[0]).state.finished:
             self.ended = True  # the controller no longer knows the job, or it has finished
             return None
         self.fields = jobs[0]
-        if not self.fields.get("JobState", "").startswith("PENDING"):  # running, or requeued
+        state = self.fields.get("JobState", "")
+        if not state.startswith("PENDING"):  # running, or requeued
             self.pending_since = None
-            return None
-        self.pending_since = self.pending_since or now
+            if not state.startswith("RUNNING") or PREEMPTIBLE in self.fields.get("Features", ""):
+                self.running_on = None
+                return None
+            return self._running(now)
+        self.pending_since, self.running_on = self.pending_since or now, None
         nodes = self._show("node")
         if nodes is None:
-            raise _NoAnswer
+            raise placing.NoAnswer
         return slurm_facts(
             self.config, [SlurmNode.from_fields(n) for n in nodes], now - self.pending_since,
             self.run_dir, now,
         )  # fmt: skip
 
+    def _running(self, now: float) -> Facts | None:
+        """The facts of the job running after a move (no ``preemptible`` constraint) on standard
+        nodes: the class of its nodes as they were when this placer first saw it run (standard
+        when any of them was)."""
+        nodes = self._show("node")
+        if nodes is None:
+            raise placing.NoAnswer
+        seen = [SlurmNode.from_fields(n) for n in nodes]
+        if self.running_on is None:
+            hosts = self._show_hostnames(self.fields.get("NodeList", ""))
+            if hosts is None:
+                raise placing.NoAnswer
+            mine = [n.kind for n in seen if n.name in hosts]
+            self.running_on = "standard" if "standard" in mine else PREEMPTIBLE
+        if self.running_on == PREEMPTIBLE:
+            return None  # it runs on preemptible nodes anyway
+        f = slurm_facts(self.config, seen, 0.0, self.run_dir, now)
+        return dataclasses.replace(f, current="standard")
+
+    def _show_hostnames(self, nodelist: str) -> set[str] | None:
+        if "[" not in nodelist:
+            return {h for h in nodelist.split(",") if h}
+        proc = self.runner.run(["scontrol", "show", "hostnames", nodelist], check=False)
+        return set(proc.stdout.split()) if proc.returncode == 0 else None
+
     def act(self, d: Decision) -> Decision:
-        """Make the pending job ask for the node class decided (its ``Features``)."""
+        """Make the pending job ask for the node class decided (its ``Features``); requeue a job
+        that goes back to preemptible nodes."""
+        if d.action == "keep":
+            return d
+        if self.fields.get("JobState", "").startswith("RUNNING"):  # back to preemptible
+            proc = self.runner.run(["scontrol", "requeue", self.job], check=False)
+            if proc.returncode != 0:  # it ended meanwhile, or the controller is busy
+                print(f"tgnb placer: scontrol requeue failed: {proc.stderr.strip()}", flush=True)
+                raise placing.NoAnswer
+            return d
         to_standard = d.action == "start" and d.node_class == "standard"
         if to_standard == (PREEMPTIBLE in self.fields.get("Features", "")):
             features = "" if to_standard else PREEMPTIBLE
@@ -237,7 +271,7 @@ class Placer:
             )
             if proc.returncode != 0:  # it started meanwhile, or the controller is busy
                 print(f"tgnb placer: scontrol update failed: {proc.stderr.strip()}", flush=True)
-                raise _NoAnswer
+                raise placing.NoAnswer
         return d
 
     def record(self, d: Decision) -> None:
@@ -249,18 +283,13 @@ class Placer:
             fh.write(ev.to_json() + "\n")
         print(f"tgnb placer: {d.reason}", flush=True)
 
-    def tick(self) -> bool:
-        """One step of the placement loop; False once the run's job has ended (the placer is
-        done)."""
-        with contextlib.suppress(_NoAnswer):  # look again at the next poll
-            self.loop.step()
-        return not self.ended
+    def done(self) -> bool:
+        return self.ended
 
     def run(self) -> int:
         poll = float(self.config.get("poll_s") or 5.0)
         print(f"tgnb placer: following job {self.job} of run {self.config['run']}", flush=True)
-        while self.tick():
-            time.sleep(poll)
+        self.loop.run(poll)
         print(f"tgnb placer: job {self.job} has ended", flush=True)
         return 0
 
@@ -270,4 +299,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 2 or not args[1].isdigit():
         print("usage: python -m tgnb.backends.slurm PLACER_JSON JOBID", file=sys.stderr)
         return 2
-    return Placer(args[0], args[1]).run()
+    return SlurmPlacement(args[0], args[1]).run()
