@@ -7,6 +7,7 @@ from a folder of its own and writes its history, timeline and final checkpoint."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,21 @@ def test_bad_options_are_one_line_and_exit_2_with_nothing_provisioned(
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert proc.stdout == "" and proc.stderr.count("\n") == 1, (args, proc.stderr)
         assert proc.stderr.startswith("python -m tgnb.tinker.async_rl: ") and says in proc.stderr
+    # the service's own settings: a key it refuses, a URL nothing answers at
+    for env, says in [
+        ({"TOGETHER_API_KEY": "not-this-services-key"}, "the service refused the API key"),
+        ({"TOGETHER_BASE_URL": "http://127.0.0.1:9"}, "cannot reach the service at"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tgnb.tinker.async_rl", "--steps", "1"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env},
+        )
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (env, proc.stderr[-2000:])
+        assert says in proc.stderr and proc.stdout == "", (env, proc.stderr)
     assert resources() == before  # nothing was provisioned
 
 

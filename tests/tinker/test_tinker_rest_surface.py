@@ -167,4 +167,6 @@ def test_the_clients_own_arguments_are_checked_when_it_is_made() -> None:
         RestClient(api_key="k", base_url=5)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="is not an http\\(s\\) URL"):
         RestClient(api_key="k", base_url="api.together.xyz")
+    with pytest.raises(TypeError, match=r"takes base_url and api_key only, not api_kye: drop"):
+        RestClient(api_kye="k")  # a misspelt keyword: refused, as tinker's RestClient refuses it
     RestClient(None, api_key="k", base_url="http://127.0.0.1:9/v1")  # tinker's holder: ignored

@@ -186,11 +186,16 @@ class RestClient:
         *,
         base_url: str | None = None,
         api_key: str | None = None,
-        **_: Any,
+        **unknown: Any,
     ) -> None:
         """`_holder` (tinker's internal client holder) is ignored: the connection is the SDK's
         ``base_url`` / ``api_key`` keywords, ``TOGETHER_BASE_URL`` / ``TOGETHER_API_KEY`` when
-        left out."""
+        left out. Any other keyword is refused, as tinker's own ``RestClient`` refuses it."""
+        if unknown:
+            raise TypeError(
+                f"RestClient() takes base_url and api_key only, not {', '.join(sorted(unknown))}: "
+                "drop it (the connection is TOGETHER_BASE_URL / TOGETHER_API_KEY when left out)"
+            )
         for name, value in (("api_key", api_key), ("base_url", base_url)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(

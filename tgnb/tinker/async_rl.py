@@ -386,6 +386,24 @@ def _writable(path: str) -> None:
         raise SettingError(f"--out {path}: {folder} is not a folder this process can write in")
 
 
+def _listed_models(conn: Any) -> list[Any]:
+    """The service's supported models (the first request the script makes); a service that
+    cannot be reached, or refuses the key, is a `SettingError` naming the variable to fix."""
+    import together
+
+    try:
+        return list(conn.sdk().post_training.supported_models.get().data or [])
+    except together.AuthenticationError:
+        raise SettingError(
+            "the service refused the API key: set TOGETHER_API_KEY to a key of the service at "
+            f"{conn.base_url or 'https://api.together.xyz'}"
+        ) from None
+    except together.APIConnectionError:
+        raise SettingError(
+            f"cannot reach the service at {conn.base_url}: check TOGETHER_BASE_URL (unset: Together)"
+        ) from None
+
+
 #: `run`'s settings under the script's option names.
 FLAGS = {
     "steps": "--steps",
@@ -435,9 +453,9 @@ def main(argv: list[str] | None = None) -> None:
         check_settings(**settings)
         _writable(args.out)
 
-        listed = of_sdk_keywords(None, None).sdk().post_training.supported_models.get().data
+        listed = _listed_models(of_sdk_keywords(None, None))
         model = check_against_service(
-            list(listed or []), args.model, args.rank, args.prompts * args.group, args.max_tokens
+            listed, args.model, args.rank, args.prompts * args.group, args.max_tokens
         )
     except (SettingError, ConfigError) as exc:  # ConfigError: no key for the service
         message = str(exc)
