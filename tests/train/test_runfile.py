@@ -16,6 +16,7 @@ from tgnb.errors import TrainConfigError
 from tgnb.prices import Prices
 from tgnb.runs import node
 from tgnb.runs.budget import Budget
+from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.runfile import RunFile
 from tgnb.runs.spec import SCHEMA
 from tgnb.tasks import config
@@ -72,16 +73,36 @@ def test_the_node_reads_the_run_file_once_and_the_views_agree(tmp_path: Path) ->
     run = RunFile(SPEC, 1.8e9)
     (tmp_path / node.RUN_FILE).write_text(run.to_json())
     (tmp_path / node.CONFIG).write_text(run.config_yaml())
-    cfg, launched = node_config(str(tmp_path / node.RUN_FILE), [], "/data/runs/sft-a")
-    assert launched and cfg.run_dir == "/data/runs/sft-a"
+    cfg, read = node_config(str(tmp_path / node.RUN_FILE), [], "/data/runs/sft-a")
+    assert read is not None and read.to_json() == run.to_json()
+    assert cfg.run_dir == "/data/runs/sft-a"
     from_yaml = config.load(tmp_path / node.CONFIG, [], "/data/runs/sft-a")  # the view
     assert cfg == from_yaml
     checkpoint = json.loads(environment(cfg)[node.CHECKPOINT_ENV])  # what the program is given
     assert checkpoint["every_steps"] == 3 == SPEC.train.checkpoint.every_steps
     again, trusted = node_config(str(tmp_path / node.CONFIG), [], "/data/runs/sft-a")
-    assert again == cfg and not trusted  # a person's YAML is checked in full
+    assert again == cfg and trusted is None  # a person's YAML is checked in full
     changed, trusted = node_config(str(tmp_path / node.RUN_FILE), ["max_steps=12"], None)
-    assert changed.max_steps == 12 and not trusted  # a --set makes a new config
+    assert changed.max_steps == 12 and trusted is None  # a --set makes a new config
+
+
+def test_both_placers_read_one_schema_derived_from_the_run_file() -> None:
+    """``placer.json`` on Slurm and Kubernetes: the run file's `placer_config` (one schema, its
+    version), with each engine's own keys only."""
+    from tgnb.backends.kubernetes.placer_objects import placer_config
+    from tgnb.backends.slurm.placer import render_placer
+
+    spec = RunSpec("p", {"max_steps": 40}, Resources(nodes=2, min_nodes=1), partition="low",
+                   recovery=RecoveryPolicy(when_short="standard"))  # fmt: skip
+    view = RunFile(spec, 1.8e9).placer_config(5.0)
+    assert view["schema"] == SCHEMA and view["max_steps"] == 40 and view["launched"] == 1.8e9
+    slurm = json.loads(render_placer(spec, "/data/runs/p", "python3", 1.8e9)[1])
+    kube = json.loads(placer_config(spec, "research", 1.8e9))
+    assert {k: v for k, v in slurm.items() if k not in ("cpus_per_task", "partition")} == view
+    assert (slurm["partition"], slurm["cpus_per_task"]) == ("low", 1)
+    assert {
+        k: v for k, v in kube.items() if k not in ("namespace", "run_dir", "deployment")
+    } == view
 
 
 def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,18 +1,19 @@
 """The run file (`tgnb.runs.node.RUN_FILE`, ``run.json``): the one typed file each engine writes
 per submit, beside the node's config view, and what the node's runtime reads.
 
-It holds the run's contract as the launch validated it (`RunSpec.to_dict`, with its ``schema``)
-and the time of the launch. The run directory is not in its training config: the node's command
-line gives it (``--run-dir``), as for ``config.yaml``. The node reads it once (`RunFile.load`) and trusts it: the checks the
-launch made (`tgnb.tasks.config.check_light`) are not made again there; what only the node can
-check (TRL's and peft's option names, the run's checkpoints, a script's imports) still is
-(`tgnb.train.validate`). What the node used to get in other carriers is a view of it:
+It holds the run's contract as the launch validated it (`RunSpec.to_dict`, with its ``schema``) and
+the time of the launch. The run directory is not in its training config: the node's command line
+gives it (``--run-dir``), as for ``config.yaml``. The node reads it once (`RunFile.load`) and trusts
+it: the checks the launch made (`tgnb.tasks.config.check_light`) are not made again there; what only
+the node can check (TRL's and peft's option names, the run's checkpoints, a script's imports) still
+is (`tgnb.train.validate`). What the node used to get in other carriers is a view of it:
 
 - ``config.yaml`` (`config_yaml`): the training config in few keys, for a person to read and for
   ``tgnb train config.yaml`` by hand;
 - ``$TGNB_CHECKPOINT``: the training config's checkpoint policy, which the runtime gives the
   user's program (`tgnb.train.program.environment`);
-- the budget the node holds (`budget`).
+- the budget the node holds (`budget`);
+- ``placer.json`` (`placer_config`): what a run's placer decides by, one schema on every engine.
 
 No secret is in it: a spec holds secrets by reference only (`tgnb.runs.spec.check_no_secrets`).
 """
@@ -96,3 +97,22 @@ class RunFile:
     def budget(self) -> Budget | None:
         """The budget the node holds (None: the run has none)."""
         return Budget.of(self.spec)
+
+    def placer_config(self, poll_s: float, **engine: Any) -> dict[str, Any]:
+        """``placer.json``: what a run's placer needs to decide, nothing more (no env, no
+        secrets): the run's recovery policy, size and planned steps, its launch (a deadline
+        counts from it), how often to look, and the engine's own keys (`engine`: Slurm's
+        partition and CPUs per task, Kubernetes' namespace, run directory and Deployment)."""
+        res = self.spec.resources
+        return {
+            "schema": SCHEMA,
+            "run": self.spec.name,
+            "policy": self.spec.policy.to_dict(),
+            "nodes": res.nodes,
+            "min_nodes": res.min_nodes,
+            "gpus_per_node": res.gpus_per_node,
+            "max_steps": self.train.planned_steps,
+            "launched": self.launched,
+            "poll_s": poll_s,
+            **engine,
+        }

@@ -41,6 +41,7 @@ from kubernetes import client
 
 from tgnb.backends.base import RunSpec
 from tgnb.backends.kubernetes import labels as L
+from tgnb.runs.runfile import RunFile
 
 RBAC = "rbac.authorization.k8s.io"
 
@@ -70,21 +71,15 @@ class PlacerObjects:
 
 
 def placer_config(spec: RunSpec, namespace: str, launched: float, poll_s: float = 5.0) -> str:
-    """``placer.json``: what the placer needs to decide, nothing more (no env, no secrets)."""
-    res = spec.resources
-    config = {
-        "run": spec.name,
-        "namespace": namespace,
-        "policy": spec.policy.to_dict(),
-        "nodes": res.nodes,
-        "min_nodes": res.min_nodes,
-        "gpus_per_node": res.gpus_per_node,
-        "max_steps": spec.train.planned_steps,
-        "launched": launched,
-        "run_dir": L.run_dir_for(spec),
-        "deployment": L.placer_name(spec.name),
-        "poll_s": poll_s,
-    }
+    """``placer.json``: a view of the run file (`tgnb.runs.runfile.RunFile.placer_config`), with
+    the namespace, run directory and Deployment the placer works in."""
+    run = RunFile(spec, launched)
+    config = run.placer_config(
+        poll_s,
+        namespace=namespace,
+        run_dir=L.run_dir_for(spec),
+        deployment=L.placer_name(spec.name),
+    )
     return json.dumps(config, indent=2) + "\n"
 
 

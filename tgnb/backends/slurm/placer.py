@@ -49,6 +49,7 @@ from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.events import RECOVERY_DECIDED, Event, utcnow
 from tgnb.runs import node, placing
 from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, progress
+from tgnb.runs.runfile import RunFile
 
 SCRIPT_NAME = "placer.sbatch"
 CONFIG_NAME = "placer.json"
@@ -93,19 +94,10 @@ def render_placer(
         "# this script's argument) on a node class by the run's recovery policy; ends with the run.",
         f'exec {shlex.quote(python)} -m tgnb.backends.slurm {run_dir}/{CONFIG_NAME} "$1"',
     ]
-    res = spec.resources
-    config = {
-        "run": spec.name,
-        "policy": spec.policy.to_dict(),
-        "nodes": res.nodes,
-        "min_nodes": res.min_nodes,
-        "gpus_per_node": res.gpus_per_node,
-        "cpus_per_task": res.cpus_per_task or 1,
-        "partition": spec.partition,
-        "max_steps": spec.train.planned_steps,
-        "launched": launched,
-        "poll_s": poll_s,
-    }
+    run = RunFile(spec, launched)  # placer.json: a view of it, with Slurm's own keys
+    config = run.placer_config(
+        poll_s, cpus_per_task=spec.resources.cpus_per_task or 1, partition=spec.partition
+    )
     return "\n".join(script) + "\n", json.dumps(config, indent=2) + "\n"
 
 
