@@ -72,6 +72,15 @@ CASES: dict[str, RunSpec] = {
         recovery=RecoveryPolicy(when_short="standard", wait_s=600),
         secrets=SECRETS,
     ),
+    # TorchFT replica groups: an index per group and the lighthouse (tests/.../test_groups.py)
+    "torchft_groups": RunSpec(
+        name="ft-groups",
+        train={"script": "train.py", "fault_tolerance": "torchft"},
+        image="ghcr.io/example/tgnb-torchft:0.1",
+        resources=Resources(nodes=3, gpus_per_node=8, preemptible=True),
+        env={"TGNB_FT_HEARTBEAT_TIMEOUT_MS": "3000"},
+        secrets={"HF_TOKEN": SecretRef(name="hf", key="token")},
+    ),
 }
 #: The launch time in the placer's config (a fixed one, so the golden file is stable).
 LAUNCHED = 1.8e9

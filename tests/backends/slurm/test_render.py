@@ -53,6 +53,14 @@ CASES = {
         time_limit="04:00:00",
         run_dir="/data/home/alice/tgnb-runs/dpo-standard",
     ),
+    # one array task per replica group (tgnb.backends.slurm.groups), each a one-node torchrun
+    "torchft_replica_groups": RunSpec(
+        name="ft-groups",
+        train={"script": "train.py", "fault_tolerance": "torchft"},
+        resources=Resources(nodes=3, gpus_per_node=8, preemptible=True),
+        secrets={"HF_TOKEN": SecretRef(name="hf-token", env="HF_TOKEN")},
+        run_dir="/data/home/alice/tgnb-runs/ft-groups",
+    ),
 }
 
 

@@ -17,6 +17,7 @@ The placer's API calls (create, delete, read its decisions) are in
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Iterator
@@ -26,8 +27,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.backends.kubernetes import groups, podlogs
 from tgnb.backends.kubernetes import labels as L
-from tgnb.backends.kubernetes import podlogs
 from tgnb.backends.kubernetes.apierrors import api_error, event_time
 from tgnb.backends.kubernetes.objects import RunObjects, build_objects, config_map_name
 from tgnb.backends.kubernetes.placer_api import PlacerApi
@@ -155,10 +156,32 @@ class KubernetesBackend:
                 created.append(("service", name))
             if objs.placer is not None:
                 self._placer.create(objs, created)
+            if objs.lighthouse is not None:  # replica groups (tgnb.backends.kubernetes.groups)
+                house = groups.lighthouse_name(name)
+                steps: list[tuple[str, Any, Any]] = [
+                    ("service", self.core.create_namespaced_service, objs.lighthouse.service),
+                    (
+                        "deployment",
+                        self.apps.create_namespaced_deployment,
+                        objs.lighthouse.deployment,
+                    ),
+                ]
+                for kind, create, obj in steps:
+                    try:
+                        create(ns, obj)
+                    except ApiException as exc:
+                        raise (
+                            exists
+                            if exc.status == 409
+                            else api_error(exc, f"create the run's lighthouse {kind}")
+                        ) from None
+                    created.append((kind, house))
             try:
-                self.batch.create_namespaced_job(ns, objs.job)
+                job = self.batch.create_namespaced_job(ns, objs.job)
             except ApiException as exc:
                 raise (exists if exc.status == 409 else api_error(exc, "create the Job")) from None
+            if objs.lighthouse is not None:
+                self._own_lighthouse(name, job)
         except TgnbError:
             self._placer.delete_quietly(created)
             raise
@@ -168,6 +191,23 @@ class KubernetesBackend:
         self._nodes_seen[name] = set()
         self._cancelled.discard(name)
         return name
+
+    def _own_lighthouse(self, name: str, job: Any) -> None:
+        """Make the run's Job the owner of its lighthouse's Service and Deployment, so that
+        Kubernetes' garbage collector deletes them with the Job (`cancel`); if that is refused,
+        the Job is deleted too (the caller deletes the rest) and the error raised."""
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid}
+        patch = {"metadata": {"ownerReferences": [owner]}}
+        house = groups.lighthouse_name(name)
+        try:
+            self.core.patch_namespaced_service(house, self.namespace, patch)
+            self.apps.patch_namespaced_deployment(house, self.namespace, patch)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.batch.delete_namespaced_job(
+                    name, self.namespace, propagation_policy="Foreground"
+                )
+            raise api_error(exc, "make the Job the owner of its lighthouse") from None
 
     # -- follow -------------------------------------------------------------------------------
 
@@ -215,7 +255,7 @@ class KubernetesBackend:
 
     def cancel(self, job_id: str) -> None:
         """Delete the Job (foreground: its pods go first, with their grace period), its Service,
-        its ConfigMap and its placer's objects. The shared claim, and so the run's checkpoints,
+        its ConfigMap and its placer's objects (a lighthouse goes with the Job: it owns it). The shared claim, and so the run's checkpoints,
         stay."""
         try:
             self.batch.delete_namespaced_job(

@@ -33,6 +33,7 @@ from typing import Any
 from kubernetes import client
 
 from tgnb.backends.base import RunSpec
+from tgnb.backends.kubernetes import groups
 from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import PlacerObjects, build_placer, standard_affinity
 from tgnb.config import MASK_VARS_ENV, scrub
@@ -51,6 +52,8 @@ class RunObjects:
     service: client.V1Service | None
     job: client.V1Job
     placer: PlacerObjects | None = None
+    #: a run as TorchFT replica groups: its lighthouse (`tgnb.backends.kubernetes.groups`)
+    lighthouse: groups.LighthouseObjects | None = None
 
     def all(self) -> list[Any]:
         out: list[Any] = [self.config_map, self.claim]
@@ -58,6 +61,8 @@ class RunObjects:
             out.append(self.service)
         if self.placer is not None:  # before the Job: its pods wait for the placer
             out += self.placer.all()
+        if self.lighthouse is not None:  # before the Job: its pods wait for the lighthouse
+            out += self.lighthouse.all()
         out.append(self.job)
         return out
 
@@ -447,4 +452,7 @@ def build_objects(
     placer = (
         build_placer(spec, namespace, labels, claim, launched) if L.needs_placer(spec) else None
     )
-    return RunObjects(config_map=config_map, claim=pvc, service=service, job=job, placer=placer)
+    objs = RunObjects(config_map=config_map, claim=pvc, service=service, job=job, placer=placer)
+    if groups.is_groups(spec):  # one index per TorchFT replica group, and the lighthouse
+        return groups.as_groups(objs, spec, namespace, command(groups.group_spec(spec)))
+    return objs

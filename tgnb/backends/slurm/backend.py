@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tgnb.backends.base import JobState, JobStatus, RunSpec
-from tgnb.backends.slurm import placer
+from tgnb.backends.slurm import groups, placer
 from tgnb.backends.slurm.commands import CommandRunner
 from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.backends.slurm.render import (
@@ -59,7 +59,9 @@ class SlurmBackend:
     GRES: no ``--gres``, and the run's ``gpus_per_node`` stands for the GPUs of a node.
     `python`: the interpreter on the nodes (default: this one when local, ``python`` over SSH).
     `placer_poll_seconds`: how often a run's placer job looks at its pending job
-    (`tgnb.backends.slurm.placer`).
+    (`tgnb.backends.slurm.placer`). `lighthouse_partition`: a partition of standard nodes for the
+    lighthouse of a run as TorchFT replica groups (default: any node without the ``preemptible``
+    feature; `tgnb.backends.slurm.groups`).
     """
 
     name = "slurm"
@@ -74,6 +76,7 @@ class SlurmBackend:
         runner: CommandRunner | None = None,
         poll_seconds: float = 1.0,
         placer_poll_seconds: float = 5.0,
+        lighthouse_partition: str | None = None,
     ) -> None:
         self.runner = runner or CommandRunner(host)
         self._runs_root = None if runs_root is None else str(runs_root)
@@ -82,6 +85,7 @@ class SlurmBackend:
         )
         self.poll_seconds = poll_seconds
         self.placer_poll_seconds = placer_poll_seconds
+        self.lighthouse_partition = lighthouse_partition
         self._run_dirs: dict[str, str] = {}
         self._accounting: bool | None = None
 
@@ -134,6 +138,8 @@ class SlurmBackend:
         script, the config and the secrets' environment."""
         script, config = self.render(spec)
         self.runner.preflight()
+        if groups.is_groups(spec):
+            self._check_groups()
         env: dict[str, str] = {}
         for name, ref in sorted(spec.secrets.items()):
             source = ref.env or name
@@ -158,11 +164,19 @@ class SlurmBackend:
         self.runner.write_file(f"{run_dir}/{RUN_FILE_NAME}", RunFile(spec, time.time()).to_json())
         self.runner.write_file(f"{run_dir}/{CONFIG_NAME}", config)
         self.runner.write_file(script_path, script, mode=0o755)
+        lighthouse = self._submit_lighthouse(spec, run_dir) if groups.is_groups(spec) else None
+        after = [f"--dependency=after:{lighthouse}"] if lighthouse else []
         try:
-            out = self.runner.run(["sbatch", "--parsable", script_path], env=env).stdout.strip()
+            out = self.runner.run(
+                ["sbatch", "--parsable", *after, script_path], env=env
+            ).stdout.strip()
         except BackendError as exc:
+            if lighthouse is not None:
+                self.runner.run(["scancel", lighthouse], check=False)
             raise self._explain_refusal(spec, exc) from None
         job_id = out.split(";")[0].strip()
+        if lighthouse is not None:  # the lighthouse stops once this array has left the queue
+            self.runner.write_file(f"{run_dir}/{groups.GROUPS_JOB_FILE}", job_id + "\n")
         if not job_id.isdigit():
             raise BackendError(
                 f"sbatch answered {out!r} instead of a job id: check sbatch --parsable"
@@ -193,6 +207,48 @@ class SlurmBackend:
             self.runner.run(["scancel", job_id], check=False)
             raise
 
+    def _check_groups(self) -> None:
+        """A run as replica groups: the nodes' interpreter imports torchft (asked where the
+        commands run: the shared environment the nodes run), and the lighthouse has a node."""
+        from tgnb.runs.ftcheck import torchft_missing
+
+        python = self.options.python
+        probe = self.runner.run([python, "-c", "import torchft"], check=False)
+        if probe.returncode != 0:
+            raise torchft_missing(f"for the nodes' Python ({python}) {self.runner.where}")
+        self._lighthouse_exclude()
+
+    def _lighthouse_exclude(self) -> list[str]:
+        """What keeps the lighthouse of a run as replica groups off the preemptible nodes
+        (``--exclude`` of those now; nothing with `lighthouse_partition`); refused when the
+        cluster has no standard node."""
+        if self.lighthouse_partition:
+            return []
+        sinfo = self.runner.run(["sinfo", "-h", "-N", "-o", "%N|%f"]).stdout
+        if not groups.standard_nodes(sinfo):
+            raise ValidationError(
+                "the lighthouse of a run as replica groups runs on a standard node, and this "
+                "cluster has none: add standard capacity, or give SlurmBackend("
+                "lighthouse_partition=...) a partition of standard nodes"
+            )
+        excluded = groups.preemptible_nodes(sinfo)
+        return [f"--exclude={','.join(excluded)}"] if excluded else []
+
+    def _submit_lighthouse(self, spec: RunSpec, run_dir: str) -> str:
+        """Submit the run's lighthouse job (`tgnb.backends.slurm.groups`); its job id."""
+        script = groups.render_lighthouse(
+            spec, run_dir, self.options.python, self.lighthouse_partition
+        )
+        path = f"{run_dir}/{groups.LIGHTHOUSE_SCRIPT}"
+        self.runner.write_file(path, script, mode=0o755)
+        exclude = self._lighthouse_exclude()
+        out = self.runner.run(["sbatch", "--parsable", *exclude, path]).stdout.strip()
+        job_id = out.split(";")[0].strip()
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch answered {out!r} for the run's lighthouse, not a job id")
+        self.runner.write_file(f"{run_dir}/{groups.LIGHTHOUSE_JOB_FILE}", job_id + "\n")
+        return job_id
+
     def _explain_refusal(self, spec: RunSpec, exc: BackendError) -> BackendError:
         """sbatch refuses a job no node could ever run; when that is because the cluster has no
         preemptible node right now (its target is 0, or every one was reclaimed), say so."""
@@ -217,6 +273,12 @@ class SlurmBackend:
 
     def show(self, job_id: str) -> dict[str, str] | None:
         """The ``scontrol show job`` record of `job_id`, or None once the controller forgot it."""
+        lines = self._show_lines(job_id)
+        return None if lines is None else parse_fields(lines[0] if lines else "")
+
+    def _show_lines(self, job_id: str) -> list[str] | None:
+        """Every line of ``scontrol show job -o`` (an array: one per task), or None once the
+        controller forgot it."""
         proc = self.runner.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
         if proc.returncode != 0:
             if "Invalid job id" in proc.stderr:
@@ -226,15 +288,20 @@ class SlurmBackend:
                 f"scontrol show job {job_id} failed {self.runner.where}: "
                 f"{detail[-1] if detail else proc.returncode}"
             )
-        line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
-        fields = parse_fields(line)
+        lines = proc.stdout.strip().splitlines()
+        fields = parse_fields(lines[0] if lines else "")
         if fields.get("WorkDir"):
             self._run_dirs.setdefault(str(job_id), fields["WorkDir"])
-        return fields
+        return lines
 
     def status(self, job_id: str) -> JobStatus:
-        fields = self.show(job_id)
-        found = job_status(fields) if fields is not None else self._finished_status(job_id)
+        lines = self._show_lines(job_id)
+        if lines is None:
+            found = self._finished_status(job_id)
+        elif lines and "ArrayTaskId=" in lines[0]:  # replica groups: one array task each
+            found = groups.array_status(lines)
+        else:
+            found = job_status(parse_fields(lines[0] if lines else ""))
         if found.exit_code == int(Exit.STOPPED) and str(job_id) in self._run_dirs:
             return budget.settle(found, self.events(job_id))  # its budget, or its own exit 77
         return found
@@ -269,14 +336,15 @@ class SlurmBackend:
         return False
 
     def cancel(self, job_id: str) -> None:
-        """Cancel the run's job, and its placer job when it has one."""
+        """Cancel the run's job, and its placer or lighthouse job when it has one."""
         self.runner.run(["scancel", str(job_id)])
-        try:
-            placer_id = self.runner.read_file(f"{self.run_dir(job_id)}/{placer.JOB_FILE}")
-        except (BackendError, OSError):
-            return  # no placer (or no run directory to find it in)
-        if placer_id.strip().isdigit():
-            self.runner.run(["scancel", placer_id.decode().strip()], check=False)
+        for helper in (placer.JOB_FILE, groups.LIGHTHOUSE_JOB_FILE):
+            try:
+                helper_id = self.runner.read_file(f"{self.run_dir(job_id)}/{helper}")
+            except (BackendError, OSError):
+                return  # no run directory to find it in
+            if helper_id.strip().isdigit():
+                self.runner.run(["scancel", helper_id.decode().strip()], check=False)
 
     def requeue(self, job_id: str) -> None:
         """Ask Slurm to requeue the job now (as a preemption would)."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from tgnb import events as ev
 from tgnb.backends.base import RunSpec
+from tgnb.backends.slurm import groups as ft_groups
 from tgnb.config import MASK_VARS_ENV
 from tgnb.errors import ValidationError
 from tgnb.runs import node, placing
@@ -229,9 +230,10 @@ def _backoff(policy: RecoveryPolicy) -> str:
     return f'case "$failures" in {" ".join([*arms, f"*) delay={table[-1]} ;;"])} esac'
 
 
-def _failure_requeue(spec: RunSpec) -> list[str]:
+def _failure_requeue(spec: RunSpec, counted: str = FAILURES_FILE) -> list[str]:
     """A failure is requeued after the policy's backoff while the failures counted in the run
-    directory stay within `max_restarts`; the final codes (bad config, disk full) never are."""
+    directory (in `counted`) stay within `max_restarts`; the final codes (bad config, disk full)
+    never are."""
     policy = spec.policy
     if policy.max_restarts == 0:
         return ["# max_restarts=0: a failure is final."]
@@ -239,13 +241,13 @@ def _failure_requeue(spec: RunSpec) -> list[str]:
     return [
         "",
         "# A failure counts: requeued after the policy's backoff (tgnb.runs.placing.backoff_table)",
-        f"# while at most {policy.max_restarts} failures are counted in $TGNB_RUN_DIR/{FAILURES_FILE}.",
+        f"# while at most {policy.max_restarts} failures are counted in $TGNB_RUN_DIR/{counted}.",
         'if [ "$rc" -ne 0 ] && [ "$resume" -eq 0 ] && [ "$signalled" -eq 0 ]; then',
         f'  case "$rc" in {final}) final=1 ;; *) final=0 ;; esac',
-        f'  failures=$(cat "$TGNB_RUN_DIR/{FAILURES_FILE}" 2>/dev/null || echo 0)',
+        f'  failures=$(cat "$TGNB_RUN_DIR/{counted}" 2>/dev/null || echo 0)',
         f'  if [ "$final" -eq 0 ] && [ "$failures" -lt {policy.max_restarts} ]; then',
         "    failures=$((failures + 1))",
-        f'    echo "$failures" > "$TGNB_RUN_DIR/{FAILURES_FILE}"',
+        f'    echo "$failures" > "$TGNB_RUN_DIR/{counted}"',
         f"    {_backoff(policy)}",
         f'    echo "tgnb: exit $rc, failure $failures of {policy.max_restarts}: requeue in ${{delay}}s"',
         '    sleep "$delay"',
@@ -258,15 +260,25 @@ def _failure_requeue(spec: RunSpec) -> list[str]:
 
 
 def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = None) -> str:
-    """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`."""
+    """The sbatch script of `spec`, whose run directory (checkpoints, logs, config) is `run_dir`.
+    A run as TorchFT replica groups is one array task per group, each a one-node run
+    (`tgnb.backends.slurm.groups`)."""
     options = options or RenderOptions()
+    groups = ft_groups.is_groups(spec)
+    run = spec
+    if groups:
+        spec = ft_groups.group_spec(run)
     if (
         not run_dir.startswith("/")
         or not run_dir.isprintable()
         or any(c in run_dir for c in " \t\n'\"$`\\")
     ):
         raise ValidationError(f"run directory {run_dir!r} must be an absolute path without spaces")
-    head = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives(spec, run_dir, options)]
+    sbatch = directives(spec, run_dir, options)
+    if groups:  # one array task per group, each with its own log
+        sbatch[1] = f"--output={run_dir}/{ft_groups.LOG_PATTERN}"
+        sbatch[5:5] = ft_groups.group_directives(run)
+    head = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in sbatch]
     body = [
         f"# Rendered by tgnb for run {spec.name}. Secrets are passed by name, never by value.",
         "set -uo pipefail",
@@ -276,6 +288,7 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         f'export TGNB_CONFIG="$TGNB_RUN_DIR/{RUN_FILE_NAME}"',
         f"export {node.REQUEUE_ENV}=script  # this script requeues; the runtime does not",
         *_environment(spec),
+        *(ft_groups.group_environment(run) if groups else []),
         'mkdir -p "$TGNB_RUN_DIR"',
         "",
         "# A requeued job (node removed, preempted, or drained) sees SLURM_RESTART_COUNT > 0; the",
@@ -309,7 +322,9 @@ def render_script(spec: RunSpec, run_dir: str, options: RenderOptions | None = N
         '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
         f'  record {ev.RUN_REQUEUED} "scontrol requeue $SLURM_JOB_ID failed" ""',
         "fi",
-        *_failure_requeue(spec),
+        *_failure_requeue(
+            spec, ft_groups.failures_file(FAILURES_FILE) if groups else FAILURES_FILE
+        ),
         'exit "$rc"',
     ]
     return "\n".join(head + body) + "\n"

@@ -1,0 +1,187 @@
+"""A run as TorchFT replica groups on Kubernetes (`tgnb.backends.kubernetes.groups`, issue 50):
+an Indexed Job of groups on the preemptible nodes, each pod a one-node run whose index is its
+replica group, and the lighthouse as a Deployment off the preemptible nodes behind a Service.
+Strict schema validation (1.30 and 1.37); the golden file is test_objects.py's case
+``torchft_groups`` (golden/torchft_groups.yaml), the same run as `SPEC` here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tgnb.backends.base import Resources, RunSpec, SecretRef
+from tgnb.backends.kubernetes import labels as L
+from tgnb.backends.kubernetes.groups import LIGHTHOUSE_LABEL, WAIT_CONTAINER
+from tgnb.backends.kubernetes.objects import build_objects
+from tgnb.runs import ft
+from tgnb.runs.trainconfig import from_dict
+
+NS = "research"
+VERSIONS = ("1.30", "1.37")
+SPEC = RunSpec(
+    name="ft-groups",
+    train=from_dict({"script": "train.py", "fault_tolerance": "torchft"}),
+    image="ghcr.io/example/tgnb-torchft:0.1",
+    resources=Resources(nodes=3, gpus_per_node=8, preemptible=True),
+    env={ft.HEARTBEAT_TIMEOUT_ENV: "3000"},
+    secrets={"HF_TOKEN": SecretRef(name="hf", key="token")},
+)
+NOT_PREEMPTIBLE = [
+    {"matchExpressions": [{"key": L.COMPUTE_CLASS_LABEL, "operator": "NotIn", "values": ["preemptible"]}]}
+]  # fmt: skip
+
+
+def _docs() -> list[dict[str, Any]]:
+    return build_objects(SPEC, NS, launched=1.8e9).to_dicts()
+
+
+def test_valid_against_the_schemas() -> None:
+    """(The golden file is test_objects.py's case ``torchft_groups``: this run.)"""
+    for doc in _docs():
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_lighthouse_is_off_the_preemptible_nodes_behind_a_service() -> None:
+    docs = _docs()
+    kinds = [d["kind"] for d in docs]
+    assert kinds.index("Deployment") < kinds.index("Job")  # created first: the groups wait for it
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    (service,) = [d for d in docs if d["kind"] == "Service"]  # no rendezvous Service
+    pod = deployment["spec"]["template"]
+    affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == (
+        NOT_PREEMPTIBLE
+    )
+    assert "nodeSelector" not in pod["spec"] and deployment["spec"]["replicas"] == 1
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"].get("clusterIP") != "None"  # one address, not a headless set
+    assert L.RUN_LABEL not in pod["metadata"]["labels"]  # the run's status reads its groups only
+    assert pod["metadata"]["labels"][LIGHTHOUSE_LABEL] == SPEC.name
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][0] == "torchft_lighthouse"
+    assert container["command"][-2:] == ["--bind", f"0.0.0.0:{ft.LIGHTHOUSE_PORT}"]
+    assert "--heartbeat_timeout_ms" in container["command"]
+    assert container["command"][container["command"].index("--heartbeat_timeout_ms") + 1] == "3000"
+    assert service["spec"]["ports"][0]["port"] == ft.LIGHTHOUSE_PORT
+
+
+def test_the_groups_are_an_indexed_job_on_preemptible_nodes() -> None:
+    docs = _docs()
+    job = next(d for d in docs if d["kind"] == "Job")["spec"]
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 3
+    assert job["podReplacementPolicy"] == "Failed" and job["backoffLimitPerIndex"] == 3
+    ignore = {
+        "action": "Ignore",
+        "onPodConditions": [{"status": "True", "type": "DisruptionTarget"}],
+    }
+    assert ignore in job["podFailurePolicy"]["rules"]  # a preempted group's pod is recreated
+    pod = job["template"]["spec"]
+    assert pod["nodeSelector"] == {L.COMPUTE_CLASS_LABEL: L.PREEMPTIBLE}
+    assert "subdomain" not in pod
+    trainer = next(c for c in pod["containers"] if c["name"] == L.CONTAINER)
+    argv = trainer["command"]
+    assert argv[:6] == ["python", "-m", "tgnb.train.launch", "--standalone", "--nnodes=1",
+                        "--nproc_per_node=8"]  # fmt: skip
+    assert not any("rdzv" in word or "node_rank" in word for word in argv)
+    env = {e["name"]: e for e in trainer["env"]}
+    url = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert env[ft.LIGHTHOUSE_ENV]["value"] == url
+    assert env[ft.REPLICA_GROUP_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    assert env[ft.NUM_GROUPS_ENV]["value"] == "3"
+    assert set(ft.group_env("x", 0, 3)) <= set(env)  # every name of the contract
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"key": "token", "name": "hf"}
+    (wait,) = [c for c in pod["initContainers"] if c["name"] == WAIT_CONTAINER]
+    assert wait["command"][:2] == ["python", "-c"]
+    compile(wait["command"][2], "<wait>", "exec")  # the program the pod runs parses
+    assert f"'{service['metadata']['name']}', {ft.LIGHTHOUSE_PORT}" in wait["command"][2]
+
+
+def test_a_run_without_fault_tolerance_has_no_lighthouse() -> None:
+    plain = RunSpec(
+        name="plain",
+        train=from_dict({"script": "train.py"}),
+        image="img",
+        resources=Resources(nodes=2, gpus_per_node=8),
+    )
+    docs = build_objects(plain, NS).to_dicts()
+    assert "Deployment" not in [d["kind"] for d in docs]
+    job = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    assert job["subdomain"] == "plain"
+    assert ft.REPLICA_GROUP_ENV not in {e["name"] for e in job["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("nodes", [2, 5])
+def test_the_index_is_within_the_groups(nodes: int) -> None:
+    spec = RunSpec(
+        name="ft-n",
+        train=from_dict({"script": "train.py", "fault_tolerance": "torchft"}),
+        image="img",
+        resources=Resources(nodes=nodes, gpus_per_node=0),
+    )
+    job = next(d for d in build_objects(spec, NS).to_dicts() if d["kind"] == "Job")["spec"]
+    assert job["completions"] == nodes
+    trainer = job["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in trainer["env"]}[ft.NUM_GROUPS_ENV] == str(nodes)
+    assert "--nproc_per_node=1" in trainer["command"]
+
+
+CM = f"/api/v1/namespaces/{NS}/configmaps"
+PVC = f"/api/v1/namespaces/{NS}/persistentvolumeclaims"
+SVC = f"/api/v1/namespaces/{NS}/services"
+JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+
+
+def _patched(fake_api: Any) -> Any:
+    """The API's answer to a merge patch: the object as created, with the patch's metadata."""
+
+    def answer(req: Any) -> tuple[int, dict[str, Any]]:
+        collection = req.path.rsplit("/", 1)[0]
+        (created,) = [r.body for r in fake_api.sent("POST") if r.path == collection
+                      and r.body["metadata"]["name"] == req.path.rsplit("/", 1)[-1]]  # fmt: skip
+        meta = {**created["metadata"], **req.body["metadata"]}
+        return 200, {**created, "metadata": meta}
+
+    return answer
+
+
+def test_submit_creates_the_lighthouse_first_and_the_job_owns_it(
+    fake_api: Any, api_client: Any
+) -> None:
+    """Fakes the API server (none can run here): the lighthouse's Service and Deployment go
+    before the groups' Job, then the Job is made their owner (Kubernetes deletes them with it)."""
+    from tgnb.backends.kubernetes.backend import KubernetesBackend
+
+    house = f"{SPEC.name}-lighthouse"
+    for path in (f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}"):
+        fake_api.route("PATCH", path, _patched(fake_api))
+    KubernetesBackend(api_client, NS, poll_interval=0.01).submit(SPEC)
+    posts = fake_api.sent("POST")
+    assert [r.path for r in posts] == [CM, PVC, SVC, DEPLOYMENTS, JOBS]
+    assert posts[2].body["metadata"]["name"] == posts[3].body["metadata"]["name"] == house
+    patches = fake_api.sent("PATCH")
+    assert [r.path for r in patches] == [f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}"]
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": SPEC.name, "uid": "u-1"}
+    assert all(r.body == {"metadata": {"ownerReferences": [owner]}} for r in patches)
+
+
+def test_a_refused_ownership_leaves_nothing(fake_api: Any, api_client: Any, k8s: Any) -> None:
+    """Fakes the API server: the owner patch refused (403), the Job and what was created before it
+    are deleted, and the error names what failed."""
+    from tgnb.backends.kubernetes.backend import KubernetesBackend
+    from tgnb.errors import TgnbError
+
+    house = f"{SPEC.name}-lighthouse"
+    fake_api.route("PATCH", f"{SVC}/{house}", (403, k8s.status(403, "Forbidden", "no patch")))
+    with pytest.raises(TgnbError, match="owner of its lighthouse"):
+        KubernetesBackend(api_client, NS, poll_interval=0.01).submit(SPEC)
+    deleted = [r.path for r in fake_api.sent("DELETE")]
+    assert f"{JOBS}/{SPEC.name}" in deleted
+    assert {f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}", f"{CM}/{SPEC.name}-config"} <= set(deleted)
