@@ -249,6 +249,9 @@ class _Logged:
     seen: set[tuple[Any, ...]] = field(default_factory=set)
     read: int = 0  # bytes fetched from the engine, all polls together
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the raw lines a follower of the log was given: how many, and the engine's cursor after them
+    shown: int = 0
+    shown_cursor: Any = None
 
     def update(self, fetch: Callable[[Any], LogChunk]) -> dict[str, list[Any]]:
         """Fetch what was written since the cursor and parse it; the unfinished line's records
@@ -326,3 +329,27 @@ def engine_events(backend: Any, job_id: str) -> list[Event]:
         if ev is not None and ev.key not in seen:
             bisect.insort(out, ev, key=lambda e: e.time)
     return out
+
+
+def engine_lines(backend: Any, job_id: str, line: int, finished: bool) -> list[str] | None:
+    """The raw output lines of `job_id` after its first `line` ones, fetched after the engine's
+    cursor when `line` is where the last call for this job ended (a follower of the log, page
+    after page) or 0; None for any other `line` (the caller reads the output whole). The last
+    line without its newline is given once the job has `finished`, not before."""
+    logged = engine_log(backend, job_id)
+    with logged.lock:
+        if line == 0:
+            logged.shown, logged.shown_cursor = 0, None
+        elif line != logged.shown:
+            return None
+        chunk: LogChunk = backend.logs_after(job_id, logged.shown_cursor)
+        logged.read += chunk.read
+        if chunk.restarted and line:
+            logged.shown = -1
+            return None  # the output was replaced: the follower's line numbers mean nothing now
+        lines = list(chunk.lines)
+        logged.shown, logged.shown_cursor = line + len(lines), chunk.cursor
+        if finished and chunk.unfinished:
+            lines.append(chunk.unfinished)
+            logged.shown = -1  # past the engine's cursor: a next page reads the output whole
+        return lines

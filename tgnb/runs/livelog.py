@@ -25,6 +25,7 @@ from typing import Any, Protocol, TextIO
 
 from tgnb.events import Event, parse_record, parse_time, program_text
 from tgnb.runs import meter, node
+from tgnb.runs.cursor import engine_lines
 
 #: The ``kind`` of the ``@tgnb`` record that starts each attempt's output (`tgnb.train.attempt`).
 ATTEMPT = "attempt"
@@ -144,14 +145,21 @@ class Page:
 def _raw_after(run: Any, cursor: int, finished: bool) -> tuple[list[str], int, bool]:
     """The raw lines after `cursor`, the cursor after them, and whether the log was read to its
     end. The run directory's log (on this machine) is read from byte `cursor`, whole lines only
-    until the run has finished, at most `PAGE_BYTES` (or one longer line); a log only its
-    backend reads (a pod's, a remote job's) is read whole and `cursor` counts its lines."""
+    until the run has finished, at most `PAGE_BYTES` (or one longer line); for a log only its
+    backend reads (a pod's, a remote job's) `cursor` counts its lines, and the next page is
+    fetched after the engine's own cursor (`tgnb.runs.cursor.engine_lines`; read whole when the
+    engine has none, or for a page that is not the next one)."""
     d = run.run_dir
     path = None if d is None else d / node.LOG
     if path is None or not path.parent.is_dir():
-        if run.backend is None or not run.record.job_id:
+        job = run.record.job_id
+        if run.backend is None or not job:
             return [], cursor, True
-        every = list(run.backend.logs(run.record.job_id, follow=False))
+        if hasattr(run.backend, "logs_after"):
+            new = engine_lines(run.backend, job, cursor, finished)
+            if new is not None:
+                return new, cursor + len(new), True
+        every = list(run.backend.logs(job, follow=False))
         return every[cursor:], len(every), True
     if not path.exists():
         return [], cursor, True

@@ -70,3 +70,44 @@ def test_a_second_poll_fetches_only_the_new_lines(
     assert last == len(_metrics(5002)) + 1
     evs = [from_record({k: v for k, v in r.items() if k != "kind"}) for r in whole]
     assert run.run_events() == dedupe(e for e in evs if e is not None)
+
+
+def test_following_the_log_fetches_each_page_after_the_last(
+    tmp_path: Path, login_node: tuple[str, tuple[str, ...]]
+) -> None:
+    """The live log (`%tg logs --follow`, the sidebar's log pages): the next page of a remote
+    job's output is fetched after the engine's offset, not the whole output again."""
+    from tgnb.runs import livelog
+
+    host, options = login_node
+    backend = SlurmBackend(
+        runner=CommandRunner(host, ssh_options=options), runs_root=tmp_path / "remote", gres=False
+    )
+    run_dir = tmp_path / "remote" / "follow"
+    run_dir.mkdir(parents=True)
+    backend.attach("77", run_dir)
+    out = run_dir / "slurm-77.out"
+    out.write_text("".join(f"line {k}\n" for k in range(20_000)))
+    store = RunStore(tmp_path / "home")
+    rec = store.create(RunSpec(name="follow", train={}, resources=Resources()), backend="slurm")
+    store.add_job(rec.id, "77")
+    run = Run(store.get(rec.id), store, backend)
+
+    first = livelog.page(run, raw=True)
+    assert [text for _, text in first.lines] == [f"line {k}" for k in range(20_000)]
+    fetched = cursor.engine_log(backend, "77").read
+    assert fetched == out.stat().st_size
+    with open(out, "a") as fh:
+        fh.write("line 20000\nline 20001\nline 2000")  # and part of the next
+    second = livelog.page(run, first.cursor, first.attempt, raw=True)
+    assert [text for _, text in second.lines] == ["line 20000", "line 20001"]
+    assert cursor.engine_log(backend, "77").read - fetched == len(
+        "line 20000\nline 20001\nline 2000"
+    )
+    with open(out, "a") as fh:
+        fh.write("2\n")
+    third = livelog.page(run, second.cursor, second.attempt, raw=True)
+    assert [text for _, text in third.lines] == ["line 20002"]
+    # a page that is not the next one (another viewer) reads the output whole, as before
+    again = livelog.page(run, 5, first.attempt, raw=True)
+    assert [text for _, text in again.lines][:1] == ["line 5"] and again.cursor == 20_003
