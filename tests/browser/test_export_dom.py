@@ -19,6 +19,9 @@ import pytest
 from tgnb import batch
 from tgnb.emulator.testing import running_emulator
 
+#: The module's export comes from a notebook that launches runs (the stand-in trainer).
+pytestmark = pytest.mark.training
+
 STANDIN_DIR = Path(__file__).resolve().parents[1] / "backends" / "local"
 
 CELLS = [

@@ -193,6 +193,7 @@ def test_stop_of_another_home_leaves_this_home_running(tmp_path: Path) -> None:
         assert "not running" in done.stdout
 
 
+@pytest.mark.training
 def test_supervisor_does_not_outlive_emulator_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -112,6 +112,7 @@ def test_stopping_a_run_whose_supervisor_died_kills_every_worker(home: Path) -> 
     _check(pids)
 
 
+@pytest.mark.training
 @pytest.mark.timeout(300)
 def test_shutdown_right_after_a_launch_is_quick_and_clean(tmp_path: Path) -> None:
     """`shutdown_local` just after `launch` (the real runtime: its supervisor imports the training

@@ -72,6 +72,7 @@ def _finish(proc: Any) -> tuple[int, str]:
     return int(code), proc.log.read_text()
 
 
+@pytest.mark.training
 def test_a_second_run_on_a_live_runs_checkpoints_is_refused(tmp_path: Path) -> None:
     """The first run is still training when the second is refused; stopped then (SIGTERM, as a
     preemption), it checkpoints its own state and exits 75."""
@@ -90,6 +91,7 @@ def test_a_second_run_on_a_live_runs_checkpoints_is_refused(tmp_path: Path) -> N
     assert code1 == EXIT_PREEMPTED, log1[-1500:]
 
 
+@pytest.mark.training
 def test_another_run_on_a_finished_runs_checkpoints_is_refused_and_the_same_resumes(
     tmp_path: Path,
 ) -> None:

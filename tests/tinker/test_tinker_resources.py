@@ -218,6 +218,7 @@ def test_clients_created_at_once_share_one_resource(rl_emulator: EmulatorHandle)
     assert running_resources() == before
 
 
+@pytest.mark.training
 def test_a_script_says_what_its_resources_cost_and_which_it_leaves_running(
     rl_emulator: EmulatorHandle, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def test_a_command_runs_once_per_pod_never_under_torchrun(res: dict[str, Any]) -
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in {e["name"] for e in container["env"]}
 
 
+@pytest.mark.training
 def test_a_command_that_exits_0_on_sigterm_with_nothing_sealed_exits_75_in_its_pod(
     tmp_path: Path,
 ) -> None:

@@ -18,6 +18,9 @@ import pytest
 
 from tgnb.train import checkpoint as ck
 
+#: Every test reads the reports of ranks the module's fixture ran under torch.distributed.
+pytestmark = pytest.mark.training
+
 HERE = Path(__file__).parent
 
 
