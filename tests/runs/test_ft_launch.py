@@ -112,6 +112,6 @@ def test_the_local_check_reads_this_interpreter(
     spec = plan.spec
     ftcheck.require_here(spec)  # installed here (the main environment has torchft)
     monkeypatch.setattr(ftcheck.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValidationError, match="pip install torchft"):
+    with pytest.raises(ValidationError, match=r"pip install .tgnb\[torchft\]."):
         ftcheck.require_here(spec)
     plan.discard()

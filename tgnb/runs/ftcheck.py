@@ -35,8 +35,8 @@ from tgnb.runs.ft import TORCHFT
 from tgnb.runs.spec import RunSpec
 from tgnb.runs.trainconfig import ALGORITHMS
 
-#: What to install where the groups run (the PyPI package; its wheel has the lighthouse too).
-INSTALL = "pip install torchft"
+#: What to install where the groups run (the extra's torchft wheel has the lighthouse too).
+INSTALL = "pip install 'tgnb[torchft]'"
 
 
 def check(spec: RunSpec) -> None:

@@ -15,7 +15,7 @@ groups, and the lighthouse's own objects.
   groups. Each group's pod first waits until the lighthouse answers (an init container). Both are
   created before the Job and then owned by it (``ownerReferences``, set by the backend once the
   Job has its uid): Kubernetes deletes them with the Job.
-- The image must have ``torchft`` (``pip install torchft``: the package and its
+- The image must have ``torchft`` (``pip install 'tgnb[torchft]'``: the package and its
   ``torchft_lighthouse``); tgnb cannot look inside it from here (docs/replica-groups.md).
 """
 
