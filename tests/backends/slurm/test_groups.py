@@ -140,3 +140,48 @@ def test_no_standard_node_is_refused_before_submitting(slurm: str, tmp_path: Pat
         backend.preflight(spec)
     assert "\n" not in str(exc.value)
     assert not (tmp_path / "ft-none").exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_lighthouse_job_publishes_its_address_and_ends_with_the_groups(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """Real Slurm and the real ``torchft_lighthouse``: the lighthouse's job writes a HOST:PORT that
+    answers, and ends (removing it) once the groups' array has left the queue. (The whole run --
+    lighthouse and two groups at once -- needs three CPUs; the test cluster has two.)"""
+    import socket
+    import time
+
+    run_dir = tmp_path / "ft-house"
+    run_dir.mkdir()
+    spec = RunSpec(name="ft-house", train=FT, resources=Resources(nodes=2, gpus_per_node=0))
+    script = run_dir / groups.LIGHTHOUSE_SCRIPT
+    script.write_text(groups.render_lighthouse(spec, str(run_dir), sys.executable, "low"))
+    house = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    cleanup_jobs.append(house)
+    address = run_dir / groups.ADDRESS_FILE
+    deadline = time.monotonic() + 120
+    while not address.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    host, _, port = address.read_text().strip().rpartition(":")
+    assert host == socket.gethostname() and port.isdigit()
+    socket.create_connection(("127.0.0.1", int(port)), 5).close()  # it listens there
+    array = subprocess.run(  # stands for the groups: an array that ends at once
+        ["sbatch", "--parsable", "--array=0-1", "--wrap=true", f"--chdir={run_dir}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    cleanup_jobs.append(array)
+    (run_dir / groups.GROUPS_JOB_FILE).write_text(array + "\n")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-j", house], capture_output=True, text=True)
+        if not queued.stdout.strip():
+            break
+        time.sleep(1)
+    assert not queued.stdout.strip(), "the lighthouse's job is still queued after its groups"
+    assert not address.exists()
+    log = next(run_dir.glob("lighthouse-*.out")).read_text()
+    assert f"the replica groups (job {array}) have ended" in log
