@@ -77,9 +77,8 @@ def main() -> int:
         running_emulator(Path(tmp), time_scale=0.01) as emu,
     ):
         os.environ.update(TOGETHER_BASE_URL=emu.base_url, TOGETHER_API_KEY=emu.api_key)
-        with tinker.ServiceClient() as service:
-            caps = service.get_server_capabilities()
-            base_model = str(caps.supported_models[0].model_name)
+        caps = tinker.RestClient().get_server_capabilities().result()  # as tinker 0.38 asks
+        base_model = str(caps.supported_models[0].model_name)
         for r in range(ns.rounds):
             load = os.getloadavg()[0]
             order = [0, ns.max_off_policy] if r % 2 == 0 else [ns.max_off_policy, 0]
