@@ -17,8 +17,10 @@ light ones (`tgnb.tasks.config.check_light`: types, ranges of common TRL options
 datasets resolved against the workdir with the columns the algorithm reads, the checkpoint
 policy); the script exists and compiles; and, when the config names something only TRL or the
 user's code can answer for (a TRL or LoRA option, a reward module), ``python -m tgnb.train
---check`` in a subprocess run in the workdir -- TRL option names (``Did you mean
-'learning_rate'?``), reward modules importable there with a signature TRL accepts.
+run.json --check`` in a subprocess run in the workdir, given a run file as a node is
+(`tgnb.runs.runfile`): like a node, it trusts the light checks made here and makes the rest --
+TRL option names (``Did you mean 'learning_rate'?``), reward modules importable there with a
+signature TRL accepts.
 
 With ``checkpoint.auto`` on preemptible nodes, the preemption rate it weighs comes from the
 cluster's own history (`observed_preemption_rate`), the setting being the prior.
@@ -398,15 +400,20 @@ def resolved(train: TrainConfig, root: Path | None, run_dir: str | None = None) 
 
 
 def check_on_a_node_like_process(train: TrainConfig, root: Path, run_dir: str | None = None) -> str:
-    """``python -m tgnb.train CONFIG --check`` in `root` with it on ``PYTHONPATH``, as the node
-    will run it; its one-line refusal becomes a `ValidationError`; its output (the resolved
-    config as YAML) is returned."""
+    """``python -m tgnb.train RUN_FILE --check`` in `root` with it on ``PYTHONPATH``, as the node
+    will run it (given a run file: the light checks `check` made are not made again); its
+    one-line refusal becomes a `ValidationError`; its output (the resolved config as YAML) is
+    returned."""
+    import time
+
     from tgnb.backends.local import proctree
     from tgnb.runs import node
+    from tgnb.runs.runfile import RunFile
 
     with tempfile.TemporaryDirectory(prefix="tgnb-check-") as tmp:
-        config = Path(tmp) / node.CONFIG
-        config.write_text(node.render_config(train.compact()), encoding="utf-8")
+        config = Path(tmp) / node.RUN_FILE
+        run = RunFile(RunSpec("check", train), time.time())  # the run's name is train's
+        config.write_text(run.to_json(), encoding="utf-8")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
         env.setdefault("HF_HUB_OFFLINE", "1")
