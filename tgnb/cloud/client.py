@@ -1,6 +1,7 @@
 """The official `together` SDK client, built from `tgnb.config.Settings`, and what tgnb does around it.
 
-- `make_client` builds ``together.Together(api_key=, base_url=, timeout=, max_retries=)``; the SDK
+- `make_client` builds ``together.Together(api_key=, base_url=, project_id=, timeout=,
+  max_retries=)``, the one SDK client factory of every plane (`tgnb.connection.Endpoint` too); the SDK
   itself adds the ``/v1/...`` paths, so the base URL is the server root (a trailing ``/v1`` from the
   SDK 1.x habit is dropped).
 - `translate` turns an SDK exception into the `tgnb.errors` hierarchy with a one-line message that
