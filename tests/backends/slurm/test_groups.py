@@ -185,3 +185,17 @@ def test_the_lighthouse_job_publishes_its_address_and_ends_with_the_groups(
     assert not address.exists()
     log = next(run_dir.glob("lighthouse-*.out")).read_text()
     assert f"the replica groups (job {array}) have ended" in log
+
+
+def test_a_group_runs_log_is_its_checkpointing_groups(tmp_path: Path) -> None:
+    """The run's log (`SlurmBackend.log_path`): an array's is the log of group
+    `tgnb.runs.ft.CHECKPOINT_GROUP` (``slurm-ARRAY_0.out``); a plain run's is its own."""
+    backend = SlurmBackend(runs_root=tmp_path, gres=False)
+    for job, name, marker in (("41", "ft", "41\n"), ("42", "plain", None)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        if marker is not None:  # what submit writes for the lighthouse beside the groups
+            (run_dir / groups.GROUPS_JOB_FILE).write_text(marker)
+        backend.attach(job, run_dir)
+    assert backend.log_path("41") == f"{tmp_path}/ft/slurm-41_{ft.CHECKPOINT_GROUP}.out"
+    assert backend.log_path("42") == f"{tmp_path}/plain/slurm-42.out"
