@@ -391,7 +391,9 @@ class Session:
                 f"a run named {spec.name!r} already exists: choose another name= (or "
                 "session.run(name))"
             )
-        backend.preflight(spec)  # engine checks (commands, controller, image) before recording
+        # the engine renders the launch and checks it (commands, controller, image) before
+        # the run is recorded; submit sends what it rendered
+        prepared = backend.preflight(spec)
         run_dir = backend.run_dir_for(spec.name)
         if dry_run:
             return plan.resolved(None if run_dir is None else os.fspath(run_dir))
@@ -402,7 +404,7 @@ class Session:
             run_dir=None if run_dir is None else os.fspath(run_dir),
         )
         try:
-            job_id = backend.submit(spec)
+            job_id = backend.submit(spec, prepared)
         except TgnbError as exc:
             self.store.set_state(record.id, JobState.FAILED, f"submit failed: {exc}")
             raise

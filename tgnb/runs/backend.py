@@ -1,5 +1,9 @@
 """`Backend`: what the run store's `Run` and `Session` need from a workload engine.
 
+One skeleton for every engine (as submitit's Executor): `Backend.preflight` renders the launch and
+checks it, `Backend.submit` sends what was rendered (rendered once per launch); while the run
+lives, the engine's end of the one placement loop (`tgnb.runs.placing`) places it.
+
 Declared here, beside the domain types, so that `tgnb.runs` depends on no engine; the engines in
 `tgnb.backends` implement it (``tgnb.backends.Backend`` is this protocol).
 """
@@ -8,16 +12,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from tgnb.events import Event
 from tgnb.runs.spec import JobStatus, RunSpec
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """What tgnb needs from an engine: everything `Session` and `Run` call, nothing found by
-    probing. Job ids are strings chosen by the engine.
+    """What tgnb needs from an engine: what `Session` and `Run` call, and nothing else (an
+    engine's own methods, its ``events`` and ``restart_count``, are its own). Job ids are strings
+    chosen by the engine.
 
     One mode for every engine: `status` answers from the engine (slurmctld, the Kubernetes Job, the
     local supervisor's records in the run store) and is the truth; the session records each run
@@ -28,11 +32,12 @@ class Backend(Protocol):
 
     name: str
 
-    def preflight(self, spec: RunSpec) -> object:
-        """Every check `submit` makes before it changes anything (engine commands present,
+    def preflight(self, spec: RunSpec) -> Any:
+        """Render the launch (the engine's own: an sbatch script, the Kubernetes objects) and make
+        every check `submit` would make before it changes anything (engine commands present,
         controller reachable, image given); raises a `tgnb.errors.TgnbError`. `Session.launch`
-        calls it before recording the run, so bad input leaves no trace. Any result is the
-        engine's own."""
+        calls it before recording the run, so bad input leaves no trace, and hands what it
+        returns to `submit`."""
         ...
 
     def run_dir_for(self, name: str) -> str | os.PathLike[str] | None:
@@ -40,8 +45,9 @@ class Backend(Protocol):
         None when that is not a path this machine chooses (a pod's volume)."""
         ...
 
-    def submit(self, spec: RunSpec) -> str:
-        """Start the run the session has just recorded under `spec.name`; the job id."""
+    def submit(self, spec: RunSpec, prepared: Any = None) -> str:
+        """Start the run the session has just recorded under `spec.name`, sending what
+        `preflight` rendered (`prepared`; rendered and checked afresh when None); the job id."""
         ...
 
     def status(self, job_id: str) -> JobStatus:
@@ -54,10 +60,6 @@ class Backend(Protocol):
         """The job's output, raw lines without newline (``@tgnb`` records included: `Run`
         parses them); with `follow`, as they are written until the job has finished."""
         ...
-
-    def events(self, job_id: str) -> list[Event]: ...
-
-    def restart_count(self, job_id: str) -> int: ...
 
     def recover(self, job_id: str) -> bool:
         """Start again what keeps an unfinished run going when it is gone (after a machine

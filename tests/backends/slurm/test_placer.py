@@ -11,6 +11,7 @@ back. GPUs cannot be had here: the node records with GPUs are written out by han
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -21,8 +22,16 @@ import pytest
 
 from tests.conftest import wait_until
 from tgnb.backends.base import JobState, Resources, RunSpec
-from tgnb.backends.slurm.placer import CONFIG_NAME, JOB_FILE, SlurmNode, render_placer, slurm_facts
+from tgnb.backends.slurm.placer import (
+    CONFIG_NAME,
+    JOB_FILE,
+    SlurmNode,
+    SlurmPlacement,
+    render_placer,
+    slurm_facts,
+)
 from tgnb.backends.slurm.records import parse_fields
+from tgnb.runs.placing import NoAnswer
 from tgnb.runs.recovery import RecoveryPolicy, decide
 
 from .conftest import NODE, fake_train, set_features
@@ -207,3 +216,57 @@ def test_no_preemptible_node_at_all_is_refused_with_the_fix(
         backend.submit(spec("no-capacity", RecoveryPolicy(when_short="standard"), sleep=1))
     queued = subprocess.run(["squeue", "-h", "-n", "no-capacity"], capture_output=True, text=True)
     assert queued.stdout.strip() == ""
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_run_on_the_standard_node_goes_back_once_preemptible_capacity_is_back(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """Restart 0 on the preemptible node, preempted (exit 75) once the node is standard; restart 1
+    is placed on the standard node (wait_s=0). While it runs the node becomes preemptible again:
+    the placer requeues it at once (Slurm signals it: it checkpoints, exits 75), and restart 2
+    asks for preemptible nodes. The one-node cluster has 2 CPUs, the run's job takes one: the
+    run's own placer job is cancelled, and the same placer (`SlurmPlacement`, real ``scontrol``
+    commands) is stepped here instead, so that the node has room for the move back."""
+    backend = make_backend(tmp_path)
+    policy = RecoveryPolicy(when_short="standard", wait_s=0)
+    job = backend.submit(spec("go-back", policy, sleep=30, first_exit=75, exits=1))
+    cleanup_jobs.append(job)
+    run_dir = Path(backend.run_dir(job))
+    placer_job = (run_dir / JOB_FILE).read_text().strip()
+    cleanup_jobs.append(placer_job)
+    subprocess.run(["scancel", placer_job], check=True, timeout=15)
+    engine = SlurmPlacement(run_dir / CONFIG_NAME, job)
+
+    def step_until(what: str, cond: Any, timeout: float = 240) -> Any:
+        def tick() -> Any:
+            with contextlib.suppress(NoAnswer):
+                engine.loop.step()
+            return cond()
+
+        return wait_until(tick, timeout, what=what, every=1.0)
+
+    step_until("restart 0 running", lambda: backend.status(job).state is JobState.RUNNING)
+    set_features("")  # the preemptible capacity is gone: restart 0 exits 75, then restart 1
+    st = step_until(
+        "restart 1 running",
+        lambda: (s := backend.status(job)).restart_count == 1 and s.state is JobState.RUNNING,
+    )
+    assert st and "preemptible" not in features_of(job)
+    for _ in range(3):  # on the standard node, no preemptible capacity: it stays
+        d = engine.loop.step()
+        assert d is not None and d.action == "keep", d
+    set_features("preemptible")  # capacity is back while the run is on the standard node
+    d = engine.loop.step()
+    assert d is not None and d.reason == "back to preemptible: on 1 preemptible node", d
+    step_until("the run to end", lambda: backend.status(job).state.finished, 300)
+    final = backend.status(job)
+    assert final.state is JobState.SUCCEEDED and final.restart_count == 2, final
+    got = decisions(backend, job)
+    assert ("start", "preemptible", "full") in got[got.index(("start", "standard", "standard")) :]
+    said = [e.message for e in backend.events(job) if e.reason == "RecoveryDecided"]
+    assert "back to preemptible: on 1 preemptible node" in said, said
+    log = (run_dir / f"slurm-{job}.out").read_text()
+    assert "fake-train: TERM" in log and log.count("fake-train: exiting 75") == 1, log
+    assert "restart=2" in log and features_of(job) == "preemptible"

@@ -107,9 +107,10 @@ class KubernetesBackend:
             storage_class=self.storage_class,
         )
 
-    def preflight(self, spec: RunSpec) -> None:
-        """Everything `submit` checks before it sends anything (the objects build and validate)."""
-        self.build(spec)
+    def preflight(self, spec: RunSpec) -> RunObjects:
+        """Everything `submit` checks before it sends anything (the objects build and validate);
+        the objects, which `submit` sends."""
+        return self.build(spec)
 
     def run_dir_for(self, name: str) -> None:
         """None: a run's directory is on the pods' volume, not a path this machine chooses."""
@@ -119,12 +120,12 @@ class KubernetesBackend:
         """False: the Job controller recreates the pods of a run itself."""
         return False
 
-    def submit(self, spec: RunSpec) -> str:
+    def submit(self, spec: RunSpec, prepared: RunObjects | None = None) -> str:
         """Create the run's ConfigMap, the shared claim (if absent), its Service, its placer (when
         its policy needs one: `placer_objects`) and its Job. The placer goes before the Job: the
         Job's pods are gated until a placer lifts the gate, so a placer refused (a user who may not
         create its ClusterRole) must leave no Job whose pods would wait forever."""
-        objs = self.build(spec)
+        objs = prepared or self.build(spec)  # built once per launch: `preflight`'s
         ns, name = self.namespace, spec.name
         exists = BackendError(
             f"a run named {name!r} already exists in namespace {ns!r}: "

@@ -127,7 +127,7 @@ class LocalBackend:
 
     # -- Backend protocol ----------------------------------------------------------------------
 
-    def submit(self, spec: RunSpec) -> str:
+    def submit(self, spec: RunSpec, prepared: None = None) -> str:
         """Start the supervisor of the run the session recorded under `spec.name`; the job id is
         the run's id (the supervisor's records in the run store are this engine's state)."""
         rec = self.store.find(spec.name)

@@ -34,7 +34,7 @@ from tgnb.backends.slurm.render import (
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
-from tgnb.runs import budget, ft, node
+from tgnb.runs import budget, node
 from tgnb.runs.cursor import LogChunk, split_appended
 from tgnb.runs.node import Exit
 from tgnb.runs.runfile import RunFile
@@ -88,7 +88,6 @@ class SlurmBackend:
         self.lighthouse_partition = lighthouse_partition
         self._run_dirs: dict[str, str] = {}
         self._accounting: bool | None = None
-        self._group_runs: dict[str, bool] = {}  # job id: a run as replica groups (`log_path`)
 
     # Where runs live.
 
@@ -153,10 +152,11 @@ class SlurmBackend:
                 env[source] = os.environ[source]
         return script, config, env
 
-    def submit(self, spec: RunSpec) -> str:
-        """Write the script, the run file (`tgnb.runs.runfile`, what the node reads) and its
-        config view into the run directory and ``sbatch`` it; the job id."""
-        script, config, env = self.preflight(spec)
+    def submit(self, spec: RunSpec, prepared: tuple[str, str, dict[str, str]] | None = None) -> str:
+        """Send what `preflight` rendered (`prepared`; rendered afresh when None): write the
+        script, the run file (`tgnb.runs.runfile`, what the node reads) and its config view into
+        the run directory and ``sbatch`` it; the job id."""
+        script, config, env = prepared or self.preflight(spec)
         run_dir = self._run_dir_of_script(script)
         script_path = f"{run_dir}/{SCRIPT_NAME}"
         snapshot = spec.workdir_snapshot()
@@ -369,15 +369,7 @@ class SlurmBackend:
             ) from None
 
     def log_path(self, job_id: str) -> str:
-        """The job's output file; for a run as replica groups (an array: one log per group),
-        the log of the group that checkpoints (`tgnb.runs.ft.CHECKPOINT_GROUP`)."""
-        run_dir = self.run_dir(job_id)
-        if str(job_id) not in self._group_runs:  # read once: its groups' job file
-            marker = self.runner.read_file(f"{run_dir}/{groups.GROUPS_JOB_FILE}")
-            self._group_runs[str(job_id)] = marker.strip() == str(job_id).encode()
-        if self._group_runs[str(job_id)]:
-            return f"{run_dir}/slurm-{job_id}_{ft.CHECKPOINT_GROUP}.out"
-        return f"{run_dir}/slurm-{job_id}.out"
+        return f"{self.run_dir(job_id)}/slurm-{job_id}.out"
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Lines of the job's output file; with `follow`, until the job has finished."""
