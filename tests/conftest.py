@@ -70,17 +70,19 @@ TRAINING_FIXTURES = frozenset(
     {"session", "standin", "launcher", "train", "executed", "slurm", "lab", "login_node"}
 )
 
-#: The modules whose tests run Tinker training loops (scripts and clients that train a LoRA on the
-#: emulator's Post-Training engine: forward_backward, optim_step, sampling), every test of them.
+#: The modules whose tests run training loops on the emulator's Post-Training engine (Tinker
+#: scripts and clients, the SDK's own loop: forward_backward, optim_step, sampling), every test.
 TRAINING_MODULES = frozenset(
-    f"tests/tinker/{name}.py"
+    f"tests/{name}.py"
     for name in (
-        "test_async_rl",
-        "test_tinker_038",
-        "test_tinker_as_written",
-        "test_tinker_fidelity",
-        "test_tinker_layer",
-        "test_tinker_leftovers",
+        "tinker/test_async_rl",
+        "tinker/test_tinker_038",
+        "tinker/test_tinker_as_written",
+        "tinker/test_tinker_fidelity",
+        "tinker/test_tinker_layer",
+        "tinker/test_tinker_leftovers",
+        "emulator/rl/test_sdk_chaos",
+        "emulator/rl/test_sdk_e2e",
     )
 )
 
