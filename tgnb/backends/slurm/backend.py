@@ -34,7 +34,7 @@ from tgnb.backends.slurm.render import (
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
-from tgnb.runs import budget, node
+from tgnb.runs import budget, ft, node
 from tgnb.runs.cursor import LogChunk, split_appended
 from tgnb.runs.node import Exit
 from tgnb.runs.runfile import RunFile
@@ -88,6 +88,7 @@ class SlurmBackend:
         self.lighthouse_partition = lighthouse_partition
         self._run_dirs: dict[str, str] = {}
         self._accounting: bool | None = None
+        self._group_runs: dict[str, bool] = {}  # job id: a run as replica groups (`log_path`)
 
     # Where runs live.
 
@@ -369,7 +370,15 @@ class SlurmBackend:
             ) from None
 
     def log_path(self, job_id: str) -> str:
-        return f"{self.run_dir(job_id)}/slurm-{job_id}.out"
+        """The job's output file; for a run as replica groups (an array: one log per group),
+        the log of the group that checkpoints (`tgnb.runs.ft.CHECKPOINT_GROUP`)."""
+        run_dir = self.run_dir(job_id)
+        if str(job_id) not in self._group_runs:  # read once: its groups' job file
+            marker = self.runner.read_file(f"{run_dir}/{groups.GROUPS_JOB_FILE}")
+            self._group_runs[str(job_id)] = marker.strip() == str(job_id).encode()
+        if self._group_runs[str(job_id)]:
+            return f"{run_dir}/slurm-{job_id}_{ft.CHECKPOINT_GROUP}.out"
+        return f"{run_dir}/slurm-{job_id}.out"
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Lines of the job's output file; with `follow`, until the job has finished."""
