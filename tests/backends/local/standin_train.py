@@ -43,6 +43,8 @@ def _slowdown() -> float:
 
 def main() -> int:
     config = yaml.safe_load(Path(sys.argv[1]).read_text())
+    if "spec" in config:  # the run file (run.json), as the node is started now: its training config
+        config = config["spec"]["train"]
     run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
     max_steps = int(config.get("max_steps", 20))
     step_s = float(os.environ.get("STANDIN_STEP_SECONDS", "0.1")) * _slowdown()
