@@ -66,7 +66,8 @@ def lines(run: Run, key: str = "step") -> list[dict[str, Any]]:
     assert run.run_dir is not None
     path = run.run_dir / "train.log"
     out = []
-    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    for line in text.replace("}{", "}\n{").splitlines():  # two groups' lines may run into one
         if line.startswith("{") and f'"{key}"' in line:
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
@@ -157,8 +158,10 @@ def one(session: Session, mode: str, args: argparse.Namespace, tag: str) -> dict
     for _what, te in hits if mode == "checkpoint-restart" else ():  # every process stops
         before = [x["t"] for x in rows if x["t"] <= te]
         after = [x["t"] for x in rows if x["t"] > te]
-        if before and after:
-            stalls.append(round(max(0.0, after[0] - before[-1] - step_s), 2))
+        if before and after:  # the longest gap in the 2 minutes after it: stop, restart, resume
+            ts = [before[-1], *(t for t in after if t < te + 120)]
+            gap = max((b - a for a, b in itertools.pairwise(ts)), default=0.0)
+            stalls.append(round(max(0.0, gap - step_s), 2))
     if mode == "replica groups":
         lockstep = [e["data"]["took_s"] for e in evs if e["reason"] == GROUP_HEALED
                     and parse_time(e["time"]).timestamp() > t0 + 1 and e["data"].get("took_s")]  # fmt: skip

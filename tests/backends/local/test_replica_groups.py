@@ -51,9 +51,10 @@ def steps(run: Run) -> list[dict[str, Any]]:
     assert run.run_dir is not None
     path = run.run_dir / "train.log"
     out = []
-    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    for line in text.replace("}{", "}\n{").splitlines():  # two groups' lines may run into one
         if line.startswith("{") and '"group"' in line:
-            with contextlib.suppress(ValueError):  # two groups' lines may run into one
+            with contextlib.suppress(ValueError):  # a line cut short
                 out.append(json.loads(line))
     return out
 

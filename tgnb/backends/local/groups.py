@@ -290,8 +290,8 @@ class Groups:
                     self.ended(g, code)
             self.reader.poll()
             if not self.groups and not self.finished and stop_at is None:
-                if not sup.policy.restart_after_failure(max(self.failures, 1), 1):
-                    break
+                if self.failures and not sup.policy.restart_after_failure(self.failures, 1):
+                    break  # preemptions never count: a run whose groups were all preempted waits
                 self.replace()
             time.sleep(sup.poll)
         self.reader.poll()
