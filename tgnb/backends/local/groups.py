@@ -89,6 +89,7 @@ class Groups:
         self.lighthouse: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.serial = 0
+        self.config = sup.run_dir / node.CONFIG
         self.reader = QuorumReader(
             sup.run_dir / LIGHTHOUSE_LOG,
             lambda reason, line, data: sup.event(reason, line, **data),
@@ -132,7 +133,7 @@ class Groups:
 
     def start(self, index: int, where: NodeInfo, replacement: bool) -> None:
         sup = self.sup
-        config = sup.run_dir / node.CONFIG
+        config = self.config
         gpus = node_gpus(self.spec.resources.gpus_per_node, [where.gpus])
         model = node.processes(sup.train, 1, gpus)
         cmd = train_command(config, sup.run_dir, model, 1, 0, f"127.0.0.1:{free_port()}")
@@ -258,7 +259,7 @@ class Groups:
 
     def run(self, nodes: list[NodeInfo]) -> int:
         sup, rid = self.sup, self.sup.record.id
-        sup._write_config()
+        self.config = sup._write_config()  # the run file every group starts with
         try:
             self.start_lighthouse()
         except (RuntimeError, ValueError) as exc:
