@@ -112,3 +112,15 @@ def test_a_group_killed_without_notice_is_replaced(session: Session) -> None:
     left = [e["data"] for e in of(run, GROUP_LEFT) if e["data"]["group"] == 1]
     assert left[0]["cause"] == "lost", left
     assert left[0]["exit_code"] != 0
+
+
+@pytest.mark.slow
+def test_a_cancel_stops_every_group_and_the_lighthouse(session: Session) -> None:
+    run = launch(session, "ft-cancel")
+    run.stop()
+    final = run.wait(timeout=120)
+    assert final.state == JobState.CANCELLED, final
+    causes = {e["data"]["group"]: e["data"]["cause"] for e in of(run, GROUP_LEFT)}
+    assert causes == {0: "stopped", 1: "stopped"}, causes
+    assert not proctree.members(run.id)  # the lighthouse (tagged with the run's id) is gone
+    assert not any(proctree.members(f"{run.id}.g{g}.{g + 1}") for g in (0, 1))
