@@ -33,12 +33,16 @@ DRAIN_WINDOW_S = 300.0
 _NODE_END = {ev.PREEMPTED, ev.SCALED_DOWN}
 _RUN_OPEN = {ev.RUN_STARTED, ev.RUN_RESUMED}
 #: Run events another source records (a backend): drawn on the run's lane, not a node's.
-_ON_RUN_LANE = ev.RUN_REASONS | ev.GROUP_REASONS | {
-    ev.RECOVERY_DECIDED,
-    ev.RUN_FAILED_RESTARTING,
-    ev.BUDGET_NOTICE,
-    ev.BUDGET_REACHED,
-}
+_ON_RUN_LANE = (
+    ev.RUN_REASONS
+    | ev.GROUP_REASONS
+    | {
+        ev.RECOVERY_DECIDED,
+        ev.RUN_FAILED_RESTARTING,
+        ev.BUDGET_NOTICE,
+        ev.BUDGET_REACHED,
+    }
+)
 _RUN_CLOSE = {ev.RUN_REQUEUED, ev.RUN_EXITED}
 
 
