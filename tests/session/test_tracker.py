@@ -27,7 +27,8 @@ from ..train.checkpoint.test_loop_tracker import (
     one_mlflow_run,
     tracker_env,
 )
-from .test_user_code import FAST_DRAIN, MAX_STEPS, _steps, _workdir, preempt_twice
+from .projects import user_workdir
+from .test_user_code import FAST_DRAIN, MAX_STEPS, _steps, preempt_twice
 
 __all__ = ["mlflow_server"]
 
@@ -39,7 +40,7 @@ def test_a_protected_script_preempted_twice_keeps_one_tracker_run(
 ) -> None:
     env = tracker_env(tmp_path, mlflow_server)
     monkeypatch.setenv("WANDB_API_KEY", env.pop("WANDB_API_KEY"))
-    wd = _workdir(tmp_path)
+    wd = user_workdir(tmp_path)
     run = session.launch(
         "train.py",
         args=[
