@@ -4,6 +4,7 @@ read once by the node (``python -m tgnb.train run.json``), which trusts what the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from tgnb.backends.base import Resources, RunSpec, SecretRef
-from tgnb.errors import TrainConfigError
+from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.prices import Prices
 from tgnb.runs import node
 from tgnb.runs.budget import Budget
 from tgnb.runs.recovery import RecoveryPolicy
-from tgnb.runs.runfile import RunFile
+from tgnb.runs.runfile import PlacerConfig, RunFile
 from tgnb.runs.spec import SCHEMA
 from tgnb.tasks import config
 from tgnb.train.cli import node_config
@@ -94,7 +95,7 @@ def test_both_placers_read_one_schema_derived_from_the_run_file() -> None:
 
     spec = RunSpec("p", {"max_steps": 40}, Resources(nodes=2, min_nodes=1), partition="low",
                    recovery=RecoveryPolicy(when_short="standard"))  # fmt: skip
-    view = RunFile(spec, 1.8e9).placer_config(5.0)
+    view = RunFile(spec, 1.8e9).placer_config(5.0).to_dict()
     assert view["schema"] == SCHEMA and view["max_steps"] == 40 and view["launched"] == 1.8e9
     slurm = json.loads(render_placer(spec, "/data/runs/p", "python3", 1.8e9)[1])
     kube = json.loads(placer_config(spec, "research", 1.8e9))
@@ -103,6 +104,28 @@ def test_both_placers_read_one_schema_derived_from_the_run_file() -> None:
     assert {
         k: v for k, v in kube.items() if k not in ("namespace", "run_dir", "deployment")
     } == view
+
+
+def test_placer_json_loads_typed_old_ones_too_and_a_newer_one_is_refused(tmp_path: Path) -> None:
+    """Both placers load ``placer.json`` as a `PlacerConfig`: what was written reads back equal;
+    one written before the ``schema`` key reads the same; a newer schema or a key no tgnb writes
+    is refused in one line naming the fix."""
+    from tgnb.backends.slurm.placer import render_placer
+
+    spec = RunSpec("p", {"max_steps": 40}, Resources(nodes=2, min_nodes=1), partition="low",
+                   recovery=RecoveryPolicy(when_short="standard", wait_s=30))  # fmt: skip
+    written = RunFile(spec, 1.8e9).placer_config(2.5, cpus_per_task=1, partition="low")
+    (tmp_path / "placer.json").write_text(render_placer(spec, "/r", "python3", 1.8e9, 2.5)[1])
+    loaded = PlacerConfig.load(tmp_path / "placer.json")
+    assert loaded == written and loaded.policy.wait_s == 30 and loaded.partition == "low"
+    old = {k: v for k, v in written.to_dict().items() if k != "schema"}
+    assert PlacerConfig.from_dict(old) == dataclasses.replace(written, schema=0)
+    with pytest.raises(ValidationError, match="upgrade tgnb"):
+        PlacerConfig.from_dict({**old, "schema": SCHEMA + 1})
+    with pytest.raises(ValidationError, match="unknown key 'gpus'"):
+        PlacerConfig.from_dict({**old, "gpus": 8})
+    with pytest.raises(ValidationError, match="no 'policy'"):
+        PlacerConfig.from_dict({k: v for k, v in old.items() if k != "policy"})
 
 
 def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,8 @@ is (`tgnb.train.validate`). What the node used to get in other carriers is a vie
 - ``$TGNB_CHECKPOINT``: the training config's checkpoint policy, which the runtime gives the
   user's program (`tgnb.train.program.environment`);
 - the budget the node holds (`budget`);
-- ``placer.json`` (`placer_config`): what a run's placer decides by, one schema on every engine.
+- ``placer.json`` (`placer_config`, a `PlacerConfig`): what a run's placer decides by, one schema
+  on every engine, which both placers load typed (`PlacerConfig.load`).
 
 No secret is in it: a spec holds secrets by reference only (`tgnb.runs.spec.check_no_secrets`).
 """
@@ -23,13 +24,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import node
 from tgnb.runs.budget import Budget
+from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.spec import SCHEMA, RunSpec
 from tgnb.runs.trainconfig import TrainConfig
 
@@ -98,21 +100,99 @@ class RunFile:
         """The budget the node holds (None: the run has none)."""
         return Budget.of(self.spec)
 
-    def placer_config(self, poll_s: float, **engine: Any) -> dict[str, Any]:
-        """``placer.json``: what a run's placer needs to decide, nothing more (no env, no
-        secrets): the run's recovery policy, size and planned steps, its launch (a deadline
-        counts from it), how often to look, and the engine's own keys (`engine`: Slurm's
-        partition and CPUs per task, Kubernetes' namespace, run directory and Deployment)."""
+    def placer_config(self, poll_s: float, **engine: Any) -> PlacerConfig:
+        """``placer.json`` (`PlacerConfig`): what a run's placer needs to decide, nothing more
+        (no env, no secrets): the run's recovery policy, size and planned steps, its launch (a
+        deadline counts from it), how often to look, and the engine's own keys (`engine`: Slurm's
+        ``partition`` and ``cpus_per_task``, Kubernetes' ``namespace``, ``run_dir`` and
+        ``deployment``)."""
         res = self.spec.resources
-        return {
-            "schema": SCHEMA,
-            "run": self.spec.name,
-            "policy": self.spec.policy.to_dict(),
-            "nodes": res.nodes,
-            "min_nodes": res.min_nodes,
-            "gpus_per_node": res.gpus_per_node,
-            "max_steps": self.train.planned_steps,
-            "launched": self.launched,
-            "poll_s": poll_s,
+        return PlacerConfig(
+            run=self.spec.name,
+            policy=self.spec.policy,
+            nodes=res.nodes,
+            min_nodes=res.min_nodes,
+            gpus_per_node=res.gpus_per_node,
+            max_steps=self.train.planned_steps,
+            launched=self.launched,
+            poll_s=poll_s,
             **engine,
+        )
+
+
+#: The keys of ``placer.json`` that only one engine writes, in the order it writes them.
+SLURM_KEYS = ("cpus_per_task", "partition")
+KUBE_KEYS = ("namespace", "run_dir", "deployment")
+
+
+@dataclass(frozen=True)
+class PlacerConfig:
+    """``placer.json``, typed: what a run's placer (the Slurm placer job, the Kubernetes placer
+    pod) decides by, a view of the run file (`RunFile.placer_config`) with one schema version.
+    The engine's own keys are set on its engine only: Slurm's (`SLURM_KEYS`) when
+    `cpus_per_task` is, Kubernetes' (`KUBE_KEYS`) when `namespace` is."""
+
+    run: str
+    policy: RecoveryPolicy
+    nodes: int
+    gpus_per_node: int
+    launched: float  # epoch seconds: a deadline counts from it
+    min_nodes: int | None = None
+    max_steps: int | None = None
+    poll_s: float = 5.0
+    cpus_per_task: int | None = None  # Slurm
+    partition: str | None = None  # Slurm
+    namespace: str | None = None  # Kubernetes
+    run_dir: str | None = None  # Kubernetes: the run directory as the placer pod mounts it
+    deployment: str | None = None  # Kubernetes: the placer's own Deployment
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": self.schema,
+            "run": self.run,
+            "policy": self.policy.to_dict(),
+            "nodes": self.nodes,
+            "min_nodes": self.min_nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "max_steps": self.max_steps,
+            "launched": self.launched,
+            "poll_s": self.poll_s,
         }
+        for keys, engine in ((SLURM_KEYS, self.cpus_per_task), (KUBE_KEYS, self.namespace)):
+            if engine is not None:
+                out.update({k: getattr(self, k) for k in keys})
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlacerConfig:
+        """The ``placer.json`` `to_dict` wrote, of this schema or an older one (one without
+        ``schema`` was written before the field, and reads the same); a `ValidationError` naming
+        the fix otherwise."""
+        if not isinstance(data, Mapping):
+            raise ValidationError("not a placer.json as tgnb writes it: not a JSON object")
+        d = dict(data)
+        schema = d.pop("schema", 0)
+        if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA:
+            raise ValidationError(
+                f"placer.json schema {schema!r:.20} is newer than this tgnb reads ({SCHEMA}): "
+                "upgrade tgnb (pip install -U tgnb) where the placer runs"
+            )
+        missing = [k for k in ("run", "policy", "nodes", "gpus_per_node", "launched") if k not in d]
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if missing or unknown or not isinstance(d["policy"], Mapping):
+            what = f"no {missing[0]!r}" if missing else f"unknown key {unknown[0]!r:.40}"
+            what = what if missing or unknown else "'policy' is not a mapping"
+            raise ValidationError(f"not a placer.json as tgnb writes it ({what}): launch again")
+        d["policy"] = RecoveryPolicy.from_dict(d["policy"])
+        d["poll_s"] = float(d.get("poll_s") or 5.0)
+        d["launched"] = float(d["launched"])
+        return cls(schema=schema, **d)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PlacerConfig:
+        """The ``placer.json`` at `path`, typed."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -19,6 +19,7 @@ import pytest
 
 from tgnb.backends.kubernetes.placer import KubePlacement
 from tgnb.runs.recovery import RecoveryPolicy
+from tgnb.runs.runfile import PlacerConfig
 
 NS = "research"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -114,7 +115,7 @@ def placer(api_client: Any, policy: RecoveryPolicy, run_dir: Path, nodes: int = 
         "min_nodes": None, "gpus_per_node": 8, "max_steps": 1000, "launched": T0,
         "run_dir": str(run_dir), "poll_s": 0.01, "deployment": "rec-placer",
     }  # fmt: skip
-    return KubePlacement(config, api_client)
+    return KubePlacement(PlacerConfig.from_dict(config), api_client)
 
 
 def patches(fake_api: Any) -> dict[str, list[dict[str, Any]]]:

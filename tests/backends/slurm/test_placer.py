@@ -33,6 +33,7 @@ from tgnb.backends.slurm.placer import (
 from tgnb.backends.slurm.records import parse_fields
 from tgnb.runs.placing import NoAnswer
 from tgnb.runs.recovery import RecoveryPolicy, decide
+from tgnb.runs.runfile import PlacerConfig
 
 from .conftest import NODE, fake_train, set_features
 from .test_slurm_jobs import make_backend
@@ -59,10 +60,10 @@ def spec(name: str, policy: RecoveryPolicy, max_steps: int = 100, **knobs: int) 
     )
 
 
-def config(gpus: int = 8, **more: Any) -> dict[str, Any]:
-    base = {"nodes": 1, "min_nodes": None, "gpus_per_node": gpus, "cpus_per_task": 1,
-            "partition": "batch", "max_steps": None, "launched": 0.0}  # fmt: skip
-    return {**base, **more}
+def config(gpus: int = 8, **more: Any) -> PlacerConfig:
+    base = {"run": "r", "policy": {}, "nodes": 1, "min_nodes": None, "gpus_per_node": gpus,
+            "cpus_per_task": 1, "partition": "batch", "max_steps": None, "launched": 0.0}  # fmt: skip
+    return PlacerConfig.from_dict({**base, **more})
 
 
 def test_nodes_are_judged_by_their_feature_state_and_free_gpus(tmp_path: Path) -> None:

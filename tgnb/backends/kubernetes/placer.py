@@ -49,9 +49,11 @@ from kubernetes.client.exceptions import ApiException
 
 from tgnb.backends.kubernetes import labels as L
 from tgnb.backends.kubernetes.placer_objects import standard_affinity
+from tgnb.errors import ValidationError
 from tgnb.events import RECOVERY_DECIDED, utcnow
 from tgnb.runs import placing
-from tgnb.runs.recovery import Decision, Facts, NodeClass, RecoveryPolicy, progress
+from tgnb.runs.recovery import Decision, Facts, NodeClass, progress
+from tgnb.runs.runfile import PlacerConfig
 
 GPU = "nvidia.com/gpu"
 #: The annotation of a ``RecoveryDecided`` Event holding the decision's fields as JSON.
@@ -150,7 +152,7 @@ def placed_standard(pod: Any) -> bool:
 
 
 def kube_facts(
-    config: Mapping[str, Any],
+    config: PlacerConfig,
     pods: Sequence[Any],
     nodes: Sequence[Any],
     all_pods: Sequence[Any],
@@ -158,12 +160,12 @@ def kube_facts(
     now: float,
 ) -> Facts:
     """`tgnb.runs.recovery.Facts` of a run's gated pods (`pods`): one placement for all of them."""
-    gpus = int(config["gpus_per_node"])
+    gpus = config.gpus_per_node
     tolerations = (pods[0].spec.tolerations or []) if pods else []
     free = free_nodes(nodes, gpus_requested(all_pods), gpus, tolerations)
     oldest = min(_seconds(p.metadata.creation_timestamp, now) for p in pods) if pods else now
-    want = min(len(pods), int(config["nodes"])) or int(config["nodes"])
-    least = config.get("min_nodes")
+    want = min(len(pods), config.nodes) or config.nodes
+    least = config.min_nodes
     preemptible_up = [n for n in nodes if node_class(n) == PREEMPTIBLE and usable(n, tolerations)]
     allocated = sum(_quantity((n.status.allocatable or {}).get(GPU)) for n in preemptible_up)
     return Facts(
@@ -174,7 +176,7 @@ def kube_facts(
         allocated_gpus=allocated if gpus else None,
         desired_gpus=want * gpus if gpus else None,
         gpus_per_node=gpus,
-        **progress(run_dir, float(config["launched"]), config.get("max_steps"), now),
+        **progress(run_dir, config.launched, config.max_steps, now),
     )
 
 
@@ -239,14 +241,14 @@ class KubePlacement:
     """Places the pods of one run with the settings of its ``placer.json`` (`config`): the
     `tgnb.runs.placing.Engine` of a Kubernetes run, run by the one placement loop."""
 
-    def __init__(
-        self, config: Mapping[str, Any], api_client: Any, run_dir: str | Path | None = None
-    ):
-        self.config = dict(config)
-        self.name = str(self.config["run"])
-        self.namespace = str(self.config["namespace"])
-        self.policy = RecoveryPolicy.from_dict(self.config["policy"])
-        self.run_dir = Path(run_dir or self.config["run_dir"])
+    def __init__(self, config: PlacerConfig, api_client: Any, run_dir: str | Path | None = None):
+        if config.namespace is None:
+            raise ValidationError("placer.json has no 'namespace': not a Kubernetes run's")
+        self.config = config
+        self.name = config.run
+        self.namespace = config.namespace
+        self.policy = config.policy
+        self.run_dir = Path(run_dir or config.run_dir or ".")
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
@@ -376,11 +378,10 @@ class KubePlacement:
         return self.loop.step()
 
     def run(self) -> int:
-        poll = float(self.config.get("poll_s") or 5.0)
         print(f"tgnb placer: placing the pods of run {self.name}", flush=True)
-        self.loop.run(poll, sleep=self._sleep)
+        self.loop.run(self.config.poll_s, sleep=self._sleep)
         print(f"tgnb placer: run {self.name} has finished; removing the placer", flush=True)
-        name = self.config.get("deployment") or L.placer_name(self.name)
+        name = self.config.deployment or L.placer_name(self.name)
         try:
             self.apps.delete_namespaced_deployment(name, self.namespace)
         except ApiException as exc:
@@ -400,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kubernetes import config as kube_config
 
     kube_config.load_incluster_config()
-    return KubePlacement(json.loads(Path(args[0]).read_text()), client.ApiClient()).run()
+    return KubePlacement(PlacerConfig.load(args[0]), client.ApiClient()).run()
 
 
 if __name__ == "__main__":

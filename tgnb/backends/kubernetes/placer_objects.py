@@ -32,7 +32,6 @@ not create: run placers in a namespace of their own team.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +79,7 @@ def placer_config(spec: RunSpec, namespace: str, launched: float, poll_s: float 
         run_dir=L.run_dir_for(spec),
         deployment=L.placer_name(spec.name),
     )
-    return json.dumps(config, indent=2) + "\n"
+    return config.to_json()
 
 
 def standard_affinity() -> client.V1Affinity:

@@ -34,14 +34,12 @@ keeps no state but the job's own.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tgnb.backends.base import RunSpec
 from tgnb.backends.slurm.commands import CommandRunner
@@ -49,7 +47,7 @@ from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.events import RECOVERY_DECIDED, Event, utcnow
 from tgnb.runs import node, placing
 from tgnb.runs.recovery import Decision, Facts, RecoveryPolicy, progress
-from tgnb.runs.runfile import RunFile
+from tgnb.runs.runfile import PlacerConfig, RunFile
 
 SCRIPT_NAME = "placer.sbatch"
 CONFIG_NAME = "placer.json"
@@ -98,7 +96,7 @@ def render_placer(
     config = run.placer_config(
         poll_s, cpus_per_task=spec.resources.cpus_per_task or 1, partition=spec.partition
     )
-    return "\n".join(script) + "\n", json.dumps(config, indent=2) + "\n"
+    return "\n".join(script) + "\n", config.to_json()
 
 
 # -- what the placer sees -------------------------------------------------------------------------
@@ -147,7 +145,7 @@ class SlurmNode:
 
 
 def slurm_facts(
-    config: Mapping[str, Any],
+    config: PlacerConfig,
     nodes: Sequence[SlurmNode],
     short_for: float,
     run_dir: str | Path,
@@ -155,7 +153,7 @@ def slurm_facts(
 ) -> Facts:
     """`tgnb.runs.recovery.Facts` of a pending Slurm run: the nodes of each class that could take
     one of its tasks now, the preemptible GPUs up, and the run's progress."""
-    gpus, cpus, part = config["gpus_per_node"], config["cpus_per_task"], config.get("partition")
+    gpus, cpus, part = config.gpus_per_node, config.cpus_per_task or 1, config.partition
 
     def fits(n: SlurmNode) -> bool:
         in_partition = not part or not n.partitions or part in n.partitions
@@ -163,16 +161,16 @@ def slurm_facts(
 
     free = {k: sum(1 for n in nodes if n.kind == k and fits(n)) for k in (PREEMPTIBLE, "standard")}
     return Facts(
-        nodes=config["nodes"],
-        min_nodes=config.get("min_nodes"),
+        nodes=config.nodes,
+        min_nodes=config.min_nodes,
         free=free,
         short_for_s=short_for,
         allocated_gpus=sum(n.gpus for n in nodes if n.kind == PREEMPTIBLE and n.up)
         if gpus
         else None,
-        desired_gpus=config["nodes"] * gpus if gpus else None,
+        desired_gpus=config.nodes * gpus if gpus else None,
         gpus_per_node=gpus,
-        **progress(run_dir, config["launched"], config.get("max_steps"), now),
+        **progress(run_dir, config.launched, config.max_steps, now),
     )
 
 
@@ -185,9 +183,9 @@ class SlurmPlacement:
 
     def __init__(self, config_path: str | Path, job: str, runner: CommandRunner | None = None):
         self.config_path = Path(config_path)
-        self.config: dict[str, Any] = json.loads(self.config_path.read_text())
+        self.config = PlacerConfig.load(self.config_path)
         self.run_dir = self.config_path.parent
-        self.policy = RecoveryPolicy.from_dict(self.config["policy"])
+        self.policy = self.config.policy
         self.job = str(job)
         self.runner = runner or CommandRunner(None)
         self.pending_since: float | None = None
@@ -276,7 +274,7 @@ class SlurmPlacement:
 
     def record(self, d: Decision) -> None:
         ev = Event(
-            utcnow(), "tgnb", RECOVERY_DECIDED, d.reason, run=self.config["run"],
+            utcnow(), "tgnb", RECOVERY_DECIDED, d.reason, run=self.config.run,
             data={**d.data(), "job_id": self.job},
         )  # fmt: skip
         with open(self.run_dir / node.EVENTS, "a", encoding="utf-8") as fh:
@@ -287,9 +285,8 @@ class SlurmPlacement:
         return self.ended
 
     def run(self) -> int:
-        poll = float(self.config.get("poll_s") or 5.0)
-        print(f"tgnb placer: following job {self.job} of run {self.config['run']}", flush=True)
-        self.loop.run(poll)
+        print(f"tgnb placer: following job {self.job} of run {self.config.run}", flush=True)
+        self.loop.run(self.config.poll_s)
         print(f"tgnb placer: job {self.job} has ended", flush=True)
         return 0
 
