@@ -26,6 +26,7 @@ from tests.session.projects import user_workdir
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.events import parse_record, program_text
+from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.store import RunStore
 from tgnb.session import Session
 from tgnb.tasks import assets
@@ -230,7 +231,10 @@ def test_env_reaches_the_script_and_a_failure_shows_its_line(
     (wd / "fails.py").write_text("raise ValueError('the learning rate table is empty')\n")
     ok = session.launch("ok.py", args=["--x", "1"], workdir=wd, name="plain-ok",
                         env={"PYTHONPATH": str(lib)})  # fmt: skip
-    bad = session.launch("fails.py", workdir=wd, name="plain-fails")  # both run at once
+    # both run at once; the failing one is restarted once, after a short wait (the default: 3
+    # restarts after 5, 10, 20 s: 35 s of sleeping here); the detail survives the restart
+    bad = session.launch("fails.py", workdir=wd, name="plain-fails",
+                         recovery=RecoveryPolicy(max_restarts=1, backoff_s=0.2))  # fmt: skip
     assert ok.wait(timeout=300, progress=False).state.value == "succeeded", ok.logs()
     assert "helper: from PYTHONPATH args: ['--x', '1'] run: plain-ok" in ok.logs()
     status = bad.wait(timeout=300, progress=False)
