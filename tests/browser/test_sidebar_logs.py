@@ -27,11 +27,15 @@ pytestmark = pytest.mark.slow
 #: Seconds the page may take to show a change.
 SEES = 120
 
+#: A program that resumes near its end: its first attempt is long enough for the page to follow it
+#: before the preemption; its next attempt prints only the last `argv[2]` steps (fewer seconds).
 PLAIN = """\
-    import sys, time
+    import os, sys, time
 
     steps = int(sys.argv[1])
-    for step in range(1, steps + 1):
+    restarted = int(os.environ.get("TGNB_RESTART_COUNT") or 0) > 0
+    first = steps - int(sys.argv[2]) + 1 if restarted else 1
+    for step in range(first, steps + 1):
         time.sleep(0.1)
         print(f"step {step}", flush=True)
     print("done", flush=True)
@@ -60,7 +64,7 @@ def test_the_sidebar_opens_a_runs_live_log(browser: Any, lab: Any, artifacts: Pa
         tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='tgnb-sidebar']")
         tab.wait_for(timeout=90_000)
         tab.click()
-        run = session.launch("train.py", args=["300"], workdir=wd, name="logged")
+        run = session.launch("train.py", args=["300", "30"], workdir=wd, name="logged")
         button = page.locator("#tgnb-sidebar li[data-run='logged'] [data-testid=tgnb-run-logs]")
         button.wait_for(timeout=SEES * 1000)
         wait_until(lambda: len(run.logs()) >= 5, SEES, what="the run's first lines")
