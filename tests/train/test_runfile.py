@@ -157,3 +157,51 @@ def test_the_node_trusts_what_the_launch_checked(tmp_path: Path) -> None:
     proc = _train(node.RUN_FILE, "--run-dir", str(tmp_path / "r"), "--check", cwd=tmp_path)
     assert proc.returncode == int(node.Exit.BAD_CONFIG), proc.stderr
     assert "unknown TRL option for GRPO 'learning_rat'" in proc.stderr
+
+
+def test_protect_reads_the_policy_from_the_run_file_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`protect`'s policy under tgnb: the run file's, loaded typed, over the program's own; the
+    ``$TGNB_CHECKPOINT`` view is read only where no run file is named (a job rendered before,
+    whose script pointed ``$TGNB_CONFIG`` at ``config.yaml``)."""
+    from tgnb.train.protect import run_context
+
+    (tmp_path / node.RUN_FILE).write_text(RunFile(SPEC, 1.8e9).to_json())
+    (tmp_path / node.CONFIG).write_text(RunFile(SPEC, 1.8e9).config_yaml())
+    cfg, _ = node_config(str(tmp_path / node.RUN_FILE), [], str(tmp_path))
+    env = environment(cfg, str(tmp_path / node.RUN_FILE))
+    assert env[node.RUN_FILE_ENV] == str(tmp_path / node.RUN_FILE)
+    monkeypatch.setenv(node.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(node.CHECKPOINT_ENV, '{"every_steps": 11}')  # differs: not read
+    monkeypatch.setenv(node.RUN_FILE_ENV, env[node.RUN_FILE_ENV])
+    ctx = run_context(None, {"every_steps": 50, "keep_last": 1})
+    assert ctx.managed and ctx.policy == SPEC.train.checkpoint and ctx.policy.every_steps == 3
+    monkeypatch.setenv(node.RUN_FILE_ENV, str(tmp_path / node.CONFIG))  # a job rendered before
+    assert run_context(None, {"keep_last": 1}).policy.every_steps == 11
+    monkeypatch.setenv(node.RUN_FILE_ENV, str(tmp_path / "gone" / node.RUN_FILE))
+    with pytest.raises(TrainConfigError, match="cannot be read"):
+        run_context(None)
+
+
+@pytest.mark.training
+def test_a_program_on_the_node_gets_its_policy_from_the_run_file(tmp_path: Path) -> None:
+    """``python -m tgnb.train run.json`` running a script: the script is pointed at the run file
+    (an absolute path, though it runs in its workdir) and `protect`'s policy comes from there,
+    with ``$TGNB_CHECKPOINT`` gone; a ``--set`` makes a config no run file holds: none named."""
+    script = (
+        "import os\nos.environ.pop('TGNB_CHECKPOINT')\n"
+        "from tgnb.train.protect import run_context\n"
+        "print('every', run_context(None).policy.every_steps, os.environ.get('TGNB_CONFIG'))\n"
+    )
+    run_dir = tmp_path / "r"
+    (run_dir / node.WORKDIR).mkdir(parents=True)
+    (run_dir / node.WORKDIR / "p.py").write_text(script)
+    spec = RunSpec("s", {"algorithm": "script", "script": "p.py", "checkpoint": {"every_steps": 7}})
+    (tmp_path / node.RUN_FILE).write_text(RunFile(spec, 1.8e9).to_json())
+    proc = _train(node.RUN_FILE, "--run-dir", str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"every 7 {tmp_path / node.RUN_FILE}" in proc.stdout
+    proc = _train(node.RUN_FILE, "--run-dir", str(run_dir), "--set", "seed=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "every None None" in proc.stdout  # the defaults: nothing names the launch's policy

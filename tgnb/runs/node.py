@@ -18,9 +18,9 @@ The run directory (on shared storage, named after the run, stable across restart
 The command a node runs is `command`: ``python -m tgnb.train run.json --run-dir DIR``, or the same
 under torchrun through ``python -m tgnb.train.launch`` (torchrun's options, and a worker's exit 75
 stays 75); which one, and how many processes, is `processes`, the one process model. The runtime
-there sets `RUN_DIR_ENV`, `RUN_ENV` and `CHECKPOINT_ENV` (the run file's checkpoint policy) for
-the user's code, so `tgnb.train.protect` and `tgnb.train.Checkpointer` find the run without an
-argument.
+there sets `RUN_DIR_ENV`, `RUN_ENV`, `RUN_FILE_ENV` (the run file, where the checkpoint policy is
+read) and `CHECKPOINT_ENV` (a view of that policy) for the user's code, so `tgnb.train.protect`
+and `tgnb.train.Checkpointer` find the run and its policy without an argument.
 """
 
 from __future__ import annotations
@@ -78,7 +78,16 @@ LOG = "train.log"
 # -- the environment the runtime gives the user's code ---------------------------------------------
 RUN_DIR_ENV = "TGNB_RUN_DIR"
 RUN_ENV = "TGNB_RUN"
-CHECKPOINT_ENV = "TGNB_CHECKPOINT"  # the run file's CheckpointPolicy as JSON
+#: The path of the run file (`RUN_FILE`) the node's runtime runs unchanged, for the user's code:
+#: `tgnb.train.protect` and `tgnb.train.Checkpointer` read the checkpoint policy from it. Set by
+#: the runtime for a script or command (`tgnb.train.program.environment`); the Slurm script
+#: exports it too (the runtime's argument). A value that names no run file (a job rendered
+#: before the run file pointed it at ``config.yaml``) is not read.
+RUN_FILE_ENV = "TGNB_CONFIG"
+#: A view of the run file's checkpoint policy (`CheckpointPolicy` as JSON), set by the runtime
+#: beside `RUN_FILE_ENV`: for user programs that read it, and read by `tgnb.train.protect` where
+#: no run file is named (the runtime was started on a ``config.yaml``, by a job rendered before).
+CHECKPOINT_ENV = "TGNB_CHECKPOINT"
 RESTART_ENV = "TGNB_RESTART_COUNT"
 NODE_ENV = "TGNB_NODE"
 #: Set to ``script`` by a job script that tgnb rendered (the sbatch script): the script requeues

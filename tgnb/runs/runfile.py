@@ -11,7 +11,8 @@ is (`tgnb.train.validate`). What the node used to get in other carriers is a vie
 - ``config.yaml`` (`config_yaml`): the training config in few keys, for a person to read and for
   ``tgnb train config.yaml`` by hand;
 - ``$TGNB_CHECKPOINT``: the training config's checkpoint policy, which the runtime gives the
-  user's program (`tgnb.train.program.environment`);
+  user's program (`tgnb.train.program.environment`) beside the run file's path
+  (`tgnb.runs.node.RUN_FILE_ENV`), where `tgnb.train.protect` reads the policy;
 - the budget the node holds (`budget`);
 - ``placer.json`` (`placer_config`, a `PlacerConfig`): what a run's placer decides by, one schema
   on every engine, which both placers load typed (`PlacerConfig.load`).

@@ -9,6 +9,7 @@ every start would repeat (a module not installed, CUDA absent: `tgnb.runs.outcom
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -102,26 +103,28 @@ def resolved(cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def train(cfg: TrainConfig, launched: bool = False) -> int:
-    """Run `cfg`: the user's script or command, or a built-in task; its exit code. `launched`:
-    a launch validated `cfg` (`node_config`), so only what needs this node is checked here."""
+def train(cfg: TrainConfig, run_file: str | None = None) -> int:
+    """Run `cfg`: the user's script or command, or a built-in task; its exit code. `run_file`:
+    the run file a launch validated `cfg` in (`node_config`; an absolute path), so only what
+    needs this node is checked here, and the user's program reads its checkpoint policy there
+    (`tgnb.runs.node.RUN_FILE_ENV`); None: `cfg` is checked in full."""
     if cfg.algorithm == SCRIPT:
         from tgnb.runs.outcome import events_size, node_exit
         from tgnb.train.program import run_program
 
         since = events_size(cfg.run_dir or ".")
-        return node_exit(cfg.run_dir, run_program(cfg), since)  # a launcher's 1 or 143
+        return node_exit(cfg.run_dir, run_program(cfg, run_file), since)  # a launcher's 1 or 143
     from tgnb.train.runner import run
 
-    return run(cfg, launched)
+    return run(cfg, run_file is not None)
 
 
-def _train_or_done(cfg: TrainConfig, launched: bool) -> int:
+def _train_or_done(cfg: TrainConfig, run_file: str | None) -> int:
     """`train`, where a restart after the last step is done (exit 0), as the node's meter says."""
     from tgnb.train.validate import RunFinished
 
     try:
-        return train(cfg, launched)
+        return train(cfg, run_file)
     except RunFinished as exc:
         print(f"tgnb train: {exc}", flush=True)
         return 0
@@ -146,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg, run = node_config(args.config, args.overrides, args.run_dir)
+        run_file = None if run is None or args.config is None else os.path.abspath(args.config)
         cfg, launched = enter_workdir(cfg), run is not None
         if args.check:
             validate(cfg, launched=launched)
@@ -156,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tgnb.train.budget import held
 
         budget = None if run is None else run.budget()  # metered, the run file's budget held
-        return held(cfg.run_dir, lambda: _train_or_done(cfg, launched), budget)
+        return held(cfg.run_dir, lambda: _train_or_done(cfg, run_file), budget)
     except RunFinished as exc:  # a restart after the last step: done, not a bad config
         print(f"tgnb train: {exc}", flush=True)
         return 0

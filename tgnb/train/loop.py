@@ -22,8 +22,9 @@ RNG (torch, CUDA, numpy, Python) its own file. Once every rank has started ``tor
 Where, as for `tgnb.train.protect` (`tgnb.train.protect.run_context`): under tgnb the run
 directory is ``$TGNB_RUN_DIR`` (the node contract, `tgnb.runs.node`); outside it, `dir`.
 Checkpoints go in ``<dir>/checkpoints``, rows in ``metrics.jsonl``, events in ``events.jsonl``. The
-policy: `checkpoint` (a `CheckpointPolicy` or a dict of its fields), then the launch's
-``$TGNB_CHECKPOINT`` over it key by key (the launch wins: the cockpit set it).
+policy: `checkpoint` (a `CheckpointPolicy` or a dict of its fields), unless launched: the launch's
+wins (the cockpit set it), read from the run file ``$TGNB_CONFIG`` names (``$TGNB_CHECKPOINT``'s
+keys over `checkpoint` where none is named: a job rendered before the run file).
 
 At the end `steps` returns after the final save. On a preemption it exits the process with 75
 (`Exit.PREEMPTED`), on a full disk with 74 (`Exit.NO_SPACE`); with ``exit=False`` it returns and

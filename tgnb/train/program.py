@@ -4,7 +4,8 @@ command (``command: [accelerate, launch, train.py]``), in the run's workdir snap
 The snapshot (`tgnb.runs.node.WORKDIR` in the run directory; the working directory when there is
 none) is the working directory and the first entry of ``sys.path``, and of ``PYTHONPATH`` for a
 command. The node contract's environment (`tgnb.runs.node.RUN_DIR_ENV`, `RUN_ENV`,
-`CHECKPOINT_ENV`) tells `tgnb.train.protect` and `tgnb.train.Checkpointer` where the run lives.
+`RUN_FILE_ENV`, and `CHECKPOINT_ENV`, its view) tells `tgnb.train.protect` and
+`tgnb.train.Checkpointer` where the run lives and its checkpoint policy.
 
 A script runs in this process as ``__main__`` with ``sys.argv = [script, *args]`` (under torchrun,
 once per rank: the engines start it as they start the built-in runtime); its exit code is the
@@ -42,22 +43,30 @@ def workdir_of(run_dir: Path) -> Path:
     return snap if snap.is_dir() else Path.cwd()
 
 
-def environment(cfg: TrainConfig) -> dict[str, str]:
-    """The node contract's variables for the user's code."""
+def environment(cfg: TrainConfig, run_file: str | None = None) -> dict[str, str]:
+    """The node contract's variables for the user's code: with `run_file` (the run file `cfg`
+    was read from, unchanged), `node.RUN_FILE_ENV` names it; `node.CHECKPOINT_ENV` is the view
+    of `cfg`'s checkpoint policy."""
     assert cfg.run_dir is not None
-    return {
+    env = {
         node.RUN_DIR_ENV: str(Path(cfg.run_dir).resolve()),
         node.RUN_ENV: str(cfg.name),
         node.CHECKPOINT_ENV: json.dumps(dataclasses.asdict(cfg.checkpoint), sort_keys=True),
     }
+    if run_file is not None:
+        env[node.RUN_FILE_ENV] = str(Path(run_file).resolve())
+    return env
 
 
-def run_program(cfg: TrainConfig) -> int:
-    """Run `cfg`'s script or command; its exit code."""
+def run_program(cfg: TrainConfig, run_file: str | None = None) -> int:
+    """Run `cfg`'s script or command (`run_file`: the run file it was read from, unchanged);
+    its exit code."""
     assert cfg.run_dir is not None
     run_dir = Path(cfg.run_dir)
     workdir = workdir_of(run_dir)
-    os.environ.update(environment(cfg))
+    os.environ.update(environment(cfg, run_file))
+    if run_file is None:  # a person's config, or a --set: no run file holds this one's policy
+        os.environ.pop(node.RUN_FILE_ENV, None)
     if cfg.command is not None:
         return _command(cfg.command, workdir, str(run_dir))
     assert cfg.script is not None

@@ -20,7 +20,9 @@ the engine starts it again, and it resumes); a full disk exits 74. Finished, it 
 Trainer's own result, and the script goes on (``trainer.save_model()``...).
 
 Where: under tgnb (``session.launch("train.py")``) the run directory and the checkpoint policy come
-from the launch (`tgnb.runs.node`'s environment: the launch's policy wins over `checkpoint`).
+from the launch (`tgnb.runs.node`'s environment: the policy is the run file's, which
+``$TGNB_CONFIG`` names, and wins over `checkpoint`; ``$TGNB_CHECKPOINT`` is its view, read only
+where no run file is named).
 Anywhere else -- a plain ``python train.py`` -- the run directory is ``args.output_dir`` and its
 checkpoints ``output_dir/checkpoints``: the same script runs unchanged, and run again it resumes.
 
@@ -59,11 +61,28 @@ class RunContext:
 
 
 def _policy(given: CheckpointPolicy | dict[str, Any] | None) -> CheckpointPolicy:
+    """`given`, with the launch's policy over it (the launch wins: the cockpit set it): the run
+    file's (`launched_policy`), else ``$TGNB_CHECKPOINT``'s keys (a job rendered before)."""
     policy = given if isinstance(given, CheckpointPolicy) else CheckpointPolicy.parse(given)
+    from_run_file = launched_policy()
+    if from_run_file is not None:
+        return from_run_file
     launched = os.environ.get(node.CHECKPOINT_ENV)
-    if launched:  # the launch's policy wins: the cockpit set it
+    if launched:
         policy = policy.merged(_launched(launched), f"checkpoint key in ${node.CHECKPOINT_ENV}")
     return policy
+
+
+def launched_policy() -> CheckpointPolicy | None:
+    """The checkpoint policy of the run file the runtime runs (`tgnb.runs.node.RUN_FILE_ENV`,
+    loaded typed: `tgnb.runs.runfile.RunFile.load`), or None where no run file is named
+    (not launched by tgnb, or by a job rendered before the run file)."""
+    path = os.environ.get(node.RUN_FILE_ENV)
+    if not path or Path(path).name != node.RUN_FILE:
+        return None
+    from tgnb.runs.runfile import RunFile
+
+    return RunFile.load(path).train.checkpoint
 
 
 def _launched(text: str) -> dict[str, Any]:
