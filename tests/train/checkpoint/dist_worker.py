@@ -193,10 +193,11 @@ def kill_trial(run_dir: Path, seed: int, out: Path) -> None:
     time.sleep(delay)
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
-    time.sleep(0.3)
-    for pid in pids:  # the survivors, as torchrun's agent does once a worker died
-        if pid not in victims:
-            os.kill(pid, signal.SIGKILL)
+    survivors = [pid for pid in pids if pid not in victims]
+    if survivors:  # killed a moment later, as torchrun's agent does once a worker died
+        time.sleep(0.3)
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
     for pid in pids:
         os.waitpid(pid, 0)
     from tgnb.train import checkpoint as ck
