@@ -88,6 +88,9 @@ def test_dpo_resumed_at_1_rank_then_2_keeps_batch_data_and_loss(
     if mode == "fsdp":
         common += ("trl.fsdp=true", "trl.fsdp_config={version: 2}")
     run_dir = tmp_path / "reshard"
+    # the uninterrupted reference trains meanwhile (as in test_torchrun): its own directory and
+    # rendezvous port, the same pre-built model
+    reference = launcher.start(tmp_path / "reference", *common, argv=torchrun(2))
 
     first = launcher.start(run_dir, *common, argv=torchrun(2))
     stop1 = preempt(first, 2, 2)
@@ -100,7 +103,6 @@ def test_dpo_resumed_at_1_rank_then_2_keeps_batch_data_and_loss(
     assert stop1 < stop2 < STEPS
     done = launcher.start(run_dir, *common, argv=torchrun(2))
     assert done.wait(600) == 0, done.tail()
-    reference = launcher.start(tmp_path / "reference", *common, argv=torchrun(2))
     assert reference.wait(600) == 0, reference.tail()
 
     logged = sorted(int(m["step"]) for m in launcher.read_jsonl(run_dir / "metrics.jsonl"))
