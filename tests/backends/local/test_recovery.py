@@ -41,8 +41,12 @@ def preemptible_up(emu: EmulatorHandle, cluster: str) -> int:
 def test_shrink_restarts_on_one_node_and_grows_back(emu: EmulatorHandle, session: Session) -> None:
     cid = session.cluster.id
     policy = RecoveryPolicy(when_short="shrink", wait_s=1.0)
+    # a step takes 0.05 s at 2 nodes, 0.1 s at 1 (the stand-in's STANDIN_FULL_NODES): the shrunk
+    # attempt trains at ENV's pace, so as many steps are left at the second preemption, and the
+    # last attempt, at 2 nodes, trains what is left at twice that pace
+    env = {"STANDIN_STEP_SECONDS": "0.05", "STANDIN_FULL_NODES": "2"}
     run = session.launch("grpo", name="shrinks", nodes=2, min_nodes=1, recovery=policy,
-                         max_steps=400, env=ENV)  # fmt: skip
+                         max_steps=400, env=env)  # fmt: skip
     wait_until(lambda: len(nodes_now(run)) == 2 and len(run.metrics()) >= 5)
     first = nodes_now(run)
     emu.set_capacity(8, cid)  # one preemptible node's worth: no replacement for the one reclaimed
