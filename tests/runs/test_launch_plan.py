@@ -213,3 +213,14 @@ def test_a_script_importing_what_is_not_there_is_refused_at_launch(
     with pytest.raises(TgnbError, match=r"imports 'no_such_module_tgnb' \(line 3\).*pip install"):
         _plan(folder)
     assert list(staging.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["TGNB_CONFIG", "TGNB_CHECKPOINT", "TGNB_RUN_DIR", "MASTER_PORT"])
+def test_an_env_that_sets_the_node_contract_is_refused(
+    tmp_path: Path, staging: Path, name: str
+) -> None:
+    """The variables tgnb sets on the node (the run file's path among them) cannot be a run's
+    ``env``: refused at launch in one line, nothing staged left."""
+    with pytest.raises(ValidationError, match=f"env {name} is set by tgnb on the node.*drop it"):
+        _plan(_project(tmp_path), env={name: "x"})
+    assert list(staging.iterdir()) == []
