@@ -33,7 +33,7 @@ from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import node
 from tgnb.runs.budget import Budget
 from tgnb.runs.recovery import RecoveryPolicy
-from tgnb.runs.spec import SCHEMA, RunSpec
+from tgnb.runs.spec import SCHEMA, RunSpec, pop_schema
 from tgnb.runs.trainconfig import TrainConfig
 
 
@@ -176,12 +176,7 @@ class PlacerConfig:
         if not isinstance(data, Mapping):
             raise ValidationError("not a placer.json as tgnb writes it: not a JSON object")
         d = dict(data)
-        schema = d.pop("schema", 0)
-        if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA:
-            raise ValidationError(
-                f"placer.json schema {schema!r:.20} is newer than this tgnb reads ({SCHEMA}): "
-                "upgrade tgnb (pip install -U tgnb) where the placer runs"
-            )
+        schema = pop_schema(d, "placer.json", "where the placer runs")
         missing = [k for k in ("run", "policy", "nodes", "gpus_per_node", "launched") if k not in d]
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if missing or unknown or not isinstance(d["policy"], Mapping):

@@ -137,6 +137,18 @@ class Resources:
             raise ValidationError(f"gpus_per_node must be >= 0, got {self.gpus_per_node}")
 
 
+def pop_schema(d: dict[str, Any], what: str, where: str) -> int:
+    """Take ``schema`` out of `d` (0 when absent: written before the field) and return it; a
+    `ValidationError` naming the fix when it is not a version this tgnb reads."""
+    schema = d.pop("schema", 0)
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA:
+        raise ValidationError(
+            f"{what} schema {schema!r:.20} is newer than this tgnb reads ({SCHEMA}): "
+            f"upgrade tgnb (pip install -U tgnb) {where}"
+        )
+    return schema
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What to run and where: the run's contract, validated once, when it is built (a bad value
@@ -188,12 +200,7 @@ class RunSpec:
         """The spec `to_dict` wrote, of this version or an older one (a record without
         ``schema``, its ``train`` in few keys, reads the same); validated as a new one is."""
         d = dict(data)
-        schema = d.pop("schema", 0)
-        if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA:
-            raise ValidationError(
-                f"run record schema {schema!r:.20} is newer than this tgnb reads ({SCHEMA}): "
-                "upgrade tgnb (pip install -U tgnb) where this record is read"
-            )
+        pop_schema(d, "run record", "where this record is read")
         d["resources"] = Resources(**dict(d.get("resources") or {}))
         d["secrets"] = {k: SecretRef(**dict(v)) for k, v in dict(d.get("secrets") or {}).items()}
         d["train"] = dict(d.get("train") or {})  # read by __post_init__ (`from_dict`)
