@@ -27,6 +27,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from tgnb.backends.base import JobState, JobStatus, RunSpec
+from tgnb.backends.slurm.placer import side_job_head
 from tgnb.backends.slurm.records import job_status, parse_fields
 from tgnb.runs import ft
 
@@ -107,17 +108,7 @@ def render_lighthouse(
 ) -> str:
     """The lighthouse's sbatch script. Kept off the preemptible nodes by `partition` (a standard
     partition) or, without one, by the ``--exclude`` the backend adds when it submits it."""
-    head = [
-        f"--job-name={spec.name}-lighthouse",
-        f"--output={run_dir}/lighthouse-%j.out",
-        "--open-mode=append",
-        f"--chdir={run_dir}",
-        "--requeue",
-        "--nodes=1",
-        "--ntasks=1",
-        "--cpus-per-task=1",
-        "--mem=1G",
-    ]
+    head = side_job_head(spec, run_dir, "lighthouse", "1G")
     head += [f"--partition={partition}"] if partition else []
     head += [f"--account={spec.account}"] if spec.account else []
     head += [f"--time={spec.time_limit}"] if spec.time_limit else []

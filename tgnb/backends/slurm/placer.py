@@ -67,21 +67,27 @@ def needs_placer(policy: RecoveryPolicy) -> bool:
     return policy.when_short == "standard" or policy.deadline is not None
 
 
-def render_placer(
-    spec: RunSpec, run_dir: str, python: str, launched: float, poll_s: float = 5.0
-) -> tuple[str, str]:
-    """``(script, config_json)`` of the run's placer; its job id argument is the run's job."""
-    head = [
-        f"--job-name={spec.name}-placer",
-        f"--output={run_dir}/placer-%j.out",
+def side_job_head(spec: RunSpec, run_dir: object, role: str, mem: str) -> list[str]:
+    """The ``#SBATCH`` directives of a run's one-CPU side job (its placer, its lighthouse):
+    named ``RUN-ROLE``, its output appended in the run directory, requeued with the run."""
+    return [
+        f"--job-name={spec.name}-{role}",
+        f"--output={run_dir}/{role}-%j.out",
         "--open-mode=append",
         f"--chdir={run_dir}",
         "--requeue",
         "--nodes=1",
         "--ntasks=1",
         "--cpus-per-task=1",
-        "--mem=256M",
+        f"--mem={mem}",
     ]
+
+
+def render_placer(
+    spec: RunSpec, run_dir: str, python: str, launched: float, poll_s: float = 5.0
+) -> tuple[str, str]:
+    """``(script, config_json)`` of the run's placer; its job id argument is the run's job."""
+    head = side_job_head(spec, run_dir, "placer", "256M")
     head += [f"--partition={spec.partition}"] if spec.partition else []
     head += [f"--account={spec.account}"] if spec.account else []
     script = [
