@@ -90,6 +90,13 @@ def active(emu: EmulatorHandle) -> set[str]:
     return {rid for rid, status in resources(emu).items() if status in ACTIVE}
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT back to its default in the script, as a shell's foreground job has it: a shell that
+    starts a background job without job control (``cmd &`` in a script, as CI may run the suite)
+    leaves SIGINT ignored in everything below it, and an ignored SIGINT rightly stays ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_script(folder: Path, env: dict[str, str], phase: str) -> subprocess.Popen[str]:
     folder.mkdir(exist_ok=True)
     (folder / "train.py").write_text(SCRIPT, encoding="utf-8")
@@ -100,6 +107,7 @@ def start_script(folder: Path, env: dict[str, str], phase: str) -> subprocess.Po
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_from_a_terminal,
     )
 
 
