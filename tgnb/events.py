@@ -100,7 +100,7 @@ LIGHTHOUSE_STARTED = "LighthouseStarted"
 #: A group's processes started on a node: data["group"], ["replacement"] (True after a loss).
 GROUP_JOINED = "GroupJoined"
 #: A group's processes ended: data["group"], ["cause"] ("notice", "removed", "lost",
-#: "finished", "stopped"), ["exit_code"]; the other groups go on.
+#: "finished", "stopped", "budget"), ["exit_code"]; the other groups go on.
 GROUP_LEFT = "GroupLeft"
 #: A group entered the quorum behind the others and took a live peer's weights: data["group"],
 #: ["step"], ["source"] (the group it healed from), ["took_s"] (from its start to that quorum).

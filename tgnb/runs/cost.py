@@ -10,6 +10,12 @@ it is redone after the resume. Steps lost come from the program's own records, a
 `tgnb.runs.Run.summary`, the RunPanel, the sidebar and a run's budget (the local supervisor, the
 node on Slurm and Kubernetes) all count here.
 
+A fault-tolerant run's replica groups (issue 50) are metered group by group: each group's node
+from its placement to its release, a replacement's from its own placement. A preempted group is
+one preemption; it made the run redo nothing while another group held its node (the others train
+on at their step, and the replacement heals from them), else (every group gone) what it did after
+its last checkpoint, as an attempt's.
+
 Runs recorded before the engine metered them (no ``JobPlaced``) are counted, as then, from the
 program's own ``RunStarted``/``RunResumed`` to ``RunRequeued``/``RunExited`` (`_from_program`).
 """
@@ -95,9 +101,30 @@ def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -
         base = saved[-1][1] if saved and saved[-1][1] is not None else None
         if last is not None:
             out.lost_steps += max(last - (base if base is not None else _resumed(evs, start)), 0)
+    for s in meter.preempted_groups(runs):
+        out.preemptions += 1
+        if _survived(s, runs):
+            continue  # the others trained on; its replacement heals from them: nothing redone
+        saved = [c for c in ckpts if s.start <= c[0] <= s.end]
+        redo_s = max(s.end - max(saved[-1][0] if saved else s.start, s.start), 0.0)
+        out.lost_node_seconds += redo_s
+        out.lost_gpu_hours += redo_s * s.gpus / 3600
+        if out.lost_steps is not None:
+            last = max((st for t, st in steps if s.start <= t <= s.end), default=None)
+            base = saved[-1][1] if saved and saved[-1][1] is not None else None
+            if last is not None:
+                out.lost_steps += max(last - (base or 0), 0)
     if not reported:  # the program reports no steps: what it lost in steps is unknown
         out.lost_steps = None
     return out
+
+
+def _survived(lost: meter.Stretch, runs: list[meter.Stretch]) -> bool:
+    """Whether another replica group held its node when group `lost` was given back: then the
+    run went on in its quorum, at its step."""
+    return any(
+        o.group is not None and o.group != lost.group and o.start <= lost.end <= o.end for o in runs
+    )
 
 
 def _step(e: Event) -> int | None:

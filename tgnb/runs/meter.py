@@ -14,6 +14,13 @@ same. Who records the two events (source ``"tgnb"``):
 A stretch whose release was never recorded (the node vanished with its processes, SIGKILL) ends at
 the first of: the engine's ``JobKilled`` for its node, the engine's ``RunRequeued``, the next
 placement of the run on that node or of a later attempt, or `until` (now, or the run's end).
+
+A fault-tolerant run's replica groups (issue 50) are placed and released one by one, each
+``JobPlaced`` carrying its ``group``: a group's node is held from its placement to its release,
+a replacement's from its own placement (the gap between them held nothing), and a group placed
+again ends only its own earlier stretch, never the survivors' (on Slurm each group of the array
+has its own restart count). The lighthouse holds no GPU and is never placed: it costs nothing
+here (`docs/replica-groups.md`).
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class Stretch:
     end: float
     attempt: int
     cause: str
+    #: the replica group it ran (a fault-tolerant run's), None for a run of one group
+    group: int | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -86,12 +95,13 @@ def stretches(events: Iterable[Event], until: float | None = None) -> list[Stret
     `until` (default now)."""
     end_now = utcnow().timestamp() if until is None else until
     out: list[Stretch] = []
-    open_: dict[str, tuple[float, int, str, int]] = {}  # node -> start, gpus, class, attempt
+    # node -> start, gpus, class, attempt, group
+    open_: dict[str, tuple[float, int, str, int, int | None]] = {}
     attempt = -1
 
     def close(node: str, t: float, cause: str) -> None:
-        start, gpus, cls, att = open_.pop(node)
-        out.append(Stretch(node, cls, gpus, start, max(t, start), att, cause))
+        start, gpus, cls, att, group = open_.pop(node)
+        out.append(Stretch(node, cls, gpus, start, max(t, start), att, cause, group))
 
     for e in sorted(events, key=lambda e: e.time):
         if e.source != "tgnb":
@@ -99,16 +109,21 @@ def stretches(events: Iterable[Event], until: float | None = None) -> list[Stret
         t, data = e.time.timestamp(), e.data or {}
         if e.reason == ev.JOB_PLACED and e.node:
             restart = data.get("restart_count")
+            group = data.get("group")
+            group = group if isinstance(group, int) and not isinstance(group, bool) else None
             if isinstance(restart, int) and not isinstance(restart, bool):
                 new = restart
             else:  # a new attempt when nothing of the last one is still placed
                 new = attempt + 1 if not open_ else attempt
-            for name in [n for n, o in open_.items() if n == e.node or o[3] < new]:
-                close(name, t, LOST)
+            for name, o in list(open_.items()):
+                # a group placed again ends its own earlier stretch only, never another group's
+                mine = o[3] < new if group is None else o[4] == group
+                if name == e.node or mine:
+                    close(name, t, LOST)
             attempt = max(attempt, new)
             gpus = _int(data.get("gpus"), 0)
             cls = str(data.get("node_class") or node_class(e.node))
-            open_[e.node] = (t, gpus, cls, new)
+            open_[e.node] = (t, gpus, cls, new, group)
         elif e.reason == ev.JOB_RELEASED and e.node in open_:
             cause = str(data.get("cause") or "")
             close(e.node, t, cause if cause in CAUSES else FAILED)
@@ -124,13 +139,29 @@ def stretches(events: Iterable[Event], until: float | None = None) -> list[Stret
 
 def preempted_attempts(runs: list[Stretch]) -> list[int]:
     """The attempts that ended as a preemption does: the engine saw a notice, or a SIGTERM or a
-    lost node was followed by another attempt (the run started again)."""
+    lost node was followed by another attempt (the run started again). A replica group's
+    stretches are not attempts of the run (`preempted_groups`)."""
+    runs = [s for s in runs if s.group is None]
     last = max((s.attempt for s in runs), default=-1)
     out = []
     for att in sorted({s.attempt for s in runs}):
         causes = {s.cause for s in runs if s.attempt == att}
         if PREEMPTED in causes or (causes & set(_RESTARTED) and att < last):
             out.append(att)
+    return out
+
+
+def preempted_groups(runs: list[Stretch]) -> list[Stretch]:
+    """The replica groups' stretches that ended as a preemption does: the engine saw a notice,
+    or a SIGTERM or a lost node was followed by the same group placed again. One preemption
+    each: the other groups trained on, the run did not start again."""
+    out = []
+    for s in runs:
+        if s.group is None:
+            continue
+        again = any(o.group == s.group and o.start >= s.end for o in runs if o is not s)
+        if s.cause == PREEMPTED or (s.cause in _RESTARTED and again):
+            out.append(s)
     return out
 
 
@@ -157,5 +188,6 @@ __all__ = [
     "engine_event",
     "metered",
     "preempted_attempts",
+    "preempted_groups",
     "stretches",
 ]

@@ -25,6 +25,7 @@ from tgnb.prices import Prices, dollars
 from tgnb.runs.cost import RunCost
 from tgnb.runs.meter import metered
 from tgnb.runs.outcome import UNPROTECTED, UNSAVED
+from tgnb.runs.replicas import group_clause, group_lines
 
 
 def summarize(
@@ -46,7 +47,8 @@ def summarize(
     recorded before the engine metered it), first and last reward; the node-time preemptions
     made it redo (``lost_gpu_hours``, ``lost_node_seconds``); its GPU-hours and their dollars
     (`spending`: ``gpu_hours``, ``cost_usd``, None when no price is known) against its
-    ``budget_usd``. A program
+    ``budget_usd``; a fault-tolerant run's ``groups`` (`tgnb.runs.replicas.group_lines`: who
+    left, joined, healed from whom, at which step, in how long; None for other runs). A program
     that never called protect or the Checkpointer (no ``RunStarted``) is named in `note`
     (`tgnb.runs.outcome.UNPROTECTED`): each restart lost every step it had logged; a stop with
     no checkpoint says so there too."""
@@ -86,6 +88,8 @@ def summarize(
         "reward_last": rewards[-1] if rewards else None,
         "lost_gpu_hours": round(cost.lost_gpu_hours, 4),
         "lost_node_seconds": round(cost.lost_node_seconds, 1),
+        # a fault-tolerant run's groups: who left, joined, healed (`tgnb.runs.replicas`)
+        "groups": group_lines(evs) or None,
         **spending,
     }
 
@@ -208,7 +212,7 @@ def closing_line(name: str, state: str, detail: str, summary: dict[str, Any]) ->
     n = summary["preemptions"]
     return (
         f"run {name}: {state}{why}; {summary['gpu_hours']:g} GPU-h{usd}, "
-        f"{n} preemption{'' if n == 1 else 's'}"
+        f"{n} preemption{'' if n == 1 else 's'}{group_clause(summary.get('groups') or [])}"
     )
 
 

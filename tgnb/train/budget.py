@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tgnb.errors import ValidationError
 from tgnb.events import JOB_PLACED, JOB_RELEASED, RUN_RESUMED, RUN_STARTED, read_jsonl, utcnow
-from tgnb.runs import meter, node
+from tgnb.runs import ft, meter, node
 from tgnb.runs.budget import Budget, check_events
 from tgnb.runs.outcome import events_size, node_exit
 
@@ -169,6 +169,9 @@ class NodeMeter:
         self.data: dict[str, object] = {"gpus": self.gpus}
         if restart is not None:
             self.data["restart_count"] = restart
+        group = _group()
+        if group is not None:  # a replica group's node (issue 50): metered as that group
+            self.data["group"] = group
         self.recorder.engine_event(
             JOB_PLACED, f"placed on {self.recorder.node} ({self.gpus} GPU(s))", **self.data
         )
@@ -217,6 +220,13 @@ def cause_of(code: int) -> str:
     if code in (-signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGINT):
         return meter.SIGNALLED
     return meter.FAILED
+
+
+def _group() -> int | None:
+    """This node's replica group (`tgnb.runs.ft.group_env`, which the engine sets with the
+    lighthouse's URL), None outside a fault-tolerant run."""
+    text = os.environ.get(ft.REPLICA_GROUP_ENV, "").strip()
+    return int(text) if os.environ.get(ft.LIGHTHOUSE_ENV) and text.isdigit() else None
 
 
 def held(run_dir: str | None, program: Callable[[], int], budget: Budget | None = None) -> int:

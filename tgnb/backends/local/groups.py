@@ -15,7 +15,10 @@ replica groups under a TorchFT lighthouse, with the contract of `tgnb.runs.ft`.
 - A missing group is placed again, under the same index, as soon as a schedulable node of the
   run's class is free (claimed in the run store, as any placement); it heals from a live peer.
 - The run succeeds when a group finishes (exit 0, no notice) and every other has ended; it is
-  cancelled by a stop (SIGTERM to every group, SIGKILL after the grace period).
+  cancelled by a stop (SIGTERM to every group, SIGKILL after the grace period). At its budget
+  (`Supervisor.check_budget`, once a second here) every group is stopped the same way: each
+  leaves with cause ``budget``, its node released for the budget, and the run ends cancelled
+  ("budget reached at $X of $Y", exit 77), never as a preemption.
 """
 
 from __future__ import annotations
@@ -47,11 +50,14 @@ from tgnb.events import (
     SIGNAL_SENT,
 )
 from tgnb.runs import ft, meter, node
+from tgnb.runs.budget import BUDGET_STOP
 
 if TYPE_CHECKING:
     from tgnb.backends.local.supervisor import Supervisor
 
 LIGHTHOUSE_LOG = "lighthouse.log"
+#: A group's leaving stopped on purpose (`Group.cause`) -> its node's release cause (`meter`).
+_STOPS = {"stopped": meter.CANCELLED, "budget": meter.BUDGET}
 GRACE_S = 30.0
 NO_TORCHFT = (
     "fault_tolerance='torchft' needs TorchFT where the run starts: pip install 'tgnb[torchft]'"
@@ -180,7 +186,9 @@ class Groups:
         proctree.kill_run(g.tag)  # nothing of it stays behind
         del self.groups[g.index]
         self.sync_jobs()
-        if g.cause:
+        if g.cause in _STOPS:
+            cause, release = g.cause, _STOPS[g.cause]
+        elif g.cause:
             cause, release = g.cause, meter.PREEMPTED
         elif code == 0:
             cause, release = "finished", meter.DONE
@@ -191,8 +199,7 @@ class Groups:
         held = sup._held_gpus(g.where)
         sup.event(JOB_RELEASED, f"released {g.where.name}: group {g.index} {cause} (exit {code})",
                   g.where.name, restart_count=self.restart, gpus=held, exit_code=code,
-                  cause=meter.CANCELLED if cause == "stopped" else release,
-                  group=g.index)  # fmt: skip
+                  cause=release, group=g.index)  # fmt: skip
         sup.event(GROUP_LEFT, f"group {g.index} left: {cause} (exit {code})", g.where.name,
                   group=g.index, cause=cause, exit_code=code)  # fmt: skip
         if cause == "lost":
@@ -273,8 +280,10 @@ class Groups:
             now = time.monotonic()
             if sup.stop_requested and stop_at is None:
                 stop_at = now + GRACE_S
+                # every group stops at the budget: a budget stop, never a preemption
+                why = "budget" if sup.stop_reason.startswith(BUDGET_STOP) else "stopped"
                 for g in self.groups.values():
-                    g.cause = g.cause or "stopped"
+                    g.cause = g.cause or why
                     self.kill(g, signal.SIGTERM)
             if stop_at is not None and now > stop_at:
                 for g in self.groups.values():
@@ -298,7 +307,10 @@ class Groups:
         self.reader.poll()
         self.close()
         if stop_at is not None:
-            sup.store.set_state(rid, JobState.CANCELLED, sup.stop_reason or "stopped")
+            detail = sup.stop_reason or "stopped"
+            # one exit code for a budget stop, everywhere (`tgnb.runs.budget.settle`)
+            code = int(node.Exit.STOPPED) if detail.startswith(BUDGET_STOP) else None
+            sup.store.set_state(rid, JobState.CANCELLED, detail, exit_code=code)
             return 0
         if self.finished:
             sup.store.set_state(rid, JobState.SUCCEEDED, "finished", exit_code=0)
