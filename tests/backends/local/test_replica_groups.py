@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tgnb.backends.local import proctree
+from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import (
     GROUP_HEALED,
     GROUP_JOINED,
@@ -93,13 +94,32 @@ def check_healed(run: Run, lost: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_preempted_group_leaves_and_a_replacement_heals(session: Session) -> None:
+def test_a_preempted_group_leaves_and_a_replacement_heals(
+    session: Session, emu: EmulatorHandle
+) -> None:
     run = launch(session, "ft-notice")
     joined = {e["data"]["group"]: e["node"] for e in of(run, GROUP_JOINED)}
     session.preempt(joined[0])
     check_healed(run, lost=0)
     left = [e["data"] for e in of(run, GROUP_LEFT) if e["data"]["group"] == 0]
     assert left[0]["cause"] == "notice", left
+    # its money (`test_replica_group_bill`): the preempted node until its group was released,
+    # the replacement's node from its placement, the gap between them nothing; one preemption
+    # that redid nothing (the survivor trained on)
+    from .test_replica_group_bill import bill
+
+    held = bill(run, emu, session.cluster.id)["held"]
+    # oldest first: group 0 is placed before group 1, its replacement after both
+    assert [(s.group, s.cause) for s in held] == [(0, "preempted"), (1, "done"), (0, "done")], held
+    gone, again = [s for s in held if s.group == 0]
+    assert gone.end <= again.start and gone.node != again.node, (gone, again)
+    summary = run.summary()
+    assert summary["preemptions"] == 1 and summary["lost_node_seconds"] == 0, summary
+    lines = summary["groups"]
+    assert lines[1].startswith("group 0 left at step ") and "preempted (notice)" in lines[1]
+    assert lines[2].startswith("group 0 joined again (replacement)") and (
+        "healed from group 1 at step " in lines[2]
+    ), lines
 
 
 @pytest.mark.slow
