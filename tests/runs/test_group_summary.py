@@ -7,6 +7,7 @@ left, joined and healed, from whom, at which step and in how long, the step coun
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -218,3 +219,32 @@ def test_a_run_of_one_group_has_no_groups_lines() -> None:
     ]
     assert group_lines(evs) == [] and summary_of(evs)["groups"] is None
     assert ";" not in closing_line("r", "succeeded", "", summary_of(evs)).split("GPU-h")[1]
+
+
+def test_a_slurm_or_kubernetes_groups_node_meters_itself_as_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's own meter (`tgnb.train.budget.NodeMeter`, Slurm and Kubernetes) records the
+    replica group the engine gave it, so a requeued group (its own restart count) ends only its
+    own stretch; outside a fault-tolerant run it records none."""
+    from tgnb.events import read_jsonl
+    from tgnb.runs import ft, node
+    from tgnb.train.budget import NodeMeter
+
+    monkeypatch.delenv(node.METERED_ENV, raising=False)
+    monkeypatch.setenv(node.GPUS_ENV, "8")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    for env, groups in (({}, [None, None]), (ft.group_env("http://h:1", 1, 2), [1, 1])):
+        run_dir = tmp_path / str(len(env))
+        run_dir.mkdir()
+        for name in (ft.LIGHTHOUSE_ENV, ft.REPLICA_GROUP_ENV):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        NodeMeter(str(run_dir)).release(0, meter.DONE)
+        evs = read_jsonl(run_dir / node.EVENTS)
+        assert [e.data.get("group") for e in evs] == groups, evs
+        assert [e.data.get("restart_count") for e in evs] == [2, 2]
+        assert [(s.group, s.attempt, s.cause) for s in meter.stretches(evs)] == [
+            (groups[0], 2, "done")
+        ]
