@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,19 @@ BAD_OPTIONS = [
 ]
 
 
+def _refused(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tgnb.tinker.async_rl", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a hang guard: under load, four of these share the cores
+        env=env,
+    )
+
+
 def test_bad_options_are_one_line_and_exit_2_with_nothing_provisioned(
     rl_emulator: EmulatorHandle, tmp_path: Path
 ) -> None:
@@ -97,33 +111,30 @@ def test_bad_options_are_one_line_and_exit_2_with_nothing_provisioned(
     def resources() -> set[str]:
         return {r.id for r in together.Together().post_training.model_resources.list().data}
 
-    before = resources()
-    for args, says in BAD_OPTIONS:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tgnb.tinker.async_rl", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 2, (args, proc.stderr[-2000:])
-        assert proc.stdout == "" and proc.stderr.count("\n") == 1, (args, proc.stderr)
-        assert proc.stderr.startswith("python -m tgnb.tinker.async_rl: ") and says in proc.stderr
     # the service's own settings: a key it refuses, a URL nothing answers at
-    for env, says in [
+    bad_env = [
         ({"TOGETHER_API_KEY": "not-this-services-key"}, "the service refused the API key"),
         ({"TOGETHER_BASE_URL": "http://127.0.0.1:9"}, "cannot reach the service at"),
-    ]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tgnb.tinker.async_rl", "--steps", "1"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, **env},
-        )
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (env, proc.stderr[-2000:])
-        assert says in proc.stderr and proc.stdout == "", (env, proc.stderr)
+    ]
+    before = resources()
+    # each case is a process of its own, most of whose seconds go to importing tgnb.tinker (and
+    # with it torch): they run side by side, each judged on its own as before
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        by_option = [pool.submit(_refused, args, tmp_path) for args, _ in BAD_OPTIONS]
+        by_env = [
+            pool.submit(_refused, ["--steps", "1"], tmp_path, {**os.environ, **env})
+            for env, _ in bad_env
+        ]
+        for (args, says), future in zip(BAD_OPTIONS, by_option, strict=True):
+            proc = future.result()
+            assert proc.returncode == 2, (args, proc.stderr[-2000:])
+            assert proc.stdout == "" and proc.stderr.count("\n") == 1, (args, proc.stderr)
+            assert proc.stderr.startswith("python -m tgnb.tinker.async_rl: ")
+            assert says in proc.stderr, (args, proc.stderr)
+        for (env, says), future in zip(bad_env, by_env, strict=True):
+            proc = future.result()
+            assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (env, proc.stderr[-2000:])
+            assert says in proc.stderr and proc.stdout == "", (env, proc.stderr)
     assert resources() == before  # nothing was provisioned
 
 
