@@ -248,3 +248,22 @@ def test_a_slurm_or_kubernetes_groups_node_meters_itself_as_its_group(
         assert [(s.group, s.attempt, s.cause) for s in meter.stretches(evs)] == [
             (groups[0], 2, "done")
         ]
+
+
+def test_groups_preempted_together_both_redo_what_they_did_since_the_checkpoint() -> None:
+    """Both groups' nodes preempted within a second: neither survived the other (no replacement
+    was placed while either held its node), so each redoes its node-time since the checkpoint."""
+    evs = [
+        placed(0, "a", 0),
+        placed(0, "b", 1),
+        Event(T0 + timedelta(seconds=20), "run", "CheckpointSaved", "", run="r", data={"step": 5}),
+        released(50, "a", 0, "preempted"),
+        released(50.5, "b", 1, "preempted"),
+        placed(70, "c", 0),
+        placed(70, "d", 1),
+        released(90, "c", 0, "done"),
+        released(90, "d", 1, "done"),
+    ]
+    cost = run_cost("r", evs, GPUS * 2)
+    assert cost.preemptions == 2
+    assert cost.lost_node_seconds == pytest.approx(30 + 30.5)

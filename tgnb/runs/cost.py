@@ -120,10 +120,17 @@ def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -
 
 
 def _survived(lost: meter.Stretch, runs: list[meter.Stretch]) -> bool:
-    """Whether another replica group held its node when group `lost` was given back: then the
-    run went on in its quorum, at its step."""
+    """Whether another replica group held its node when group `lost` was given back, and kept it
+    (it was not preempted too) or held it still when `lost`'s replacement was placed (to heal
+    from): then the run went on in its quorum, at its step."""
+    gone = meter.preempted_groups(runs)
+    again = [s.start for s in runs if s.group == lost.group and s.start >= lost.end]
     return any(
-        o.group is not None and o.group != lost.group and o.start <= lost.end <= o.end for o in runs
+        o.group is not None
+        and o.group != lost.group
+        and o.start <= lost.end <= o.end
+        and (o not in gone or (bool(again) and again[0] <= o.end))
+        for o in runs
     )
 
 
