@@ -29,6 +29,11 @@ keys over `checkpoint` where none is named: a job rendered before the run file).
 At the end `steps` returns after the final save. On a preemption it exits the process with 75
 (`Exit.PREEMPTED`), on a full disk with 74 (`Exit.NO_SPACE`); with ``exit=False`` it returns and
 leaves the code in `exit_code`. Breaking out of the loop saves nothing.
+
+``fault_tolerant=True`` (a launch with ``fault_tolerance="torchft"``, docs/replica-groups.md):
+the process is one TorchFT replica group; `tgnb.train.ftloop` sets up TorchFT's Manager, gates
+the optimizer's ``step()`` on the quorum's commit and makes `steps` follow the Manager's step (a
+joining group heals from a live peer, no checkpoint load); one group writes the checkpoints.
 """
 
 from __future__ import annotations
@@ -44,10 +49,11 @@ import torch
 import torch.distributed as dist
 
 from tgnb.errors import CheckpointError, TrainConfigError
+from tgnb.runs.ft import TORCHFT
 from tgnb.runs.node import CHECKPOINTS, RUN_DIR_ENV, RUN_ENV, Exit
 from tgnb.runs.policy import CheckpointPolicy
 from tgnb.train import checkpoint as ck
-from tgnb.train import dcpio, ownership
+from tgnb.train import dcpio, ftloop, ownership
 from tgnb.train.order import global_batch_line
 from tgnb.train.preemption import CheckpointGuard
 from tgnb.train.protect import run_context
@@ -80,7 +86,8 @@ class Checkpointer:
     resumed step + 1). `global_batch`: samples per step, recorded in each checkpoint (the data
     position); optional. `name`: the run's name in its events (default ``$TGNB_RUN``, or the
     directory's name). `report_to`: ``"wandb"``, ``"mlflow"`` or both: one tracker run across
-    preemptions and restarts, with the metrics rows and tgnb's events (`tgnb.train.tracker`)."""
+    preemptions and restarts, with the metrics rows and tgnb's events (`tgnb.train.tracker`).
+    `fault_tolerant`: train as a TorchFT replica group (the module docstring)."""
 
     def __init__(
         self,
@@ -96,11 +103,14 @@ class Checkpointer:
         name: str | None = None,
         exit: bool = True,
         report_to: str | list[str] | None = None,
+        fault_tolerant: bool = False,
     ) -> None:
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise TrainConfigError(f"max_steps must be a whole number >= 1, not {max_steps!r}.")
         if optimizer is None or not hasattr(optimizer, "param_groups"):
             raise TrainConfigError("Checkpointer needs the torch optimizer (optimizer=...).")
+        if fault_tolerant:
+            ftloop.check()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dcpio.dist_up():
             raise TrainConfigError(
                 "call torch.distributed.init_process_group() before making the Checkpointer "
@@ -134,6 +144,8 @@ class Checkpointer:
         named = self.recorder.run if os.environ.get(RUN_ENV) or name else None
         self.guard.identity = ownership.identity(named, learning_rate=lr)
         self.guard.attach(self.state)  # every rank, at the same point: the saves' process group
+        self.ft = ftloop.FaultTolerant(self.state, self._states) if fault_tolerant else None
+        self.guard.shared = fault_tolerant  # the replica groups share the run's directory
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -177,12 +189,17 @@ class Checkpointer:
         self._started = True
         try:
             self._begin()
-            for step in range(self.step + 1, self.max_steps + 1):
+            while (step := self._next()) <= self.max_steps:
                 self.guard.schedule.step_began()
                 yield step
+                if self.ft is not None and not self.ft.end_step(step):
+                    self._row = {}  # not committed: tried again under the same number
+                    continue
                 self.step = step
                 self._flush_row()
                 device = dcpio.flags_device()
+                if self.ft is not None:  # one group saves; none on a stop while a peer lives
+                    self.guard.saves, self.guard.peers = self.ft.writer, not self.ft.alone
                 if self.guard.step_boundary(step, self.max_steps, self.global_batch, device):
                     break
             code = self.guard.finish_at(self.step, self.max_steps)
@@ -202,7 +219,14 @@ class Checkpointer:
                 run_failed(self.recorder, exc, self.step)
             raise
         self.exit_code = int(code)
-        if code:
+        if self.ft is not None:
+            self.ft.shutdown()  # out of the quorum now: the peers go on at once
+        if code and self.ft is not None and self.guard.peers:
+            line = (
+                f"tgnb: replica group {self.ft.group} left at step {self.step}; its peers train on"
+            )
+            print(line, file=sys.stderr)
+        elif code:
             print(self.guard.stopped_line(self.step, self.managed), file=sys.stderr)
         if code and self._exit:
             self.recorder.close()
@@ -222,8 +246,27 @@ class Checkpointer:
             world_size=dcpio.world(),
             pid=os.getpid(),
         )
+        if self.ft is None:
+            self._resume()
+
+    def _next(self) -> int:
+        """The step to train next; under replica groups after this step's quorum."""
+        if self.ft is None:
+            return self.step + 1
+        step = self.ft.begin_step()
+        if self.ft.fresh():  # no participant has trained a step: a whole-run loss (or a start)
+            saved = self._resume()
+            if saved is not None:
+                self.ft.resumed(self.step, saved)
+                step = self.step + 1
+        self.step = step - 1  # the quorum's committed step (a healed group: its peer's)
+        self.ft.active = True  # its optimizer.step() commits with the quorum
+        return step
+
+    def _resume(self) -> dict[str, Any] | None:
+        """Load the newest complete checkpoint, if any; its loop state (None without one)."""
         if self.guard.resume_from() is None:
-            return
+            return None
         found = self.guard.resumed
         assert found is not None
         dcpio.load(found.path, self.state, bool(found.meta.get("adapter_only", False)))
@@ -248,13 +291,19 @@ class Checkpointer:
         if saved_world != dcpio.world() and dcpio.rank() == 0:  # the global batch changes
             batch = int(found.meta.get("global_batch") or 0) // saved_world
             print(global_batch_line(saved_world, dcpio.world(), batch), file=sys.stderr, flush=True)
+        return dict(saved)
 
     def _write(self, path: Path) -> None:  # rank 0, in every save
         states = {key: _plain(key, obj) for key, obj in self._states.items()}
-        dcpio.write_json(path / LOOP_STATE, {"step": self.step, "states": states})
+        loop: dict[str, Any] = {"step": self.step, "states": states}
+        if self.ft is not None:  # TorchFT's Manager state goes with a checkpoint (its docs)
+            loop[TORCHFT] = self.ft.own_state()
+        dcpio.write_json(path / LOOP_STATE, loop)
 
     def _flush_row(self) -> None:
         row, self._row = self._row, {}
+        if self.ft is not None and not self.ft.writer:
+            return  # the quorum's writer records the step (once)
         out = {key: n for key, value in row.items() if (n := number(value)) is not None}
         groups = getattr(self.state.optimizer, "param_groups", None)
         if groups and "learning_rate" not in out:

@@ -77,6 +77,13 @@ class CheckpointGuard:
         self.adapter_only = False
         self.schedule = CheckpointSchedule(self.policy, recorder)
         self.stops = StopSignals.for_policy(policy)
+        # replica groups (`tgnb.train.ftloop`): one run's several processes share the directory
+        # (no lock: the identity still guards it); `saves` False: another group writes this
+        # boundary's periodic and final saves; `peers` True: a live group holds this state, and a
+        # stop leaves without a save
+        self.shared = False
+        self.saves = True
+        self.peers = False
 
     @property
     def last_checkpoint(self) -> ck.Checkpoint | None:
@@ -135,7 +142,7 @@ class CheckpointGuard:
 
     def _choose(self) -> list[Any]:
         try:  # the directory is this run's while it lives (`tgnb.train.ownership`)
-            if self._claim is None:
+            if self._claim is None and not self.shared:
                 self._claim = ownership.claim(self.ckpt_dir, self.identity)
         except CheckpointError as exc:
             return [None, str(exc)]
@@ -287,7 +294,7 @@ class CheckpointGuard:
         flags = [
             int(stops.signal_received is not None),
             int(stops.drain_notice is not None),
-            int(self.periodic_due(step)),
+            int(self.saves and self.periodic_due(step)),
             int(saver.failure is not None),
             int(saver.no_space),
         ]
@@ -308,9 +315,10 @@ class CheckpointGuard:
             if self.stop_reason == "signal" and stops.signal_received is None:
                 stops.request("signal")
             stops.report(self.recorder, step)
-            saver.save(self.trainer, step, self.stop_reason, meta, sync=True)
+            if not self.peers:
+                saver.save(self.trainer, step, self.stop_reason, meta, sync=True)
             return True
-        if final:
+        if final and self.saves:
             saver.save(self.trainer, step, "final", meta, sync=True)
         elif due:
             saver.save(self.trainer, step, "periodic", meta, sync=not self.policy.async_save)
