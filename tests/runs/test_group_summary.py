@@ -267,3 +267,21 @@ def test_groups_preempted_together_both_redo_what_they_did_since_the_checkpoint(
     cost = run_cost("r", evs, GPUS * 2)
     assert cost.preemptions == 2
     assert cost.lost_node_seconds == pytest.approx(30 + 30.5)
+
+
+def test_each_groups_start_is_no_restart_and_a_healed_group_loses_no_step() -> None:
+    """Both groups log their steps through tgnb's hooks (a ``RunStarted`` each, rows of the same
+    steps): the steps are counted once, and the replacement's start, which healed at the
+    quorum's step, loses none (as restarts, the replacement's start lost 300)."""
+    evs = preempted_and_replaced()
+    for t in (2, 2.5, 61):
+        evs.append(Event(T0 + timedelta(seconds=t), "run", "RunStarted", "", run="r", data={}))
+    rows = [{"step": k, "time": (T0 + timedelta(seconds=10 + k / 10)).timestamp()} for k in
+            range(1, 301)] * 2  # fmt: skip
+    rows += [{"step": k, "time": (T0 + timedelta(seconds=66 + k / 100)).timestamp()} for k in
+             range(421, 701)]  # fmt: skip
+    cost = run_cost("r", sorted(evs, key=lambda e: e.time), GPUS * 2)
+    summary = summarize("r", "succeeded", rows, sorted(evs, key=lambda e: e.time), cost,
+                        max_steps=700, restarts=0, kind="script",
+                        spending=spending(cost, PRICES, None))  # fmt: skip
+    assert (summary["steps"], summary["steps_lost"]) == (700, 0), summary

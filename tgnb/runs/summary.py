@@ -69,6 +69,9 @@ def summarize(
         if attempt.resumed is None and not attempt.trained:
             continue  # it trained nothing (found the run finished, or was stopped at once)
         lost += attempt.lost
+    groups = group_lines(evs)
+    if groups:  # replica groups: each group's start is no restart; a healed one lost nothing
+        lost = cost.lost_steps or 0
     key = next((k for k in ("reward", "rewards/margins") if any(k in r for r in rows)), None)
     # rounded to 4 significant digits: a summary is read, not computed with
     rewards = [float(f"{float(r[key]):.4g}") for r in rows if key and r.get(key) is not None]
@@ -89,7 +92,7 @@ def summarize(
         "lost_gpu_hours": round(cost.lost_gpu_hours, 4),
         "lost_node_seconds": round(cost.lost_node_seconds, 1),
         # a fault-tolerant run's groups: who left, joined, healed (`tgnb.runs.replicas`)
-        "groups": group_lines(evs) or None,
+        "groups": groups or None,
         **spending,
     }
 
