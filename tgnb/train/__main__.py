@@ -3,10 +3,8 @@
 import sys
 
 from tgnb.train.cli import main
-from tgnb.train.teardown import light_exit
 
 if __name__ == "__main__":
-    light_exit()
     if "--check" not in sys.argv[1:]:  # a node's start, not a launch's check: mark the attempt
         from tgnb.train.attempt import mark
 

@@ -134,7 +134,4 @@ def torchrun(words: Sequence[str], run_dir: str | None) -> int:
 
 
 if __name__ == "__main__":
-    from tgnb.train.teardown import light_exit
-
-    light_exit()
     sys.exit(main())
