@@ -25,7 +25,7 @@ from tgnb.events import (
 from tgnb.prices import Prices, dollars
 from tgnb.runs import meter
 from tgnb.runs.cost import run_cost
-from tgnb.runs.replicas import group_lines
+from tgnb.runs.replicas import UNPROTECTED_GROUPS, group_lines
 from tgnb.runs.summary import closing_line, spending, summarize
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -172,6 +172,8 @@ def test_the_summary_names_who_left_joined_and_healed() -> None:
         "it started",
     ]
     assert summary["preemptions"] == 1 and summary["steps"] is None
+    # a plain TorchFT program: no checkpoint of tgnb's, yet a preempted group heals
+    assert summary["note"] == UNPROTECTED_GROUPS and not summary["protected"], summary
     line = closing_line("r", "succeeded", "finished", summary)
     assert line.endswith("1 preemption; " + summary["groups"][0]), line
     assert f"GPU-h, {dollars(summary['cost_usd'])}, 1 preemption" in line

@@ -13,6 +13,11 @@ from typing import Any
 
 from tgnb.events import GROUP_HEALED, GROUP_JOINED, GROUP_LEFT, QUORUM_CHANGED, Event
 
+#: The note of replica groups with no checkpoint of tgnb's (`tgnb.runs.outcome.UNPROTECTED`'s
+#: counterpart): a group heals from the others; only losing them all at once starts again.
+UNPROTECTED_GROUPS = (
+    "unprotected if every group goes at once: a preempted group heals from the others"
+)
 #: How a group's leaving reads, by the engine's cause (`tgnb.backends.local.groups`).
 _LEFT = {
     "notice": "preempted (notice)",
@@ -21,6 +26,7 @@ _LEFT = {
     "finished": "finished",
     "stopped": "stopped",
     "budget": "stopped at the budget",
+    "moved": "moved back to a preemptible node",
 }
 
 
@@ -94,4 +100,4 @@ def group_clause(lines: list[str]) -> str:
     return f"; {lines[0]}" if lines else ""
 
 
-__all__ = ["group_clause", "group_lines"]
+__all__ = ["UNPROTECTED_GROUPS", "group_clause", "group_lines"]

@@ -25,7 +25,7 @@ from tgnb.prices import Prices, dollars
 from tgnb.runs.cost import RunCost
 from tgnb.runs.meter import metered
 from tgnb.runs.outcome import UNPROTECTED, UNSAVED
-from tgnb.runs.replicas import group_clause, group_lines
+from tgnb.runs.replicas import UNPROTECTED_GROUPS, group_clause, group_lines
 
 
 def summarize(
@@ -85,7 +85,7 @@ def summarize(
         "preemptions": preemptions,
         "kind": kind,
         "protected": protected,
-        "note": _note(evs, protected),
+        "note": UNPROTECTED_GROUPS if groups and not protected else _note(evs, protected),
         "reward_key": key,
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,
