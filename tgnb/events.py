@@ -97,10 +97,12 @@ JOB_REASONS = frozenset(
 #: The run's coordinator is up: data["address"], ["heartbeat_timeout_ms"] (the survivors' wait
 #: when a group vanishes without leaving).
 LIGHTHOUSE_STARTED = "LighthouseStarted"
-#: A group's processes started on a node: data["group"], ["replacement"] (True after a loss).
+#: A group's processes started on a node: data["group"], ["replacement"] (True after a loss or a
+#: move), ["node_class"] (its node's).
 GROUP_JOINED = "GroupJoined"
 #: A group's processes ended: data["group"], ["cause"] ("notice", "removed", "lost",
-#: "finished", "stopped", "budget"), ["exit_code"]; the other groups go on.
+#: "finished", "stopped", "budget", "moved": back to a preemptible node, the local engine's
+#: recovery policy), ["exit_code"]; the other groups go on.
 GROUP_LEFT = "GroupLeft"
 #: A group entered the quorum behind the others and took a live peer's weights: data["group"],
 #: ["step"], ["source"] (the group it healed from), ["took_s"] (from its start to that quorum).

@@ -83,10 +83,8 @@ def test_the_magic_flag() -> None:
         ("grpo", {}, "launch a script that uses torchft's Manager"),
         ("train.py", {"nodes": 1}, "nodes=2"),
         ("train.py", {"nodes": 3, "min_nodes": 2}, "drop min_nodes"),
-        ("train.py", {"recovery": RecoveryPolicy(when_short="standard")}, "when_short='wait'"),
         ("train.py", {"env": {"REPLICA_GROUP_ID": "3"}}, "drop it from env"),
         ("train.py", {"env": {"TGNB_FT_HEARTBEAT_TIMEOUT_MS": "2s"}}, "=2000"),
-        ("train.py", {"recovery": RecoveryPolicy(deadline=time.time() + 6 * 3600)}, "deadline="),
     ],
 )
 def test_refused_in_one_line_naming_the_fix_with_nothing_left(
@@ -115,3 +113,39 @@ def test_the_local_check_reads_this_interpreter(
     with pytest.raises(ValidationError, match=r"pip install .tgnb\[torchft\]."):
         ftcheck.require_here(spec)
     plan.discard()
+
+
+@pytest.mark.parametrize(
+    ("policy", "fix"),
+    [
+        (RecoveryPolicy(when_short="standard"), "drop when_short='standard'"),
+        (RecoveryPolicy(deadline=time.time() + 6 * 3600), "drop deadline="),
+    ],
+)
+def test_moves_between_classes_run_locally_and_slurm_and_kubernetes_refuse_them(
+    folder: Path, staging: Path, tmp_path: Path, policy: RecoveryPolicy, fix: str
+) -> None:
+    """The local engine places each group by the policy (tests/backends/local/
+    test_replica_groups.py); Slurm and Kubernetes have no placer per group: refused in their
+    preflight, in one line naming the fix, before anything is rendered or sent."""
+    from kubernetes.client import ApiClient
+
+    from tgnb.backends.kubernetes.backend import KubernetesBackend
+    from tgnb.backends.slurm.backend import SlurmBackend
+
+    plan = _plan(folder, overrides={"fault_tolerance": "torchft"}, recovery=policy)
+    spec = plan.spec  # planned: the local engine runs it, with nothing more to check
+    assert spec.policy == policy
+    slurm = SlurmBackend(runs_root=tmp_path / "slurm", gres=False)
+    kube = KubernetesBackend(ApiClient(), "research", poll_interval=0.01)
+    for engine, name in ((slurm, "Slurm"), (kube, "Kubernetes")):
+        with pytest.raises(ValidationError) as exc:
+            engine.preflight(spec)
+        text = str(exc.value)
+        assert fix in text and f"on {name} " in text and "\n" not in text, text
+    assert not (tmp_path / "slurm").exists() or not any((tmp_path / "slurm").iterdir())
+    plan.discard()
+    # a run that is not replica groups keeps its policy on every engine
+    plain = _plan(folder, recovery=policy)
+    ftcheck.refuse_moves(plain.spec, "Slurm")
+    plain.discard()

@@ -1,7 +1,8 @@
 """The launch-time checks of a run launched as TorchFT replica groups (``fault_tolerance=
 "torchft"``, issue 50): what every engine refuses before anything is recorded or submitted,
-each in one line naming the fix (`check`), and the check that the interpreter that will run
-the groups can import ``torchft`` (`torchft_missing`).
+each in one line naming the fix (`check`), what Slurm and Kubernetes refuse and the local engine
+runs (`refuse_moves`), and the check that the interpreter that will run the groups can import
+``torchft`` (`torchft_missing`).
 
 What a launch as replica groups is, on every engine: the run's ``nodes`` are its groups, one per
 node (a group is a node's processes, DDP or FSDP inside it, under its own torchrun); a lighthouse
@@ -16,9 +17,13 @@ taken here, and why:
   ``Checkpointer(..., fault_tolerant=True)``;
 - ``min_nodes`` is refused: it shrinks a run that restarts as a whole, and the groups of a run
   under TorchFT never restart together (the survivors go on at any count from one);
-- a recovery policy that moves the run between node classes (``when_short="standard"``, a
-  ``deadline``) is refused: that needs a placer per group, which no engine has yet; the groups
-  wait for preemptible capacity (``when_short="wait"``, the default).
+- a recovery policy that moves groups between node classes (``when_short="standard"``, a
+  ``deadline``) is run by the local engine alone, which decides each missing group's placement
+  by the policy (`tgnb.backends.local.groupplace`: a standard node after ``wait_s``, and back to
+  a preemptible one, the group leaving as ``moved`` and its replacement healing); Slurm and
+  Kubernetes place the groups as one array or Indexed Job with no placer per group, so they
+  refuse it in their preflight (`refuse_moves`), and their groups wait for preemptible capacity
+  (``when_short="wait"``, the default).
 
 Whether ``torchft`` is installed is the engine's check, as only the engine knows which
 interpreter runs the groups (`torchft_missing`: the local engine's, the Slurm nodes'); on
@@ -71,12 +76,19 @@ def check(spec: RunSpec) -> None:
         ft.lighthouse_options(spec.env)
     except ValueError as exc:
         raise ValidationError(str(exc)) from None
+
+
+def refuse_moves(spec: RunSpec, engine: str) -> None:
+    """For `engine` (Slurm, Kubernetes), whose replica groups have no placer of their own: refuse
+    a run as replica groups whose recovery policy moves groups between node classes."""
+    if spec.train.fault_tolerance != TORCHFT:
+        return
     policy = spec.policy
     if policy.when_short == "standard" or policy.deadline is not None:
         what = "deadline=" if policy.deadline is not None else "when_short='standard'"
         raise ValidationError(
-            f"recovery {what} moves a run between node classes, which replica groups cannot do "
-            f"yet: each group waits for preemptible capacity (when_short='wait'); drop {what}"
+            f"recovery {what} moves replica groups between node classes, which only the local "
+            f"engine does; on {engine} each group waits for preemptible capacity: drop {what}"
         )
 
 

@@ -36,7 +36,7 @@ from tgnb.backends.kubernetes.podlogs import PodMark
 from tgnb.backends.kubernetes.status import index_of, pod_order, summarize
 from tgnb.errors import BackendError, NotFoundError, TgnbError
 from tgnb.events import PREEMPTION_NOTIFIED, Event, dedupe, from_record, parse_record
-from tgnb.runs import budget
+from tgnb.runs import budget, ftcheck
 from tgnb.runs.cursor import LogChunk
 from tgnb.runs.node import Exit
 
@@ -99,6 +99,7 @@ class KubernetesBackend:
 
     def build(self, spec: RunSpec) -> RunObjects:
         """The objects `submit` would create (validated; nothing sent)."""
+        ftcheck.refuse_moves(spec, "Kubernetes")  # replica groups: no placer per group here
         return build_objects(
             spec,
             self.namespace,

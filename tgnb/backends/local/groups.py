@@ -12,8 +12,13 @@ replica groups under a TorchFT lighthouse, with the contract of `tgnb.runs.ft`.
   it. A group that ends without a notice (a crash, a kill) is a counted failure, within the
   policy's ``max_restarts``. No other group is signalled: the survivors go on, after the
   lighthouse's heartbeat timeout when the group vanished without leaving.
-- A missing group is placed again, under the same index, as soon as a schedulable node of the
-  run's class is free (claimed in the run store, as any placement); it heals from a live peer.
+- A missing group is placed again, under the same index, by the run's recovery policy decided
+  group by group (`tgnb.backends.local.groupplace`): on a free preemptible node, else after
+  ``wait_s`` on a standard one with ``when_short="standard"`` (or a ``deadline`` behind
+  schedule), claimed in the run store as any placement; it heals from a live peer. A group on a
+  standard node goes back to a preemptible one once one is free: it leaves (cause ``moved``, no
+  failure, no preemption, its node released ``moved``) and its replacement heals. Each group's
+  ``JobPlaced`` says the class of its node, which the meter prices.
 - The run succeeds when a group finishes (exit 0, no notice) and every other has ended; it is
   cancelled by a stop (SIGTERM to every group, SIGKILL after the grace period). At its budget
   (`Supervisor.check_budget`, once a second here) every group is stopped the same way: each
@@ -33,11 +38,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tgnb.backends.base import JobState
 from tgnb.backends.local import proctree
 from tgnb.backends.local.command import free_port, node_gpus, train_command
+from tgnb.backends.local.groupplace import MOVED, GroupMove, GroupPlacement
 from tgnb.backends.local.nodes import NodeInfo
 from tgnb.backends.local.quorums import QuorumReader, group_of
 from tgnb.events import (
@@ -51,13 +57,14 @@ from tgnb.events import (
 )
 from tgnb.runs import ft, meter, node
 from tgnb.runs.budget import BUDGET_STOP
+from tgnb.runs.placing import PlacementLoop
 
 if TYPE_CHECKING:
     from tgnb.backends.local.supervisor import Supervisor
 
 LIGHTHOUSE_LOG = "lighthouse.log"
 #: A group's leaving stopped on purpose (`Group.cause`) -> its node's release cause (`meter`).
-_STOPS = {"stopped": meter.CANCELLED, "budget": meter.BUDGET}
+_STOPS = {"stopped": meter.CANCELLED, "budget": meter.BUDGET, MOVED: meter.MOVED}
 GRACE_S = 30.0
 NO_TORCHFT = (
     "fault_tolerance='torchft' needs TorchFT where the run starts: pip install 'tgnb[torchft]'"
@@ -71,7 +78,8 @@ class Group:
     proc: subprocess.Popen[bytes]
     tag: str  # its processes' tag (`proctree`)
     started: float  # epoch seconds
-    cause: str = ""  # why the engine ended it: "notice", "removed", "stopped"
+    node_class: str = "preemptible"  # of its node
+    cause: str = ""  # why the engine ended it: "notice", "removed", "stopped", "moved"
 
 
 def lighthouse_program() -> str | None:
@@ -95,6 +103,9 @@ class Groups:
         self.lighthouse: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.serial = 0
+        #: the placement loop of each missing group, and the move back of each on a standard node
+        self.placing: dict[int, PlacementLoop] = {}
+        self.moves: dict[int, PlacementLoop] = {}
         self.config = sup.run_dir / node.CONFIG
         self.reader = QuorumReader(
             sup.run_dir / LIGHTHOUSE_LOG,
@@ -137,7 +148,7 @@ class Groups:
 
     # -- groups --------------------------------------------------------------------------------
 
-    def start(self, index: int, where: NodeInfo, replacement: bool) -> None:
+    def start(self, index: int, where: NodeInfo, replacement: bool, node_class: str) -> None:
         sup = self.sup
         config = self.config
         gpus = node_gpus(self.spec.resources.gpus_per_node, [where.gpus])
@@ -154,16 +165,28 @@ class Groups:
                 cwd=sup.run_dir, env=env, start_new_session=True,
             )  # fmt: skip
         now = time.time()
-        self.groups[index] = Group(index, where, proc, tag_id, now)
+        self.groups[index] = Group(index, where, proc, tag_id, now, node_class)
         self.started[index] = now
         self.sync_jobs()
+        if node_class == "standard":
+            self.moves[index] = PlacementLoop(sup.policy, GroupMove(self, index))
         held = sup._held_gpus(where)
-        sup.event(JOB_PLACED, f"placed group {index} on {where.name} ({held} GPU(s))", where.name,
-                  restart_count=self.restart, gpus=held, node_class=sup.node_class,
+        sup.event(JOB_PLACED, f"placed group {index} on {where.name} ({held} GPU(s), {node_class})",
+                  where.name, restart_count=self.restart, gpus=held, node_class=node_class,
                   group=index)  # fmt: skip
         what = "replacement group" if replacement else "group"
-        sup.event(GROUP_JOINED, f"{what} {index} started on {where.name}", where.name,
-                  group=index, replacement=replacement)  # fmt: skip
+        sup.event(GROUP_JOINED, f"{what} {index} started on {where.name} ({node_class})",
+                  where.name, group=index, replacement=replacement,
+                  node_class=node_class)  # fmt: skip
+
+    def move(self, index: int) -> None:
+        """Group `index` leaves its standard node to go back to a preemptible one (`GroupMove`):
+        SIGTERM, its leaving neither a failure nor a preemption."""
+        g = self.groups[index]
+        g.cause = MOVED
+        self.kill(g, signal.SIGTERM)
+        self.sup.event(SIGNAL_SENT, f"SIGTERM: group {index} moves back to a preemptible node",
+                       g.where.name, group=index, moved=True)  # fmt: skip
 
     def sync_jobs(self) -> None:
         pids = [g.proc.pid for g in self.groups.values()]
@@ -217,34 +240,30 @@ class Groups:
                 self.kill(g, signal.SIGTERM)
 
     def replace(self) -> None:
-        """Start each missing group on a free node of the run's class, one per call."""
+        """Step each missing group's placement (`GroupPlacement`, by the run's recovery policy),
+        and each standard group's move back (`GroupMove`)."""
+        for index, move in list(self.moves.items()):
+            if not (self.finished or self.sup.stop_requested) and index in self.groups:
+                move.step()
+                if not move.engine.done():
+                    continue
+                self.move(index)
+            del self.moves[index]
         missing = [i for i in range(self.count) if i not in self.groups]
+        for index in list(self.placing):
+            if index not in missing:
+                del self.placing[index]
         if not missing or self.finished or self.sup.stop_requested:
             return
         if self.failures and not self.sup.policy.restart_after_failure(self.failures, 1):
             return
-        held = [g.where for g in self.groups.values()]
-        names = {n.name for n in held}
-        gpus = self.spec.resources.gpus_per_node
-        free = sorted(
-            (
-                n
-                for n in self.sup._cache.values()
-                if n.kind == self.sup.node_class and n.schedulable and n.name not in names
-                and not n.notified() and n.gpus >= gpus
-            ),
-            key=lambda n: n.name,
-        )  # fmt: skip
-        if not free:
-            return
-        cands = [(n.name, n.gpus) for n in (*held, *free)]
-        chosen = self.sup.store.claim(
-            self.sup.record.id, cands, want=len(held) + 1, least=len(held) + 1,
-            gpus_per_node=gpus, restart_count=self.restart,
-        )  # fmt: skip
-        new = [c for c in chosen if c not in names]
-        if new:
-            self.start(missing[0], next(n for n in free if n.name == new[0]), replacement=True)
+        for index in missing:
+            if index not in self.placing:  # missing since now
+                self.placing[index] = PlacementLoop(self.sup.policy, GroupPlacement(self, index))
+            self.placing[index].step()
+            chosen = cast(GroupPlacement, self.placing[index].engine).chosen
+            if chosen is not None:
+                self.start(index, chosen[0], replacement=True, node_class=chosen[1])
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -273,7 +292,7 @@ class Groups:
             sup.store.set_state(rid, JobState.FAILED, str(exc), exit_code=int(node.Exit.BAD_CONFIG))
             return 1
         for index, where in enumerate(nodes[: self.count]):
-            self.start(index, where, replacement=False)
+            self.start(index, where, replacement=False, node_class=sup.node_class)
         stop_at: float | None = None
         last_api = 0.0
         while self.groups:

@@ -34,7 +34,7 @@ from tgnb.backends.slurm.render import (
 from tgnb.config import Settings
 from tgnb.errors import BackendError, ValidationError
 from tgnb.events import RUN_EXITED, Event, read_jsonl
-from tgnb.runs import budget, ft, node
+from tgnb.runs import budget, ft, ftcheck, node
 from tgnb.runs.cursor import LogChunk, split_appended
 from tgnb.runs.node import Exit
 from tgnb.runs.runfile import RunFile
@@ -137,6 +137,7 @@ class SlurmBackend:
         """Everything `submit` checks before it writes or submits anything: the spec renders,
         Slurm's commands exist and the controller answers, the secrets are set. Returns the
         script, the config and the secrets' environment."""
+        ftcheck.refuse_moves(spec, "Slurm")  # replica groups: no placer per group here
         script, config = self.render(spec)
         self.runner.preflight()
         if groups.is_groups(spec):
