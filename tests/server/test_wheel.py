@@ -73,12 +73,17 @@ def test_wheel_installs_the_prebuilt_extension_without_nodejs(tmp_path: Path) ->
     hook = project["tool"]["hatch"]["build"]["hooks"]["jupyter-builder"]
     build_deps = [*project["build-system"]["requires"], *hook["dependencies"]]
     assert any(d.startswith("jupyterlab") for d in build_deps), build_deps
-    run([sys.executable, "-m", "venv", str(venv)], env, tmp_path)
+    # a venv without a pip of its own (ensurepip's install of pip is most of a venv's creation):
+    # this interpreter's pip installs into it and builds with it (``pip --python``)
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env, tmp_path)
     python = str(venv / "bin" / "python")
-    run([python, "-m", "pip", "install", "-q", "jupyterlab>=4.6,<5", *build_deps], env, tmp_path)
+    pip = [sys.executable, "-m", "pip", "--python", python]
+    # no byte-compiling of every module installed: what the jupyter commands below import is
+    # compiled when they import it
+    run([*pip, "install", "-q", "--no-compile", "jupyterlab>=4.6,<5", *build_deps], env, tmp_path)
 
     dist = tmp_path / "dist"
-    build = [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
     run([*build, str(dist), str(REPO)], env, tmp_path)
     (wheel,) = dist.glob("tgnb-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -89,7 +94,7 @@ def test_wheel_installs_the_prebuilt_extension_without_nodejs(tmp_path: Path) ->
 
     # the wheel itself; its runtime dependencies (the together SDK, ...) play no part in what
     # JupyterLab finds, and tgnb.server imports none of them
-    run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], env, tmp_path)
+    run([*pip, "install", "-q", "--no-compile", "--no-deps", str(wheel)], env, tmp_path)
 
     listing = run([python, "-m", "jupyter", "labextension", "list"], env, tmp_path)
     sections = re.split(r"\n(?=\S)", listing)
