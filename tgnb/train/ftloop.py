@@ -106,6 +106,7 @@ class FaultTolerant:
         self.stepped = False  # optimizer.step() ran in this step
         self.committed = False  # ... and the quorum committed it
         self.first = True  # before the first quorum
+        self.down = False  # out of the quorum (`shutdown`)
         self.writer = False  # this group writes this step's checkpoint and row
         self.alone = True  # no other group in this step's quorum
         self._sched: tuple[dict[str, Any], list[Any]] | None = None
@@ -157,8 +158,10 @@ class FaultTolerant:
         return dict(self.manager.state_dict())
 
     def shutdown(self) -> None:
-        """Leave the quorum now (the heartbeats stop, the peers go on at once)."""
-        self.manager.shutdown(wait=False)
+        """Leave the quorum now (the heartbeats stop, the peers go on at once); once."""
+        if not self.down:
+            self.down = True
+            self.manager.shutdown(wait=False)
 
     # -- internals ---------------------------------------------------------------------------------
     def _gate(self, optimizer: Any) -> None:

@@ -204,17 +204,17 @@ class Checkpointer:
                     break
             code = self.guard.finish_at(self.step, self.max_steps)
         except GeneratorExit:  # the loop was left early: nothing to save
-            self.guard.close()
+            self._close()
             raise
         except OSError as exc:
-            self.guard.close()
+            self._close()
             if not no_space(exc):
                 run_failed(self.recorder, exc, self.step)
                 raise
             print(f"tgnb: disk full under {self.run_dir}: {exc}", file=sys.stderr, flush=True)
             code = int(Exit.NO_SPACE)
         except BaseException as exc:
-            self.guard.close()
+            self._close()
             if not isinstance(exc, SystemExit | KeyboardInterrupt):  # an exit is no failure
                 run_failed(self.recorder, exc, self.step)
             raise
@@ -236,6 +236,13 @@ class Checkpointer:
             sys.exit(code)
 
     # -- internals ---------------------------------------------------------------------------------
+    def _close(self) -> None:
+        """Training ended early (left, a full disk, an error): the guard's handlers back, and
+        out of the quorum at once (the peers then need not wait for a heartbeat timeout)."""
+        self.guard.close()
+        if self.ft is not None:
+            self.ft.shutdown()
+
     def _begin(self) -> None:
         model = getattr(self.state.model, "module", self.state.model)  # under DDP
         run_started(
