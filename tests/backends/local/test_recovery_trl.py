@@ -17,8 +17,13 @@ from tgnb.session import Session
 from tgnb.train.checkpoint import checkpoint_dirs, read_marker
 
 pytestmark = pytest.mark.slow
-MAX_STEPS = 500  # long enough that the run still trains after its second restart: a fast machine
-# finished 60, then 150 steps before the second preemption, so no resume at 2 nodes was left to see
+#: Long enough that the run still trains after its second restart. At 1 node a step takes a tenth of
+#: one at 2 (no gloo all-reduce between two processes on the same cores): 2 cores under load trained
+#: 44 steps a second there. The capacity comes back while the 1-node attempt starts, so the second
+#: preemption follows its second step by one poll and one request (5 then 119 steps before it when
+#: the scale-up still ran after those steps; a fast machine had 60, then 150); every step past it
+#: runs at 2 nodes, the slow part of the test.
+MAX_STEPS = 200
 
 
 @pytest.mark.timeout(1200)
@@ -41,9 +46,11 @@ def test_shrink_resumes_at_one_node_through_trl_and_grows_back(
     session.preempt(run.status.nodes[0])
     wait_until(lambda: run.restart_count == 1 and on(1), timeout=300)
     at_one = len(run.records("metrics"))
-    wait_until(lambda: len(run.records("metrics")) >= at_one + 2, timeout=600)
+    # placed at 1 node: capacity back now, while the attempt starts (a running run does not grow;
+    # it grows back at its next restart)
     emu.set_capacity(None, cid)
     assert session.scale(preemptible=24, wait=True, timeout=120, poll=0.2)
+    wait_until(lambda: len(run.records("metrics")) >= at_one + 2, timeout=600)
     session.preempt(run.status.nodes[0])
     wait_until(lambda: run.restart_count == 2 and on(2), timeout=300)
     assert run.run_dir is not None
