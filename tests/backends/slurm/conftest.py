@@ -1,4 +1,5 @@
-"""Fixtures for the Slurm backend tests: a real one-node Slurm (slurmctld + slurmd + munged).
+"""Fixtures for the Slurm backend tests: a real Slurm (slurmctld + munged + one slurmd a node) of
+a preemptible node, `NODE`, and a standard one, `STANDARD_NODE`, alone in partition ``standard``.
 
 `slurm` makes sure a controller answers, starting it with ``.ci/slurm-up`` when it does not (and
 stopping what it started at the end). Where Slurm cannot start, the tests that need it are skipped,
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parents[3]
 SLURM_UP = REPO / ".ci" / "slurm-up"
 SLURM_DOWN = REPO / ".ci" / "slurm-down"
 NODE = os.environ.get("TGNB_SLURM_NODE", "localhost")
+STANDARD_NODE = os.environ.get("TGNB_SLURM_STANDARD_NODE", "standard")
 
 
 def fake_train(**knobs: int) -> dict[str, str]:
@@ -53,32 +55,37 @@ def node_state() -> str:
     return out.stdout.strip()
 
 
-def set_features(features: str) -> None:
-    """Make the test node a preemptible one (``"preemptible"``, as slurm.conf has it) or a
+def set_features(features: str, node: str = NODE) -> None:
+    """Make a test node a preemptible one (``"preemptible"``, as slurm.conf has `NODE`) or a
     standard one (``""``: Together's standard nodes carry no feature), at run time."""
     subprocess.run(
-        ["scontrol", "update", f"NodeName={NODE}", f"AvailableFeatures={features}",
+        ["scontrol", "update", f"NodeName={node}", f"AvailableFeatures={features}",
          f"ActiveFeatures={features}"],
         check=True, timeout=15,
     )  # fmt: skip
 
 
 def resume_node() -> None:
-    """Bring the test node back if a test left it drained (State=RESUME) or standard."""
-    out = subprocess.run(
-        ["scontrol", "show", "node", "-o", NODE], capture_output=True, text=True, check=False
-    ).stdout
-    if "AvailableFeatures=preemptible" not in out:
-        set_features("preemptible")
-    if "drain" in node_state():
-        subprocess.run(
-            ["scontrol", "update", f"NodeName={NODE}", "State=RESUME"], check=False, timeout=15
+    """Bring the test nodes back if a test left them drained (State=RESUME) or of the other
+    class (`NODE` standard, `STANDARD_NODE` preemptible)."""
+    for node, features in ((NODE, "preemptible"), (STANDARD_NODE, "")):
+        proc = subprocess.run(
+            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, check=False
         )
+        out = proc.stdout
+        if proc.returncode != 0 or "NodeName=" not in out:  # no such node (an older slurm-up)
+            continue
+        if f"AvailableFeatures={features or '(null)'} " not in out:
+            set_features(features, node)
+        if "DRAIN" in out.split("State=", 1)[-1].split(" ", 1)[0]:
+            subprocess.run(
+                ["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False, timeout=15
+            )
 
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[str]:
-    """The name of the node of a running one-node Slurm (partitions ``low`` and ``high``)."""
+    """The name of the preemptible node of the running Slurm (partitions ``low`` and ``high``)."""
     started = False
     if not _answers():
         if shutil.which("slurmctld") is None and not Path("/usr/sbin/slurmctld").exists():

@@ -22,6 +22,8 @@ from tgnb.errors import ValidationError
 from tgnb.runs import ft
 from tgnb.runs.trainconfig import from_dict
 
+from .conftest import STANDARD_NODE, set_features
+
 GOLDEN = Path(__file__).parent / "golden"
 RUN_DIR = "/data/home/alice/tgnb-runs/ft-groups"
 FT = from_dict({"script": "train.py", "fault_tolerance": "torchft"})
@@ -108,7 +110,7 @@ def test_the_runs_status_is_its_groups_together() -> None:
 @pytest.mark.slurm
 def test_sbatch_takes_both_scripts(slurm: str, tmp_path: Path) -> None:
     """Real sbatch (``--test-only``: checked by the controller, not queued): the group array and
-    the lighthouse in the ``high`` partition (the test cluster's node that is not preempted)."""
+    the lighthouse in the ``standard`` partition (the test cluster's node with no feature)."""
     run_dir = str(tmp_path / "ft-groups")
     os.makedirs(run_dir)
     spec = RunSpec(
@@ -118,7 +120,7 @@ def test_sbatch_takes_both_scripts(slurm: str, tmp_path: Path) -> None:
     )
     for name, script in (
         ("groups.sbatch", render_script(spec, run_dir)),
-        ("lighthouse.sbatch", groups.render_lighthouse(spec, run_dir, sys.executable, "high")),
+        ("lighthouse.sbatch", groups.render_lighthouse(spec, run_dir, sys.executable, "standard")),
     ):
         (tmp_path / name).write_text(script, encoding="utf-8")
         out = subprocess.run(
@@ -128,14 +130,18 @@ def test_sbatch_takes_both_scripts(slurm: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm
-def test_no_standard_node_is_refused_before_submitting(slurm: str, tmp_path: Path) -> None:
-    """The test cluster's one node is preemptible: the lighthouse would have no node."""
+def test_no_standard_node_is_refused_before_submitting(
+    slurm: str, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """The test cluster's standard node made preemptible (``cleanup_jobs`` turns it back): every
+    node is preemptible, and the lighthouse would have no node."""
     backend = SlurmBackend(runs_root=tmp_path, gres=False)
     spec = RunSpec(
         name="ft-none",
         train=FT,
         resources=Resources(nodes=2, gpus_per_node=0),
     )
+    set_features("preemptible", STANDARD_NODE)
     with pytest.raises(ValidationError, match="lighthouse_partition=") as exc:
         backend.preflight(spec)
     assert "\n" not in str(exc.value)
@@ -148,8 +154,8 @@ def test_the_lighthouse_job_publishes_its_address_and_ends_with_the_groups(
     slurm: str, tmp_path: Path, cleanup_jobs: list[str]
 ) -> None:
     """Real Slurm and the real ``torchft_lighthouse``: the lighthouse's job writes a HOST:PORT that
-    answers, and ends (removing it) once the groups' array has left the queue. (The whole run --
-    lighthouse and two groups at once -- needs three CPUs; the test cluster has two.)"""
+    answers, and ends (removing it) once the groups' array has left the queue. (The whole run,
+    a group preempted: test_groups_run.py.)"""
     import socket
     import time
 
@@ -157,7 +163,7 @@ def test_the_lighthouse_job_publishes_its_address_and_ends_with_the_groups(
     run_dir.mkdir()
     spec = RunSpec(name="ft-house", train=FT, resources=Resources(nodes=2, gpus_per_node=0))
     script = run_dir / groups.LIGHTHOUSE_SCRIPT
-    script.write_text(groups.render_lighthouse(spec, str(run_dir), sys.executable, "low"))
+    script.write_text(groups.render_lighthouse(spec, str(run_dir), sys.executable, "standard"))
     house = subprocess.run(
         ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True
     ).stdout.strip()
