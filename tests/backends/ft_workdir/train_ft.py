@@ -2,7 +2,9 @@
 fault-tolerant allreduce of each gradient), as TorchFT's docs use it, with nothing of tgnb: the program of a fault-tolerant run's replica groups
 in tgnb's tests and bench (`tests/backends/local/test_replica_groups.py`, `bench/fault_tolerance.py`).
 Each step prints one JSON line to stdout: its group, the step after it, the groups in its quorum and
-the time. ``FT_STEPS``: the steps to train; ``FT_STEP_S``: the compute time of a step (a sleep).
+the time. ``FT_STEPS``: the steps to train; ``FT_STEP_S``: the compute time of a step (a sleep);
+``FT_UNTIL`` (a test's knob): a file that, once a test writes a step into it, ends training at that
+step instead (the same number for every group, so they stop in the same quorum step).
 
 Not `torchft.DistributedDataParallel`: in torchft 0.2.0 its comm hook fails an ``assert fut._fut``
 when a peer dies during the allreduce (`_ManagedWork.wait` reports the error before it sets up the
@@ -22,6 +24,16 @@ from torchft import Manager, Optimizer, ProcessGroupGloo
 STEPS = int(os.environ.get("FT_STEPS", "200"))
 STEP_S = float(os.environ.get("FT_STEP_S", "0.05"))  # compute time of one step (a sleep)
 GROUP = int(os.environ.get("REPLICA_GROUP_ID", "0"))
+UNTIL = os.environ.get("FT_UNTIL", "")
+
+
+def last_step() -> int:
+    """`STEPS`, or the step a test wrote into ``FT_UNTIL``'s file (read at each step)."""
+    try:
+        with open(UNTIL, encoding="utf-8") as f:
+            return min(STEPS, int(f.read()))
+    except (OSError, ValueError):  # no knob, not written yet, or written halfway
+        return STEPS
 
 
 def main() -> None:
@@ -48,7 +60,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(GROUP)
     started = time.time()
     print(json.dumps({"group": GROUP, "started": started}), flush=True)
-    while manager.current_step() < STEPS:
+    while manager.current_step() < last_step():
         x = torch.randn(16, 32, generator=gen)
         opt.zero_grad()  # starts the quorum
         loss = model(x).pow(2).mean()

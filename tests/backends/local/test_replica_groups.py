@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +33,8 @@ from .test_process_model import DDP_WORKDIR
 
 pytest.importorskip("torchft")
 FT_WORKDIR = DDP_WORKDIR.parent / "ft_workdir"
-#: long enough for a replacement (a fresh interpreter importing torch) to join before the end
-ENV = {"FT_STEPS": "700", "FT_STEP_S": "0.05"}
+#: a cap: each test ends the run through ``FT_UNTIL`` (`end_soon`) once what it waits for happened
+ENV = {"FT_STEPS": "100000", "FT_STEP_S": "0.05"}
 
 
 def events(run: Run) -> list[dict[str, Any]]:
@@ -60,16 +61,32 @@ def steps(run: Run) -> list[dict[str, Any]]:
     return out
 
 
-def launch(session: Session, name: str) -> Run:
-    run = session.launch("train_ft.py", workdir=FT_WORKDIR, name=name, nodes=2, env=ENV,
+def end_soon(run: Run, until: Path, more: int = 20) -> int:
+    """Have the groups stop `more` steps after the furthest step trained so far (the program's
+    ``FT_UNTIL`` file, written whole at once): the step they end at."""
+    last = max((s.get("step", 0) for s in steps(run)), default=0) + more
+    part = until.with_suffix(".part")
+    part.write_text(str(last), encoding="utf-8")
+    part.replace(until)
+    return last
+
+
+def launch(session: Session, name: str, until: Path) -> Run:
+    env = {**ENV, "FT_UNTIL": str(until)}
+    run = session.launch("train_ft.py", workdir=FT_WORKDIR, name=name, nodes=2, env=env,
                          fault_tolerance="torchft", recovery=RecoveryPolicy(max_restarts=2))  # fmt: skip
     wait_until(lambda: any(s.get("step", 0) >= 20 and s["participants"] == 2 for s in steps(run)),
                240, what="both groups training in one quorum")  # fmt: skip
     return run
 
 
-def check_healed(run: Run, lost: int) -> None:
-    """Group `lost` left, the other never restarted, and the replacement healed from it."""
+def check_healed(run: Run, lost: int, until: Path) -> None:
+    """Group `lost` left, the other never restarted, and the replacement healed from it; the run
+    is ended (`end_soon`) once the replacement has healed."""
+    wait_until(lambda: [e for e in of(run, GROUP_HEALED) if e["data"]["group"] == lost], 240,
+               what=f"group {lost}'s replacement healed")  # fmt: skip
+    assert not run.status.state.finished
+    target = end_soon(run, until)
     final = run.wait(timeout=300)
     assert final.state == JobState.SUCCEEDED, (final, run.logs()[-40:])
     assert len(of(run, LIGHTHOUSE_STARTED)) == 1
@@ -88,19 +105,19 @@ def check_healed(run: Run, lost: int) -> None:
     after = [s["step"] for s in mine[second:] if "step" in s]
     assert after[0] > before[-1] >= 20, (before[-3:], after[:3])
     theirs = [s["step"] for s in steps(run) if s.get("group") == survivor and "step" in s]
-    assert theirs == sorted(theirs) and theirs[-1] == int(ENV["FT_STEPS"])  # never went back
+    assert theirs == sorted(theirs) and theirs[-1] == target  # never went back
     left = [e["data"] for e in of(run, GROUP_LEFT)]
     assert [d["group"] for d in left].count(survivor) == 1  # only at its end
 
 
 @pytest.mark.slow
 def test_a_preempted_group_leaves_and_a_replacement_heals(
-    session: Session, emu: EmulatorHandle
+    session: Session, emu: EmulatorHandle, tmp_path: Path
 ) -> None:
-    run = launch(session, "ft-notice")
+    run = launch(session, "ft-notice", tmp_path / "until")
     joined = {e["data"]["group"]: e["node"] for e in of(run, GROUP_JOINED)}
     session.preempt(joined[0])
-    check_healed(run, lost=0)
+    check_healed(run, lost=0, until=tmp_path / "until")
     left = [e["data"] for e in of(run, GROUP_LEFT) if e["data"]["group"] == 0]
     assert left[0]["cause"] == "notice", left
     # its money (`test_replica_group_bill`): the preempted node until its group was released,
@@ -123,20 +140,20 @@ def test_a_preempted_group_leaves_and_a_replacement_heals(
 
 
 @pytest.mark.slow
-def test_a_group_killed_without_notice_is_replaced(session: Session) -> None:
-    run = launch(session, "ft-kill")
+def test_a_group_killed_without_notice_is_replaced(session: Session, tmp_path: Path) -> None:
+    run = launch(session, "ft-kill", tmp_path / "until")
     # group 1's processes, torchrun's worker included (tagged `<run id>.g1.<n>`), SIGKILLed
     tag = f"{run.id}.g1.2"
     assert proctree.kill_run(tag) >= 2
-    check_healed(run, lost=1)
+    check_healed(run, lost=1, until=tmp_path / "until")
     left = [e["data"] for e in of(run, GROUP_LEFT) if e["data"]["group"] == 1]
     assert left[0]["cause"] == "lost", left
     assert left[0]["exit_code"] != 0
 
 
 @pytest.mark.slow
-def test_a_cancel_stops_every_group_and_the_lighthouse(session: Session) -> None:
-    run = launch(session, "ft-cancel")
+def test_a_cancel_stops_every_group_and_the_lighthouse(session: Session, tmp_path: Path) -> None:
+    run = launch(session, "ft-cancel", tmp_path / "until")
     run.stop()
     final = run.wait(timeout=120)
     assert final.state == JobState.CANCELLED, final
