@@ -48,6 +48,9 @@ def test_ddp_preempted_three_times_through_one_rank_matches_the_uninterrupted_ru
     steps = 24
     common = ("algorithm=dpo", "model=tiny", "seed=3", "checkpoint.watch_drain=false")
     common += ("checkpoint.every_steps=5", f"max_steps={steps}")
+    # 25 global batches of 16 (8 per rank): the 24 steps in one epoch, each rank tokenizing 400
+    # rows at each of its starts instead of the default 2000
+    common += ("dataset_size=400",)
     run_dir = tmp_path / "ddp"
     # the uninterrupted reference trains meanwhile (as in test_equivalence): its own directory
     # and rendezvous port, the same pre-built model
