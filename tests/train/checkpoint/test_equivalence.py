@@ -58,6 +58,7 @@ def test_dpo_interrupted_three_times_ends_with_the_same_weights(
 ) -> None:
     steps = 30
     common = ("algorithm=dpo", "model=tiny", "seed=3", "checkpoint.every_steps=7")
+    common += ("dataset_size=256",)  # 32 batches of 8: the 30 steps in one epoch, less to tokenize
     reference = launcher.start(tmp_path / "reference", f"max_steps={steps}", *common)
     stops = interrupted(launcher, tmp_path / "interrupted", steps, *common)
     assert reference.wait(600) == 0, reference.tail()
