@@ -69,7 +69,7 @@ def test_the_sidebar_shows_a_sweep_with_its_chart_and_stops_one(
         curves = ex.map(descend, [60, 60])
         wait_until(lambda: all(_steps(r) >= 10 for r in curves), 300, what="10 steps each")
         session.preempt(curves[0].status.nodes[0])  # one node holds both: both preempted
-        rows = curves.wait(timeout=600, poll=1.0)
+        rows = curves.wait(timeout=600, poll=0.2)
         assert [r.state for r in rows] == ["succeeded", "succeeded"], rows
         assert all(r.preemptions == 1 for r in rows), rows
 
