@@ -85,6 +85,8 @@ def test_dpo_resumed_at_1_rank_then_2_keeps_batch_data_and_loss(
     assets.tiny_path(3, tmp_path / "home" / "assets")  # once, before two ranks could race for it
     common = ("algorithm=dpo", "model=tiny", "seed=3", "checkpoint.watch_drain=false")
     common += ("checkpoint.every_steps=5", "checkpoint.keep_last=10", f"max_steps={STEPS}")
+    # 16 global batches: the 14 steps in one epoch, each rank tokenizing 256 rows, not 2000
+    common += ("dataset_size=256",)
     if mode == "fsdp":
         common += ("trl.fsdp=true", "trl.fsdp_config={version: 2}")
     run_dir = tmp_path / "reshard"
