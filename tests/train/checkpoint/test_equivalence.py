@@ -107,6 +107,7 @@ def test_lora_interrupted_three_times_saves_the_adapter_only(launcher: Any, tmp_
     steps = 20
     run_dir = tmp_path / "lora"
     lora = ("lora.r=4", "lora.lora_alpha=8", "checkpoint.every_steps=4")
+    lora += ("dataset_size=256",)  # 32 batches of 8: the 20 steps in one epoch, less to tokenize
     stops = interrupted(launcher, run_dir, steps, "algorithm=dpo", "model=tiny", *lora)
     logged = [int(m["step"]) for m in launcher.read_jsonl(run_dir / "metrics.jsonl")]
     assert sorted(logged) == list(range(1, steps + 1)), f"stops at {stops}: {logged}"
