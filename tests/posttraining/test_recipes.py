@@ -14,7 +14,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,33 +49,9 @@ class Executed:
         return self.results[name]
 
 
-def _run(ex: Executed, root: Path, name: str) -> None:
-    """Execute one recipe into `ex` (its notebook and results, or its error; its seconds)."""
-    from tgnb import batch
-
-    path = root / f"{name}.json"
-    extra = {"out_dir": str(ex.out / "adapter")} if name == "pt-grpo" else {}
-    t0 = time.monotonic()
-    try:
-        done = batch.run_notebook(
-            name,
-            ex.out,
-            {**PARAMETERS[name], "local": True, "results_path": str(path), **extra},
-            home=ex.home,
-            html=False,
-            cell_timeout=600,
-        )
-        ex.notebooks[name] = done.output
-        ex.results[name] = json.loads(path.read_text(encoding="utf-8"))
-    except batch.NotebookError as exc:
-        ex.errors[name] = str(exc)
-        ex.notebooks[name] = exc.output
-    finally:
-        ex.seconds[name] = time.monotonic() - t0
-
-
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Executed]:
+    from tgnb import batch
     from tgnb.emulator import daemon
 
     root = tmp_path_factory.mktemp("recipes")
@@ -90,13 +65,26 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Executed]:
         mp.delenv("HF_HUB_OFFLINE", raising=False)
         mp.delenv("TRANSFORMERS_OFFLINE", raising=False)
         try:
-            # the four recipes run side by side, each in a kernel of its own against the one
-            # emulator (its start is locked: the first kernel starts it, the others attach):
-            # much of a recipe's time is its kernel starting and importing, or waiting on the
-            # daemon, which overlaps another recipe's
-            with ThreadPoolExecutor(max_workers=len(PARAMETERS)) as pool:
-                for future in [pool.submit(_run, ex, root, name) for name in PARAMETERS]:
-                    future.result()
+            for name, params in PARAMETERS.items():
+                path = root / f"{name}.json"
+                extra = {"out_dir": str(ex.out / "adapter")} if name == "pt-grpo" else {}
+                t0 = time.monotonic()
+                try:
+                    done = batch.run_notebook(
+                        name,
+                        ex.out,
+                        {**params, "local": True, "results_path": str(path), **extra},
+                        home=ex.home,
+                        html=False,
+                        cell_timeout=600,
+                    )
+                    ex.notebooks[name] = done.output
+                    ex.results[name] = json.loads(path.read_text(encoding="utf-8"))
+                except batch.NotebookError as exc:
+                    ex.errors[name] = str(exc)
+                    ex.notebooks[name] = exc.output
+                finally:
+                    ex.seconds[name] = time.monotonic() - t0
             print("recipe run times (s):", {k: round(v) for k, v in ex.seconds.items()})
             yield ex
         finally:
