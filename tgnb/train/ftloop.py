@@ -158,7 +158,9 @@ class FaultTolerant:
         return dict(self.manager.state_dict())
 
     def shutdown(self) -> None:
-        """Leave the quorum now (the heartbeats stop, the peers go on at once); once."""
+        """Leave now, once: this group's Manager and its heartbeats stop. TorchFT 0.2.0's
+        lighthouse has no call to leave, so the peers' next quorum forms once its heartbeat
+        timeout has passed without this group (`tgnb.runs.ft`'s ``TGNB_FT_HEARTBEAT_TIMEOUT_MS``)."""
         if not self.down:
             self.down = True
             self.manager.shutdown(wait=False)

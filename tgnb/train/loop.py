@@ -220,7 +220,7 @@ class Checkpointer:
             raise
         self.exit_code = int(code)
         if self.ft is not None:
-            self.ft.shutdown()  # out of the quorum now: the peers go on at once
+            self.ft.shutdown()  # its heartbeats stop now: out after the lighthouse's timeout
         if code and self.ft is not None and self.guard.peers:
             line = (
                 f"tgnb: replica group {self.ft.group} left at step {self.step}; its peers train on"
@@ -238,7 +238,8 @@ class Checkpointer:
     # -- internals ---------------------------------------------------------------------------------
     def _close(self) -> None:
         """Training ended early (left, a full disk, an error): the guard's handlers back, and
-        out of the quorum at once (the peers then need not wait for a heartbeat timeout)."""
+        the Manager down at once (its heartbeats stop: the peers wait the lighthouse's
+        heartbeat timeout at most)."""
         self.guard.close()
         if self.ft is not None:
             self.ft.shutdown()
