@@ -11,14 +11,12 @@ lighthouse, on a real emulator over HTTP."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import wait_until
 from tgnb.emulator.testing import EmulatorHandle
 from tgnb.events import (
-    GROUP_HEALED,
     GROUP_JOINED,
     GROUP_LEFT,
     JOB_PLACED,
@@ -30,7 +28,7 @@ from tgnb.runs.spec import JobState
 from tgnb.session import Session
 
 from .test_replica_group_bill import bill
-from .test_replica_groups import ENV, FT_WORKDIR, end_soon, events, of, steps
+from .test_replica_groups import ENV, FT_WORKDIR, end_soon, healed_since_left, of, steps
 
 pytest.importorskip("torchft")
 STD, PRE = "gpu-dp-", "gpu-preemptible-"
@@ -59,21 +57,8 @@ def test_a_group_moves_to_a_standard_node_after_wait_s_and_back(
         return [(e["node"], e["data"]["node_class"]) for e in of(run, GROUP_JOINED)
                 if e["data"]["group"] == 0 and e["data"]["replacement"]]  # fmt: skip
 
-    def healed() -> list[dict[str, Any]]:
-        """Group 0's heals since it was preempted (a group that started behind the other, under
-        load, healed once already at the start)."""
-        out: list[dict[str, Any]] = []
-        gone = False
-        for e in events(run):
-            if e["data"].get("group") != 0:
-                continue
-            gone = gone or e["reason"] == GROUP_LEFT
-            if gone and e["reason"] == GROUP_HEALED:
-                out.append(e["data"])
-        return out
-
     def heals() -> int:
-        return len(healed())
+        return len(healed_since_left(run, 0))
 
     wait_until(lambda: len(replacements()) == 1, 180, what="group 0 placed again")
     assert replacements()[0][0].startswith(STD) and replacements()[0][1] == "standard"
@@ -106,7 +91,7 @@ def test_a_group_moves_to_a_standard_node_after_wait_s_and_back(
     left = [(e["data"]["group"], e["data"]["cause"]) for e in of(run, GROUP_LEFT)]
     assert [c for g, c in left if g == 0][:2] == ["notice", "moved"], left
     assert [c for g, c in left if g == 1] == ["finished"], left  # the survivor never restarted
-    healed_from = healed()
+    healed_from = healed_since_left(run, 0)
     assert [h["source"] for h in healed_from] == [1, 1], healed_from
     assert healed_from[1]["step"] > healed_from[0]["step"] >= 20, healed_from
     # the run's steps trained once: the survivor's never went back, the quorum's never either
