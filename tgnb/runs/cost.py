@@ -87,36 +87,39 @@ def _from_engine(name: str, evs: list[Event], gpus: int, now: datetime | None) -
     reported = bool(steps) or any(e.reason == ev.RUN_STARTED and e.source == "run" for e in evs)
     for att in meter.preempted_attempts(runs):
         mine = [s for s in runs if s.attempt == att]
-        start, end = min(s.start for s in mine), max(s.end for s in mine)
-        saved = [c for c in ckpts if start <= c[0] <= end]
-        saved_at = saved[-1][0] if saved else start
         out.preemptions += 1
-        redo = [max(s.end - max(saved_at, s.start), 0.0) for s in mine]
-        out.lost_node_seconds += sum(redo)
-        out.lost_gpu_hours += sum(r * s.gpus for r, s in zip(redo, mine, strict=True)) / 3600
-        if not reported or out.lost_steps is None:
-            out.lost_steps = None
-            continue
-        last = max((st for t, st in steps if start <= t <= end), default=None)
-        base = saved[-1][1] if saved and saved[-1][1] is not None else None
-        if last is not None:
-            out.lost_steps += max(last - (base if base is not None else _resumed(evs, start)), 0)
+        _charge(out, mine, ckpts, steps, _resumed(evs, min(s.start for s in mine)))
     for s in meter.preempted_groups(runs):
         out.preemptions += 1
-        if _survived(s, runs):
-            continue  # the others trained on; its replacement heals from them: nothing redone
-        saved = [c for c in ckpts if s.start <= c[0] <= s.end]
-        redo_s = max(s.end - max(saved[-1][0] if saved else s.start, s.start), 0.0)
-        out.lost_node_seconds += redo_s
-        out.lost_gpu_hours += redo_s * s.gpus / 3600
-        if out.lost_steps is not None:
-            last = max((st for t, st in steps if s.start <= t <= s.end), default=None)
-            base = saved[-1][1] if saved and saved[-1][1] is not None else None
-            if last is not None:
-                out.lost_steps += max(last - (base or 0), 0)
+        if not _survived(s, runs):  # else the others trained on and its replacement heals from them
+            _charge(out, [s], ckpts, steps, 0)
     if not reported:  # the program reports no steps: what it lost in steps is unknown
         out.lost_steps = None
     return out
+
+
+def _charge(
+    out: RunCost,
+    mine: list[meter.Stretch],
+    ckpts: list[tuple[float, int | None]],
+    steps: list[tuple[float, int]],
+    unsaved: int,
+) -> None:
+    """Add to `out` what the preempted stretches `mine` (an attempt's, or one group's) made the run
+    redo: each one's node-time after the last checkpoint saved between their start and end, and
+    the steps after that checkpoint's (`unsaved` when none was saved)."""
+    start, end = min(s.start for s in mine), max(s.end for s in mine)
+    saved = [c for c in ckpts if start <= c[0] <= end]
+    saved_at = saved[-1][0] if saved else start
+    redo = [max(s.end - max(saved_at, s.start), 0.0) for s in mine]
+    out.lost_node_seconds += sum(redo)
+    out.lost_gpu_hours += sum(r * s.gpus for r, s in zip(redo, mine, strict=True)) / 3600
+    if out.lost_steps is None:
+        return
+    last = max((st for t, st in steps if start <= t <= end), default=None)
+    base = saved[-1][1] if saved and saved[-1][1] is not None else unsaved
+    if last is not None:
+        out.lost_steps += max(last - base, 0)
 
 
 def _survived(lost: meter.Stretch, runs: list[meter.Stretch]) -> bool:
