@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,6 +81,36 @@ def resume_node() -> None:
             subprocess.run(
                 ["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False, timeout=15
             )
+
+
+def cluster_state() -> str:
+    """What the test cluster looks like now: its queue, its nodes (CPUs allocated/idle/other/total,
+    topology, features, reason) and the controller's last log lines."""
+    commands = (
+        ["squeue", "-a", "-o", "%i %P %j %T %M %C %m %R"],
+        ["sinfo", "-N", "-o", "%N %P %T %C %z %f %E"],
+        ["tail", "-n", "25", "/var/log/slurm/slurmctld.log"],
+    )
+    out = []
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+            out.append(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out.append(f"$ {' '.join(argv)}\n{exc!r}")
+    return "\n".join(out)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test on the real cluster says what the cluster looked like then (CI prints only
+    the failure: a job left pending, a node drained or full shows here)."""
+    report = yield
+    if report.failed and call.when == "call" and "slurm" in getattr(item, "fixturenames", ()):
+        report.sections.append(("the Slurm test cluster when it failed", cluster_state()))
+    return report
 
 
 @pytest.fixture(scope="session")
