@@ -146,6 +146,12 @@ class Endpoint:
         """The ``api_key=`` / ``base_url=`` keywords of the SDK's native clients."""
         return {"api_key": self.api_key.get() if self.api_key else None, "base_url": self.base_url}
 
+    def fresh(self) -> Endpoint:
+        """The same endpoint with clients of its own, for a signal's handler: the thread it
+        interrupted may hold the lock of this endpoint's HTTP connection pool (httpcore's is not
+        reentrant), and a request through that pool would then wait forever."""
+        return replace(self)
+
     def sdk(self) -> Together:
         """A plain ``together.Together`` client, made once per endpoint (lists, checkpoints,
         estimate-cost, download); 5 SDK retries on 408/409/429/5xx, as reads are safe to repeat."""

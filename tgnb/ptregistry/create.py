@@ -205,7 +205,7 @@ def stop_mine(conn: Endpoint) -> list[tuple[str, Any]]:
         try:
             record = conn.sdk().post_training.model_resources.stop(entry.resource_id, force=True)
         except Exception as exc:  # its entry stays: the next process names it
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, RuntimeError):  # (a reentrant write)
                 print(f"stopping {entry.resource_id} failed: {exc!r}", file=sys.stderr)
             continue
         registry.forget(entry)

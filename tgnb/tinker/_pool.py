@@ -156,15 +156,16 @@ class ResourcePool:
             )
         return _Held(mr, base_model, False, self._seen_now(mr, base_model, owned=False))
 
-    def note_stopped(self, stopped: dict[str, Any], report: bool) -> None:
+    def note_stopped(self, stopped: dict[str, Any], report: bool, conn: Endpoint) -> None:
         """Note the stops a signal's handler made (`stop_everything`), taking no lock; print the
-        exit report now when `report` (the process ends with no exit hooks)."""
+        exit report now when `report` (the process ends with no exit hooks), read through `conn`
+        (the handler's own clients)."""
         for seen in list(self._seen):
             if seen.resource_id in stopped:
                 seen.stopped(stopped[seen.resource_id])
         if report:
             self._reported = True
-            print_report(self._conn, list(self._seen), self.inactive_timeout)
+            print_report(conn, list(self._seen), self.inactive_timeout)
 
     def _seen_now(self, mr: ModelResourcesClient, base_model: str, *, owned: bool) -> Seen:
         record = mr.retrieve()
@@ -194,10 +195,13 @@ _POOLS: weakref.WeakSet[ResourcePool] = weakref.WeakSet()
 def stop_everything(report: bool = False) -> None:
     """Stop (force: their sessions too) every resource this process created, as a signal's
     handler must (`_signals`): with no lock of tgnb's (the thread it interrupts may hold a pool's
-    while it provisions); what the clients' releases do later finds them stopped."""
+    while it provisions) and through clients of its own (`Endpoint.fresh`: that thread may be
+    inside an HTTP request of the endpoint's client); what the clients' releases do later finds
+    them stopped."""
     pools = list(_POOLS)
     stopped: dict[str, Any] = {}
-    for endpoint in {pool._conn for pool in pools}:
+    fresh = {conn: conn.fresh() for conn in {pool._conn for pool in pools}}
+    for endpoint in fresh.values():
         stopped.update(ptregistry.stop_mine(endpoint))
     for pool in pools:
-        pool.note_stopped(stopped, report)
+        pool.note_stopped(stopped, report, fresh[pool._conn])

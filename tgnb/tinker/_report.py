@@ -163,5 +163,6 @@ def print_report(conn: Endpoint, seen: Iterable[Seen], inactive_timeout: int | N
     for line in lines(conn, seen, inactive_timeout):
         try:
             print(line, file=sys.stderr, flush=True)
-        except (OSError, ValueError):  # stderr closed: the registry still has what ran
+        except (OSError, ValueError, RuntimeError):  # stderr closed (or in use by the thread
+            # a signal interrupted: a reentrant write): the registry still has what ran
             return

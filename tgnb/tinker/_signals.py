@@ -60,7 +60,8 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     if os.getpid() != _installed_by:  # a forked child (a DataLoader worker): not its resources
         _pass_on(previous, signum, frame)
         return
-    with contextlib.suppress(OSError, ValueError):
+    # RuntimeError: the interrupted thread was inside a write to stderr (a reentrant call)
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
         name = signal.Signals(signum).name
         print(
             f"tgnb.tinker: {name}: stopping this script's sessions and model resources",
