@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that start a training process are marked ``training`` (`starts_training`): the
     fast tier, ``-m "not training"``, leaves them out.
 
-    Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), the tests of the one
+    Under pytest-xdist (``-n 3 --dist loadgroup``, the README's command), the tests of the one
     real Slurm node run on one worker, one after another: they drain, requeue and re-feature that
     node, which a second worker's job would see. The tests of a module that share a module-scoped
     fixture (executed notebooks, a JupyterLab, an emulator with its runs) run on one worker too:
