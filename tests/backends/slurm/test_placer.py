@@ -12,6 +12,7 @@ back. GPUs cannot be had here: the node records with GPUs are written out by han
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import time
@@ -82,6 +83,26 @@ def test_nodes_are_judged_by_their_feature_state_and_free_gpus(tmp_path: Path) -
     # another partition's run sees none of them
     other = slurm_facts(config(partition="other"), nodes, 0.0, tmp_path, 1.0)
     assert dict(other.free) == {"preemptible": 0, "standard": 0}
+
+
+def test_a_job_with_no_partition_counts_only_its_default_partitions_nodes(tmp_path: Path) -> None:
+    """A run submitted with no ``--partition`` is in the cluster's default partition: a standard
+    node of another partition (the test cluster's ``standard``, a lighthouse's) is no room for
+    it, as the controller holds the job (``Partition=low``)."""
+    lines = [
+        "NodeName=localhost CPUAlloc=1 CPUTot=2 AvailableFeatures=(null) ActiveFeatures=(null) "
+        "State=MIXED Partitions=low,high CfgTRES=cpu=2 AllocTRES=cpu=1",
+        "NodeName=standard CPUAlloc=0 CPUTot=1 AvailableFeatures=(null) ActiveFeatures=(null) "
+        "State=IDLE Partitions=standard CfgTRES=cpu=1 AllocTRES=",
+    ]
+    nodes = [SlurmNode.from_fields(parse_fields(line)) for line in lines]
+    unset = config(gpus=0, partition=None)
+    held = slurm_facts(unset, nodes, 0.0, tmp_path, 1.0, job_partitions=("low",))
+    assert dict(held.free) == {"preemptible": 0, "standard": 1}  # localhost's free CPU only
+    busy = [dataclasses.replace(nodes[0], free_cpus=0), nodes[1]]
+    full = slurm_facts(unset, busy, 0.0, tmp_path, 1.0, job_partitions=("low",))
+    assert dict(full.free) == {"preemptible": 0, "standard": 0}  # not the other partition's node
+    assert dict(slurm_facts(unset, busy, 0.0, tmp_path, 1.0).free)["standard"] == 1  # unknown
 
 
 def test_the_placer_script_and_config(tmp_path: Path) -> None:

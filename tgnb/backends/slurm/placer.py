@@ -156,13 +156,17 @@ def slurm_facts(
     short_for: float,
     run_dir: str | Path,
     now: float,
+    job_partitions: Sequence[str] = (),
 ) -> Facts:
     """`tgnb.runs.recovery.Facts` of a pending Slurm run: the nodes of each class that could take
-    one of its tasks now, the preemptible GPUs up, and the run's progress."""
-    gpus, cpus, part = config.gpus_per_node, config.cpus_per_task or 1, config.partition
+    one of its tasks now, the preemptible GPUs up, and the run's progress. A node counts only in
+    the job's partitions: `job_partitions`, as the controller holds the job (a job submitted with
+    no ``--partition`` is in the default one), else the run's `partition`."""
+    gpus, cpus = config.gpus_per_node, config.cpus_per_task or 1
+    wanted = set(job_partitions) or ({config.partition} if config.partition else set())
 
     def fits(n: SlurmNode) -> bool:
-        in_partition = not part or not n.partitions or part in n.partitions
+        in_partition = not wanted or not n.partitions or bool(wanted & set(n.partitions))
         return n.up and in_partition and n.free_cpus >= cpus and n.free_gpus >= gpus
 
     free = {k: sum(1 for n in nodes if n.kind == k and fits(n)) for k in (PREEMPTIBLE, "standard")}
@@ -228,8 +232,12 @@ class SlurmPlacement:
             raise placing.NoAnswer
         return slurm_facts(
             self.config, [SlurmNode.from_fields(n) for n in nodes], now - self.pending_since,
-            self.run_dir, now,
+            self.run_dir, now, self._partitions(),
         )  # fmt: skip
+
+    def _partitions(self) -> tuple[str, ...]:
+        """The partitions the controller holds the run's job in (``Partition=low``)."""
+        return tuple(p for p in self.fields.get("Partition", "").split(",") if p)
 
     def _running(self, now: float) -> Facts | None:
         """The facts of the job running after a move (no ``preemptible`` constraint) on standard
@@ -247,7 +255,7 @@ class SlurmPlacement:
             self.running_on = "standard" if "standard" in mine else PREEMPTIBLE
         if self.running_on == PREEMPTIBLE:
             return None  # it runs on preemptible nodes anyway
-        f = slurm_facts(self.config, seen, 0.0, self.run_dir, now)
+        f = slurm_facts(self.config, seen, 0.0, self.run_dir, now, self._partitions())
         return dataclasses.replace(f, current="standard")
 
     def _show_hostnames(self, nodelist: str) -> set[str] | None:
