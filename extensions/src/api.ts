@@ -65,6 +65,9 @@ export interface IRun {
   gpu_hours?: number;
   cost_usd?: number | null;
   budget_usd?: number | null;
+  /** replica groups (fault_tolerance="torchft"): a line for the groups, then one per group that
+   * left early and per replacement (from whom and at which step it healed); [] for other runs */
+  groups: string[];
   /** GET /tgnb/runs/NAME only: the run's state changes and its own events */
   history?: IRunChange[];
   events?: IEvent[];

@@ -399,6 +399,11 @@ export class TogetherSidebar extends Widget {
       );
       item.append(head, bar(run.progress ?? 0, 'tgnb-progress'));
       item.appendChild(el('div', 'tgnb-muted', info.join(' · ')));
+      for (const line of run.groups ?? []) {
+        const group = el('div', 'tgnb-muted tgnb-groups', line);
+        group.dataset.testid = 'tgnb-run-groups';
+        item.appendChild(group);
+      }
       if (run.detail) {
         item.title = run.detail;
       }

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tgnb.events import Event, format_time
 from tgnb.markup import plain_json
+from tgnb.runs.replicas import group_lines
 from tgnb.runs.summary import last_step
 from tgnb.runs.trainconfig import SCRIPT
 
@@ -100,6 +101,8 @@ def run_json(run: Run, detail: bool = False) -> dict[str, Any]:
         "max_steps": total,
         "progress": min(1.0, step / total) if total and step is not None else None,
         **run.spending(),  # gpu_hours, cost_usd (None: no price known), budget_usd
+        # replica groups (fault_tolerance="torchft"): who left, joined, healed; [] for others
+        "groups": group_lines(run.run_events()),
     }
     if detail:
         out["history"] = [

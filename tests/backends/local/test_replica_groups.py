@@ -28,6 +28,7 @@ from tgnb.events import (
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
+from tgnb.server.serialize import run_json
 from tgnb.session import Session
 
 from .test_process_model import DDP_WORKDIR
@@ -154,6 +155,7 @@ def test_a_preempted_group_leaves_and_a_replacement_heals(
     assert lines[2].startswith("group 0 joined again (replacement)") and (
         "healed from group 1 at step " in lines[2]
     ), lines
+    assert run_json(run)["groups"] == lines  # what the sidebar shows under the run
 
 
 @pytest.mark.slow
