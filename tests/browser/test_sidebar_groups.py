@@ -50,15 +50,14 @@ def test_the_sidebar_shows_who_left_joined_and_healed(
         check_healed(run, lost=0, until=until)  # the run has ended
         want = run_json(run)["groups"]
         assert len(want) == 3 and "healed from group 1 at step " in want[2], want
-        shown = page.locator(
-            "#tgnb-sidebar li[data-run='ft-sidebar'] [data-testid=tgnb-run-groups]"
-        )
+        item = page.locator("#tgnb-sidebar li[data-run='ft-sidebar']")
 
-        def lines() -> list[str]:
-            return [str(t) for t in shown.all_inner_texts()]
+        def shown() -> tuple[str, list[str]]:  # (its badge, its group lines), as rendered now
+            lines = item.locator("[data-testid=tgnb-run-groups]").all_inner_texts()
+            return str(item.locator(".tgnb-badge").inner_text()), [str(t) for t in lines]
 
-        wait_until(lambda: lines() == want, SEES, what=f"the sidebar's group lines {want}")
-        shown.first.scroll_into_view_if_needed()
+        # once it shows the run ended the sidebar renders it no more (each change re-renders it)
+        wait_until(lambda: shown() == ("succeeded", want), SEES, what=f"the group lines {want}")
         page.screenshot(path=str(artifacts / "groups-healed.png"))
     except BaseException:
         page.screenshot(path=str(artifacts / "groups-failed.png"), full_page=True)
