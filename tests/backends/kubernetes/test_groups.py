@@ -132,6 +132,29 @@ def test_the_index_is_within_the_groups(nodes: int) -> None:
     assert "--nproc_per_node=1" in trainer["command"]
 
 
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_a_group_of_several_processes_is_one_torchrun_of_its_own(gpus: int) -> None:
+    """A group is its pod's processes (issue 50): one torchrun with one process per GPU of the
+    pod and its own rendezvous, the contract in the container's env (every rank inherits it)."""
+    spec = RunSpec(
+        name="ft-k",
+        train=from_dict({"script": "train.py", "fault_tolerance": "torchft"}),
+        image="img",
+        resources=Resources(nodes=2, gpus_per_node=gpus),
+    )
+    docs = build_objects(spec, NS).to_dicts()
+    for doc in docs:
+        kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+    pod = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    trainer = next(c for c in pod["containers"] if c["name"] == L.CONTAINER)
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+    argv = trainer["command"]
+    assert argv[3:6] == ["--standalone", "--nnodes=1", f"--nproc_per_node={gpus}"], argv
+    assert not any("rdzv" in word or "node_rank" in word for word in argv)
+    assert set(ft.group_env("x", 0, 2)) <= {e["name"] for e in trainer["env"]}
+    assert "subdomain" not in pod  # no rendezvous between the groups
+
+
 CM = f"/api/v1/namespaces/{NS}/configmaps"
 PVC = f"/api/v1/namespaces/{NS}/persistentvolumeclaims"
 SVC = f"/api/v1/namespaces/{NS}/services"

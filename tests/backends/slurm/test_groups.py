@@ -67,6 +67,24 @@ def test_each_group_is_an_array_task_of_one_node_with_the_contract() -> None:
     assert "--array" not in plain and "REPLICA_GROUP_ID" not in plain
 
 
+@pytest.mark.parametrize("gpus", [0, 2, 4])
+def test_a_group_of_several_processes_is_one_torchrun_of_its_own(gpus: int) -> None:
+    """A group is its node's processes (issue 50): one task on the node, one torchrun with one
+    process per GPU and its own rendezvous, the contract exported before it (every rank inherits
+    it); the groups never share a rendezvous."""
+    spec = RunSpec(name="ft-groups", train=FT, resources=Resources(nodes=2, gpus_per_node=gpus))
+    script = render_script(spec, RUN_DIR)
+    nproc = max(1, gpus)
+    assert "#SBATCH --nodes=1" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert (f"#SBATCH --gres=gpu:{gpus}" in script) == (gpus > 0), script
+    (launch,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert f"--standalone --nnodes=1 --nproc_per_node={nproc} -m tgnb.train" in launch, launch
+    assert "rdzv" not in script and "node_rank" not in script and "MASTER_ADDR" not in script
+    before = script[: script.index(launch)]
+    for name in ft.group_env("x", 0, 2):
+        assert re.search(rf"^export {name}=", before, re.M), name
+
+
 def test_lighthouse_script_is_bash_off_the_preemptible_nodes() -> None:
     spec = _spec(env={ft.HEARTBEAT_TIMEOUT_ENV: "3000"}, account="research")
     script = groups.render_lighthouse(spec, RUN_DIR, "python", partition="standard")

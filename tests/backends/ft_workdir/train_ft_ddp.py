@@ -1,0 +1,108 @@
+"""A replica group of several processes on TorchFT's own API, with nothing of tgnb: the program of
+a fault-tolerant run whose groups each run K ranks under their own torchrun
+(`tests/backends/local/test_replica_groups_ranks.py`).
+
+Inside a group, plain DDP: torch's ``DistributedDataParallel`` over the group's ranks, on the
+process group torchrun's environment sets up (``init_process_group("gloo")``: its MASTER_ADDR,
+MASTER_PORT, RANK, WORLD_SIZE). Across groups, TorchFT as its examples write it: one ``Manager``
+per rank (it takes the group's rank, world size and store from the same torchrun environment;
+rank 0 hosts the group's ManagerServer, the only one the lighthouse sees), TorchFT's
+``Optimizer``, and the Manager's fault-tolerant allreduce of each gradient over
+``ProcessGroupGloo`` -- rank r of every group in one replicated process group, as in TorchFT's
+HSDP layout (``dp_replicate`` across groups, the group's own ranks inside). A joining group heals
+rank by rank from a live peer's rank of the same index, before its forward pass
+(``use_async_quorum=False``, as TorchFT's FSDP example and tgnb's Checkpointer).
+
+Each rank prints one JSON line per step: its group, its rank, the step after it, the groups in its
+quorum; at its start its torchrun environment; at its end a checksum of its weights (every rank of
+every group holds the same weights when they stop at the same step). ``FT_STEPS``: the steps to
+train; ``FT_STEP_S``: the compute time of a step (a sleep); ``FT_UNTIL``: a file that, once a test
+writes a step into it, ends training at that step (the same number for every rank).
+
+The Manager's allreduce, not `torchft.DistributedDataParallel` (see ``train_ft.py``: in torchft
+0.2.0 its comm hook fails when a peer dies during the allreduce)."""
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn, optim
+from torch.nn.parallel import DistributedDataParallel
+from torchft import Manager, Optimizer, ProcessGroupGloo
+
+STEPS = int(os.environ.get("FT_STEPS", "200"))
+STEP_S = float(os.environ.get("FT_STEP_S", "0.05"))  # compute time of one step (a sleep)
+GROUP = int(os.environ.get("REPLICA_GROUP_ID", "0"))
+UNTIL = os.environ.get("FT_UNTIL", "")
+RANK = int(os.environ["RANK"])  # torchrun's: this process's rank inside its group
+
+
+def last_step() -> int:
+    """`STEPS`, or the step a test wrote into ``FT_UNTIL``'s file (read at each step)."""
+    try:
+        with open(UNTIL, encoding="utf-8") as f:
+            return min(STEPS, int(f.read()))
+    except (OSError, ValueError):  # no knob, not written yet, or written halfway
+        return STEPS
+
+
+def say(**line: object) -> None:
+    print(json.dumps({"group": GROUP, "rank": RANK, **line}), flush=True)
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # the group's own ranks
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+    inner = optim.SGD(model.parameters(), lr=0.01)
+
+    def state_dict() -> dict:
+        return {"model": model.module.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(sd: dict) -> None:
+        model.module.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        # the quorum (and a heal) before the forward pass: with TorchFT's asynchronous quorum the
+        # heal lands during a step, and a group's ranks then average gradients taken at
+        # different weights (rank 0 and rank 1 ended apart, every group alike)
+        use_async_quorum=False,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"group_{GROUP}",
+        timeout=timedelta(seconds=10),
+    )
+    opt = Optimizer(manager, inner)
+    gen = torch.Generator().manual_seed(GROUP * world + RANK)
+    torchrun = {
+        k.lower(): os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+    }
+    say(started=time.time(), pid=os.getpid(), lighthouse=os.environ.get("TORCHFT_LIGHTHOUSE"),
+        groups=os.environ.get("NUM_REPLICA_GROUPS"), **torchrun)  # fmt: skip
+    while manager.current_step() < last_step():
+        x = torch.randn(16, 32, generator=gen)
+        opt.zero_grad()  # starts the quorum
+        loss = model(x).pow(2).mean()
+        loss.backward()  # DDP averages the gradients over the group's ranks
+        time.sleep(STEP_S)  # the rest of a step's compute
+        works = [manager.allreduce(p.grad) for p in model.parameters() if p.grad is not None]
+        for work in works:
+            work.wait()  # False when a peer failed: the step is then not committed
+        opt.step()  # commits when every rank of every group in the quorum agrees
+        say(step=manager.current_step(), participants=manager.num_participants(), t=time.time())
+    checksum = sum(float(p.detach().double().sum()) for p in model.module.parameters())
+    say(done=manager.current_step(), checksum=checksum, t=time.time())
+    manager.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
