@@ -44,6 +44,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-nodes", type=int, default=None, help="fewest nodes it may shrink to (a shrink event)"
     )
+    p.add_argument(
+        "--fault-tolerance",
+        default=None,
+        help="torchft: run the nodes as TorchFT replica groups (needs --nodes 2 or more) and "
+        "certify that survivors go on and a replacement heals from a peer",
+    )
     return p
 
 
@@ -63,6 +69,13 @@ def _bad_input(ns: argparse.Namespace) -> str | None:
             )
         if not words:
             return "--command is empty: give the command, e.g. --command 'accelerate launch t.py'"
+    from tgnb.certify.core import check_fault_tolerance
+    from tgnb.errors import ValidationError
+
+    try:
+        check_fault_tolerance(ns.fault_tolerance, ns.nodes, ns.min_nodes)
+    except ValidationError as exc:  # its fix names the flag too
+        return str(exc)
     return None
 
 
@@ -92,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 nodes=ns.nodes,
                 min_nodes=ns.min_nodes,
                 events=ns.events.split(",") if ns.events else None,
+                fault_tolerance=ns.fault_tolerance,
             )
         except TgnbError as exc:
             print(f"tgnb certify: {exc}", file=sys.stderr)

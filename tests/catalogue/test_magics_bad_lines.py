@@ -80,6 +80,9 @@ LINES = [
     "pt open -o None",
     # issue 48: a --command a shell could not split (an unclosed quote): no traceback
     'certify loop.py --command "python \'ok.py"',
+    # issue 50: a fault-tolerant certify on one node, or of an unknown kind
+    "certify loop.py --fault-tolerance torchft",
+    "certify loop.py --nodes 2 --fault-tolerance torchfx",
     # item 13: an alias bomb in --set
     f"launch grpo --set 'trl.x={BOMB_FLOW}'",
     "launch grpo --set 'trl.x=[*a]'",

@@ -44,6 +44,7 @@ class Fired:
     at_step: int | None = None  # the newest step logged when it fired
     note: str = ""
     restart: int | None = None  # the run's restart count when it fired
+    group: int | None = None  # the replica group it hit (a fault-tolerant run, `groupchaos`)
 
     @property
     def done(self) -> bool:

@@ -16,21 +16,24 @@ uninterrupted run's.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import math
 import os
 import random
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tgnb.certify import report, state
+from tgnb.certify import groupchaos, groups, report, state
 from tgnb.certify.chaos import KINDS, Driver, Fired
 from tgnb.certify.report import Certificate, Finding
 from tgnb.errors import ValidationError
 from tgnb.events import RUN_STARTED
+from tgnb.runs import ft
+from tgnb.runs.ftcheck import torchft_missing
 from tgnb.runs.spec import GPUS_PER_NODE
 
 BACKOFF = {"backoff_s": 1.0, "max_restarts": 5}
@@ -204,7 +207,8 @@ def _run_both(
         common = {**common, "min_nodes": shrink_to,
                   "recovery": {**BACKOFF, "when_short": "shrink", "wait_s": wait_s}}  # fmt: skip
     run = session.launch(what, name=names[1], **common)
-    driver = Driver(session, run, ref, until, rng, common["nodes"], shrink_to is not None)
+    kind = groupchaos.GroupDriver if common.get("fault_tolerance") else Driver
+    driver = kind(session, run, ref, until, rng, common["nodes"], shrink_to is not None)
     try:
         events = driver.schedule(only)
         run.wait(timeout=max(1.0, until - time.monotonic()), progress=False)
@@ -231,13 +235,17 @@ def certify(
     nodes: int = 1,
     min_nodes: int | None = None,
     events: Sequence[str] | None = None,
+    fault_tolerance: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Certificate:
     """Certify `what` (a script, with `args`) or `command` on the session's local emulator, on
     `nodes` nodes; with `min_nodes` below `nodes`, a shrink to fewer nodes is one of the events
     (the cluster's preemptible target is raised for the while if it is too low for both runs).
     `events`: drive only these (`tgnb.certify.chaos.KINDS`); the others are listed NOT DONE.
     `save_every`: a periodic interval of certify's own, in steps (default: the program's policy,
-    as a launch runs it)."""
+    as a launch runs it). `fault_tolerance="torchft"`: the program runs as replica groups, one per
+    node (nodes >= 2), and is certified by the checks of `tgnb.certify.groups` instead of the
+    final parameters; `env`: the program's environment, as a launch's."""
     if session.emulator is None:
         raise ValidationError("certify runs on the local emulator: tgnb.attach(local=True)")
     if (
@@ -261,6 +269,7 @@ def certify(
     only = tuple(KINDS if events is None else events)
     if unknown := [k for k in only if k not in KINDS]:
         raise ValidationError(f"no certify event {unknown[0]!r}: choose from {', '.join(KINDS)}")
+    check_fault_tolerance(fault_tolerance, nodes, min_nodes)
     started = time.monotonic()
     wd = Path(workdir) if workdir is not None else Path.cwd()  # for naming the fix only
     seed = secrets.randbelow(10_000) if seed is None else seed
@@ -274,9 +283,12 @@ def certify(
         | ({"every_steps": save_every} if save_every is not None else {}),
         "recovery": BACKOFF,
         "nodes": nodes,
-    }
-    shrinks = "shrink" in only and not _shrink_missing(nodes, min_nodes)
-    scaled = _raise_target(session, 2 * nodes + (SPARE_NODES if shrinks else 0))
+    } | ({"env": dict(env)} if env else {})
+    if fault_tolerance:
+        common["fault_tolerance"] = fault_tolerance
+    shrinks = "shrink" in only and not _shrink_missing(nodes, min_nodes) and not fault_tolerance
+    spare = SPARE_NODES if shrinks or fault_tolerance else 0  # a preempted group's replacement
+    scaled = _raise_target(session, 2 * nodes + spare)
     try:
         names = (f"certify-{stem}-ref-{tag}", f"certify-{stem}-chaos-{tag}")
         ref, run, fired = _run_both(session, what, names, common, min_nodes if shrinks else None,
@@ -284,20 +296,66 @@ def certify(
     finally:
         if scaled is not None:
             session.scale(preemptible=scaled)
-    rows, evs = run.records("metrics"), run.run_events()
+    if fault_tolerance:
+        cert = _groups_certificate(ref, run, fired, only)
+    else:
+        cert = _certificate(ref, run, fired, only, nodes, min_nodes)
+        cert.findings = diagnose(cert, ref, run, _shape(what, command, wd))
+    cert.target = " ".join([str(what or ""), *(command or []), *(args or [])]).strip()
+    cert.seed, cert.save_every, cert.runs = seed, save_every, names
+    cert.wall_s = time.monotonic() - started
+    return cert
+
+
+def check_fault_tolerance(fault_tolerance: str | None, nodes: int, min_nodes: int | None) -> None:
+    """Refuse a fault-tolerant certify that cannot run, in one line naming the fix (nothing is
+    launched)."""
+    if fault_tolerance is None:
+        return
+    if fault_tolerance != ft.TORCHFT:
+        raise ValidationError(f"fault_tolerance must be {ft.TORCHFT!r} or left out, not "
+                              f"{fault_tolerance!r:.60}: e.g. fault_tolerance='torchft' (--fault-tolerance "
+                              "torchft)")  # fmt: skip
+    if nodes < 2:
+        raise ValidationError("fault_tolerance='torchft' needs nodes=2 or more, one replica group "
+                              "per node: e.g. nodes=2 (--nodes 2)")  # fmt: skip
+    if min_nodes is not None:
+        raise ValidationError("min_nodes shrinks a run that restarts as a whole; replica groups "
+                              "never restart together: drop min_nodes (--min-nodes)")  # fmt: skip
+    if importlib.util.find_spec(ft.TORCHFT) is None:
+        raise torchft_missing("in this Python environment")
+
+
+def _groups_certificate(ref: Any, run: Any, fired: list[Fired], only: Sequence[str]) -> Certificate:
+    """A fault-tolerant program's certificate: the checks of `tgnb.certify.groups`, each failed
+    one a finding; the parameters not compared (`groups.NOT_COMPARED`)."""
+    twice = report.logged_twice(run.records("metrics"))
+    qs = groupchaos.quorums(run.run_dir)
+    checks = groups.check(fired, run.run_events(), qs, groupchaos.quorums(ref.run_dir), twice,
+                          run.state.value, ref.state.value)  # fmt: skip
     cert = Certificate(
-        target=" ".join([str(what or ""), *(command or []), *(args or [])]).strip(),
+        target="",
+        events=fired,
+        lost=[None] * len(fired),
+        twice=twice,
+        state=state.StateMatch("not compared", groups.NOT_COMPARED),
+        not_done=groupchaos.left_out(only),
+        checks=checks,
+    )
+    cert.findings = [Finding(f"{c.name}: {c.detail}", c.fix) for c in checks if not c.ok]
+    return cert
+
+
+def _certificate(ref: Any, run: Any, fired: list[Fired], only: Sequence[str], nodes: int,
+                 min_nodes: int | None) -> Certificate:  # fmt: skip
+    rows, evs = run.records("metrics"), run.run_events()
+    return Certificate(
+        target="",
         events=fired,
         lost=[report.steps_lost(ev, rows, evs) for ev in fired],
         twice=report.logged_twice(rows),
         state=state.compare(ref.run_dir, run.run_dir),
         not_done=_left_out(only, nodes, min_nodes),
-        seed=seed,
         told=[report.announced(evs, ev.fired_at) if ev.done else None for ev in fired],
         risk=report.announced(ref.run_events()),
-        save_every=save_every,
-        runs=names,
     )
-    cert.findings = diagnose(cert, ref, run, _shape(what, command, wd))
-    cert.wall_s = time.monotonic() - started
-    return cert

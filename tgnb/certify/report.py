@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgnb.certify import groups
 from tgnb.certify.chaos import Fired
 from tgnb.certify.state import StateMatch
 from tgnb.events import (
@@ -86,6 +87,9 @@ class Certificate:
     save_every: int | None = None
     #: the names of the uninterrupted run and of the interrupted one (their timelines)
     runs: tuple[str, str] | None = None
+    #: a fault-tolerant program's checks (`tgnb.certify.groups`), made instead of comparing the
+    #: final parameters; None: a run that restarts from checkpoints
+    checks: list[groups.Check] | None = None
 
     @property
     def complete(self) -> bool:
@@ -102,6 +106,8 @@ class Certificate:
 
     @property
     def safe(self) -> bool:
+        if self.checks is not None:
+            return not self.findings and self.complete and all(c.ok for c in self.checks)
         return not self.findings and self.state.ok and self.complete and not self.exceeded
 
     def risk_line(self) -> str:
@@ -122,6 +128,8 @@ class Certificate:
     def __str__(self) -> str:
         verdict = "SAFE" if self.safe else ("NOT SAFE" if self.findings else "NOT CERTIFIED")
         head = f"tgnb certify {self.target}: {verdict} ({self.wall_s:.0f} s, seed {self.seed})"
+        if self.checks is not None:
+            return "\n".join([head, "", *groups.render(self), *self._tail()])
         out = [head, "", "events:"]
         told = self.told or [None] * len(self.events)
         for i, (ev, lost, t) in enumerate(zip(self.events, self.lost, told, strict=True)):
@@ -142,12 +150,16 @@ class Certificate:
             out.append(f"  NOT DONE  {label}: {why}")
         out += [self.risk_line(), f"steps logged twice: {self.twice}",
                 f"final state: {self.state.verdict} ({self.state.detail})"]  # fmt: skip
+        return "\n".join(out + self._tail())
+
+    def _tail(self) -> list[str]:
+        out = []
         if self.runs:
             out.append(f"runs: {self.runs[0]} (uninterrupted), {self.runs[1]} (interrupted)")
         if self.findings:
             out += ["", "missing:"]
             out += [f"  - {f.defect}\n    fix: {f.fix}" for f in self.findings]
-        return "\n".join(out)
+        return out
 
     def _repr_html_(self) -> str:
         from tgnb.markup import escape

@@ -1,4 +1,5 @@
-"""``%tg certify train.py [--budget 15m] [--seed N] [--nodes N --min-nodes M] [-- ARGS...]``: `Session.certify` (the local
+"""``%tg certify train.py [--budget 15m] [--seed N] [--nodes N --min-nodes M]
+[--fault-tolerance torchft] [-- ARGS...]``: `Session.certify` (the local
 emulator only: the Session refuses elsewhere), showing the certificate."""
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from tgnb.notebook.commands.grammar import Parser, duration
 if TYPE_CHECKING:
     from tgnb.notebook.magics import Tg
 
-USAGE = "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [--nodes 2 --min-nodes 1] [-- ARGS...]"
+USAGE = (
+    "%(prog)s SCRIPT [--workdir DIR] [--budget 15m] [--seed N] [--nodes 2 --min-nodes 1] "
+    "[--fault-tolerance torchft] [-- ARGS...]"
+)
 
 
 def arguments(p: Parser) -> None:
@@ -27,6 +31,8 @@ def arguments(p: Parser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the random step events")
     p.add_argument("--nodes", type=int, default=1, help="nodes it runs on (default 1)")
     p.add_argument("--min-nodes", type=int, default=None, help="fewest it may shrink to")
+    p.add_argument("--fault-tolerance", choices=("torchft",), default=None,
+                   help="run the nodes as TorchFT replica groups (--nodes 2 or more)")  # fmt: skip
     p.add_argument("args", nargs="*", help="the script's arguments, after --")
 
 
@@ -49,6 +55,7 @@ def run(tg: Tg, args: Any, cell: str | None) -> Any:
             budget_s=args.budget.total_seconds(),
             nodes=args.nodes,
             min_nodes=args.min_nodes,
+            fault_tolerance=args.fault_tolerance,
         )
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
