@@ -3,13 +3,14 @@ quorums (`tgnb.backends.local.quorums`), on lines TorchFT 0.2.0's lighthouse wro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tgnb.backends.local.quorums import QuorumReader, group_of, parse
-from tgnb.events import GROUP_HEALED, QUORUM_CHANGED
+from tgnb.backends.local.quorums import GROUPS_COLUMN, QuorumReader, StepRows, group_of, parse
+from tgnb.events import GROUP_HEALED, QUORUM_CHANGED, RUN_STARTED, Event, utcnow
 from tgnb.runs import ft
 
 
@@ -62,6 +63,40 @@ def test_quorums_become_group_events(tmp_path: Path) -> None:
     assert seen[1][1] == {"groups": [0], "step": 40, "quorum_id": 2, "waited_s": 8.0}
     healed = seen[3][1]
     assert (healed["group"], healed["source"], healed["step"], healed["took_s"]) == (1, 0, 42, 6.5)
+
+
+def test_the_quorums_steps_become_rows_for_a_program_that_writes_none(tmp_path: Path) -> None:
+    """A program that never imports tgnb gets the quorum's steps as metrics rows (one a second
+    of quorums at most, the last at the end: its step + 1 once the run finished); a program
+    with tgnb's hook (its own ``RunStarted``) gets none."""
+    metrics, events = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl"
+    rows = StepRows(metrics, events)
+    reader = QuorumReader(tmp_path / "lighthouse.log", lambda *_: None, each=rows.seen)
+    lines = [quorum_line(i + 1, [("g0:a", i), ("g1:b", i)], 90 + i // 4) for i in range(12)]
+    lines.append(quorum_line(13, [("g0:a", 12)], 95))  # g1 gone
+    reader.path.write_text("\n".join(lines) + "\n")
+    reader.poll()
+    rows.flush(finished=True)
+    got = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["step"], r[GROUPS_COLUMN]) for r in got] == [
+        (0, 2),
+        (4, 2),
+        (8, 2),
+        (12, 1),
+        (13, 1),
+    ]
+    rows.flush(finished=True)  # nothing new: nothing written
+    assert len(metrics.read_text().splitlines()) == 5
+
+    hooked = tmp_path / "hooked"
+    hooked.mkdir()
+    started = Event(utcnow(), "run", RUN_STARTED, "started script", run="r")
+    (hooked / "events.jsonl").write_text(started.to_json() + "\n")
+    rows = StepRows(hooked / "metrics.jsonl", hooked / "events.jsonl")
+    reader = QuorumReader(reader.path, lambda *_: None, each=rows.seen)
+    reader.poll()
+    rows.flush(finished=True)
+    assert not (hooked / "metrics.jsonl").exists()
 
 
 def test_group_events_are_drawn_on_the_run_lane() -> None:

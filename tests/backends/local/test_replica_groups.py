@@ -126,6 +126,9 @@ def check_healed(run: Run, lost: int, until: Path) -> None:
     assert theirs == sorted(theirs) and theirs[-1] == target  # never went back
     left = [e["data"] for e in of(run, GROUP_LEFT)]
     assert [d["group"] for d in left].count(survivor) == 1  # only at its end
+    # steps count once, from the quorum (the program records none): the program's last step
+    rows = [r["step"] for r in run.records("metrics")]
+    assert rows == sorted(set(rows)) and run.summary()["steps"] == target, (rows[-3:], target)
 
 
 @pytest.mark.slow

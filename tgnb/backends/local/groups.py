@@ -45,7 +45,7 @@ from tgnb.backends.local import proctree
 from tgnb.backends.local.command import free_port, node_gpus, train_command
 from tgnb.backends.local.groupplace import MOVED, GroupMove, GroupPlacement
 from tgnb.backends.local.nodes import NodeInfo
-from tgnb.backends.local.quorums import QuorumReader, group_of
+from tgnb.backends.local.quorums import QuorumReader, StepRows, group_of
 from tgnb.events import (
     GROUP_JOINED,
     GROUP_LEFT,
@@ -107,10 +107,13 @@ class Groups:
         self.placing: dict[int, PlacementLoop] = {}
         self.moves: dict[int, PlacementLoop] = {}
         self.config = sup.run_dir / node.CONFIG
+        #: the quorum's steps as metrics rows, for a program that records none (never imports tgnb)
+        self.rows = StepRows(sup.run_dir / node.METRICS, sup.run_dir / "events.jsonl")
         self.reader = QuorumReader(
             sup.run_dir / LIGHTHOUSE_LOG,
             lambda reason, line, data: sup.event(reason, line, **data),
             self.started,
+            each=self.rows.seen,
         )
 
     # -- the lighthouse ------------------------------------------------------------------------
@@ -324,6 +327,7 @@ class Groups:
                 self.replace()
             time.sleep(sup.poll)
         self.reader.poll()
+        self.rows.flush(finished=self.finished and stop_at is None)
         self.close()
         if stop_at is not None:
             detail = sup.stop_reason or "stopped"

@@ -5,17 +5,25 @@ the run's step counted once, how long since the quorum before it: the survivors'
 `GROUP_HEALED` for a group that entered behind the others (TorchFT then sends it a live peer's
 weights). The lighthouse's log is the engine's own record of the quorum: this reads any program
 that uses TorchFT's `Manager`, tgnb's Checkpointer or not.
+
+`StepRows` gives a program that records no steps of its own (TorchFT's `Manager` alone, never
+importing tgnb) the run's steps as the quorum counts them: ``metrics.jsonl`` rows, so that the
+summary, the sidebar and a deadline's progress know them (not "steps unknown").
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tgnb.events import GROUP_HEALED, QUORUM_CHANGED
+from tgnb.events import GROUP_HEALED, QUORUM_CHANGED, RUN_STARTED
+from tgnb.runs import cursor
 
 _QUORUM = re.compile(
     r"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)\], "
@@ -61,6 +69,8 @@ class QuorumReader:
     path: Path
     emit: Callable[[str, str, dict[str, Any]], None]
     started: Mapping[int, float] = field(default_factory=dict)
+    #: called with every quorum read (`StepRows.seen`)
+    each: Callable[[Quorum], None] | None = None
     offset: int = 0
     last: Quorum | None = None
     rest: bytes = b""
@@ -83,6 +93,8 @@ class QuorumReader:
 
     def seen(self, q: Quorum) -> None:
         self.quorums += 1
+        if self.each is not None:
+            self.each(q)
         before = self.last
         self.last = q
         if before is not None and set(before.members) == set(q.members):
@@ -115,3 +127,54 @@ class QuorumReader:
                     "from_step": step,
                 },
             )
+
+
+#: The column of `StepRows`' rows: the replica groups in the step's quorum.
+GROUPS_COLUMN = "replica_groups"
+
+
+@dataclass
+class StepRows:
+    """The run's steps as its lighthouse counts them, appended to its ``metrics.jsonl``
+    (`metrics`) as ``{"step", "time", "replica_groups"}`` rows for a program that writes none
+    of its own: at most one every `every_s` seconds of quorums, and the last at the end
+    (`flush`). A quorum at step k starts the groups' step k + 1: the step a row gives is the
+    steps committed when the quorum formed, and at a run's successful end the last quorum's step
+    + 1 (its step was committed before the group finished). Once the program records its own
+    ``RunStarted`` in `events` (tgnb's Checkpointer or protect: it writes its own rows), none is
+    written."""
+
+    metrics: Path
+    events: Path
+    every_s: float = 1.0
+    written: int = -1
+    at: float = 0.0
+    last: Quorum | None = None
+    hooked: bool = False
+
+    def seen(self, q: Quorum) -> None:
+        self.last = q
+        if q.created - self.at >= self.every_s:
+            self.flush()
+
+    def flush(self, finished: bool = False) -> None:
+        q = self.last
+        if q is None or self._hooked():
+            return
+        step = q.step + 1 if finished else q.step
+        if step <= self.written:
+            return
+        row = {"step": step, "time": time.time() if finished else q.created,
+               GROUPS_COLUMN: len(q.members)}  # fmt: skip
+        fd = os.open(self.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:  # one write of one line: never interleaved with another writer's
+            os.write(fd, (json.dumps(row) + "\n").encode())
+        finally:
+            os.close(fd)
+        self.written, self.at = step, q.created
+
+    def _hooked(self) -> bool:
+        if not self.hooked and self.events.exists():
+            evs = cursor.events(self.events)
+            self.hooked = any(e.reason == RUN_STARTED and e.source == "run" for e in evs)
+        return self.hooked
