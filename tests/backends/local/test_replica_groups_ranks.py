@@ -2,8 +2,8 @@
 inside it") on the local engine: a run launched with ``fault_tolerance="torchft"``, two nodes and
 two processes per node runs each group as its own torchrun with ``--nproc_per_node=2`` (its own
 rendezvous and store), every rank with the groups' contract (`tgnb.runs.ft.group_env`). The
-program (`tests/backends/ft_workdir/train_ft_ddp.py`) is DDP inside each group and TorchFT's
-Manager across groups, real gloo both. One group's node preempted mid-run: both ranks of the
+program (`tests/backends/ft_workdir/train_ft_ranks.py`) is DDP or FSDP inside each group and
+TorchFT's Manager across groups, real gloo both. One group's node preempted mid-run: both ranks of the
 survivor go on without a restart, the replacement's two ranks heal from the live peer, every step
 is trained once, and every rank of both groups ends with the same weights.
 
@@ -41,13 +41,15 @@ def lines(run: Run, group: int, rank: int, key: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.training
+@pytest.mark.parametrize("inside", ["ddp", "fsdp"])
 def test_groups_of_two_ranks_survive_a_preemption_and_the_replacement_heals_both_ranks(
-    session: Session, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    session: Session, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, inside: str
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(RANKS))))
     until = tmp_path / "until"
-    run = session.launch("train_ft_ddp.py", workdir=FT_WORKDIR, name="ft-ranks", nodes=2,
-                         gpus_per_node=RANKS, env={**ENV, "FT_UNTIL": str(until)},
+    env = {**ENV, "FT_UNTIL": str(until), "FT_INSIDE": inside}
+    run = session.launch("train_ft_ranks.py", workdir=FT_WORKDIR, name=f"ft-{inside}", nodes=2,
+                         gpus_per_node=RANKS, env=env,
                          fault_tolerance="torchft", recovery=RecoveryPolicy(max_restarts=2))  # fmt: skip
     wait_until(lambda: all(any(s["step"] >= 10 and s["participants"] == 2
                                for s in lines(run, g, r, "step"))
@@ -61,7 +63,7 @@ def test_groups_of_two_ranks_survive_a_preemption_and_the_replacement_heals_both
     lighthouse = of(run, LIGHTHOUSE_STARTED)[0]["data"]["address"]
     for s in started:
         assert s["world_size"] == s["local_world_size"] == str(RANKS), s
-        assert s["groups"] == "2" and s["lighthouse"] == lighthouse, s
+        assert s["groups"] == "2" and s["lighthouse"] == lighthouse and s["inside"] == inside, s
         assert ports[s["group"]] == s["master_port"], started
     first = {(s["group"], s["rank"]): s["pid"] for s in started}
 

@@ -2,12 +2,14 @@
 a fault-tolerant run whose groups each run K ranks under their own torchrun
 (`tests/backends/local/test_replica_groups_ranks.py`).
 
-Inside a group, plain DDP: torch's ``DistributedDataParallel`` over the group's ranks, on the
-process group torchrun's environment sets up (``init_process_group("gloo")``: its MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE). Across groups, TorchFT as its examples write it: one ``Manager``
+Inside a group, ``FT_INSIDE``: ``ddp`` (torch's ``DistributedDataParallel`` over the group's ranks)
+or ``fsdp`` (torch's ``fully_shard`` over a mesh of the group's ranks: each rank holds a shard),
+on the process group torchrun's environment sets up (``init_process_group("gloo")``: its
+MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE). Across groups, TorchFT as its examples write it: one ``Manager``
 per rank (it takes the group's rank, world size and store from the same torchrun environment;
 rank 0 hosts the group's ManagerServer, the only one the lighthouse sees), TorchFT's
-``Optimizer``, and the Manager's fault-tolerant allreduce of each gradient over
+``Optimizer``, and the Manager's fault-tolerant allreduce of each gradient (each rank's shard,
+under FSDP) over
 ``ProcessGroupGloo`` -- rank r of every group in one replicated process group, as in TorchFT's
 HSDP layout (``dp_replicate`` across groups, the group's own ranks inside). A joining group heals
 rank by rank from a live peer's rank of the same index, before its forward pass
@@ -31,6 +33,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn, optim
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torchft import Manager, Optimizer, ProcessGroupGloo
 
@@ -38,6 +42,7 @@ STEPS = int(os.environ.get("FT_STEPS", "200"))
 STEP_S = float(os.environ.get("FT_STEP_S", "0.05"))  # compute time of one step (a sleep)
 GROUP = int(os.environ.get("REPLICA_GROUP_ID", "0"))
 UNTIL = os.environ.get("FT_UNTIL", "")
+INSIDE = os.environ.get("FT_INSIDE", "ddp")  # the parallelism inside a group: ddp or fsdp
 RANK = int(os.environ["RANK"])  # torchrun's: this process's rank inside its group
 
 
@@ -58,14 +63,21 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # the group's own ranks
     world = dist.get_world_size()
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    if INSIDE == "fsdp":  # sharded over the group's ranks; its state a peer sends is sharded too
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+        for layer in (net[0], net[2], net):
+            fully_shard(layer, mesh=mesh)
+        model: nn.Module = net
+    else:
+        model = DistributedDataParallel(net)
     inner = optim.SGD(model.parameters(), lr=0.01)
 
     def state_dict() -> dict:
-        return {"model": model.module.state_dict(), "optim": inner.state_dict()}
+        return {"model": net.state_dict(), "optim": inner.state_dict()}
 
     def load_state_dict(sd: dict) -> None:
-        model.module.load_state_dict(sd["model"])
+        net.load_state_dict(sd["model"])
         inner.load_state_dict(sd["optim"])
 
     manager = Manager(
@@ -85,21 +97,24 @@ def main() -> None:
     torchrun = {
         k.lower(): os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT")
     }
-    say(started=time.time(), pid=os.getpid(), lighthouse=os.environ.get("TORCHFT_LIGHTHOUSE"),
+    say(started=time.time(), pid=os.getpid(), inside=INSIDE, lighthouse=os.environ.get("TORCHFT_LIGHTHOUSE"),
         groups=os.environ.get("NUM_REPLICA_GROUPS"), **torchrun)  # fmt: skip
     while manager.current_step() < last_step():
         x = torch.randn(16, 32, generator=gen)
         opt.zero_grad()  # starts the quorum
         loss = model(x).pow(2).mean()
-        loss.backward()  # DDP averages the gradients over the group's ranks
+        loss.backward()  # DDP averages the gradients over the group's ranks; FSDP reduces shards
         time.sleep(STEP_S)  # the rest of a step's compute
-        works = [manager.allreduce(p.grad) for p in model.parameters() if p.grad is not None]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # FSDP: the shard
+        works = [manager.allreduce(g) for g in grads]
         for work in works:
             work.wait()  # False when a peer failed: the step is then not committed
         opt.step()  # commits when every rank of every group in the quorum agrees
         say(step=manager.current_step(), participants=manager.num_participants(), t=time.time())
-    checksum = sum(float(p.detach().double().sum()) for p in model.module.parameters())
-    say(done=manager.current_step(), checksum=checksum, t=time.time())
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in net.parameters()]
+    checksum = sum(float(p.detach().double().sum()) for p in whole)  # FSDP: gathered
+    say(done=manager.current_step(), checksum=checksum, inside=INSIDE, t=time.time())
     manager.shutdown()
     dist.destroy_process_group()
 
