@@ -92,20 +92,24 @@ class GroupDriver(Driver):
         e = joined.get(ev.group)
         return e.node if e is not None else None
 
-    def _preempt_group(self, ev: Fired) -> Callable[[], None]:
-        def act() -> None:
+    def _preempt_group(self, ev: Fired) -> Callable[[], str]:
+        def act() -> str:
             node = self._target(ev)
-            if node is not None:
-                self.session.preempt(node)
+            if node is None:
+                return f"group {ev.group}'s node is not known (no GroupJoined)"
+            self.session.preempt(node)
+            return ""
 
         return act
 
-    def _kill_group(self, ev: Fired) -> Callable[[], None]:
-        def act() -> None:
+    def _kill_group(self, ev: Fired) -> Callable[[], str]:
+        def act() -> str:
             self._target(ev)
-            for pid in self._group_pids(ev.group):
+            pids = self._group_pids(ev.group)
+            for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)  # its torchrun's workers too
+            return "" if pids else f"no process of group {ev.group} was found to kill"
 
         return act
 
@@ -122,10 +126,15 @@ class GroupDriver(Driver):
                     out.append(int(pid))
         return out
 
-    def _fire(self, ev: Fired, act: Callable[[], None]) -> None:
+    def _hit(self, ev: Fired, act: Callable[[], str]) -> None:
+        """Fire `act` (it says why it could not act: the event is then NOT DONE), then wait for
+        the group's replacement."""
         ev.at_step = self._last_step()
         ev.fired_at = time.time()
-        act()
+        why = act()
+        if why:
+            ev.fired_at, ev.note = None, why
+            return
         self._back(ev)
 
     def _back(self, ev: Fired) -> None:
@@ -151,11 +160,12 @@ class GroupDriver(Driver):
         elif self._quorums():
             ev.note = "the groups were training before certify saw them all started"
         else:
-            self._fire(ev, self._preempt_group(ev))
-            ev.label = f"preemption of group {ev.group} during setup, before the first step"
+            self._hit(ev, self._preempt_group(ev))
+            if ev.done:
+                ev.label = f"preemption of group {ev.group} during setup, before the first step"
         return ev
 
-    def _at_steps(self, ev: Fired, act: Callable[[Fired], Callable[[], None]]) -> Fired:
+    def _at_steps(self, ev: Fired, act: Callable[[Fired], Callable[[], str]]) -> Fired:
         k = self.rng.randint(2, 6)
         why = self._wait(self._all_in)  # the replacement of the event before is in
         start = self._last_step() or 0
@@ -164,7 +174,7 @@ class GroupDriver(Driver):
             ev.note = why
         else:
             ev.note = f"{k} steps after every group was in the quorum"
-            self._fire(ev, act(ev))
+            self._hit(ev, act(ev))
             ev.label = ev.label.replace("one group", f"group {ev.group}")
         return ev
 

@@ -55,7 +55,7 @@ NOT_COMPARED = (
 #: A group's leaving at the run's end, not a restart (`tgnb.backends.local.groups`' causes).
 END_CAUSES = ("finished", "stopped", "budget", "moved")
 #: Slack of the stall's bound: seconds, and step times of the uninterrupted run.
-SLACK_S = 2.0
+SLACK_S = 3.0
 SLACK_STEPS = 5
 
 
