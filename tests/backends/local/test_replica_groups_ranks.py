@@ -2,8 +2,10 @@
 inside it") on the local engine: a run launched with ``fault_tolerance="torchft"``, two nodes and
 two processes per node runs each group as its own torchrun with ``--nproc_per_node=2`` (its own
 rendezvous and store), every rank with the groups' contract (`tgnb.runs.ft.group_env`). The
-program (`tests/backends/ft_workdir/train_ft_ranks.py`) is DDP or FSDP inside each group and
-TorchFT's Manager across groups, real gloo both. One group's node preempted mid-run: both ranks of the
+program is DDP or FSDP inside each group and TorchFT's Manager across groups, real gloo both
+(`tests/backends/ft_workdir/train_ft_ranks.py`, never importing tgnb), or the same DDP loop under
+tgnb's ``Checkpointer(..., fault_tolerant=True)`` (`train_loop_ft_ranks.py`: its metrics rows and
+checkpoints written once per step, by one group, every rank of it). One group's node preempted mid-run: both ranks of the
 survivor go on without a restart, the replacement's two ranks heal from the live peer, every step
 is trained once, and every rank of both groups ends with the same weights.
 
@@ -14,13 +16,14 @@ the program runs on the CPU (torch sees no CUDA driver)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import wait_until
-from tgnb.events import GROUP_JOINED, GROUP_LEFT, LIGHTHOUSE_STARTED, QUORUM_CHANGED
+from tgnb.events import GROUP_JOINED, GROUP_LEFT, LIGHTHOUSE_STARTED, QUORUM_CHANGED, RUN_RESUMED
 from tgnb.runs.recovery import RecoveryPolicy
 from tgnb.runs.run import Run
 from tgnb.runs.spec import JobState
@@ -41,14 +44,15 @@ def lines(run: Run, group: int, rank: int, key: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.training
-@pytest.mark.parametrize("inside", ["ddp", "fsdp"])
+@pytest.mark.parametrize("inside", ["ddp", "fsdp", "checkpointer"])
 def test_groups_of_two_ranks_survive_a_preemption_and_the_replacement_heals_both_ranks(
     session: Session, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, inside: str
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(RANKS))))
     until = tmp_path / "until"
     env = {**ENV, "FT_UNTIL": str(until), "FT_INSIDE": inside}
-    run = session.launch("train_ft_ranks.py", workdir=FT_WORKDIR, name=f"ft-{inside}", nodes=2,
+    script = "train_loop_ft_ranks.py" if inside == "checkpointer" else "train_ft_ranks.py"
+    run = session.launch(script, workdir=FT_WORKDIR, name=f"ft-{inside}", nodes=2,
                          gpus_per_node=RANKS, env=env,
                          fault_tolerance="torchft", recovery=RecoveryPolicy(max_restarts=2))  # fmt: skip
     wait_until(lambda: all(any(s["step"] >= 10 and s["participants"] == 2
@@ -109,3 +113,14 @@ def test_groups_of_two_ranks_survive_a_preemption_and_the_replacement_heals_both
     }, done
     sums = [float(s["checksum"]) for s in ends.values()]
     assert max(sums) - min(sums) < 1e-9 * max(1.0, abs(sums[0])), ends
+    # steps count once in the run's record too: its metrics rows (the Checkpointer's own, one per
+    # step from the writing group; else the quorum's steps, `tgnb.backends.local.quorums.StepRows`)
+    rows = [r["step"] for r in run.records("metrics")]
+    assert rows == sorted(set(rows)) and run.summary()["steps"] == target, (rows[-3:], target)
+    if inside == "checkpointer":
+        assert rows == list(range(1, target + 1)), (rows[:3], rows[-3:], target)
+        assert run.run_dir is not None
+        recorded = [json.loads(line) for line in (run.run_dir / "events.jsonl").open()]
+        saved = [e["data"]["step"] for e in recorded if e["reason"] == "CheckpointSaved"]
+        assert saved and len(saved) == len(set(saved)) and saved[-1] == target, saved
+        assert not [e for e in recorded if e["reason"] == RUN_RESUMED], "a checkpoint was loaded"
