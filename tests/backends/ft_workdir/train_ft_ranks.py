@@ -83,9 +83,9 @@ def main() -> None:
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
         min_replica_size=1,
-        # the quorum (and a heal) before the forward pass: with TorchFT's asynchronous quorum the
-        # heal lands during a step, and a group's ranks then average gradients taken at
-        # different weights (rank 0 and rank 1 ended apart, every group alike)
+        # the quorum (and a heal) before the forward pass: with TorchFT's asynchronous quorum
+        # (its default) a group's ranks ended with different weights, even with no failure
+        # (rank 0 of every group alike, rank 1 alike: they parted at the first step)
         use_async_quorum=False,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
