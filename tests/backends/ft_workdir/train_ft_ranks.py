@@ -26,7 +26,6 @@ The Manager's allreduce, not `torchft.DistributedDataParallel` (see ``train_ft.p
 
 import json
 import os
-import sys
 import time
 from datetime import timedelta
 
@@ -120,4 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
