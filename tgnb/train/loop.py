@@ -225,7 +225,8 @@ class Checkpointer:
             line = (
                 f"tgnb: replica group {self.ft.group} left at step {self.step}; its peers train on"
             )
-            print(line, file=sys.stderr)
+            if dcpio.rank() == 0:  # once per group, not once per rank of it
+                print(line, file=sys.stderr)
         elif code:
             print(self.guard.stopped_line(self.step, self.managed), file=sys.stderr)
         if code and self._exit:

@@ -124,3 +124,5 @@ def test_groups_of_two_ranks_survive_a_preemption_and_the_replacement_heals_both
         saved = [e["data"]["step"] for e in recorded if e["reason"] == "CheckpointSaved"]
         assert saved and len(saved) == len(set(saved)) and saved[-1] == target, saved
         assert not [e for e in recorded if e["reason"] == RUN_RESUMED], "a checkpoint was loaded"
+        log = (run.run_dir / "train.log").read_text(errors="replace")
+        assert log.count("tgnb: replica group 0 left at step") == 1, log[-3000:]  # not per rank
