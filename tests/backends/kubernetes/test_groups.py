@@ -1,12 +1,15 @@
 """A run as TorchFT replica groups on Kubernetes (`tgnb.backends.kubernetes.groups`, issue 50):
 an Indexed Job of groups on the preemptible nodes, each pod a one-node run whose index is its
-replica group, and the lighthouse as a Deployment off the preemptible nodes behind a Service.
+replica group, reachable from the others by the names TorchFT advertises (a headless Service,
+the pods' subdomain and DNS search path), and the lighthouse as a Deployment off the preemptible
+nodes behind a Service.
 Strict schema validation (1.30 and 1.37); the golden file is test_objects.py's case
 ``torchft_groups`` (golden/torchft_groups.yaml), the same run as `SPEC` here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import kubernetes_validate
@@ -14,8 +17,9 @@ import pytest
 
 from tgnb.backends.base import Resources, RunSpec, SecretRef
 from tgnb.backends.kubernetes import labels as L
-from tgnb.backends.kubernetes.groups import LIGHTHOUSE_LABEL, WAIT_CONTAINER
+from tgnb.backends.kubernetes.groups import LIGHTHOUSE_LABEL, WAIT_CONTAINER, lighthouse_name
 from tgnb.backends.kubernetes.objects import build_objects
+from tgnb.errors import ValidationError
 from tgnb.runs import ft
 from tgnb.runs.trainconfig import from_dict
 
@@ -50,7 +54,8 @@ def test_the_lighthouse_is_off_the_preemptible_nodes_behind_a_service() -> None:
     kinds = [d["kind"] for d in docs]
     assert kinds.index("Deployment") < kinds.index("Job")  # created first: the groups wait for it
     deployment = next(d for d in docs if d["kind"] == "Deployment")
-    (service,) = [d for d in docs if d["kind"] == "Service"]  # no rendezvous Service
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith(
+        "-lighthouse")]  # fmt: skip
     pod = deployment["spec"]["template"]
     affinity = pod["spec"]["affinity"]["nodeAffinity"]
     assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == (
@@ -72,7 +77,7 @@ def test_the_lighthouse_is_off_the_preemptible_nodes_behind_a_service() -> None:
 def test_the_groups_are_an_indexed_job_on_preemptible_nodes() -> None:
     docs = _docs()
     job = next(d for d in docs if d["kind"] == "Job")["spec"]
-    service = next(d for d in docs if d["kind"] == "Service")
+    service = next(d for d in docs if d["metadata"]["name"] == lighthouse_name(SPEC.name))
     assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 3
     assert job["podReplacementPolicy"] == "Failed" and job["backoffLimitPerIndex"] == 3
     ignore = {
@@ -82,7 +87,6 @@ def test_the_groups_are_an_indexed_job_on_preemptible_nodes() -> None:
     assert ignore in job["podFailurePolicy"]["rules"]  # a preempted group's pod is recreated
     pod = job["template"]["spec"]
     assert pod["nodeSelector"] == {L.COMPUTE_CLASS_LABEL: L.PREEMPTIBLE}
-    assert "subdomain" not in pod
     trainer = next(c for c in pod["containers"] if c["name"] == L.CONTAINER)
     argv = trainer["command"]
     assert argv[:6] == ["python", "-m", "tgnb.train.launch", "--standalone", "--nnodes=1",
@@ -101,6 +105,70 @@ def test_the_groups_are_an_indexed_job_on_preemptible_nodes() -> None:
     assert wait["command"][:2] == ["python", "-c"]
     compile(wait["command"][2], "<wait>", "exec")  # the program the pod runs parses
     assert f"'{service['metadata']['name']}', {ft.LIGHTHOUSE_PORT}" in wait["command"][2]
+
+
+def _peers(docs: list[dict[str, Any]], run: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The groups' headless Service (named like the run) and the Job's pod template."""
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == run]
+    job = next(d for d in docs if d["kind"] == "Job")
+    return service, job["spec"]["template"]
+
+
+def test_the_groups_reach_each_other_by_the_names_torchft_advertises() -> None:
+    """TorchFT 0.2.0 tells the other groups where a group is by names: its ManagerServer and its
+    checkpoint transport say ``socket.gethostname()`` (an Indexed Job's pod: ``JOB-i``), the
+    cross-group store is torchrun's ``MASTER_ADDR`` (``--standalone``: ``socket.getfqdn()``).
+    The pods get a headless Service (ready or not), their subdomain (the FQDN in /etc/hosts and
+    in the cluster's DNS) and a search domain under which ``JOB-i`` is that FQDN."""
+    docs = _docs()
+    service, template = _peers(docs, SPEC.name)
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert kinds.index(("Service", SPEC.name)) < kinds.index(("Job", SPEC.name))
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert spec["selector"] == {L.RUN_LABEL: SPEC.name} and spec["ports"]  # DNS wants a port
+    assert spec["selector"].items() <= template["metadata"]["labels"].items()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert (
+        not spec["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    house = next(d for d in docs if d["metadata"]["name"] == lighthouse_name(SPEC.name))
+    assert not house["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    assert pod["subdomain"] == SPEC.name
+    assert "dnsPolicy" not in pod  # ClusterFirst: the search domain is added to the cluster's
+    assert "setHostnameAsFQDN" not in pod
+    (search,) = pod["dnsConfig"]["searches"]
+    assert search == f"{SPEC.name}.{NS}.svc.cluster.local"
+    for index in range(SPEC.resources.nodes):
+        host = f"{SPEC.name}-{index}"  # the Job controller's host name of index i
+        assert f"{host}.{search}" == f"{host}.{pod['subdomain']}.{NS}.svc.cluster.local"
+
+
+def test_the_longest_names_fit_dns() -> None:
+    """The longest run name a spec accepts (50 characters) in the longest namespace (63): every
+    name of the peers is within DNS's limits (63 per label, 253 in all), and the pod's FQDN is
+    over the 64 characters ``setHostnameAsFQDN`` allows (why a search domain instead). A longer
+    run name is refused before anything is built, as for every run."""
+    name, namespace = "r" * 44 + "-group", "n" * 63
+    spec = RunSpec(
+        name=name,
+        train=from_dict({"script": "train.py", "fault_tolerance": "torchft"}),
+        image="img",
+        resources=Resources(nodes=12, gpus_per_node=1),
+    )
+    docs = build_objects(spec, namespace).to_dicts()
+    for doc in docs:
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    service, template = _peers(docs, name)
+    (search,) = template["spec"]["dnsConfig"]["searches"]
+    host = f"{template['spec']['subdomain']}-{spec.resources.nodes - 1}"
+    names = [service["metadata"]["name"], lighthouse_name(name), host, search]
+    assert all(0 < len(label) <= 63 for n in names for label in n.split(".")), names
+    assert len(search) <= 253 and len(f"{host}.{search}") > 64
+    with pytest.raises(ValidationError, match="at most 50 characters"):
+        build_objects(dataclasses.replace(spec, name=name + "x"), namespace)  # the spec refuses it
 
 
 def test_a_run_without_fault_tolerance_has_no_lighthouse() -> None:
@@ -152,7 +220,6 @@ def test_a_group_of_several_processes_is_one_torchrun_of_its_own(gpus: int) -> N
     assert argv[3:6] == ["--standalone", "--nnodes=1", f"--nproc_per_node={gpus}"], argv
     assert not any("rdzv" in word or "node_rank" in word for word in argv)
     assert set(ft.group_env("x", 0, 2)) <= {e["name"] for e in trainer["env"]}
-    assert "subdomain" not in pod  # no rendezvous between the groups
 
 
 CM = f"/api/v1/namespaces/{NS}/configmaps"
@@ -178,21 +245,30 @@ def _patched(fake_api: Any) -> Any:
 def test_submit_creates_the_lighthouse_first_and_the_job_owns_it(
     fake_api: Any, api_client: Any
 ) -> None:
-    """Fakes the API server (none can run here): the lighthouse's Service and Deployment go
-    before the groups' Job, then the Job is made their owner (Kubernetes deletes them with it)."""
+    """Fakes the API server (none can run here): the groups' headless Service, then the
+    lighthouse's Service and Deployment go before the groups' Job, then the Job is made the
+    lighthouse's owner (Kubernetes deletes it with the Job); cancelling the run deletes the
+    headless Service as a multi-node run's."""
     from tgnb.backends.kubernetes.backend import KubernetesBackend
 
     house = f"{SPEC.name}-lighthouse"
     for path in (f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}"):
         fake_api.route("PATCH", path, _patched(fake_api))
-    KubernetesBackend(api_client, NS, poll_interval=0.01).submit(SPEC)
+    backend = KubernetesBackend(api_client, NS, poll_interval=0.01)
+    backend.submit(SPEC)
     posts = fake_api.sent("POST")
-    assert [r.path for r in posts] == [CM, PVC, SVC, DEPLOYMENTS, JOBS]
-    assert posts[2].body["metadata"]["name"] == posts[3].body["metadata"]["name"] == house
+    assert [r.path for r in posts] == [CM, PVC, SVC, SVC, DEPLOYMENTS, JOBS]
+    assert posts[2].body["metadata"]["name"] == SPEC.name
+    assert posts[2].body["spec"]["clusterIP"] == "None"
+    assert posts[3].body["metadata"]["name"] == posts[4].body["metadata"]["name"] == house
+    assert posts[5].body["spec"]["template"]["spec"]["subdomain"] == SPEC.name
     patches = fake_api.sent("PATCH")
     assert [r.path for r in patches] == [f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}"]
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": SPEC.name, "uid": "u-1"}
     assert all(r.body == {"metadata": {"ownerReferences": [owner]}} for r in patches)
+    backend.cancel(SPEC.name)
+    deleted = [r.path for r in fake_api.sent("DELETE")]
+    assert deleted[:2] == [f"{JOBS}/{SPEC.name}", f"{SVC}/{SPEC.name}"]
 
 
 def test_a_refused_ownership_leaves_nothing(fake_api: Any, api_client: Any, k8s: Any) -> None:
@@ -207,4 +283,5 @@ def test_a_refused_ownership_leaves_nothing(fake_api: Any, api_client: Any, k8s:
         KubernetesBackend(api_client, NS, poll_interval=0.01).submit(SPEC)
     deleted = [r.path for r in fake_api.sent("DELETE")]
     assert f"{JOBS}/{SPEC.name}" in deleted
-    assert {f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}", f"{CM}/{SPEC.name}-config"} <= set(deleted)
+    made = {f"{SVC}/{SPEC.name}", f"{SVC}/{house}", f"{DEPLOYMENTS}/{house}"}
+    assert made | {f"{CM}/{SPEC.name}-config"} <= set(deleted)

@@ -153,7 +153,7 @@ class KubernetesBackend:
                     raise (
                         exists
                         if exc.status == 409
-                        else api_error(exc, "create the rendezvous Service")
+                        else api_error(exc, "create the run's headless Service")
                     ) from None
                 created.append(("service", name))
             if objs.placer is not None:

@@ -7,8 +7,18 @@ groups, and the lighthouse's own objects.
   preemptible nodes by the run's node selector. ``REPLICA_GROUP_ID`` is the pod's completion
   index (the Job controller's annotation, through the downward API); a preempted group's pod is
   recreated by the Job controller under the same index (the pod failure policy ignores
-  disruptions and exit 75), and joins by healing from a live peer. No headless Service: no
-  rendezvous spans pods.
+  disruptions and exit 75), and joins by healing from a live peer.
+- The groups find each other by the names TorchFT advertises (checked against TorchFT 0.2.0 and
+  torch 2.13): the ManagerServer (the address the lighthouse hands a healing group) and the HTTP
+  checkpoint transport (the weights of a heal) say ``socket.gethostname()``, the pod's host name
+  ``RUN-i``; the store of the cross-group process group is torchrun's ``MASTER_ADDR``, which with
+  ``--standalone`` (c10d rendezvous, no ``--local-addr``) is the agent's ``socket.getfqdn()``. So
+  the Job's pods get what a multi-node run's get, a headless Service named like the run
+  (`peer_service`) and ``subdomain`` = that Service -- the pod's ``/etc/hosts`` then maps its FQDN
+  ``RUN-i.RUN.NS.svc.cluster.local``, getfqdn() gives it and the cluster's DNS resolves it -- and
+  a DNS search domain ``RUN.NS.svc.cluster.local`` (`peer_dns`), so that the short ``RUN-i``
+  resolves from every other pod (`peer_dns` says why not ``setHostnameAsFQDN``). Like the
+  multi-node render's, the Service is created before the Job and deleted by `cancel`.
 - The lighthouse is a Deployment of one pod (`LighthouseObjects`), kept off the preemptible nodes by
   the seed's NotIn affinity, and a ClusterIP Service, ``RUN-lighthouse``, the groups' address
   (``http://RUN-lighthouse:29510``). Its pods carry no run label, so the run's status reads only the
@@ -42,6 +52,13 @@ LIGHTHOUSE_CONTAINER = "lighthouse"
 WAIT_CONTAINER = "wait-lighthouse"
 #: The Job controller's annotation of a pod's completion index.
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+#: The cluster's DNS domain in the groups' search path (`peer_dns`): Kubernetes' default, the
+#: kubelet's ``clusterDomain``; a cluster with another one would need it here.
+CLUSTER_DOMAIN = "cluster.local"
+#: The groups' headless Service's one port, nominal: a headless Service proxies nothing (the pods
+#: reach each other directly on TorchFT's own, ephemeral, ports), but DNS servers may publish no
+#: records for one without ports (kubernetes/dns#174).
+PEERS_PORT = 29500
 
 
 def is_groups(spec: RunSpec) -> bool:
@@ -149,18 +166,51 @@ def wait_container(spec: RunSpec) -> client.V1Container:
     )
 
 
+def peer_service(spec: RunSpec, namespace: str, labels: dict[str, str]) -> client.V1Service:
+    """The groups' headless Service, named like the run (the Job's pods' ``subdomain``): it
+    selects the run's pods (`labels.RUN_LABEL`; the lighthouse's and the placer's pods carry
+    none) and publishes them before they are ready, so a group is reachable as soon as it
+    starts."""
+    return client.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=client.V1ObjectMeta(name=spec.name, namespace=namespace, labels=labels),
+        spec=client.V1ServiceSpec(
+            cluster_ip="None",
+            publish_not_ready_addresses=True,
+            selector={L.RUN_LABEL: spec.name},
+            ports=[client.V1ServicePort(name="peers", port=PEERS_PORT, protocol="TCP")],
+        ),
+    )
+
+
+def peer_dns(spec: RunSpec, namespace: str) -> client.V1PodDNSConfig:
+    """The groups' pods' DNS search path, added to the cluster's: ``RUN.NS.svc.CLUSTER_DOMAIN``,
+    so the short host name TorchFT advertises, ``RUN-i``, resolves to the pod of group ``i``.
+
+    Not ``setHostnameAsFQDN`` (which would make gethostname() the FQDN): the kubelet fails a pod
+    whose FQDN is over 64 characters, and ``RUN-i.RUN.NS.svc.cluster.local`` is over 64 for
+    names tgnb accepts (a run's name up to 50 characters, a namespace's up to 63). A
+    search domain has no such limit (a DNS-1123 subdomain, 253), each of its labels (the run's
+    name, the namespace) is within 63, and the pod's own name stays its short host name."""
+    return client.V1PodDNSConfig(searches=[f"{spec.name}.{namespace}.svc.{CLUSTER_DOMAIN}"])
+
+
 def as_groups(
     objs: RunObjects, spec: RunSpec, namespace: str, group_command: list[str]
 ) -> RunObjects:
-    """`objs` of `spec` (built for its ``nodes``) made into replica groups: no rendezvous
-    Service, every pod a one-node run (`group_command`, the trainer's command of `group_spec`)
-    with the groups' contract in its environment, after the lighthouse answers; with the
-    lighthouse's objects."""
+    """`objs` of `spec` (built for its ``nodes``) made into replica groups: every pod a one-node
+    run (`group_command`, the trainer's command of `group_spec`) with the groups' contract in its
+    environment, after the lighthouse answers, reachable from the others by its host name and
+    FQDN (`peer_service`, `peer_dns`); with the lighthouse's objects."""
     pod: Any = objs.job.spec.template.spec  # type: ignore[union-attr]  # built just before
-    pod.subdomain = None
+    job_meta: Any = objs.job.metadata
+    service = peer_service(spec, namespace, dict(job_meta.labels))  # the run's labels
+    pod.subdomain = spec.name  # the Service's name
+    pod.dns_config = peer_dns(spec, namespace)
     trainer = next(c for c in pod.containers if c.name == L.CONTAINER)
     trainer.command = group_command
     trainer.env = [*(trainer.env or []), *group_environment(spec)]
     pod.init_containers = [*(pod.init_containers or []), wait_container(spec)]
     lighthouse = build_lighthouse(spec, namespace)
-    return dataclasses.replace(objs, service=None, lighthouse=lighthouse)
+    return dataclasses.replace(objs, service=service, lighthouse=lighthouse)

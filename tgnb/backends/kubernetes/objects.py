@@ -6,7 +6,8 @@ A run is:
 - a ReadWriteMany PersistentVolumeClaim shared by all runs of a namespace (created if absent), each
   run mounting its own sub-directory at its run directory, so checkpoints outlive any pod;
 - for several nodes, a headless Service (``publishNotReadyAddresses``) so that the pod of index 0
-  is reachable as ``JOB-0.SERVICE`` for torchrun's c10d rendezvous before it is ready;
+  is reachable as ``JOB-0.SERVICE`` for torchrun's c10d rendezvous before it is ready (replica
+  groups have one too, for TorchFT's names: `groups.peer_service`);
 - an Indexed Job (completions = parallelism = nodes) whose pods run ``python -m tgnb.train`` or
   torchrun. Workers go on preemptible nodes (``together.ai/compute-class: preemptible``), standard
   work is kept off them by the seed's NotIn affinity; pods claim the full 300 s drain window; the pod
