@@ -2,7 +2,9 @@
 TorchFT program of tests/backends/ft_workdir/train_ft.py (it never imports tgnb) certified for
 real as two replica groups on the local emulator (a real lighthouse, real processes, gloo; a group
 preempted during setup, one preempted with notice, one SIGKILLed), its certificate's checks held
-against what the runs wrote: the engine's records and the program's own log lines."""
+against what the runs wrote: the engine's records and the program's own log lines. The same loop
+on torchft's DistributedDataParallel (tests/certify/ft_workdir/train_ft_ddp.py), whose survivor
+crashes when its peer is lost, is refused with the survivor's restart named."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tgnb.session import Session
 
 pytest.importorskip("torchft")
 FT_WORKDIR = Path(__file__).parents[1] / "backends" / "ft_workdir"
+BROKEN = Path(__file__).parent / "ft_workdir"  # train_ft_ddp.py: its survivor crashes
 #: one of the program's lines: a flat JSON object
 LINE = re.compile(r'\{"group": [^{}]*\}')
 
@@ -90,10 +93,10 @@ def test_a_plain_torchft_program_is_certified_as_replica_groups(session: Session
         early = sum(1 for ev in done if ev.kind == "setup" and ev.group == g)
         printed = sum(1 for s in mine if s.get("group") == g and "started" in s)
         assert starts.count(g) - early <= printed <= starts.count(g), (g, printed, starts)
-    for heal in (e for e in evs if e.reason == GROUP_HEALED):
+    for rec in (e for e in evs if e.reason == GROUP_HEALED):
         # the replacement's first step in its own log follows the step it healed at: it took the
         # peer's weights there, it did not train from step 0
-        g, at = heal.data["group"], heal.time.timestamp()
+        g, at = rec.data["group"], rec.time.timestamp()
         segment: list[dict[str, Any]] = []
         for s in (s for s in mine if s.get("group") == g):
             if "started" in s:
@@ -102,10 +105,45 @@ def test_a_plain_torchft_program_is_certified_as_replica_groups(session: Session
                 segment = []
             segment.append(s)
         first = next(s["step"] for s in segment if "step" in s)
-        assert heal.data["step"] <= first <= heal.data["step"] + 1, (heal.data, segment[:3])
+        assert rec.data["step"] <= first <= rec.data["step"] + 1, (rec.data, segment[:3])
     # the run reached the uninterrupted run's last step; the quorum's step never went back
     last = max(s["done"] for s in mine if "done" in s)
     assert last == max(s["done"] for s in lines(ref) if "done" in s) == STEPS
     qs = [q.step for q in quorums(run.run_dir)]
     assert qs == sorted(qs), qs
     assert f"reached {max(qs)}" in cert.checks[0].detail, cert.checks[0]
+
+
+@pytest.mark.slow
+@pytest.mark.training
+def test_a_program_whose_survivor_crashes_is_refused(session: Session) -> None:
+    env = {"FT_STEPS": "500", "FT_STEP_S": "0.05"}
+    cert = session.certify("train_ft_ddp.py", workdir=BROKEN, nodes=2, fault_tolerance="torchft",
+                           seed=7, budget_s=600, env=env, events=["random-step", "kill"])  # fmt: skip
+    print(cert)
+    assert not cert.safe and cert.exit_code == 1 and "NOT SAFE" in str(cert), str(cert)
+    assert cert.checks is not None and cert.runs is not None
+    found = {c.name: c for c in cert.checks}
+    survivors = found["no surviving group restarted"]
+    assert not survivors.ok, str(cert)
+    m = re.fullmatch(r"group (\d) left \((\w+), exit (-?\d+)\) though no event hit it: a "
+                     r"surviving group restarted", survivors.detail)  # fmt: skip
+    assert m is not None, survivors.detail
+    crashed = int(m.group(1))
+    assert any(f.defect == f"no surviving group restarted: {survivors.detail}" and
+               "must not exit when a peer is lost" in f.fix for f in cert.findings), cert.findings  # fmt: skip
+    # what happened: the engine recorded the survivor's leaving, after an event that hit the
+    # other group; with both groups gone, the run's steps went back: the quorum's, and the
+    # steps the program itself logged (some printed again after a higher one)
+    run = session.run(cert.runs[1])
+    evs = run.run_events()
+    hit = [ev for ev in cert.events if ev.done]
+    gone = next(e for e in evs if e.reason == GROUP_LEFT and e.data["group"] == crashed
+                and e.data["cause"] == m.group(2))  # fmt: skip
+    before = [ev for ev in hit if (ev.fired_at or 0) <= gone.time.timestamp()]
+    assert before and before[-1].group == 1 - crashed, (before, gone)
+    assert str(gone.data["exit_code"]) == m.group(3)
+    back = found["each step trained once"]
+    assert not back.ok and "a step trained twice: the quorum's step went back" in back.detail
+    steps = [s["step"] for s in lines(run) if "step" in s]
+    assert any(step + 1 < max(steps[:i]) for i, step in enumerate(steps) if i), steps
