@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import socket
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -86,11 +87,14 @@ class FaultTolerant:
         pg = ProcessGroupNCCL(timeout=timeout) if cuda else ProcessGroupGloo(timeout=timeout)
         where: dict[str, Any] = {}
         if "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            # one process without torchrun: the group's store (torchrun's otherwise) is ours
+            # one process without torchrun: the group's store (torchrun's otherwise) is ours. Its
+            # address goes to the other groups in the quorum: this host's name as torchrun gives
+            # it (getfqdn), never a loopback address another host would take for itself
             from torch.distributed import TCPStore
 
-            self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-            where = {"store_addr": "127.0.0.1", "store_port": self._store.port}
+            host = socket.getfqdn()
+            self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+            where = {"store_addr": host, "store_port": self._store.port}
             where.update(rank=0, world_size=1)
         self.manager = Manager(
             pg=pg,
