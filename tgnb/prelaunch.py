@@ -44,6 +44,7 @@ from tgnb.errors import TrainConfigError, ValidationError
 from tgnb.runs import call, ftcheck
 from tgnb.runs import workdir as wd
 from tgnb.runs.outcome import UNPROTECTED
+from tgnb.runs.replicas import UNPROTECTED_GROUPS
 from tgnb.runs.spec import RunSpec
 from tgnb.runs.trainconfig import ALGORITHMS as BUILTIN
 from tgnb.runs.trainconfig import SCRIPT, TrainConfig, from_dict
@@ -322,6 +323,11 @@ def unprotected(train: TrainConfig, snapshot: wd.Snapshot | None) -> str | None:
             read += len(text)
             if "tgnb" in text and _HOOKS.search(text):
                 return None
+    if train.fault_tolerance:  # replica groups: a preempted group heals, it does not restart
+        return (
+            f"tgnb: {what} is {UNPROTECTED_GROUPS}: use "
+            "tgnb.train.Checkpointer(..., fault_tolerant=True) for periodic checkpoints too"
+        )
     return (
         f"tgnb: {what} is {UNPROTECTED}: call tgnb.train.protect(trainer), or use "
         "tgnb.train.Checkpointer in a plain loop, to checkpoint on a preemption and resume"

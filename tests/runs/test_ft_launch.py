@@ -18,7 +18,9 @@ from tgnb.errors import ValidationError
 from tgnb.notebook.commands import COMMANDS
 from tgnb.notebook.commands.launch import launch_request
 from tgnb.runs import ftcheck
+from tgnb.runs.outcome import UNPROTECTED
 from tgnb.runs.recovery import RecoveryPolicy
+from tgnb.runs.replicas import UNPROTECTED_GROUPS
 from tgnb.runs.spec import Resources
 
 SCRIPT = "import torchft\nprint(torchft.__name__)\n"
@@ -62,6 +64,28 @@ def test_the_keyword_and_the_config_file_key_reach_the_train_config(
     plan.discard()
     plan = _plan(folder)  # not asked: a run that restarts from its checkpoint
     assert plan.spec.train.fault_tolerance is None
+    plan.discard()
+
+
+def test_a_program_without_tgnbs_hook_is_warned_as_replica_groups(
+    folder: Path, staging: Path
+) -> None:
+    """A TorchFT program that never imports tgnb: a preempted group heals from the others, so
+    the launch does not say a preemption restarts it from step 0 (it says that of other runs)."""
+    plan = _plan(folder, overrides={"fault_tolerance": "torchft"})
+    assert plan.warning == (
+        f"tgnb: train.py is {UNPROTECTED_GROUPS}: use "
+        "tgnb.train.Checkpointer(..., fault_tolerant=True) for periodic checkpoints too"
+    )
+    plan.discard()
+    plan = _plan(folder)
+    assert plan.warning is not None and UNPROTECTED in plan.warning
+    plan.discard()
+    (folder / "train.py").write_text(
+        "import tgnb.train\nckpt = tgnb.train.Checkpointer(m, o, fault_tolerant=True)\n"
+    )
+    plan = _plan(folder, overrides={"fault_tolerance": "torchft"})
+    assert plan.warning is None
     plan.discard()
 
 
