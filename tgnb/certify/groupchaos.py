@@ -108,7 +108,9 @@ class GroupDriver(Driver):
             pids = self._group_pids(ev.group)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)  # its torchrun's workers too
+                    # its launcher's process group; torchrun's workers run in sessions of
+                    # their own: the engine kills what is left of the group once it ends
+                    os.killpg(pid, signal.SIGKILL)
             return "" if pids else f"no process of group {ev.group} was found to kill"
 
         return act
