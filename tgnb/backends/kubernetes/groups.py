@@ -166,11 +166,13 @@ def wait_container(spec: RunSpec) -> client.V1Container:
     )
 
 
-def peer_service(spec: RunSpec, namespace: str, labels: dict[str, str]) -> client.V1Service:
-    """The groups' headless Service, named like the run (the Job's pods' ``subdomain``): it
+def headless_service(
+    spec: RunSpec, namespace: str, labels: dict[str, str], port: tuple[str, int]
+) -> client.V1Service:
+    """The run's headless Service, named like the run (its Job's pods' ``subdomain``): it
     selects the run's pods (`labels.RUN_LABEL`; the lighthouse's and the placer's pods carry
-    none) and publishes them before they are ready, so a group is reachable as soon as it
-    starts."""
+    none) and publishes them before they are ready, so a pod is reachable as soon as it starts.
+    `port` (name, number): a multi-node run's rendezvous, or the groups' `peer_service`'s."""
     return client.V1Service(
         api_version="v1",
         kind="Service",
@@ -179,9 +181,14 @@ def peer_service(spec: RunSpec, namespace: str, labels: dict[str, str]) -> clien
             cluster_ip="None",
             publish_not_ready_addresses=True,
             selector={L.RUN_LABEL: spec.name},
-            ports=[client.V1ServicePort(name="peers", port=PEERS_PORT, protocol="TCP")],
+            ports=[client.V1ServicePort(name=port[0], port=port[1], protocol="TCP")],
         ),
     )
+
+
+def peer_service(spec: RunSpec, namespace: str, labels: dict[str, str]) -> client.V1Service:
+    """The groups' headless Service: TorchFT's names of each group resolve through it."""
+    return headless_service(spec, namespace, labels, ("peers", PEERS_PORT))
 
 
 def peer_dns(spec: RunSpec, namespace: str) -> client.V1PodDNSConfig:

@@ -401,17 +401,7 @@ def build_objects(
     )
     service = None
     if multi:
-        service = client.V1Service(
-            api_version="v1",
-            kind="Service",
-            metadata=client.V1ObjectMeta(name=spec.name, namespace=namespace, labels=labels),
-            spec=client.V1ServiceSpec(
-                cluster_ip="None",
-                publish_not_ready_addresses=True,
-                selector={L.RUN_LABEL: spec.name},
-                ports=[client.V1ServicePort(name="rdzv", port=L.RDZV_PORT, protocol="TCP")],
-            ),
-        )
+        service = groups.headless_service(spec, namespace, labels, ("rdzv", L.RDZV_PORT))
     node_selector, affinity = placement(spec)
     backoff = backoff_container(spec)  # the backoff first: it delays the pod's whole start
     init = ([backoff] if backoff else []) + ([unpack_container(spec)] if snapshot else [])
